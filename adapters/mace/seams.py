@@ -1,0 +1,91 @@
+"""Where cfm-plugins meets an unmodified ``mace_run_train`` (mace-torch 0.3.16).
+
+``mace.cli.run_train`` imports these names into its own namespace and looks them up when
+``run(args)`` calls them, so replacing them *in that module* changes only that training run
+and nothing else in mace:
+
+=====================  =========================================================================
+name in run_train      what the replacement does
+=====================  =========================================================================
+``init_distributed``   returns the ranks cfm-run already set up (MPI + process group); under
+                       several ranks turns ``--distributed`` on if it was not given
+``torch_geometric``    a stand-in whose ``dataloader.DataLoader`` builds loaders with the
+                       ``cfm_batch_sampler`` (binpack) for training, validation and test
+``configure_model``    calls mace's, then ``cfm_patch_model`` (fused kernels) before DDP wraps it
+``DDP``                DistributedDataParallel with ``device_ids=None`` for CPU models
+``deepcopy``           the copy mace pickles as ``.model`` is un-patched: a stock model file
+=====================  =========================================================================
+
+:func:`install` puts them in place and returns an undo callable; nothing else is changed.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import types
+
+log = logging.getLogger("cfm_plugins.mace")
+
+
+def _is_patched(model) -> bool:
+    return any(type(m).__module__.startswith("cfm_plugins.ops") for m in model.modules())
+
+
+def install(session, options) -> callable:
+    """Replace the seams in ``mace.cli.run_train``; return a function that restores them."""
+    import mace.cli.run_train as rt
+
+    saved = {name: getattr(rt, name) for name in ("init_distributed", "torch_geometric", "configure_model", "DDP", "deepcopy")}
+    stock_init, stock_tg, stock_configure, stock_ddp = (
+        saved["init_distributed"], saved["torch_geometric"], saved["configure_model"], saved["DDP"])
+    hook, config, dist = session.hook, session.config, session.dist
+
+    def init_distributed(args):
+        options.update(batch_size=args.batch_size, seed=args.seed, dtype=args.default_dtype)
+        for key in ("batch_size", "seed", "dtype"):
+            config.options.setdefault(key, options[key])
+        if config.is_enabled("fused") and (getattr(args, "enable_cueq", False) or getattr(args, "enable_oeq", False)):
+            raise ValueError("the fused plugin and mace's --enable_cueq/--enable_oeq both replace the same kernels: "
+                             "use one of them")
+        if dist.world_size == 1:
+            return stock_init(args)
+        if args.device != dist.device:
+            raise ValueError(f"mace_run_train --device {args.device} but cfm-run set up the ranks for {dist.device}: "
+                             f"pass `cfm-run --device {args.device}` too")
+        if not args.distributed:
+            log.info("%d MPI ranks: turning on mace's --distributed (each rank trains on its share)", dist.world_size)
+            args.distributed = True
+        return dist.rank, dist.local_rank, dist.world_size
+
+    loader_factory = None
+    if config.is_enabled("binpack"):
+        from cfm_plugins_adapters.mace.loader import make_dataloader_factory
+
+        loader_factory = make_dataloader_factory(stock_tg.dataloader.DataLoader, session)
+    tg = types.SimpleNamespace(dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg) \
+        if loader_factory else stock_tg
+
+    def configure_model(*args, **kwargs):
+        model, output_args = stock_configure(*args, **kwargs)
+        hook.cfm_patch_model(model=model, config=config)
+        return model, output_args
+
+    def DDP(module, device_ids=None, **kwargs):
+        on_cpu = next(module.parameters()).device.type == "cpu"
+        return stock_ddp(module, device_ids=None if on_cpu else device_ids, **kwargs)
+
+    def deepcopy(obj, memo=None):
+        out = copy.deepcopy(obj, memo)
+        if hasattr(out, "modules") and _is_patched(out):
+            hook.cfm_unpatch_model(model=out, config=config)
+        return out
+
+    for name, value in dict(init_distributed=init_distributed, torch_geometric=tg,
+                            configure_model=configure_model, DDP=DDP, deepcopy=deepcopy).items():
+        setattr(rt, name, value)
+
+    def undo():
+        for name, value in saved.items():
+            setattr(rt, name, value)
+
+    return undo
