@@ -37,7 +37,7 @@ def cpu_extensions() -> list:
     openmp = os.environ.get("CFM_PLUGINS_NO_OPENMP") != "1" and sys.platform != "darwin"
     for kdir in sorted(p for p in CUDA_DIR.iterdir() if (p / "bindings_cpu.cpp").exists()):
         sources = [_rel(kdir / "bindings_cpu.cpp")] + [
-            _rel(s) for s in sorted(kdir.glob("*_cpu.cpp"))
+            _rel(s) for s in sorted(kdir.glob("*_cpu.cpp")) if s.name != "bindings_cpu.cpp"
         ]
         exts.append(
             Pybind11Extension(

@@ -91,7 +91,12 @@ def _exit_code(exc: SystemExit) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     rank_tag = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
-    logging.basicConfig(level=args.log_level.upper(), format=f"[cfm rank {rank_tag}] %(levelname)s %(message)s")
+    # our own logger only: trainers configure the root logger themselves
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[cfm rank {rank_tag}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(args.log_level.upper())
+    log.propagate = False
     if args.list:
         print_plugins()
         return 0

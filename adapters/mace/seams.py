@@ -16,6 +16,9 @@ name in run_train      what the replacement does
 ``deepcopy``           the copy mace pickles as ``.model`` is un-patched: a stock model file
 =====================  =========================================================================
 
+With the option ``step_log=PATH``, ``mace.tools.train.take_step`` is wrapped to record each
+step (see :mod:`.steplog`).
+
 :func:`install` puts them in place and returns an undo callable; nothing else is changed.
 """
 from __future__ import annotations
@@ -65,9 +68,23 @@ def install(session, options) -> callable:
     tg = types.SimpleNamespace(dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg) \
         if loader_factory else stock_tg
 
+    step_log = None
+    if config.get("step_log"):
+        import importlib
+
+        mace_train = importlib.import_module("mace.tools.train")  # the module (mace.tools.train is also a function)
+
+        from cfm_plugins_adapters.mace.steplog import StepLog
+
+        step_log = StepLog(config.get("step_log", type=str), dist.rank)
+        saved_take_step = mace_train.take_step
+        mace_train.take_step = step_log.wrap_take_step(saved_take_step)
+
     def configure_model(*args, **kwargs):
         model, output_args = stock_configure(*args, **kwargs)
         hook.cfm_patch_model(model=model, config=config)
+        if step_log is not None:
+            step_log.attach(model)
         return model, output_args
 
     def DDP(module, device_ids=None, **kwargs):
@@ -76,8 +93,11 @@ def install(session, options) -> callable:
 
     def deepcopy(obj, memo=None):
         out = copy.deepcopy(obj, memo)
-        if hasattr(out, "modules") and _is_patched(out):
-            hook.cfm_unpatch_model(model=out, config=config)
+        if hasattr(out, "modules"):
+            if step_log is not None:
+                step_log.detach_copy(out)
+            if _is_patched(out):
+                hook.cfm_unpatch_model(model=out, config=config)
         return out
 
     for name, value in dict(init_distributed=init_distributed, torch_geometric=tg,
@@ -87,5 +107,7 @@ def install(session, options) -> callable:
     def undo():
         for name, value in saved.items():
             setattr(rt, name, value)
+        if step_log is not None:
+            mace_train.take_step = saved_take_step
 
     return undo

@@ -1,0 +1,27 @@
+"""Balanced bin-packing batches (Algorithm 1 of the MACE paper) for multi-rank GNN training.
+
+- :func:`pack` (``packing.py``, numpy only): costs -> :class:`Packing` (CSR bins, steps of
+  ``world_size`` bins with nearly equal cost).
+- :class:`BinPackBatchSampler` (``batch_sampler.py``, the only module importing torch): a
+  ``DataLoader(batch_sampler=...)`` per rank, MPI-agreed, resumable.
+- :func:`graph_costs`, :func:`calibrate_linear_cost` (``costs.py``): cost models.
+- :func:`balance_report`, :func:`plot_batches` (``report.py``): how good a packing is.
+- ``baselines.py``: the packers the benchmark compares against.
+
+``BinPackBatchSampler`` is imported lazily so that ``from cfm_plugins.sampler import pack``
+does not import torch.
+"""
+from .costs import LinearCostFit, calibrate_linear_cost, graph_costs
+from .packing import Packing, lower_bound_bins, pack
+from .report import BalanceReport, balance_report, plot_batches
+
+__all__ = ["pack", "Packing", "lower_bound_bins", "graph_costs", "calibrate_linear_cost", "LinearCostFit",
+           "balance_report", "BalanceReport", "plot_batches", "BinPackBatchSampler"]
+
+
+def __getattr__(name):
+    if name == "BinPackBatchSampler":
+        from .batch_sampler import BinPackBatchSampler
+
+        return BinPackBatchSampler
+    raise AttributeError(f"module 'cfm_plugins.sampler' has no attribute {name!r}")

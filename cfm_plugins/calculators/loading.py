@@ -1,0 +1,105 @@
+"""Loading MACE model files for the calculator, with clear errors for what is not one.
+
+A MACE ``.model`` file (what ``mace_run_train`` writes, or ``torch.save(model)``) is a whole pickled
+module, so it is read with ``torch.load(..., weights_only=False)``: load only files you trust.
+mace is imported here only when a model is loaded (``import mace`` first also sets
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, which e3nn 0.4.4 needs on recent torch).
+"""
+from __future__ import annotations
+
+import glob
+import pickle
+from pathlib import Path
+
+import torch
+
+EXPECTED = ("a whole MACE model pickled with torch.save(model): the .model file written by mace_run_train "
+            "(not a checkpoint or a state_dict)")
+
+#: attributes every MACE-family model (mace.modules.MACE and its subclasses) carries
+MACE_ATTRIBUTES = ("r_max", "atomic_numbers", "interactions", "products")
+
+
+def check_device(device: str) -> None:
+    """Raise a clear error when ``device`` names a CUDA device that this torch cannot use."""
+    dev = str(device)
+    if not dev.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise RuntimeError(f"device={dev!r} was requested but CUDA is not available (torch {torch.__version__}, "
+                           f"{built}, {torch.cuda.device_count()} CUDA devices visible); use device='cpu'")
+    if ":" in dev and int(dev.split(":", 1)[1]) >= torch.cuda.device_count():
+        raise RuntimeError(f"device={dev!r} was requested but only {torch.cuda.device_count()} CUDA device(s) "
+                           "are visible")
+
+
+def expand_model_paths(model_paths) -> list[Path]:
+    """A path, a glob pattern (``mace_*.model``, a committee) or a list of paths -> existing files."""
+    if isinstance(model_paths, (str, Path)):
+        text = str(model_paths)
+        matches = sorted(glob.glob(text)) if glob.has_magic(text) else ([text] if Path(text).exists() else [])
+        if not matches:
+            raise FileNotFoundError(f"no MACE model file at {text!r} (expected {EXPECTED})")
+        paths = [Path(p) for p in matches]
+    else:
+        paths = [Path(p) for p in model_paths]
+        if not paths:
+            raise ValueError("model_paths is an empty list: give at least one MACE model file")
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"no MACE model file at {str(path)!r} (expected {EXPECTED})")
+    return paths
+
+
+def describe(obj) -> str:
+    """A short description of what a loaded object is, for error messages."""
+    if isinstance(obj, dict):
+        keys = list(obj)[:8]
+        hint = ""
+        if "model" in obj or all(isinstance(v, torch.Tensor) for v in obj.values()):
+            hint = " (a training checkpoint or a state_dict: weights without the model)"
+        return f"a {type(obj).__name__} with keys {keys}{'...' if len(obj) > 8 else ''}{hint}"
+    if isinstance(obj, torch.nn.Module):
+        missing = [a for a in MACE_ATTRIBUTES if not hasattr(obj, a)]
+        return (f"a torch.nn.Module of class {type(obj).__module__}.{type(obj).__qualname__} "
+                f"without the MACE attributes {missing}")
+    return f"an object of type {type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def is_mace_model(obj) -> bool:
+    return isinstance(obj, torch.nn.Module) and all(hasattr(obj, a) for a in MACE_ATTRIBUTES)
+
+
+def check_mace_model(obj, source: str) -> torch.nn.Module:
+    """Return ``obj`` if it is a MACE model, else raise TypeError saying what it is."""
+    if not is_mace_model(obj):
+        raise TypeError(f"{source} is not a MACE model: found {describe(obj)}; expected {EXPECTED}")
+    return obj
+
+
+def load_mace_model(path, device: str = "cpu") -> torch.nn.Module:
+    """``torch.load`` one MACE model file onto ``device`` and check that it is one."""
+    import mace  # noqa: F401  (before e3nn; makes the pickled mace classes importable)
+
+    check_device(device)
+    try:
+        obj = torch.load(str(path), map_location=device, weights_only=False)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ModuleNotFoundError, AttributeError) as exc:
+        raise ValueError(f"{str(path)!r} could not be read by torch.load ({type(exc).__name__}: {exc}); "
+                         f"expected {EXPECTED}") from exc
+    return check_mace_model(obj, repr(str(path)))
+
+
+def load_mace_models(model_paths, device: str = "cpu") -> list[torch.nn.Module]:
+    """Load every model of ``model_paths`` (see :func:`expand_model_paths`)."""
+    return [load_mace_model(p, device) for p in expand_model_paths(model_paths)]
+
+
+def model_dtype(model: torch.nn.Module) -> str:
+    """``"float32"`` or ``"float64"``: the dtype of the model's parameters."""
+    dtype = next(model.parameters()).dtype
+    names = {torch.float32: "float32", torch.float64: "float64"}
+    if dtype not in names:
+        raise ValueError(f"MACE model parameters are {dtype}; expected float32 or float64")
+    return names[dtype]

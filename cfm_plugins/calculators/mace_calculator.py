@@ -1,0 +1,205 @@
+"""``CFMCalculator``: mace's ASE calculator with the fused cfm-plugins kernels swapped in.
+
+It is :class:`mace.calculators.MACECalculator` (same arguments, same data conversion, neighbour
+lists, committee and unit handling, same results), with three differences:
+
+- models are loaded by :mod:`cfm_plugins.calculators.loading` (clear errors for a missing file, a
+  checkpoint or state_dict, some other module, a CUDA device without CUDA);
+- after mace has moved them to ``device`` and converted them to ``default_dtype``, each model is
+  patched in place with :func:`cfm_plugins.ops.patching.patch_model` (``kernels=`` chooses what to
+  fuse; ``fused=False`` keeps the stock modules, to compare);
+- :meth:`CFMCalculator.get_properties_batch` evaluates many structures in one model call.
+
+This module imports mace; ``cfm_plugins.calculators`` imports it only when ``CFMCalculator`` is
+first used.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+from ase.calculators.singlepoint import SinglePointCalculator
+from ase.stress import full_3x3_to_voigt_6_stress
+from mace import data as mace_data
+from mace.calculators import MACECalculator
+from mace.tools import torch_geometric, torch_tools
+
+from cfm_plugins.calculators.loading import (check_device, check_mace_model, expand_model_paths, load_mace_model,
+                                            model_dtype)
+
+log = logging.getLogger("cfm_plugins.calculators")
+
+DEFAULT_KERNELS = ("symmetric_contraction", "conv_tp")
+#: per-structure results of :meth:`CFMCalculator.get_properties_batch`
+BATCH_PROPERTIES = ("energy", "free_energy", "forces", "stress", "energies", "node_energy")
+
+
+class CFMCalculator(MACECalculator):
+    """ASE calculator for stock MACE model files, evaluated with the cfm-plugins fused kernels.
+
+    Arguments are those of :class:`mace.calculators.MACECalculator` (``model_paths``: a path, a glob
+    such as ``"mace_*.model"`` for a committee, or a list; ``device``; ``default_dtype``;
+    ``energy_units_to_eV``; ``length_units_to_A``; ``model_type``; ``compile_mode``; ``head``; ...), plus:
+
+    Args:
+        kernels: the fused kernels to swap in, out of ``("symmetric_contraction", "conv_tp")``.
+        fused: ``False`` keeps mace's own modules (the stock calculator, for comparisons).
+
+    ``default_dtype`` defaults to ``"float64"``; a model of another dtype is converted to it (as
+    MACECalculator does) with a warning. ``default_dtype=""`` keeps the model's dtype.
+    After construction, ``patch_reports`` holds one :class:`~cfm_plugins.ops.patching.PatchReport`
+    per model (what was swapped).
+    """
+
+    def __init__(
+        self,
+        model_paths=None,
+        device: str = "cpu",
+        default_dtype: str = "float64",
+        *,
+        models=None,
+        kernels=DEFAULT_KERNELS,
+        fused: bool = True,
+        compile_mode=None,
+        **kwargs,
+    ):
+        from cfm_plugins.ops.patching import KERNELS
+
+        kernels = tuple(kernels) if fused else ()
+        unknown = [k for k in kernels if k not in KERNELS]
+        if unknown:
+            raise ValueError(f"unknown fused kernel(s) {unknown}; known: {list(KERNELS)}")
+        if default_dtype not in ("", "float32", "float64"):
+            raise ValueError(f"default_dtype={default_dtype!r}; expected 'float32', 'float64' or '' (the model's)")
+        if kernels and (kwargs.get("enable_cueq") or kwargs.get("enable_oeq")):
+            raise ValueError("enable_cueq/enable_oeq replace the same modules as the fused kernels: "
+                             "pass fused=False to use them")
+        if kernels and compile_mode is not None:
+            raise NotImplementedError(
+                "compile_mode with the fused kernels is not supported: mace's compile path rebuilds the model "
+                "from its configuration and would drop the fused modules; use fused=False for mace's compile")
+        if (model_paths is None) == (models is None):
+            raise ValueError("give exactly one of model_paths (MACE model files) or models (loaded modules)")
+        check_device(device)
+
+        if models is None:
+            paths = expand_model_paths(model_paths)
+            models = [load_mace_model(p, device) for p in paths]
+            sources = [str(p) for p in paths]
+        else:
+            models = list(models) if isinstance(models, (list, tuple)) else [models]
+            models = [check_mace_model(m, f"models[{i}]") for i, m in enumerate(models)]
+            sources = [f"models[{i}]" for i in range(len(models))]
+        if default_dtype:
+            for i, model in enumerate(models):
+                if model_dtype(model) != default_dtype:
+                    warnings.warn(f"MACE model {sources[i]} is {model_dtype(model)}; converting it to "
+                                  f"default_dtype={default_dtype} (as MACECalculator does)", stacklevel=2)
+
+        super().__init__(models=models, device=device, default_dtype=default_dtype,
+                         compile_mode=compile_mode, **kwargs)
+        self.kernels = kernels
+        self.fused = bool(kernels)
+        self.patch_reports = [self._patch(model) for model in self.models]
+
+    def _patch(self, model):
+        from cfm_plugins.ops.patching import PatchReport, patch_model
+
+        if not self.kernels:
+            return PatchReport({})
+        report = patch_model(model, self.kernels)
+        for p in model.parameters():  # as MACECalculator leaves them: inference only
+            p.requires_grad = False
+        missing = [k for k, n in report.counts.items() if n == 0]
+        if missing:
+            warnings.warn(f"fused kernels {missing}: no matching module found in the model; those parts run "
+                          "mace's own code", stacklevel=3)
+        log.info("CFMCalculator: fused kernels swapped in: %s", report)
+        return report
+
+    # ------------------------------------------------------------------------- batches
+    def _atoms_list_to_batch(self, atoms_list):
+        """One torch_geometric batch of all structures (mace's own conversion and neighbour list)."""
+        self.arrays_keys.update({self.charges_key: "charges"})
+        keyspec = mace_data.KeySpecification(info_keys=self.info_keys, arrays_keys=self.arrays_keys)
+        with torch_tools.default_dtype(self.default_dtype):
+            graphs = [
+                mace_data.AtomicData.from_config(
+                    mace_data.config_from_atoms(atoms, key_specification=keyspec, head_name=self.head),
+                    z_table=self.z_table, cutoff=self.r_max, heads=self.available_heads)
+                for atoms in atoms_list
+            ]
+        return torch_geometric.Batch.from_data_list(graphs).to(self.device)
+
+    def _evaluate_batch(self, atoms_list) -> list[dict]:
+        batch = self._atoms_list_to_batch(atoms_list)
+        ptr = batch["ptr"].tolist()
+        per_model = []
+        for model in self.models:
+            data = batch.clone()
+            dtype = next(model.parameters()).dtype
+            for key in data.keys:
+                value = data[key]
+                if torch.is_tensor(value) and torch.is_floating_point(value):
+                    data[key] = value.to(dtype=dtype)
+            out = model(data.to_dict(), compute_stress=True, training=False)
+            per_model.append({k: out[k].detach() for k in ("energy", "forces", "stress", "node_energy")
+                              if out.get(k) is not None})
+        mean = {k: torch.stack([o[k] for o in per_model]).mean(0).cpu().numpy() for k in per_model[0]}
+        node_heads = batch["head"][batch["batch"]]
+        node_e0 = (self.models[0].atomic_energies_fn(batch["node_attrs"])[torch.arange(len(node_heads)), node_heads]
+                   .detach().cpu().numpy())
+
+        e_conv = self.energy_units_to_eV
+        f_conv = self.energy_units_to_eV / self.length_units_to_A
+        s_conv = self.energy_units_to_eV / self.length_units_to_A**3
+        results = []
+        for g in range(len(atoms_list)):
+            lo, hi = ptr[g], ptr[g + 1]
+            res = {"energy": float(mean["energy"][g]) * e_conv}
+            res["free_energy"] = res["energy"]
+            if "forces" in mean:
+                res["forces"] = mean["forces"][lo:hi] * f_conv
+            if "stress" in mean:
+                res["stress"] = full_3x3_to_voigt_6_stress(mean["stress"][g] * s_conv)
+            if "node_energy" in mean:
+                res["energies"] = mean["node_energy"][lo:hi] * e_conv
+                res["node_energy"] = res["energies"] - node_e0[lo:hi] * e_conv
+            results.append(res)
+        return results
+
+    def get_properties_batch(self, atoms_list, max_atoms: int | None = None, attach: bool = False) -> list[dict]:
+        """Energy, forces, stress, per-atom energies of many structures, several per model call.
+
+        Returns one dict per structure with the keys of :data:`BATCH_PROPERTIES` (the values
+        ``calc.get_property`` would give for that structure alone; committees are averaged).
+        ``max_atoms`` splits the list into consecutive batches of at most that many atoms (a larger
+        structure goes alone); ``None``: one batch. ``attach=True`` also gives each Atoms a
+        SinglePointCalculator with its results.
+        """
+        if self.model_type not in ("MACE", "EnergyDipoleMACE"):
+            raise NotImplementedError(f"get_properties_batch supports energy models (MACE), not {self.model_type}")
+        atoms_list = list(atoms_list)
+        chunks, current, count = [], [], 0
+        for atoms in atoms_list:
+            if current and max_atoms is not None and count + len(atoms) > max_atoms:
+                chunks.append(current)
+                current, count = [], 0
+            current.append(atoms)
+            count += len(atoms)
+        if current:
+            chunks.append(current)
+        results = [res for chunk in chunks for res in self._evaluate_batch(chunk)]
+        if attach:
+            for atoms, res in zip(atoms_list, results):
+                atoms.calc = SinglePointCalculator(atoms, **{k: v for k, v in res.items() if k != "node_energy"})
+        return results
+
+    def __repr__(self) -> str:
+        kernels = ",".join(self.kernels) or "none (stock mace)"
+        return (f"CFMCalculator({self.num_models} model(s), device={str(self.device)!r}, "
+                f"dtype={self.default_dtype}, fused={kernels})")
+
+
+__all__ = ["CFMCalculator", "BATCH_PROPERTIES", "DEFAULT_KERNELS"]

@@ -1,0 +1,125 @@
+"""Per-graph cost models for the packer: atoms, edges, or ``a*atoms + b*edges`` fitted on the model.
+
+``calibrate_linear_cost`` times the user's own batch function (a training step, a forward
+pass) on a few batches and fits ``time ~ a*atoms + b*edges`` by least squares (no intercept:
+the fixed cost of a step is paid by every rank alike and does not unbalance them).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+log = logging.getLogger("cfm_plugins.sampler")
+
+COST_KINDS = ("atoms", "edges", "linear")
+
+
+def graph_costs(num_atoms, num_edges=None, kind: str = "atoms", a: float = 1.0, b: float = 0.0) -> np.ndarray:
+    """Cost of each graph as float64: ``atoms``, ``edges`` or ``linear`` (``a*atoms + b*edges``)."""
+    if kind not in COST_KINDS:
+        raise ValueError(f"cost kind {kind!r}: expected one of {', '.join(COST_KINDS)}")
+    atoms = np.asarray(num_atoms, dtype=np.float64)
+    if atoms.ndim != 1:
+        raise ValueError(f"num_atoms must be 1-D, got shape {atoms.shape}")
+    edges = None
+    if num_edges is not None:
+        edges = np.asarray(num_edges, dtype=np.float64)
+        if edges.shape != atoms.shape:
+            raise ValueError(f"num_edges has {edges.shape[0]} entries but num_atoms has {atoms.shape[0]}")
+    if kind == "atoms":
+        return atoms.copy()
+    if edges is None and (kind == "edges" or b != 0.0):
+        raise ValueError(f"cost kind {kind!r} needs num_edges (per-graph edge counts)")
+    if kind == "edges":
+        return edges.copy()
+    if not (math.isfinite(a) and math.isfinite(b)) or a < 0 or b < 0 or a + b <= 0:
+        raise ValueError(f"linear cost needs finite a, b >= 0, not both 0 (got a={a}, b={b})")
+    out = a * atoms
+    if b:
+        out += b * edges
+    return out
+
+
+class LinearCostFit(tuple):
+    """``(a, b)`` of ``time ~ a*atoms + b*edges``; also ``.r2``, ``.times``, ``.predicted``."""
+
+    def __new__(cls, a, b, r2, times, predicted):
+        self = super().__new__(cls, (float(a), float(b)))
+        self.r2, self.times, self.predicted = float(r2), np.asarray(times), np.asarray(predicted)
+        return self
+
+    a = property(lambda self: self[0])
+    b = property(lambda self: self[1])
+
+    def __repr__(self):
+        return f"LinearCostFit(a={self[0]:.4g}, b={self[1]:.4g}, r2={self.r2:.4f})"
+
+
+def _fit_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares ``y ~ x @ coef`` with ``coef >= 0`` (two unknowns: try the faces)."""
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    if np.all(coef >= 0):
+        return coef
+    best, best_err = None, math.inf
+    for j in range(x.shape[1]):
+        col = x[:, j]
+        cj = max(float(col @ y) / float(col @ col), 0.0) if col @ col > 0 else 0.0
+        c = np.zeros(x.shape[1])
+        c[j] = cj
+        err = float(np.sum((x @ c - y) ** 2))
+        if err < best_err:
+            best, best_err = c, err
+    return best
+
+
+def calibrate_linear_cost(run_batch: Callable[[object], object], batches: Sequence, num_atoms, num_edges,
+                          repeats: int = 3, warmup: int = 1, normalize: bool = False) -> LinearCostFit:
+    """Fit ``time ~ a*atoms + b*edges`` from timings of ``run_batch(batch)`` on ``batches``.
+
+    Args:
+        run_batch: called with each batch; must finish its work before returning (synchronize
+            the device inside it on GPUs).
+        batches: a few batches of different sizes and mixes (at least 2; a dozen is better).
+        num_atoms, num_edges: the total atoms and edges of each batch.
+        repeats: timings per batch; the minimum is used (the least disturbed one).
+        warmup: untimed calls of the first batch first (allocation, lazy initialisation).
+        normalize: return ``(1, b/a)`` so costs stay in atom units (the capacity stays in atoms).
+
+    Returns a :class:`LinearCostFit`, unpacking as ``(a, b)``, with ``r2`` (coefficient of
+    determination of the fit, logged) and the measured ``times``.
+    """
+    atoms = np.asarray(num_atoms, dtype=np.float64)
+    edges = np.asarray(num_edges, dtype=np.float64)
+    if len(batches) < 2 or len(atoms) != len(batches) or len(edges) != len(batches):
+        raise ValueError(f"calibrate_linear_cost needs >= 2 batches with one atom and one edge total each "
+                         f"(got {len(batches)} batches, {len(atoms)} atom and {len(edges)} edge totals)")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        run_batch(batches[0])
+    times = np.empty(len(batches))
+    for i, batch in enumerate(batches):
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run_batch(batch)
+            best = min(best, time.perf_counter() - t0)
+        times[i] = best
+    x = np.stack([atoms, edges], axis=1)
+    coef = _fit_nonneg(x, times)
+    pred = x @ coef
+    ss_res = float(np.sum((times - pred) ** 2))
+    ss_tot = float(np.sum((times - times.mean()) ** 2))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
+    a, b = float(coef[0]), float(coef[1])
+    log.info("cost calibration on %d batches: time ~ %.4g*atoms + %.4g*edges (R^2 = %.3f)", len(batches), a, b, r2)
+    if normalize:
+        if a <= 0:
+            raise ValueError("calibrate_linear_cost(normalize=True): the fitted atom coefficient is 0; "
+                             "use normalize=False or batches with more varied atom counts")
+        a, b = 1.0, b / a
+    return LinearCostFit(a, b, r2, times, pred)

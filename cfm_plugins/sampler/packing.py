@@ -1,0 +1,464 @@
+"""Balanced bin packing of graphs into mini-batches: Algorithm 1 of the MACE paper, vectorized.
+
+Pure numpy (no torch import here). ``pack(costs, capacity, world_size, seed)`` returns a
+:class:`Packing`: CSR arrays ``indices``/``offsets`` whose bins ``[s*W:(s+1)*W]`` form step ``s``
+(one bin per rank, ``W = world_size``).
+
+Algorithm 1 (paper section 3.2), as implemented here:
+
+1. Sort the graphs by cost, descending (ties: random order from ``seed``; index order without one).
+2. Start with ``B`` bins, ``B`` = ``ceil(total / capacity)`` rounded up to a multiple of ``W``.
+3. Each iteration stably sorts the active bins by remaining capacity, fullest first, and steps
+   through them once: the next graph goes into the bin if it fits, and the pointer advances;
+   else the bin is marked full (the same graph is offered to the next bin).
+4. Re-admission: when a not-full bin becomes fuller than every bin marked full, all full bins
+   go back to the active pool (they may take the now smaller graphs). Bins that cannot take
+   even the smallest graph are closed for good (an optimisation: they would fail every time).
+5. When no active bin remains, every full bin is re-admitted; if none can take the next graph,
+   ``W`` empty bins are added and the deal goes on with the leftovers.
+
+Vectorization. The bins are kept sorted by remaining capacity and the graphs sorted by cost, so
+within one iteration the bins that fail are a prefix (remaining < cost of the current graph,
+found by binary search) and every later bin succeeds (it has at least as much room as the one
+before it, for a graph no larger): an iteration assigns a contiguous slice of graphs to the
+active bins in order, one array operation. The order of the bins survives the iteration (a
+fuller bin receives a larger graph), so the "stable sort" is only needed when bins re-enter.
+When costs are not integers they are ranked in buckets of 0.1 % (so that ties exist to randomize);
+graphs are then not exactly monotone, and the iteration falls back to checking each slice and
+splitting it where a graph does not fit (still the same sequential semantics).
+
+Steps: bins are sorted by cost and cut into groups of ``W`` consecutive bins, so the ranks of a
+step get nearly equal work; with a seed the step order and the bin-to-rank mapping inside a step
+are shuffled (the batch sampler also shuffles the graphs inside each batch).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+log = logging.getLogger("cfm_plugins.sampler")
+
+OVERSIZE_POLICIES = ("error", "skip", "solo")
+FLOAT_TIE_RESOLUTION = 1e-3  # relative width of the cost buckets used to rank non-integer costs
+
+
+# --------------------------------------------------------------------------------------------
+# The result
+
+
+@dataclass(eq=False)
+class Packing:
+    """Bins of sample indices in CSR form.
+
+    ``indices[offsets[b]:offsets[b+1]]`` are the samples (indices into the ``costs`` given to
+    :func:`pack`) of bin ``b``; bins ``[s*world_size:(s+1)*world_size]`` form step ``s``, bin
+    ``s*world_size + r`` going to rank ``r``. ``solo`` lists oversize samples placed alone
+    (policy ``"solo"``), ``skipped`` those dropped (policy ``"skip"``).
+    """
+
+    indices: np.ndarray
+    offsets: np.ndarray
+    world_size: int = 1
+    solo: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    skipped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __post_init__(self):
+        self.indices = np.ascontiguousarray(self.indices, dtype=np.int64)
+        self.offsets = np.ascontiguousarray(self.offsets, dtype=np.int64)
+        if self.offsets.ndim != 1 or len(self.offsets) < 1 or self.offsets[0] != 0 \
+                or self.offsets[-1] != len(self.indices):
+            raise ValueError("Packing: offsets must start at 0 and end at len(indices)")
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __iter__(self):
+        for b in range(len(self)):
+            yield self.indices[self.offsets[b]:self.offsets[b + 1]]
+
+    def __getitem__(self, b: int) -> np.ndarray:
+        if b < 0:
+            b += len(self)
+        if not 0 <= b < len(self):
+            raise IndexError(f"bin {b} out of range ({len(self)} bins)")
+        return self.indices[self.offsets[b]:self.offsets[b + 1]]
+
+    @property
+    def num_bins(self) -> int:
+        return len(self)
+
+    def bin_sizes(self) -> np.ndarray:
+        """Number of samples in each bin."""
+        return np.diff(self.offsets)
+
+    def bin_ids(self) -> np.ndarray:
+        """The bin of each entry of ``indices``."""
+        return np.repeat(np.arange(len(self), dtype=np.int64), self.bin_sizes())
+
+    def bin_costs(self, costs) -> np.ndarray:
+        """Total cost of each bin (``costs`` indexed like the array given to :func:`pack`)."""
+        costs = np.asarray(costs, dtype=np.float64)
+        return np.bincount(self.bin_ids(), weights=costs[self.indices], minlength=len(self))
+
+    def num_steps(self, world_size: int | None = None) -> int:
+        w = self.world_size if world_size is None else int(world_size)
+        if len(self) % w:
+            raise ValueError(f"{len(self)} bins do not split into steps of {w} ranks")
+        return len(self) // w
+
+    def step(self, s: int, world_size: int | None = None) -> list[np.ndarray]:
+        """The bins of step ``s``: element ``r`` goes to rank ``r``."""
+        w = self.world_size if world_size is None else int(world_size)
+        return [self[b] for b in range(s * w, (s + 1) * w)]
+
+    def step_costs(self, costs, world_size: int | None = None) -> np.ndarray:
+        """Bin costs as a ``(num_steps, world_size)`` matrix."""
+        w = self.world_size if world_size is None else int(world_size)
+        return self.bin_costs(costs).reshape(self.num_steps(w), w)
+
+    def rank_bins(self, rank: int, world_size: int | None = None) -> list[np.ndarray]:
+        """The batches of one rank, in step order."""
+        w = self.world_size if world_size is None else int(world_size)
+        return [self[b] for b in range(rank, len(self), w)]
+
+    def sample_bins(self, num_samples: int) -> np.ndarray:
+        """For each sample, its bin (``-1`` if it is in none; the last bin if it is in several)."""
+        out = np.full(int(num_samples), -1, dtype=np.int64)
+        out[self.indices] = self.bin_ids()
+        return out
+
+    def checksum(self) -> str:
+        """A digest of the plan (bins, their order and content); equal plans have equal digests."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(np.int64(self.world_size).tobytes())
+        h.update(self.offsets.tobytes())
+        h.update(self.indices.tobytes())
+        return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks
+
+
+def validate_costs(costs) -> np.ndarray:
+    """``costs`` as a float64 vector; ``ValueError`` naming the first bad sample otherwise."""
+    arr = np.asarray(costs)
+    if arr.ndim != 1:
+        raise ValueError(f"costs must be a 1-D array of per-sample costs, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("costs is empty: the dataset has no samples to batch")
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise ValueError(f"costs must be numeric, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64, copy=False)
+    bad = ~np.isfinite(arr) | (arr <= 0)
+    if bad.any():
+        where = np.flatnonzero(bad)
+        i = int(where[0])
+        raise ValueError(
+            f"sample {i} has cost {float(arr[i])!r}: every cost must be finite and > 0 "
+            f"({len(where)} bad sample(s), first ones {where[:5].tolist()}); "
+            f"check the atom/edge counts of these samples or remove them from the dataset")
+    return arr
+
+
+def check_capacity(capacity) -> float:
+    try:
+        cap = float(capacity)
+    except (TypeError, ValueError):
+        raise ValueError(f"capacity must be a positive number, got {capacity!r}") from None
+    if not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"capacity must be a finite number > 0, got {capacity!r}")
+    return cap
+
+
+def check_world_size(world_size) -> int:
+    if isinstance(world_size, bool) or int(world_size) != world_size or int(world_size) < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    return int(world_size)
+
+
+# --------------------------------------------------------------------------------------------
+# Sorting helpers
+
+
+def _stable_argsort_int(key: np.ndarray, max_key: int) -> np.ndarray:
+    """Stable argsort of non-negative integer keys; radix sort (16-bit passes) when they fit."""
+    if max_key < 1 << 16:
+        return np.argsort(key if key.dtype == np.uint16 else key.astype(np.uint16), kind="stable")
+    if max_key < 1 << 32:
+        k = key.astype(np.uint32)
+        o = np.argsort((k & 0xFFFF).astype(np.uint16), kind="stable")
+        o2 = np.argsort((k[o] >> 16).astype(np.uint16), kind="stable")
+        return o[o2]
+    return np.argsort(key, kind="stable")
+
+
+def _rank_keys(costs: np.ndarray) -> tuple[np.ndarray, int, bool]:
+    """Integer sort keys, larger cost -> smaller key; and whether keys are exact (integer costs)."""
+    top_f = float(costs.max())
+    if top_f < 2 ** 52 and np.all(costs == np.floor(costs)):
+        top = int(top_f)
+        dtype = np.uint16 if top < 1 << 16 else (np.uint32 if top < 1 << 32 else np.int64)
+        return (top_f - costs).astype(dtype), top, True
+    # buckets of FLOAT_TIE_RESOLUTION relative width: costs inside one bucket count as ties
+    b = np.floor(np.log(costs) / math.log1p(FLOAT_TIE_RESOLUTION)).astype(np.int64)
+    top, low = int(b.max()), int(b.min())
+    return top - b, top - low, False
+
+
+def sort_descending(costs: np.ndarray, rng: np.random.Generator | None) -> tuple[np.ndarray, bool]:
+    """Order of ``costs``, largest first; ties in random order (``rng``) or index order.
+
+    Returns the order and whether the sorted costs are exactly non-increasing.
+    """
+    key, max_key, exact = _rank_keys(costs)
+    if rng is None:
+        order = _stable_argsort_int(key, max_key)
+    else:  # LSD radix: a random 16-bit key first, then the cost key (stable) -> random ties
+        pre = np.argsort(rng.integers(0, 1 << 16, len(costs), dtype=np.uint16), kind="stable")
+        order = pre[_stable_argsort_int(key[pre], max_key)]
+    if not exact:  # inside a bucket the order is random: the deal checks every fit
+        return order, bool(np.all(np.diff(costs[order]) <= 0))
+    return order, True
+
+
+# --------------------------------------------------------------------------------------------
+# Algorithm 1
+
+
+def deal(sizes: np.ndarray, capacity: float, num_bins: int, add_bins: int,
+         monotone: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
+    """Algorithm 1 on graphs already in dealing order.
+
+    Returns the bin of each graph, its slot in that bin (0 for the first graph the bin received)
+    and the number of bins.
+    """
+    n = len(sizes)
+    s = sizes
+    rem = np.full(max(num_bins, 1) * 2, capacity, dtype=np.float64)  # grows as bins are added
+    nb = num_bins
+    item_bin = np.empty(n, dtype=np.int64)
+    slot = np.empty(n, dtype=np.int64)
+    cnt = np.zeros(len(rem), dtype=np.int64)
+    active = np.arange(nb, dtype=np.int64)  # sorted by remaining capacity, ascending (stable)
+    full: list[np.ndarray] = []
+    full_min_rem = math.inf
+    s_min = float(s.min())
+    ptr = 0
+    while ptr < n:
+        if len(active) == 0:
+            # no active bin: re-admit every full bin; add W bins if none can take the next graph
+            if full:
+                allb = np.concatenate(full)
+                active = allb[np.argsort(rem[allb], kind="stable")]
+                full, full_min_rem = [], math.inf
+            if len(active) == 0 or rem[active[-1]] < s[ptr]:
+                if nb + add_bins > len(rem):
+                    rem = np.concatenate([rem, np.full(len(rem) + add_bins, capacity)])
+                    cnt = np.concatenate([cnt, np.zeros(len(cnt) + add_bins, np.int64)])
+                active = np.concatenate([active, np.arange(nb, nb + add_bins, dtype=np.int64)])
+                nb += add_bins
+            continue
+        # one iteration: step once through the active bins (fullest first)
+        ra = rem[active]
+        m = len(active)
+        j = 0
+        failed, kept = [], []
+        while j < m and ptr < n:
+            # bins too full for graph `ptr`: a run of the (sorted) active order
+            k = int(np.searchsorted(ra[j:], s[ptr], side="left"))
+            if k:
+                failed.append(active[j:j + k])
+                j += k
+            c = min(m - j, n - ptr)
+            if c > 0 and not monotone:
+                c = _fitting_run(ra, s, j, ptr, c)
+            if c > 0:
+                tgt = active[j:j + c]
+                item_bin[ptr:ptr + c] = tgt
+                slot[ptr:ptr + c] = cnt[tgt]
+                cnt[tgt] += 1
+                rem[tgt] -= s[ptr:ptr + c]
+                kept.append(tgt)
+                j += c
+                ptr += c
+            if monotone:  # every bin after the failed run fits: the iteration is done
+                break
+        if j < m:
+            kept.append(active[j:])  # not reached (no graph left)
+        if failed:
+            f = np.concatenate(failed)
+            f = f[rem[f] >= s_min]  # the others can never take a graph: closed for good
+            if len(f):
+                full.append(f)
+                full_min_rem = min(full_min_rem, float(rem[f].min()))
+        active = kept[0] if len(kept) == 1 else (np.concatenate(kept) if kept else active[:0])
+        if not monotone and len(active) > 1:
+            r2 = rem[active]
+            if np.any(r2[1:] < r2[:-1]):
+                active = active[np.argsort(r2, kind="stable")]
+        if len(active):  # bins that cannot take even the smallest graph: closed for good
+            k0 = int(np.searchsorted(rem[active], s_min, side="left"))
+            if k0:
+                active = active[k0:]
+        # re-admission: a not-full bin passed the occupancy of every full bin
+        if full and len(active) and rem[active[0]] < full_min_rem:
+            allb = np.concatenate([active] + full)
+            active = allb[np.argsort(rem[allb], kind="stable")]
+            full, full_min_rem = [], math.inf
+    return item_bin, slot, nb
+
+
+def _fitting_run(ra, s, j, ptr, c_max, window=1024) -> int:
+    """Length of the run of bins ``j..`` that each fit graph ``ptr..`` (graphs not monotone)."""
+    c = 0
+    while c < c_max:
+        e = min(c_max, c + window)
+        ok = ra[j + c:j + e] >= s[ptr + c:ptr + e]
+        if not ok.all():
+            return c + int(np.argmin(ok))
+        c = e
+        window *= 2
+    return c
+
+
+def _fill_empty_bins(item_bin: np.ndarray, slot: np.ndarray, num_bins: int) -> None:
+    """Give each empty bin the last-dealt graph of one of the bins holding the most graphs (in place).
+
+    A rank cannot train on an empty batch. An empty bin can appear when W bins were added for
+    fewer than W leftover graphs; moving a graph into an empty bin always respects capacity.
+    """
+    counts = np.bincount(item_bin, minlength=num_bins)
+    empty = np.flatnonzero(counts == 0)
+    while len(empty):
+        donors = np.argsort(-counts, kind="stable")[:len(empty)]
+        donors = donors[counts[donors] >= 2]
+        if not len(donors):
+            raise ValueError(f"cannot fill {num_bins} bins with {len(item_bin)} samples; use fewer ranks")
+        is_donor = np.zeros(num_bins, dtype=bool)
+        is_donor[donors] = True
+        moved = np.flatnonzero(is_donor[item_bin] & (slot == counts[item_bin] - 1))
+        targets = empty[:len(moved)]
+        counts[item_bin[moved]] -= 1
+        item_bin[moved] = targets
+        slot[moved] = 0
+        counts[targets] = 1
+        empty = empty[len(moved):]
+
+
+def lower_bound_bins(total: float, capacity: float) -> int:
+    """``ceil(total / capacity)``: no packing can use fewer bins."""
+    return max(1, math.ceil(total / capacity - 1e-12))
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-int(x) // m) * m
+
+
+def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error") -> Packing:
+    """Pack samples into bins of at most ``capacity`` total cost, ``world_size`` bins per step.
+
+    Args:
+        costs: per-sample cost (atoms, edges or a calibrated cost), finite and > 0.
+        capacity: the bin budget in the same unit (e.g. 3072 atoms).
+        world_size: ranks; the number of bins is a multiple of it.
+        seed: ``None`` for the deterministic plan; an int randomizes ties between equal costs,
+            the step order and the bin-to-rank mapping (re-pack every epoch from
+            ``seed + epoch``). Inside a bin graphs stay in dealing order (largest first);
+            :class:`BinPackBatchSampler` shuffles each batch as it yields it.
+        oversize: what to do with a sample costlier than ``capacity``: ``"error"`` (default,
+            ``ValueError`` naming it), ``"skip"`` (drop it, logged) or ``"solo"`` (alone in its
+            own bin, logged; that bin exceeds the capacity).
+    """
+    c = validate_costs(costs)
+    cap = check_capacity(capacity)
+    w = check_world_size(world_size)
+    if oversize not in OVERSIZE_POLICIES:
+        raise ValueError(f"oversize={oversize!r}: expected one of {', '.join(OVERSIZE_POLICIES)}")
+    n = len(c)
+    over = np.flatnonzero(c > cap)
+    solo = skipped = np.zeros(0, np.int64)
+    if len(over):
+        i = int(over[0])
+        names = ", ".join(f"{int(j)} ({c[j]:g})" for j in over[:5]) + (" ..." if len(over) > 5 else "")
+        if oversize == "error":
+            raise ValueError(
+                f"sample {i} has cost {c[i]:g} > capacity {cap:g} ({len(over)} sample(s) exceed it: "
+                f"{names}); raise the capacity to at least {c[over].max():g}, or choose "
+                f"oversize='solo' (alone in its own batch) or oversize='skip' (dropped)")
+        if oversize == "skip":
+            skipped = over
+            log.warning("bin packing: skipping %d sample(s) costlier than capacity %g: %s",
+                        len(over), cap, names)
+        else:
+            solo = over
+            log.warning("bin packing: %d sample(s) costlier than capacity %g each get a batch of "
+                        "their own: %s", len(over), cap, names)
+    normal = np.flatnonzero(c <= cap) if len(over) else None  # None: every sample
+    cn = c if normal is None else c[normal]
+    n_norm, n_solo = len(cn), len(solo)
+    if n_norm + n_solo == 0:
+        raise ValueError(f"no sample left to pack: all {n} samples are costlier than capacity {cap:g} "
+                         "and oversize='skip' dropped them")
+    total = float(cn.sum()) if n_norm else 0.0
+    lb = lower_bound_bins(total, cap) if n_norm else 0
+    n_bins = round_up(lb + n_solo, w) - n_solo
+    if n_norm + n_solo < w or n_bins > n_norm:
+        raise ValueError(
+            f"cannot give each of {w} ranks a non-empty batch: {n_norm + n_solo} sample(s) of total cost "
+            f"{total:g} need {n_bins + n_solo} bins of capacity {cap:g}, more than there are samples; "
+            f"use fewer ranks, more samples or a larger capacity")
+    rng = np.random.default_rng(seed) if seed is not None else None
+
+    if n_norm:
+        order, monotone = sort_descending(cn, rng)
+        sizes = cn[order]
+        if normal is not None:
+            order = normal[order]
+        item_bin, slot, n_bins = deal(sizes, cap, n_bins, w, monotone=monotone)
+        if n_bins > n_norm:  # only possible for tiny inputs
+            raise ValueError(f"cannot fill {n_bins} bins with {n_norm} samples; use fewer ranks")
+        _fill_empty_bins(item_bin, slot, n_bins)
+    else:
+        order = sizes = np.zeros(0, np.int64)
+        item_bin = slot = np.zeros(0, np.int64)
+    if n_solo:
+        order = np.concatenate([order, solo])
+        sizes = np.concatenate([sizes, c[solo]])
+        item_bin = np.concatenate([item_bin, np.arange(n_bins, n_bins + n_solo, dtype=np.int64)])
+        slot = np.concatenate([slot, np.zeros(n_solo, np.int64)])
+        n_bins += n_solo
+    return _arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped)
+
+
+def _arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped) -> Packing:
+    """Sort bins by cost, cut into steps of ``w``, shuffle (with ``rng``), build the CSR arrays.
+
+    No sort over the graphs: each graph goes to ``offsets[its bin's position] + its slot``.
+    Inside a bin graphs keep the order they were dealt in (largest first); the batch sampler
+    shuffles each batch as it yields it.
+    """
+    bin_cost = np.bincount(item_bin, weights=sizes, minlength=n_bins)
+    if rng is None:
+        by_cost = np.argsort(bin_cost, kind="stable")
+    else:
+        p = rng.permutation(n_bins)
+        by_cost = p[np.argsort(bin_cost[p], kind="stable")]
+    steps = by_cost.reshape(n_bins // w, w)
+    if rng is not None:
+        steps = rng.permuted(steps[rng.permutation(len(steps))], axis=1)
+    pos = np.empty(n_bins, dtype=np.int64)
+    pos[steps.ravel()] = np.arange(n_bins, dtype=np.int64)
+    counts = np.bincount(item_bin, minlength=n_bins)
+    offsets = np.zeros(n_bins + 1, dtype=np.int64)
+    np.cumsum(counts[steps.ravel()], out=offsets[1:])
+    dest = offsets[pos[item_bin]]
+    dest += slot
+    indices = np.empty(len(order), dtype=np.int64)
+    indices[dest] = order
+    return Packing(indices, offsets, world_size=w, solo=np.asarray(solo, np.int64),
+                   skipped=np.asarray(skipped, np.int64))

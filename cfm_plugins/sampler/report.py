@@ -1,0 +1,164 @@
+"""How good a packing is: bins vs the lower bound, padding, per-step balance, LIF; and a picture.
+
+Definitions (``W`` ranks, costs ``c``, capacity ``C``, ``B`` bins, steps ``s`` of ``W`` bins):
+
+- ``lower_bound_bins = ceil(sum c / C)``; ``min_bins_for_world`` = that rounded up to a multiple of W.
+- ``padding = 1 - sum c / (B*C)``; ``min_padding`` = the same with ``min_bins_for_world`` bins.
+- per-step imbalance = max / mean of the step's bin costs (1 = perfectly balanced).
+- ``lif`` (HydraGNN paper, LIF = T_max / T_avg) over the epoch: ``sum_s max_s / sum_s mean_s``.
+- ``straggler_ratio`` = ``sum_s max_s / (sum c / W)``: the epoch cost when every step waits for its
+  slowest rank (cost taken as proportional to the bin cost), relative to a perfect split of the
+  total work over the W ranks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .packing import Packing, lower_bound_bins, round_up
+
+
+@dataclass
+class BalanceReport:
+    num_samples: int
+    num_bins: int
+    num_steps: int
+    world_size: int
+    capacity: float
+    total_cost: float
+    lower_bound_bins: int
+    min_bins_for_world: int
+    padding: float
+    min_padding: float
+    max_bin_cost: float
+    min_bin_cost: float
+    step_max: np.ndarray
+    step_mean: np.ndarray
+    mean_imbalance: float
+    max_imbalance: float
+    lif: float
+    straggler_ratio: float
+    samples_lost: int
+    samples_duplicated: int
+    bins_over_capacity: int
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["step_max"] = self.step_max.tolist()
+        d["step_mean"] = self.step_mean.tolist()
+        return d
+
+    def to_text(self) -> str:
+        return "\n".join([
+            f"samples {self.num_samples}, total cost {self.total_cost:g}, capacity {self.capacity:g}, "
+            f"{self.world_size} ranks",
+            f"bins {self.num_bins} = {self.num_steps} steps (lower bound {self.lower_bound_bins}, "
+            f"{self.min_bins_for_world} for {self.world_size} ranks; x{self.num_bins / self.lower_bound_bins:.4f})",
+            f"padding {100 * self.padding:.3f}% (minimum for the rank count {100 * self.min_padding:.3f}%)",
+            f"bin cost min {self.min_bin_cost:g} max {self.max_bin_cost:g}; {self.bins_over_capacity} bins over capacity",
+            f"per-step imbalance (max/mean) mean {self.mean_imbalance:.5f} max {self.max_imbalance:.5f}; "
+            f"LIF {self.lif:.5f}; straggler-bound epoch cost / ideal {self.straggler_ratio:.5f}",
+            f"samples lost {self.samples_lost}, duplicated {self.samples_duplicated}",
+        ])
+
+
+def balance_report(packing: Packing, costs, capacity, world_size: int | None = None) -> BalanceReport:
+    """Numbers of :class:`BalanceReport` for ``packing`` of ``costs`` (the array given to pack)."""
+    c = np.asarray(costs, dtype=np.float64)
+    w = packing.world_size if world_size is None else int(world_size)
+    cap = float(capacity)
+    total = float(c.sum())
+    bc = packing.bin_costs(c)
+    sc = bc.reshape(packing.num_steps(w), w)
+    smax, smean = sc.max(axis=1), sc.mean(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        imb = np.where(smean > 0, smax / np.where(smean > 0, smean, 1), 1.0)
+    seen = np.bincount(packing.indices, minlength=len(c))
+    lb = lower_bound_bins(total, cap)
+    mbw = round_up(lb, w)
+    nb = len(packing)
+    return BalanceReport(
+        num_samples=len(c), num_bins=nb, num_steps=nb // w, world_size=w, capacity=cap, total_cost=total,
+        lower_bound_bins=lb, min_bins_for_world=mbw,
+        padding=1.0 - total / (nb * cap), min_padding=1.0 - total / (mbw * cap),
+        max_bin_cost=float(bc.max()), min_bin_cost=float(bc.min()),
+        step_max=smax, step_mean=smean,
+        mean_imbalance=float(imb.mean()), max_imbalance=float(imb.max()),
+        lif=float(smax.sum() / smean.sum()) if smean.sum() > 0 else math.nan,
+        straggler_ratio=float(smax.sum() / (total / w)),
+        samples_lost=int(np.sum(seen == 0)), samples_duplicated=int(np.sum(np.maximum(seen - 1, 0))),
+        bins_over_capacity=int(np.sum(bc > cap * (1 + 1e-12))),
+    )
+
+
+def plot_batches(packing: Packing, costs, world_size: int | None, path, steps=range(4),
+                 baseline: Packing | None = None, capacity: float | None = None,
+                 titles=("fixed-count batches", "bin packing")) -> str:
+    """Draw a few steps like the MACE paper's Figure 12 and save a PNG at ``path``.
+
+    One row per rank and step, each graph a rectangle of length proportional to its cost;
+    with ``baseline`` the baseline packing is drawn on the left, ``packing`` on the right.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    c = np.asarray(costs, dtype=np.float64)
+    w = packing.world_size if world_size is None else int(world_size)
+    steps = list(steps)
+    panels = [(baseline, titles[0]), (packing, titles[1])] if baseline is not None else [(packing, titles[1])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 0.35 * w * len(steps) + 1.5), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    for ax, (pk, title) in zip(axes[0], panels):
+        y = 0
+        xmax = 0.0
+        for s in steps:
+            if s >= pk.num_steps(w):
+                continue
+            for r, items in enumerate(pk.step(s, w)):
+                x = 0.0
+                for k, i in enumerate(items):
+                    ax.barh(y, c[i], left=x, height=0.8, color=cmap(int(i) % 20), edgecolor="black", linewidth=0.3)
+                    x += c[i]
+                xmax = max(xmax, x)
+                y += 1
+            ax.axhline(y - 0.5, color="grey", linewidth=0.8)
+        if capacity is not None:
+            ax.axvline(capacity, color="red", linestyle="--", linewidth=1)
+        ax.set_yticks(range(y))
+        ax.set_yticklabels([f"step {s} GPU {r}" for s in steps if s < pk.num_steps(w) for r in range(w)], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(xmax, capacity or 0) * 1.02)
+        ax.set_xlabel("cost (atoms)")
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
+
+
+def co_batched_pairs(packing: Packing) -> int:
+    """Number of unordered sample pairs that share a bin."""
+    k = packing.bin_sizes().astype(np.int64)
+    return int(np.sum(k * (k - 1) // 2))
+
+
+def repeated_pairs(first: Packing, second: Packing, num_samples: int) -> tuple[int, int, float]:
+    """Pairs co-batched in ``first`` that are co-batched again in ``second``: exact count.
+
+    Each sample gets ``(bin in first, bin in second)``; samples sharing both bins are the
+    repeated pairs, ``sum C(g, 2)`` over groups of equal keys (one sort). Samples in several
+    bins (duplicating packers) count once, by their last bin. Returns
+    ``(repeated, pairs in first, fraction)``.
+    """
+    a = first.sample_bins(num_samples)
+    b = second.sample_bins(num_samples)
+    ok = (a >= 0) & (b >= 0)
+    key = a[ok] * np.int64(len(second) + 1) + b[ok]
+    _, g = np.unique(key, return_counts=True)
+    rep = int(np.sum(g.astype(np.int64) * (g - 1) // 2))
+    tot = co_batched_pairs(first)
+    return rep, tot, rep / tot if tot else 0.0

@@ -1,0 +1,157 @@
+// CPU drivers of the fused symmetric contraction: OpenMP over (node chunk, channel tile) tasks,
+// the arithmetic of sc_math.h vectorized over a tile of TC channels.
+//
+// Nodes arrive sorted by element (``order``) and cut into chunks of one element each
+// (``chunk_ptr``), so a task reuses one element's coefficients from cache, and the coefficient
+// gradient of a chunk is summed in a task-local buffer and added once (atomically only when the
+// element's nodes span several chunks).
+//
+// Included by sc_generic_cpu.cpp and sc_avx2_cpu.cpp inside a namespace of their own (one
+// instruction set each; bindings_cpu.cpp picks at run time), so no inline symbol is shared.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "sc_math.h"
+#include "sc_cpu_api.h"
+
+namespace {
+
+constexpr int TC = 16;  // channel lanes per task
+
+using cfm::sc::Desc;
+
+inline std::int64_t chunk_elem(const ScCpuArgs& a, std::int64_t k) { return a.elem[a.order[a.chunk_ptr[k]]]; }
+
+inline bool chunk_shared(const ScCpuArgs& a, std::int64_t k) {
+  const std::int64_t e = chunk_elem(a, k);
+  return (k > 0 && chunk_elem(a, k - 1) == e) || (k + 1 < a.nchunks && chunk_elem(a, k + 1) == e);
+}
+
+template <typename T>
+void flush(const ScCpuArgs& a, std::int64_t k, const T* local, T* dst, int nvalid) {
+  const bool shared = chunk_shared(a, k);
+  for (std::int64_t r = 0; r < a.R; ++r) {
+    const T* lr = local + r * TC;
+    T* dr = dst + r * a.Cp;
+    if (shared) {
+      for (int c = 0; c < nvalid; ++c) {
+#pragma omp atomic
+        dr[c] += lr[c];
+      }
+    } else {
+      for (int c = 0; c < nvalid; ++c) dr[c] += lr[c];
+    }
+  }
+}
+
+template <typename T>
+void run_fwd(const ScCpuArgs& a) {
+  const Desc& d = a.d;
+  const std::int64_t ntiles = (a.C + TC - 1) / TC;
+  const std::int64_t ntasks = a.nchunks * ntiles;
+  const T* x = static_cast<const T*>(a.x);
+  const T* coeff = static_cast<const T*>(a.coeff);
+  T* out = static_cast<T*>(a.out0);
+#pragma omp parallel num_threads(a.nthreads)
+  {
+    std::vector<T> s(cfm::sc::fwd_rows(d) * TC);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < ntasks; ++task) {
+      const std::int64_t k = task / ntiles;
+      const int c0 = static_cast<int>((task % ntiles) * TC);
+      const int nvalid = static_cast<int>(std::min<std::int64_t>(TC, a.C - c0));
+      for (std::int64_t i = a.chunk_ptr[k]; i < a.chunk_ptr[k + 1]; ++i) {
+        const std::int64_t n = a.order[i];
+        const T* ce = coeff + a.elem[n] * a.R * a.Cp + c0;
+        cfm::sc::fwd_node<T, TC>(d, x + (n * a.C + c0) * d.L, nvalid, ce, a.Cp, out + n * d.out_dim, c0,
+                                 s.data(), TC);
+      }
+    }
+  }
+}
+
+template <typename T>
+void run_bwd(const ScCpuArgs& a) {
+  const Desc& d = a.d;
+  const std::int64_t ntiles = (a.C + TC - 1) / TC;
+  const std::int64_t ntasks = a.nchunks * ntiles;
+  const T* x = static_cast<const T*>(a.x);
+  const T* coeff = static_cast<const T*>(a.coeff);
+  const T* gout = static_cast<const T*>(a.gout);
+  T* gx = static_cast<T*>(a.out0);
+  T* gc = static_cast<T*>(a.out1);
+#pragma omp parallel num_threads(a.nthreads)
+  {
+    std::vector<T> s(cfm::sc::bwd_rows(d) * TC);
+    std::vector<T> local(gc ? a.R * TC : 0);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < ntasks; ++task) {
+      const std::int64_t k = task / ntiles;
+      const int c0 = static_cast<int>((task % ntiles) * TC);
+      const int nvalid = static_cast<int>(std::min<std::int64_t>(TC, a.C - c0));
+      if (gc) std::fill(local.begin(), local.end(), T(0));
+      const std::int64_t e = chunk_elem(a, k);
+      const T* ce = coeff + e * a.R * a.Cp + c0;
+      for (std::int64_t i = a.chunk_ptr[k]; i < a.chunk_ptr[k + 1]; ++i) {
+        const std::int64_t n = a.order[i];
+        cfm::sc::bwd_node<T, TC>(d, x + (n * a.C + c0) * d.L, nvalid, ce, a.Cp, gout + n * d.out_dim, c0,
+                                 gx ? gx + (n * a.C + c0) * d.L : nullptr, gc ? local.data() : nullptr, TC,
+                                 cfm::sc::PlainAdd{}, s.data(), TC);
+      }
+      if (gc) flush<T>(a, k, local.data(), gc + e * a.R * a.Cp + c0, nvalid);
+    }
+  }
+}
+
+template <typename T>
+void run_bwd2(const ScCpuArgs& a) {
+  const Desc& d = a.d;
+  const std::int64_t ntiles = (a.C + TC - 1) / TC;
+  const std::int64_t ntasks = a.nchunks * ntiles;
+  const T* x = static_cast<const T*>(a.x);
+  const T* dx = static_cast<const T*>(a.dx);
+  const T* coeff = static_cast<const T*>(a.coeff);
+  const T* dcoeff = static_cast<const T*>(a.dcoeff);
+  const T* gout = static_cast<const T*>(a.gout);
+  T* ggout = static_cast<T*>(a.out0);
+  T* gx2 = static_cast<T*>(a.out1);
+  T* gc2 = static_cast<T*>(a.out2);
+#pragma omp parallel num_threads(a.nthreads)
+  {
+    std::vector<T> s(cfm::sc::bwd2_rows(d) * TC);
+    std::vector<T> local(gc2 ? a.R * TC : 0);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < ntasks; ++task) {
+      const std::int64_t k = task / ntiles;
+      const int c0 = static_cast<int>((task % ntiles) * TC);
+      const int nvalid = static_cast<int>(std::min<std::int64_t>(TC, a.C - c0));
+      if (gc2) std::fill(local.begin(), local.end(), T(0));
+      const std::int64_t e = chunk_elem(a, k);
+      const std::int64_t coff = e * a.R * a.Cp + c0;
+      for (std::int64_t i = a.chunk_ptr[k]; i < a.chunk_ptr[k + 1]; ++i) {
+        const std::int64_t n = a.order[i];
+        const std::int64_t xoff = (n * a.C + c0) * d.L;
+        cfm::sc::bwd2_node<T, TC>(d, x + xoff, dx ? dx + xoff : nullptr, nvalid, coeff + coff,
+                                  dcoeff ? dcoeff + coff : nullptr, a.Cp, gout + n * d.out_dim, c0,
+                                  ggout ? ggout + n * d.out_dim : nullptr, gx2 ? gx2 + xoff : nullptr,
+                                  gc2 ? local.data() : nullptr, TC, cfm::sc::PlainAdd{}, s.data(), TC);
+      }
+      if (gc2) flush<T>(a, k, local.data(), gc2 + coff, nvalid);
+    }
+  }
+}
+
+}  // namespace
+
+void SC_CPU_NS(run)(int op, bool is_double, const ScCpuArgs& a) {
+  if (is_double) {
+    if (op == 0) run_fwd<double>(a);
+    else if (op == 1) run_bwd<double>(a);
+    else run_bwd2<double>(a);
+  } else {
+    if (op == 0) run_fwd<float>(a);
+    else if (op == 1) run_bwd<float>(a);
+    else run_bwd2<float>(a);
+  }
+}

@@ -1,0 +1,140 @@
+"""patch_conv_tps / unpatch_conv_tps on real mace models (built with mace's own constructors):
+energies and forces equal to float64 round-off, state_dict unchanged, unpatch restores."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+import mace  # noqa: F401  (before e3nn)
+import torch
+from ase.build import bulk
+from e3nn import o3
+from mace import data, modules, tools
+
+from cfm_plugins.ops.conv_tp import FusedConvTP, patch_conv_tps, unpatch_conv_tps
+
+BLOCKS = ["RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock",
+          "RealAgnosticDensityResidualInteractionBlock"]
+
+
+def build(kind: str, block: str, first: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        kwargs = dict(
+            r_max=4.5, num_bessel=6, num_polynomial_cutoff=5, max_ell=3,
+            interaction_cls=modules.interaction_classes[block],
+            interaction_cls_first=modules.interaction_classes[first], num_interactions=2, num_elements=2,
+            hidden_irreps=o3.Irreps("8x0e+8x1o"), MLP_irreps=o3.Irreps("8x0e"),
+            atomic_energies=np.array([-4.4, -3.5]), avg_num_neighbors=10.0, atomic_numbers=[28, 29],
+            correlation=2, gate=torch.nn.functional.silu)
+        if kind == "ScaleShiftMACE":
+            model = modules.ScaleShiftMACE(atomic_inter_scale=0.8, atomic_inter_shift=0.1, **kwargs)
+        else:
+            model = modules.MACE(**kwargs)
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():  # random init leaves some blocks at exact zeros: perturb everything
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def batch(seed: int = 0):
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 1))
+    rng = np.random.default_rng(seed)
+    atoms.symbols[rng.choice(len(atoms), len(atoms) // 3, replace=False)] = "Ni"
+    atoms.rattle(0.1, seed=seed)
+    isolated = bulk("Cu", "fcc", a=3.6, cubic=True)[:1]  # one atom in a big box: no neighbours
+    isolated.set_cell([20, 20, 20])
+    z_table = tools.AtomicNumberTable([28, 29])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        items = [data.AtomicData.from_config(data.config_from_atoms(a), z_table=z_table, cutoff=4.5)
+                 for a in (atoms, isolated)]
+    finally:
+        torch.set_default_dtype(previous)
+    loader = tools.torch_geometric.dataloader.DataLoader(items, batch_size=2, shuffle=False)
+    return next(iter(loader)).to_dict()
+
+
+def run(model, b):
+    b = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()}
+    out = model(b, training=True, compute_force=True, compute_stress=True)
+    return out["energy"].detach(), out["forces"].detach(), out["stress"].detach()
+
+
+@pytest.mark.parametrize("kind,block,first", [
+    ("ScaleShiftMACE", BLOCKS[0], "RealAgnosticInteractionBlock"),
+    ("MACE", BLOCKS[1], BLOCKS[1]),
+    ("ScaleShiftMACE", BLOCKS[2], BLOCKS[2]),
+])
+def test_patch_keeps_energies_forces_and_state_dict(kind, block, first):
+    model = build(kind, block, first)
+    b = batch()
+    ref = run(model, b)
+    keys = list(model.state_dict())
+    originals = [blk.conv_tp for blk in model.interactions]
+
+    assert patch_conv_tps(model) == 2
+    assert all(isinstance(blk.conv_tp, FusedConvTP) and hasattr(blk, "conv_fusion") for blk in model.interactions)
+    assert list(model.state_dict()) == keys
+    assert patch_conv_tps(model) == 0  # idempotent
+    got = run(model, b)
+    assert ref[1].abs().max() > 1e-3  # forces are not trivially zero
+    for a, r in zip(got, ref):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-12)
+
+    # training step: parameter gradients of a force loss (double backward) agree
+    def grads(m):
+        m.zero_grad()
+        bb = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()}
+        out = m(bb, training=True, compute_force=True)
+        ((out["forces"] ** 2).sum() + out["energy"].sum()).backward()
+        return [p.grad.clone() if p.grad is not None else None for p in m.parameters()]
+
+    g_fused = grads(model)
+
+    assert unpatch_conv_tps(model) == 2
+    assert [blk.conv_tp for blk in model.interactions] == originals
+    assert not any(hasattr(blk, "conv_fusion") for blk in model.interactions)
+    assert list(model.state_dict()) == keys
+    g_ref = grads(model)
+    for a, r in zip(g_fused, g_ref):
+        assert (a is None) == (r is None)
+        if a is not None:
+            torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
+    for a, r in zip(run(model, b), ref):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-14)
+
+
+def test_patched_model_survives_deepcopy_save_load_and_dtype_moves(tmp_path):
+    model = build("ScaleShiftMACE", BLOCKS[0], BLOCKS[0], seed=1)
+    b = batch(1)
+    ref = run(model, b)
+    patch_conv_tps(model)
+    clone = copy.deepcopy(model)
+    torch.save(model, tmp_path / "m.model")
+    loaded = torch.load(tmp_path / "m.model", weights_only=False)
+    for m in (clone, loaded):
+        assert isinstance(m.interactions[0].conv_tp, FusedConvTP)
+        for a, r in zip(run(m, b), ref):
+            torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-12)
+    # a checkpoint of the stock model loads into the patched one and back
+    stock = build("ScaleShiftMACE", BLOCKS[0], BLOCKS[0], seed=2)
+    model.load_state_dict(stock.state_dict())
+    for a, r in zip(run(model, b), run(stock, b)):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-12)
+    # float32 after patching (the shared buffers move with the fused module and are restored)
+    model32 = loaded.float()
+    e32, f32, _ = run(model32, {k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                                for k, v in b.items()})
+    torch.testing.assert_close(e32.double(), ref[0], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(f32.double(), ref[1], rtol=1e-4, atol=1e-4)
+    unpatch_conv_tps(model32)
+    tp = model32.interactions[0].conv_tp
+    assert not isinstance(tp, FusedConvTP) and tp.output_mask.dtype == torch.float32

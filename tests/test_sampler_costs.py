@@ -1,0 +1,78 @@
+"""Cost models: graph_costs, and calibrate_linear_cost on a real torch message-passing workload."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cfm_plugins.sampler import calibrate_linear_cost, graph_costs
+
+
+def test_graph_costs_kinds():
+    a, e = np.array([3, 10]), np.array([12, 80])
+    np.testing.assert_array_equal(graph_costs(a), [3.0, 10.0])
+    np.testing.assert_array_equal(graph_costs(a, e, kind="edges"), [12.0, 80.0])
+    np.testing.assert_allclose(graph_costs(a, e, kind="linear", a=2.0, b=0.5), [12.0, 60.0])
+    assert graph_costs(a).dtype == np.float64
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(kind="edges"), "needs num_edges"),
+    (dict(kind="linear", b=1.0), "needs num_edges"),
+    (dict(kind="nodes"), "expected one of atoms, edges, linear"),
+    (dict(num_edges=np.array([1]), kind="edges"), "1 entries but num_atoms has 2"),
+    (dict(num_edges=np.array([1, 2]), kind="linear", a=-1.0, b=1.0), "a, b >= 0"),
+])
+def test_graph_costs_errors(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        graph_costs(np.array([3, 10]), **kwargs)
+
+
+def message_passing_step(batch):
+    """A small real workload: per-edge messages (gather, matmul, scatter-add), per-node update."""
+    x, src, dst, w_edge, w_node = batch
+    with torch.no_grad():
+        msg = torch.tanh(x[src] @ w_edge)
+        agg = torch.zeros_like(x).index_add_(0, dst, msg)
+        out = torch.tanh((x + agg) @ w_node) @ w_node.T
+    return out
+
+
+def make_batch(atoms, edges, g):
+    f = 64
+    x = torch.randn(atoms, f, generator=g)
+    src = torch.randint(0, atoms, (edges,), generator=g)
+    dst = torch.randint(0, atoms, (edges,), generator=g)
+    return x, src, dst, torch.randn(f, f, generator=g) / 8, torch.randn(f, 4 * f, generator=g) / 8
+
+
+def test_calibrate_linear_cost_on_real_workload():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _calibrate()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _calibrate():
+    g = torch.Generator().manual_seed(0)
+    # atoms and edges varied independently, so both coefficients are identifiable
+    sizes = [(a, e) for a in (1000, 3000, 6000) for e in (5000, 20000, 40000)]
+    batches = [make_batch(a, e, g) for a, e in sizes]
+    atoms = [a for a, _ in sizes]
+    edges = [e for _, e in sizes]
+    fit = calibrate_linear_cost(message_passing_step, batches, atoms, edges, repeats=3)
+    a, b = fit  # unpacks as (a, b)
+    assert a > 0 and b > 0
+    assert fit.r2 > 0.8, fit
+    assert len(fit.times) == len(batches) and np.all(fit.times > 0)
+    na, nb = calibrate_linear_cost(message_passing_step, batches, atoms, edges, repeats=1, normalize=True)
+    assert na == 1.0 and nb > 0
+    costs = graph_costs(np.array(atoms), np.array(edges), kind="linear", a=a, b=b)
+    assert np.all(costs > 0)
+
+
+def test_calibrate_errors():
+    with pytest.raises(ValueError, match=">= 2 batches"):
+        calibrate_linear_cost(lambda b: None, [1], [1], [1])

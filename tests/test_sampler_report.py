@@ -1,0 +1,95 @@
+"""balance_report numbers on hand-computed cases, the PNG picture, pair repetition, baselines."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cfm_plugins.sampler import Packing, balance_report, pack, plot_batches
+from cfm_plugins.sampler.baselines import BASELINES, fastchgnet_pairs, first_fit_decreasing
+from cfm_plugins.sampler.report import co_batched_pairs, repeated_pairs
+from cfm_plugins.sampler.workload import PAPER_MIX, paper_mix
+
+C = np.array([5, 4, 3, 3, 2, 2, 1, 1, 1], float)  # total 22
+
+
+def csr(bins, w):
+    offsets = np.r_[0, np.cumsum([len(b) for b in bins])]
+    return Packing(np.concatenate(bins), offsets, world_size=w)
+
+
+def test_report_hand_computed():
+    p = csr([[0, 5], [1, 2], [3, 4, 6], [7, 8]], 2)  # bin costs 7, 7 | 6, 2
+    r = balance_report(p, C, 8)
+    assert (r.num_bins, r.num_steps, r.lower_bound_bins, r.min_bins_for_world) == (4, 2, 3, 4)
+    assert math.isclose(r.padding, 1 - 22 / 32) and math.isclose(r.min_padding, 1 - 22 / 32)
+    np.testing.assert_allclose(r.step_max, [7, 6])
+    np.testing.assert_allclose(r.step_mean, [7, 4])
+    assert math.isclose(r.mean_imbalance, 1.25) and math.isclose(r.max_imbalance, 1.5)
+    assert math.isclose(r.lif, 13 / 11) and math.isclose(r.straggler_ratio, 13 / 11)
+    assert (r.samples_lost, r.samples_duplicated, r.bins_over_capacity) == (0, 0, 0)
+    d = r.to_dict()
+    assert d["step_max"] == [7.0, 6.0] and d["num_bins"] == 4
+    text = r.to_text()
+    assert "bins 4 = 2 steps (lower bound 3" in text and "LIF 1.18182" in text
+
+
+def test_report_counts_lost_duplicated_and_overfull():
+    p = csr([[0, 1], [0, 2], [3], [4, 5, 6, 7]], 2)  # 0 twice, 8 missing, bin 1 = 8 > capacity 7
+    r = balance_report(p, C, 7)
+    assert r.samples_lost == 1 and r.samples_duplicated == 1 and r.bins_over_capacity == 2
+
+
+def test_repeated_pairs_exact():
+    a = csr([[0, 1, 2], [3, 4], [5, 6, 7, 8]], 1)
+    b = csr([[0, 1, 3], [2, 4], [5, 6, 7], [8]], 1)
+    rep, tot, frac = repeated_pairs(a, b, 9)
+    # pairs of a: 3 + 1 + 6 = 10; repeated: (0,1), (5,6), (5,7), (6,7)
+    assert (rep, tot) == (4, 10) and math.isclose(frac, 0.4)
+    assert co_batched_pairs(b) == 3 + 1 + 3
+
+
+def test_plot_batches_writes_png(tmp_path):
+    c = paper_mix(4000, seed=0)
+    p = pack(c, 3072, 8, seed=0)
+    base = BASELINES["fixed-count (8/rank)"](c, 3072, 8, seed=0)
+    out = plot_batches(p, c, 8, tmp_path / "fig12.png", steps=range(2), baseline=base, capacity=3072)
+    data = open(out, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000
+
+
+def test_paper_mix_matches_table3():
+    a, lab = paper_mix(None, seed=0, return_labels=True)
+    assert len(a) == sum(v[0] for v in PAPER_MIX.values()) == 2_650_823
+    for k, (name, (count, lo, hi)) in enumerate(PAPER_MIX.items()):
+        x = a[lab == k]
+        assert len(x) == count and x.min() >= lo and x.max() <= hi, name
+
+
+@pytest.mark.parametrize("name", list(BASELINES))
+@pytest.mark.parametrize("w", [1, 4])
+def test_baselines_follow_the_step_convention(name, w):
+    c = paper_mix(5000, seed=2)
+    p = BASELINES[name](c, 3072, w, seed=0)
+    assert len(p) % w == 0
+    r = balance_report(p, c, 3072, w)
+    assert r.samples_lost == 0
+    if name in ("first-fit decreasing", "greedy budget (PyG)", "HydraGNN cost-aware"):
+        assert r.bins_over_capacity == 0
+
+
+def test_first_fit_decreasing_is_first_fit():
+    c = np.array([6, 5, 4, 3, 2, 2, 1], float)
+    p = first_fit_decreasing(c, 7, 1, seed=0)
+    got = sorted(sorted(c[b].tolist()) for b in p)
+    # FFD by hand: [6,1], [5,2], [4,3], [2]
+    assert got == [[1.0, 6.0], [2.0], [2.0, 5.0], [3.0, 4.0]]
+
+
+def test_fastchgnet_pairs_smallest_with_largest():
+    c = np.arange(1.0, 9.0)  # one global batch of 8 on 2 ranks (batch_size 4)
+    p = fastchgnet_pairs(c, None, 2, seed=0, batch_size=4)
+    got = sorted(sorted(c[b].tolist()) for b in p)
+    assert got == [[1.0, 3.0, 6.0, 8.0], [2.0, 4.0, 5.0, 7.0]]
