@@ -1,0 +1,125 @@
+"""The main job, end to end (`make demo`):
+
+1. make a size-diverse CuNi training set with ASE + EMT (bulk cells, slabs, clusters; 4..300 atoms);
+2. train a small MACE model with `mpirun -np 2 cfm-run --enable mace,binpack,fused -- mace_run_train`;
+3. run a short MD with the trained model through `CFMCalculator` (fused kernels);
+4. print a summary: time per epoch, the balance report of the batches, the PNG of the batches.
+
+Everything goes to examples/out/. Options: --epochs, --n-train, --np (ranks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(HERE))
+
+
+def stage(n, text):
+    print(f"\n[{n}/4] {text}", flush=True)
+
+
+def mpirun(np_: int) -> list[str]:
+    cmd = [str(BIN / "mpirun"), "-np", str(np_), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(HERE / "out"))
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--n-train", type=int, default=60)
+    p.add_argument("--max-atoms", type=int, default=300)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="bin capacity in atoms (default: the binpack plugin's, batch size x mean atoms)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    stage(1, f"making {args.n_train} CuNi structures with EMT labels")
+    from make_dataset import make_dataset
+
+    files = make_dataset(out / "data", n_train=args.n_train, n_valid=10, n_test=4, seed=0, max_atoms=args.max_atoms)
+
+    stage(2, f"training MACE on {args.np} MPI ranks with binpack + fused kernels")
+    run_dir = out / "run"
+    run_dir.mkdir(exist_ok=True)
+    cmd = mpirun(args.np) + [
+        str(BIN / "cfm-run"), "--enable", "mace,binpack,fused", "--", "mace_run_train",
+        "--name=demo", f"--train_file={files['train']}", f"--valid_file={files['valid']}", "--E0s=isolated",
+        "--model=MACE", "--hidden_irreps=16x0e+16x1o", "--r_max=4.5", "--max_L=1", "--correlation=3",
+        "--num_interactions=2", f"--max_num_epochs={args.epochs}", "--batch_size=4", "--valid_batch_size=4",
+        "--device=cpu", "--default_dtype=float64", "--energy_key=REF_energy", "--forces_key=REF_forces",
+        "--stress_key=REF_stress", "--seed=1", "--eval_interval=1", "--num_workers=0", "--save_cpu",
+        f"--work_dir={run_dir}", f"--model_dir={run_dir}",
+        f"--cfm-step-log={run_dir / 'steps'}",
+    ] + ([f"--cfm-max-tokens={args.max_tokens}"] if args.max_tokens else [])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    print("  $ " + " ".join(cmd[len(mpirun(args.np)):]), flush=True)
+    start = time.monotonic()
+    keep = re.compile(r"(Epoch \d+|binpack|fused kernels|process group|Error|error|Done)")
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc, \
+            open(run_dir / "train.log", "w") as log:
+        for line in proc.stdout:
+            log.write(line)
+            if keep.search(line):
+                print("  " + line.rstrip()[-160:], flush=True)
+    if proc.returncode != 0:
+        print(f"training failed (exit {proc.returncode}); see {run_dir / 'train.log'}", file=sys.stderr)
+        return proc.returncode
+    train_s = time.monotonic() - start
+
+    stage(3, "20 MD steps on the 512-atom cell with CFMCalculator (fused kernels)")
+    from ase.io import read
+    from md import time_md
+
+    from cfm_plugins.calculators import CFMCalculator
+
+    calc = CFMCalculator(str(run_dir / "demo.model"), device="cpu", default_dtype="float64")
+    atoms = read(files["cell512"])
+    per_step = time_md(calc, atoms, steps=20)
+    print(f"  {per_step * 1e3:.0f} ms per MD step ({len(atoms)} atoms)")
+
+    stage(4, "summary")
+    from cfm_plugins.sampler import BinPackBatchSampler, balance_report, plot_batches
+    from cfm_plugins_adapters.mace.steplog import load_imbalance, read_step_logs
+
+    ranks = read_step_logs(str(run_dir / "steps"))
+    steps_per_epoch = len(ranks[0]) // args.epochs
+    epoch_s = [max(sum(r["wall_s"] for r in rank[e * steps_per_epoch:(e + 1) * steps_per_epoch]) for rank in ranks)
+               for e in range(args.epochs)]
+    print(f"  training wall time {train_s:.0f} s (start-up and evaluation included)")
+    print("  time per epoch (optimizer steps, slowest rank): " + ", ".join(f"{t:.1f} s" for t in epoch_s))
+    print(f"  load imbalance (LIF of forward compute time over ranks): {load_imbalance(ranks):.3f}")
+    import numpy as np
+
+    from cfm_plugins.plugins.binpack import default_capacity
+
+    atoms_sizes = np.array([len(a) for a in read(files["train"], ":")])
+    capacity = args.max_tokens or default_capacity(atoms_sizes.mean(), atoms_sizes.max(), batch_size=4)
+    sampler = BinPackBatchSampler(atoms_sizes, capacity, rank=0, world_size=args.np, seed=1)
+    plan = sampler.plan()
+    report = balance_report(plan, atoms_sizes, capacity, args.np)
+    print("  " + report.to_text().replace("\n", "\n  "))
+    png = out / "batches.png"
+    plot_batches(plan, atoms_sizes, args.np, png)
+    (out / "summary.json").write_text(json.dumps({"epoch_s": epoch_s, "md_step_s": per_step,
+                                                  "lif": load_imbalance(ranks), "balance": report.to_dict()},
+                                                 indent=1, default=float))
+    print(f"  picture of the batches: {png}\n  model: {run_dir / 'demo.model'}\n  summary: {out / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
