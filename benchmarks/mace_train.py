@@ -1,0 +1,109 @@
+"""MACE training with and without the plugins, 2 MPI ranks on this CPU, ratios in one run.
+
+    python benchmarks/mace_train.py [--n-train 40] [--epochs 2] [--hidden 32x0e+32x1o]
+
+Workload: the example CuNi set (examples/make_dataset.py: bulk, slabs, clusters, up to
+--max-atoms atoms, EMT labels), a real MACE model (hidden irreps --hidden, correlation 3, max_L 1,
+r_max 4.5, 2 interactions, float64), `mpirun -np 2 cfm-run --enable mace[,binpack][,fused] --
+mace_run_train`. "stock" is `--enable mace` alone (mace's DistributedSampler with fixed
+--batch_size graphs and its e3nn kernels; cfm-run only provides the MPI rendezvous that mace's
+own `--launcher mpi` lacks on CPU). Per configuration: optimizer-step time of the last epoch
+(slowest rank, summed over steps), steps per epoch, and the load imbalance factor
+LIF = sum_steps max_rank / sum_steps mean_rank of the forward (energy+forces) compute time.
+Then CFMCalculator vs MACECalculator time per MD step on a 512-atom cell with the trained model.
+Writes docs/_fragments/mace_train.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+CONFIGS = {"stock": "mace", "binpack": "mace,binpack", "fused": "mace,fused", "both": "mace,binpack,fused"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n-train", type=int, default=40)
+    p.add_argument("--max-atoms", type=int, default=300)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--hidden", default="32x0e+32x1o")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--md-steps", type=int, default=3)
+    p.add_argument("--out", default="/tmp/cfm_bench_mace")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from make_dataset import make_dataset
+
+    files = make_dataset(out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms)
+    print(f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}", flush=True)
+    mpirun = [str(BIN / "mpirun"), "-np", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    from cfm_plugins_adapters.mace.steplog import load_imbalance, read_step_logs
+
+    rows = {}
+    for label, enable in CONFIGS.items():
+        run = out / label
+        run.mkdir(exist_ok=True)
+        cmd = mpirun + [str(BIN / "cfm-run"), "--enable", enable, "--", "mace_run_train", f"--name={label}",
+                        f"--train_file={files['train']}", f"--valid_file={files['valid']}", "--E0s=isolated",
+                        "--model=MACE", f"--hidden_irreps={args.hidden}", "--r_max=4.5", "--max_L=1",
+                        "--correlation=3", "--num_interactions=2", f"--max_num_epochs={args.epochs}",
+                        f"--batch_size={args.batch_size}", f"--valid_batch_size={args.batch_size}", "--device=cpu",
+                        "--default_dtype=float64", "--energy_key=REF_energy", "--forces_key=REF_forces",
+                        "--stress_key=REF_stress", "--seed=1", "--eval_interval=100", "--num_workers=0",
+                        "--save_cpu", f"--work_dir={run}", f"--model_dir={run}", f"--cfm-step-log={run / 'steps'}"]
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        (run / "train.log").write_text(res.stdout)
+        if res.returncode != 0:
+            print(res.stdout[-3000:])
+            raise SystemExit(f"{label} failed")
+        ranks = read_step_logs(str(run / "steps"))
+        per_epoch = len(ranks[0]) // args.epochs
+        last = [r[-per_epoch:] for r in ranks]
+        epoch_s = max(sum(s["wall_s"] for s in r) for r in last)
+        rows[label] = dict(epoch_s=epoch_s, steps=per_epoch, lif=load_imbalance(last),
+                           lif_atoms=load_imbalance(last, "atoms"))
+        print(f"{label:8s} epoch {epoch_s:7.2f} s  steps {per_epoch:3d}  LIF {rows[label]['lif']:.3f} "
+              f"(atoms {rows[label]['lif_atoms']:.3f})", flush=True)
+
+    from ase.io import read
+    from md import time_md
+
+    from cfm_plugins.calculators import CFMCalculator
+    from mace.calculators import MACECalculator
+
+    model = str(out / "stock" / "stock.model")
+    atoms = read(files["cell512"])
+    md_stock = time_md(MACECalculator(model_paths=model, device="cpu", default_dtype="float64"), atoms, args.md_steps)
+    md_fused = time_md(CFMCalculator(model, device="cpu", default_dtype="float64"), atoms, args.md_steps)
+
+    base = rows["stock"]["epoch_s"]
+    lines = ["## MACE training and MD (benchmarks/mace_train.py)", "",
+             f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/mace_train.py "
+             f"--n-train {args.n_train} --epochs {args.epochs} --hidden {args.hidden}`", "",
+             f"Workload: {args.n_train} CuNi structures (4..{args.max_atoms} atoms, EMT), MACE {args.hidden}, "
+             "correlation 3, max_L 1, r_max 4.5, 2 interactions, float64, `--batch_size "
+             f"{args.batch_size}`, 2 MPI ranks x 1 thread on a shared 2-core CPU; last of {args.epochs} epochs.", "",
+             "| configuration | optimizer steps per epoch (s, slowest rank) | speed-up vs stock | steps | LIF (forward time) | LIF (atoms) |",
+             "|---|---|---|---|---|---|"]
+    for label, r in rows.items():
+        lines.append(f"| {label} | {r['epoch_s']:.2f} | {base / r['epoch_s']:.2f}x | {r['steps']} | {r['lif']:.3f} | {r['lif_atoms']:.3f} |")
+    lines += ["", f"MD, 512-atom CuNi cell, {args.md_steps} steps, same trained model: MACECalculator "
+              f"{md_stock * 1e3:.0f} ms/step, CFMCalculator {md_fused * 1e3:.0f} ms/step, "
+              f"speed-up {md_stock / md_fused:.2f}x.", ""]
+    text = "\n".join(lines)
+    print(text)
+    (ROOT / "docs" / "_fragments" / "mace_train.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
