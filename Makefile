@@ -35,9 +35,9 @@ cuda-check: venv
 
 bench: venv
 	$(PIP) install -q cuequivariance-torch==0.13.0 cuequivariance==0.13.0
-	$(PY) benchmarks/sampler.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/sampler.py
 	$(PY) benchmarks/kernels.py
-	$(PY) benchmarks/mace_train.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/mace_train.py
 
 clean:
 	rm -rf build examples/out *.egg-info cfm_plugins/*.so
