@@ -132,6 +132,14 @@ def greedy_budget(costs, capacity, world_size=1, seed=0) -> Packing:
     return _from_bins(_greedy_bins(c, float(capacity), order), int(world_size))
 
 
+def _global_batches(n: int, world_size: int, seed: int, batch_size: int):
+    """Shuffled global batches of ``batch_size*world_size`` sample indices (DistributedSampler style)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    g = batch_size * world_size
+    for a in range(0, n, g):
+        yield perm[a:a + g]
+
+
 def fairchem_balanced(costs, capacity=None, world_size=1, seed=0, batch_size: int = 8) -> Packing:
     """fairchem ``BalancedBatchSampler`` style: per step, largest-first balancing of a fixed batch.
 
@@ -141,11 +149,8 @@ def fairchem_balanced(costs, capacity=None, world_size=1, seed=0, batch_size: in
     """
     c = validate_costs(costs)
     w = int(world_size)
-    perm = np.random.default_rng(seed).permutation(len(c))
-    g = batch_size * w
     bins = []
-    for a in range(0, len(perm), g):
-        chunk = perm[a:a + g]
+    for chunk in _global_batches(len(c), w, seed, batch_size):
         srt = chunk[np.argsort(-c[chunk], kind="stable")]
         heap = [(0.0, r) for r in range(w)]
         parts = [[] for _ in range(w)]
@@ -165,11 +170,8 @@ def fastchgnet_pairs(costs, capacity=None, world_size=1, seed=0, batch_size: int
     """
     c = validate_costs(costs)
     w = int(world_size)
-    perm = np.random.default_rng(seed).permutation(len(c))
-    g = batch_size * w
     bins = []
-    for a in range(0, len(perm), g):
-        chunk = perm[a:a + g]
+    for chunk in _global_batches(len(c), w, seed, batch_size):
         srt = chunk[np.argsort(c[chunk], kind="stable")]
         m = len(srt)
         take = np.empty(m, np.int64)
