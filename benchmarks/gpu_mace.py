@@ -1,0 +1,337 @@
+"""MACE on the GPU end to end: stock e3nn vs cuEquivariance vs cfm-plugins, ratios in one run.
+
+    python benchmarks/gpu_mace.py --device cuda                       # the full table (GPU machine)
+    python benchmarks/gpu_mace.py --device cpu --quick --no-epoch     # a smoke run anywhere
+
+Workload (the one of ../shared/GPU.md): a MACE-MP-medium-like ScaleShiftMACE (2
+RealAgnosticResidualInteractionBlock layers, hidden 128x0e+128x1o, spherical harmonics l<=3,
+correlation 3, 89 elements, radial MLP [64,64,64], r_max 6 A) on rattled CuNi fcc cells (30 % Ni)
+of ~500 and ~4000 atoms, float32 and float64. Per configuration:
+
+- ``inference``: energy + forces (``model(batch, compute_force=True)``), as an MD step does;
+- ``train``: energy + forces, a loss on both against EMT labels, ``backward()`` (the double
+  backward through the forces that force training needs);
+- peak GPU memory of the train step (``torch.cuda.max_memory_allocated``).
+
+Median of ``--reps`` steps after ``--warmup`` warm-up steps, synchronised. Ways, in one process:
+``stock`` (mace's e3nn modules), ``cueq`` (``mace.cli.convert_e3nn_cueq.run``, conv fusion on
+CUDA; needs cuequivariance-torch, else reported as missing), ``fused`` (this project's kernels,
+``cfm_plugins.ops.patching.patch_model``) and ``fused+capture`` (fused kernels with the step
+captured once and replayed on padded static shapes; reported as not built until issue 8 builds
+it, never silently replaced by another way).
+
+Then, unless ``--no-epoch``, the epoch time of ``mace_run_train`` on the example data set
+(examples/make_dataset.py, ``--epoch-structures`` CuNi structures of 4..500 atoms) three ways:
+stock, ``--enable_cueq=True``, and ``mpirun -np 1 cfm-run --enable mace,binpack,fused``; the time of
+the second epoch (train + validation) is read from the timestamps of mace's own "Epoch N" lines.
+
+Results go to stdout as a markdown table naming the device; with ``--device cuda`` also to
+docs/_fragments/gpu_mace.md (the figures of docs/benchmarks.md's GPU section).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FRAGMENT = ROOT / "docs" / "_fragments" / "gpu_mace.md"
+WAYS = ("stock", "cueq", "fused", "fused+capture")
+
+
+# ---------------------------------------------------------------------------- the workload
+def build_model(dtype, hidden: str, seed: int = 0):
+    """The MACE-MP-medium-like model of the module docstring, in ``dtype``, weights perturbed."""
+    import mace  # noqa: F401  (before e3nn)
+    import torch
+    from e3nn import o3
+    from mace import modules
+
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
+        model = modules.ScaleShiftMACE(
+            r_max=6.0, num_bessel=10, num_polynomial_cutoff=5, max_ell=3, interaction_cls=block,
+            interaction_cls_first=block, num_interactions=2, num_elements=89,
+            hidden_irreps=o3.Irreps(hidden), MLP_irreps=o3.Irreps("16x0e"),
+            atomic_energies=np.linspace(-5.0, -1.0, 89), avg_num_neighbors=40.0,
+            atomic_numbers=list(range(1, 90)), correlation=3, gate=torch.nn.functional.silu,
+            radial_MLP=[64, 64, 64], atomic_inter_scale=1.0, atomic_inter_shift=0.0)
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():  # random init leaves blocks at exact zeros: perturb like a trained model
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def cuni_cell(n_atoms: int, seed: int = 0):
+    """A rattled CuNi fcc cell (30 % Ni) of about ``n_atoms`` atoms with EMT energy and forces."""
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+
+    reps = max(1, round((n_atoms / 4) ** (1 / 3)))
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((reps, reps, reps))
+    rng = np.random.default_rng(seed)
+    atoms.symbols[rng.random(len(atoms)) < 0.3] = "Ni"
+    atoms.rattle(0.05, seed=seed)
+    atoms.calc = EMT()
+    return atoms, float(atoms.get_potential_energy()), atoms.get_forces()
+
+
+def make_batch(atoms, r_max: float, dtype, device):
+    """mace's own graph construction and collation for one structure, on ``device``."""
+    import torch
+    from mace import data as mace_data
+    from mace.tools import AtomicNumberTable, torch_geometric
+
+    z_table = AtomicNumberTable(list(range(1, 90)))
+    config = mace_data.config_from_atoms(atoms)
+    graph = mace_data.AtomicData.from_config(config, z_table=z_table, cutoff=r_max)
+    batch = torch_geometric.batch.Batch.from_data_list([graph]).to(device)
+    out = batch.to_dict()
+    for key, value in out.items():
+        if torch.is_tensor(value) and value.is_floating_point():
+            out[key] = value.to(dtype)
+    return out
+
+
+# ---------------------------------------------------------------------------- the ways
+def _has_cueq() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cuequivariance_torch") is not None
+
+
+def prepare(way: str, stock, device):
+    """The model for ``way``, or the reason it cannot run here (a string)."""
+    if way == "stock":
+        return stock
+    if way == "cueq":
+        if not _has_cueq():
+            return "cuequivariance-torch not installed: pip install 'cfm-plugins[bench]'"
+        from mace.cli.convert_e3nn_cueq import run as to_cueq
+
+        return to_cueq(copy.deepcopy(stock), device=device.type).to(device)
+    if way == "fused":
+        from cfm_plugins.ops.patching import patch_model
+
+        model = copy.deepcopy(stock)
+        patch_model(model)
+        return model
+    if way == "fused+capture":
+        return "not built yet: the captured, padded static-shape step of issue 8 needs a GPU to be written"
+    raise ValueError(f"unknown way {way!r}; choose from {', '.join(WAYS)}")
+
+
+def timed(fn, reps: int, warmup: int, device) -> float:
+    """Median wall time of ``fn`` in seconds (synchronised on CUDA)."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def measure(model, batch, e_ref, f_ref, reps: int, warmup: int, device) -> dict:
+    import torch
+
+    def inference():
+        out = model(dict(batch), training=False, compute_force=True)
+        return out["energy"], out["forces"]
+
+    def train():
+        model.zero_grad(set_to_none=True)
+        out = model(dict(batch), training=True, compute_force=True)
+        loss = ((out["energy"] - e_ref) ** 2).mean() + ((out["forces"] - f_ref) ** 2).mean()
+        loss.backward()
+        return loss
+
+    row = {"inference_s": timed(inference, reps, warmup, device)}
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    row["train_s"] = timed(train, reps, warmup, device)
+    row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    energy, forces = inference()
+    row["energy"], row["forces"] = energy.detach(), forces.detach()
+    return row
+
+
+def step_table(args, device) -> list[str]:
+    import mace  # noqa: F401
+    import torch
+
+    lines = ["| dtype | atoms | edges | way | inference ms | train ms | train vs stock | peak GiB (train) "
+             "| max abs dF vs stock |", "|---|---|---|---|---|---|---|---|---|"]
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        stock = build_model(dtype, args.hidden).to(device)
+        for n_atoms in args.atoms:
+            atoms, e, f = cuni_cell(n_atoms)
+            batch = make_batch(atoms, 6.0, dtype, device)
+            e_ref = torch.tensor([e], dtype=dtype, device=device)
+            f_ref = torch.as_tensor(f, dtype=dtype, device=device)
+            n_edges = batch["edge_index"].shape[1]
+            base = None
+            for way in args.ways:
+                model = prepare(way, stock, device)
+                label = f"| {dtype_name} | {len(atoms)} | {n_edges} | {way} |"
+                if isinstance(model, str):
+                    lines.append(f"{label} - | - | - | - | {model} |")
+                    print(lines[-1], flush=True)
+                    continue
+                try:
+                    row = measure(model, batch, e_ref, f_ref, args.reps, args.warmup, device)
+                except torch.cuda.OutOfMemoryError:
+                    lines.append(f"{label} out of memory | | | | |")
+                    print(lines[-1], flush=True)
+                    torch.cuda.empty_cache()
+                    continue
+                if way == "stock":
+                    base = row
+                ratio = f"{row['train_s'] / base['train_s']:.2f}x" if base else "-"
+                de = f"{float((row['forces'] - base['forces']).abs().max()):.1e}" if base else "-"
+                peak = f"{row['peak_gib']:.2f}" if row["peak_gib"] is not None else "-"
+                lines.append(f"{label} {row['inference_s'] * 1e3:.1f} | {row['train_s'] * 1e3:.1f} | {ratio} "
+                             f"| {peak} | {de} |")
+                print(lines[-1], flush=True)
+                del model
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    return lines
+
+
+# ---------------------------------------------------------------------------- mace_run_train epochs
+_EPOCH_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) INFO: (Initial|Epoch (\d+)):")
+
+
+def epoch_seconds(log_text: str, epoch: int) -> float | None:
+    """Seconds between mace's validation lines of ``epoch - 1`` (or "Initial") and ``epoch``."""
+    stamps: dict[int, dt.datetime] = {}
+    for line in log_text.splitlines():
+        m = _EPOCH_LINE.match(line)
+        if m:
+            key = -1 if m.group(2) == "Initial" else int(m.group(3))
+            stamps.setdefault(key, dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f"))
+    if epoch not in stamps or epoch - 1 not in stamps:
+        return None
+    return (stamps[epoch] - stamps[epoch - 1]).total_seconds()
+
+
+def epoch_table(args, device) -> list[str]:
+    sys.path.insert(0, str(ROOT / "examples"))
+    from make_dataset import make_dataset
+
+    out = Path(args.out)
+    files = make_dataset(out / "data", n_train=args.epoch_structures, n_valid=max(4, args.epoch_structures // 10),
+                         n_test=2, seed=0, max_atoms=500)
+    mpirun = [str(BIN / "mpirun") if (BIN / "mpirun").exists() else "mpirun", "-np", "1"]
+    if os.geteuid() == 0:
+        mpirun.append("--allow-run-as-root")
+    common = ["--model=MACE", f"--hidden_irreps={args.hidden}", "--r_max=6.0", "--max_L=1", "--correlation=3",
+              "--num_interactions=2", "--max_num_epochs=2", "--batch_size=8", "--valid_batch_size=8",
+              f"--device={device.type}", "--default_dtype=float32", f"--train_file={files['train']}",
+              f"--valid_file={files['valid']}", "--E0s=isolated", "--energy_key=REF_energy",
+              "--forces_key=REF_forces", "--stress_key=REF_stress", "--seed=1", "--eval_interval=1",
+              "--num_workers=0"]
+    ways = {"stock": ["mace_run_train"], "cueq": ["mace_run_train", "--enable_cueq=True"],
+            "fused+binpack": mpirun + ["cfm-run", "--enable", "mace,binpack,fused", "--", "mace_run_train"]}
+    lines = ["| way | epoch 2 (train + validation) s | vs stock |", "|---|---|---|"]
+    base = None
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    for way, cmd in ways.items():
+        if way == "cueq" and not _has_cueq():
+            lines.append(f"| {way} | cuequivariance-torch not installed: pip install 'cfm-plugins[bench]' | - |")
+            print(lines[-1], flush=True)
+            continue
+        run = out / way.replace("+", "_")
+        run.mkdir(parents=True, exist_ok=True)
+        full = cmd + common + [f"--name={run.name}", f"--work_dir={run}", f"--model_dir={run}"]
+        print("$", " ".join(full), flush=True)
+        res = subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        (run / "train.log").write_text(res.stdout)
+        seconds = epoch_seconds(res.stdout, 1) if res.returncode == 0 else None
+        if seconds is None:
+            why = f"failed (rc {res.returncode}), see {run / 'train.log'}"
+            lines.append(f"| {way} | {why} | - |")
+        else:
+            base = base or seconds
+            lines.append(f"| {way} | {seconds:.2f} | {seconds / base:.2f}x |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def device_name(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads), torch {torch.__version__}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--atoms", type=int, nargs="+", default=[500, 4000])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
+    p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
+    p.add_argument("--hidden", default="128x0e+128x1o")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--epoch-structures", type=int, default=600)
+    p.add_argument("--no-epoch", action="store_true", help="skip the mace_run_train epoch timings")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)")
+    p.add_argument("--out", default="/tmp/cfm_bench_gpu_mace")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.atoms, args.hidden, args.reps, args.warmup, args.epoch_structures = [32], "8x0e+8x1o", 1, 1, 12
+
+    import mace  # noqa: F401
+    import torch
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but torch sees no CUDA device: run this on a GPU machine "
+                         "(docs/benchmarks.md, ../shared/GPU.md) or pass --device cpu")
+    command = "python benchmarks/gpu_mace.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    head = ["## MACE on the GPU end to end (benchmarks/gpu_mace.py)", "", f"Command: `{command}`", "",
+            f"Device: {device_name(device)}", "",
+            f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP [64,64,64], "
+            f"r_max 6, 2 layers; CuNi fcc cells; median of {args.reps} steps after {args.warmup} warm-ups.", ""]
+    print("\n".join(head), flush=True)
+    lines = head + step_table(args, device) + [""]
+    if not args.no_epoch:
+        lines += [f"`mace_run_train` on {args.epoch_structures} example CuNi structures (4..500 atoms), "
+                  f"{args.hidden}, max_L 1, float32, batch 8:", ""] + epoch_table(args, device) + [""]
+    text = "\n".join(lines)
+    print(text)
+    if device.type == "cuda":
+        FRAGMENT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
