@@ -94,3 +94,13 @@ def test_get_active_is_a_deprecated_shim_over_config():
     with pytest.warns(DeprecationWarning):
         session = get_active()
     assert session.pm is pm and session.hook is pm.hook and session.config is config and session.dist is config.dist
+
+
+def test_fused_refuses_the_trainers_own_kernel_swaps_through_the_trainer_settings_hook():
+    from cfm_plugins.options import TrainerSettings
+
+    config = Config(enabled=["fused"])
+    pm = create_manager(config)
+    pm.hook.cfm_trainer_settings(config=config, trainer=TrainerSettings(batch_size=4, seed=1, dtype="float64"))
+    with pytest.raises(ValueError, match="enable_cueq/enable_oeq replace the same modules"):
+        pm.hook.cfm_trainer_settings(config=config, trainer=TrainerSettings(kernel_swaps=("cueq",)))

@@ -44,10 +44,10 @@ def test_conflicts_are_logged_and_temporary_files_removed_on_every_rank(tmp_path
             "--config", str(cfg)] + (["--fail-on-rank-1"] if fail else [])
     out = run_mpi(args, timeout=120, env=clean_env(TMPDIR=str(tmp)))
     assert (out.returncode != 0) == fail, out.stdout[-3000:]
+    assert list(tmp.glob("cfm_plugins_*")) == [], "temporary config copies were left behind"
     assert re.search(r"plugins from cfm-run --enable \(mace, fused\) override the cfm_plugins: key of \S+train.yaml "
                      r"\(enable\) \(mace, binpack\): binpack not enabled", out.stdout), out.stdout[-3000:]
     assert "option cost='atoms' from cfm-run -o overrides 'edges' from the cfm_plugins: key of" in out.stdout
-    assert list(tmp.glob("cfm_plugins_*")) == [], "temporary config copies were left behind"
 
 
 @pytest.mark.mpi
@@ -98,7 +98,7 @@ def test_the_adapter_serving_the_command_is_enabled_so_ranks_train_one_model(tmp
     out = run_mpi([CFM_RUN, "--", "mace_run_train", *mace_args(tmp_path, "served", epochs=1)], timeout=600,
                   env=clean_env(CFM_PLUGINS=",,,"))
     assert out.returncode == 0, out.stdout[-4000:]
-    assert "the environment (CFM_PLUGINS) is ',,,': it names no plugin" in out.stdout
-    assert out.stdout.count("the mace adapter serves `mace_run_train") == 2  # every rank
     assert out.stdout.count("turning on mace's --distributed") == 2, out.stdout[-4000:]
+    assert out.stdout.count("the mace adapter serves `mace_run_train") == 2  # every rank
+    assert "the environment (CFM_PLUGINS) is ',,,': it names no plugin" in out.stdout
     assert (tmp_path / "served.model").is_file()

@@ -27,11 +27,15 @@ def cfm_needs_adapter():
     return True  # models are patched where an adapter builds the trainer's model
 
 
-def refuse_other_kernels(kernels, enable_cueq=False, enable_oeq=False, what="fused plugin") -> None:
-    """The fused kernels and mace's cuEquivariance/OpenEquivariance swaps replace the same modules."""
+def refuse_other_kernels(kernels, enable_cueq=False, enable_oeq=False,
+                         remedy="use one of them (drop fused from --enable, or the mace flag)") -> None:
+    """The fused kernels and mace's cuEquivariance/OpenEquivariance swaps replace the same modules.
+
+    The one check of this conflict: the ``fused`` plugin runs it on the trainer's settings and
+    :class:`cfm_plugins.calculators.CFMCalculator` on its arguments.
+    """
     if kernels and (enable_cueq or enable_oeq):
-        raise ValueError(f"the {what} and mace's --enable_cueq/--enable_oeq both replace the same kernels: "
-                         "use one of them")
+        raise ValueError(f"the fused kernels and mace's enable_cueq/enable_oeq replace the same modules: {remedy}")
 
 
 def kernels(config) -> tuple[str, ...]:
