@@ -91,16 +91,16 @@ class Config:
         self.declared = declared
         errors = []
         for key, value in self.options.items():
-            where = self.option_sources.get(key, "?")
+            where = self.option_sources.get(key, "")
             if key not in declared:
                 hint = closest(key, declared)
-                errors.append(f"unknown cfm-plugins option {key!r} (value {value!r}, from {where})"
+                errors.append(f"unknown cfm-plugins option {key!r} (value {value!r}" + (f", from {where})" if where else ")")
                               + (f": did you mean {hint!r}?" if hint else ""))
                 continue
             try:
                 declared[key].option.convert(value, where)
             except ValueError as exc:
-                errors.append(f"{exc} (from {where})" if "(from" not in str(exc) else str(exc))
+                errors.append(f"{exc} (from {where})" if where and "(from" not in str(exc) else str(exc))
         if errors:
             raise ValueError("; ".join(errors) + ". `cfm-run --list` shows every option.")
 

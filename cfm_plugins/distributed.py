@@ -252,7 +252,10 @@ def init_distributed(config=None) -> DistInfo:
                                master_listen_fd=listener.fileno() if listener is not None else None)
         tdist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
     if listener is not None:
-        listener.detach()  # the store owns the descriptor now
+        if store is not None:
+            listener.detach()  # the store owns the descriptor now
+        else:
+            listener.close()  # a process group existed already: the socket was not needed
     log.info("rank %d/%d (local %d/%d): process group %s at %s:%d%s on %s, collective timeout %gs",
              rank, world, local_rank, local_size, backend, addr, port, f" ({iface})" if iface else "", device,
              timeout_s)
