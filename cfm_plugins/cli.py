@@ -7,8 +7,11 @@
 The trainer command after ``--`` is a console script (e.g. ``mace_run_train``), ``python
 script.py ARGS`` or ``python -m module ARGS``; it runs in this process, after the plugins are
 enabled and the process group exists. ``--cfm-<key>=<value>`` options in the trainer command
-are taken out and become plugin options. A failure on one rank ends all ranks (MPI Abort)
-instead of leaving them waiting.
+are taken out and become plugin options (names no installed plugin declares are refused). The
+adapter serving the trainer command is enabled by itself. A failure on one rank ends all ranks
+(MPI Abort) instead of leaving them waiting; a collective that times out names the stalled rank.
+Temporary files (the trainer's config without its ``cfm_plugins:`` key) are removed at exit, also
+after a failure or a termination signal.
 """
 from __future__ import annotations
 
@@ -16,13 +19,14 @@ import argparse
 import logging
 import os
 import runpy
+import signal
 import sys
 import traceback
 from importlib.metadata import entry_points
 
 from cfm_plugins import __version__
-from cfm_plugins.config import build_config
-from cfm_plugins.manager import Session, UnknownPluginError, available_plugins, create_manager, set_active
+from cfm_plugins.config import build_config, remove_temp_dirs
+from cfm_plugins.manager import MissingAdapterError, UnknownPluginError, catalog, create_manager
 
 log = logging.getLogger("cfm_plugins")
 
@@ -38,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="a plugin option, e.g. -o max_tokens=3072 (repeatable)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for the process group (default auto)")
-    p.add_argument("--list", action="store_true", help="list the installed plugins and exit")
+    p.add_argument("--list", action="store_true", help="list the installed plugins with every option they read, and exit")
     p.add_argument("--log-level", default=os.environ.get("CFM_LOG_LEVEL", "INFO"))
     p.add_argument("--version", action="version", version=f"cfm-plugins {__version__}")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer command")
@@ -46,13 +50,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def print_plugins(out=sys.stdout) -> None:
-    plugins = available_plugins()
-    if not plugins:
+    """Every installed plugin and every option it declares (name, type, default, help)."""
+    cat = catalog()
+    if not cat.plugins:
         print("no cfm-plugins plugins are installed", file=out)
-        return
-    width = max(len(n) for n in plugins)
-    for info in plugins.values():
-        print(f"{info.name:<{width}}  {info.summary}  [{info.value}; {info.distribution}]", file=out)
+    adapters = set(cat.adapters())
+    for info in cat.plugins.values():
+        kind = " (trainer adapter)" if info.name in adapters else ""
+        summary = info.summary.split(": ", 1)[1] if info.summary.startswith(info.name + ":") else info.summary
+        print(f"{info.name}{kind}: {summary}  [{info.value}; {info.distribution}]", file=out)
+        if info.name in cat.broken:
+            print(f"    cannot be loaded: {cat.broken[info.name]}", file=out)
+    print("\noptions (--cfm-<name>=V in the trainer command, CFM_<NAME>=V, -o name=V, or the cfm_plugins: key):",
+          file=out)
+    for name, decl in cat.options().items():
+        opt = decl.option
+        choices = f" {{{','.join(opt.choices)}}}" if opt.choices else ""
+        print(f"  {name} ({opt.type.__name__}{choices}, default {opt.default!r}; {decl.plugin})\n      {opt.help}",
+              file=out)
 
 
 def resolve_command(command: list[str]):
@@ -88,6 +103,35 @@ def _exit_code(exc: SystemExit) -> int:
     return code if isinstance(code, int) else 1
 
 
+def _remove_temp_files_on_signal() -> None:
+    """A termination signal (mpirun ending the job, a scheduler's SIGTERM) still removes our files."""
+    def handler(signum, _frame):
+        remove_temp_dirs()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, handler)
+        except (ValueError, OSError):  # not the main thread, or not on this platform
+            pass
+
+
+def _failure_message(exc: BaseException, dist) -> str:
+    """What to print when the trainer failed on this rank; names the stalled ranks on a timeout."""
+    from cfm_plugins.distributed import is_timeout, stalled_ranks
+
+    if is_timeout(exc):
+        stalled = stalled_ranks(dist)
+        who = (f"rank(s) {', '.join(map(str, stalled))} never reached it (stalled or stuck elsewhere)"
+               if stalled else "every rank reached it, so the cause is elsewhere (network?)" if stalled == []
+               else "which rank stalled cannot be told")
+        return (f"cfm-run: rank {dist.rank}: a collective timed out after {dist.timeout_s:g}s "
+                f"(option collective_timeout): {who}; ending all {dist.world_size} ranks")
+    return (f"cfm-run: rank {dist.rank} failed ({type(exc).__name__}: {exc}); ending all "
+            f"{dist.world_size} ranks")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     rank_tag = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
@@ -104,17 +148,27 @@ def main(argv=None) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     options = list(args.option) + ([f"device={args.device}"] if args.device else [])
+    _remove_temp_files_on_signal()
+    try:
+        return _run(args, command, options, rank_tag)
+    finally:
+        remove_temp_dirs()
+
+
+def _run(args, command, options, rank_tag) -> int:
     try:
         config = build_config(args.enable, options, trainer_argv=command)
+        if rank_tag == "0":
+            for note in config.notes:
+                log.info("%s", note)
         pm = create_manager(config)
         run, trainer_argv = resolve_command(command)
-    except (UnknownPluginError, ValueError, FileNotFoundError) as exc:
+    except (UnknownPluginError, MissingAdapterError, ValueError, FileNotFoundError, ImportError) as exc:
         print(f"cfm-run: error: {exc}", file=sys.stderr)
         return 2
 
     dist = pm.hook.cfm_init_distributed(config=config)
-    session = Session(pm, config, dist)
-    set_active(session)
+    config.dist = dist
     log.info("plugins enabled: %s (from %s); rank %d of %d", ", ".join(config.enabled) or "none",
              config.source, dist.rank, dist.world_size)
     from cfm_plugins.distributed import abort_all, shutdown
@@ -129,16 +183,18 @@ def main(argv=None) -> int:
             code = _exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - one rank's failure must end all ranks
         traceback.print_exc()
-        if dist.world_size > 1:
-            print(f"cfm-run: rank {dist.rank} failed ({type(exc).__name__}: {exc}); ending all "
-                  f"{dist.world_size} ranks", file=sys.stderr, flush=True)
-            abort_all(dist, 1)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-    finally:
+        message = _failure_message(exc, dist) if dist.world_size > 1 else None
         pm.hook.cfm_after_trainer(config=config, dist=dist, exit_code=code)
-        set_active(None)
+        if message:
+            remove_temp_dirs()  # Abort ends this process without running atexit
+            print(message, file=sys.stderr, flush=True)
+            abort_all(dist, 1)
+    else:
+        pm.hook.cfm_after_trainer(config=config, dist=dist, exit_code=code)
     if code != 0 and dist.world_size > 1:
         print(f"cfm-run: rank {dist.rank}: trainer exited with {code}; ending all ranks", file=sys.stderr, flush=True)
+        remove_temp_dirs()
         abort_all(dist, code)
     shutdown(dist)
     return code

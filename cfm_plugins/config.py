@@ -1,57 +1,108 @@
-"""One typed configuration from the three places a user can enable plugins.
+"""One typed configuration from the places a user can enable plugins and set options.
 
-Sources, highest precedence first (the first one that names plugins decides which are enabled;
-options merge, higher precedence winning):
+Sources, highest precedence first:
 
-1. the command line of ``cfm-run``: ``--enable binpack,fused`` and ``--option key=value``, and
-   ``--cfm-<key>=<value>`` options left in the trainer's own command (removed before it runs);
-2. the environment: ``CFM_PLUGINS=binpack,fused`` and ``CFM_<KEY>=<value>`` for options
-   (e.g. ``CFM_MAX_TOKENS=3072``);
-3. a ``cfm_plugins:`` key in the YAML file given to the trainer as ``--config FILE``: either a
+1. the command line of ``cfm-run``: ``--enable binpack,fused``, ``--device`` and ``-o key=value``;
+2. ``--cfm-<key>=<value>`` options left in the trainer's own command (removed before it runs);
+3. the environment: ``CFM_PLUGINS=binpack,fused`` and ``CFM_<KEY>=<value>`` for options
+   (e.g. ``CFM_MAX_TOKENS=3072``). ``CFM_PLUGINS_*`` (build switches) and ``CFM_LOG_LEVEL`` are
+   reserved and are not options;
+4. a ``cfm_plugins:`` key in the YAML file given to the trainer as ``--config FILE``: either a
    list/comma string of names, or a mapping ``{enable: [...], <option>: <value>, ...}``. The
-   key is removed from a copy of the file before the trainer reads it (trainers reject
-   unknown keys).
+   key is removed from a temporary copy of the file before the trainer reads it (trainers reject
+   unknown keys); the copy is removed when cfm-run exits, also after a failure.
+
+The first source that names plugins decides which are enabled; options merge, higher precedence
+winning. Where one source overrides another, :attr:`Config.notes` says which won and what it
+replaced (cfm-run logs these). Option names are checked against what the installed plugins
+declare (:meth:`Config.check_options`): an unknown name is an error suggesting the closest one.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Options every plugin may read; a plugin documents its own in its module docstring.
 ENV_PREFIX = "CFM_"
-_RESERVED_ENV = {"CFM_PLUGINS", "CFM_PLUGINS_CUDA", "CFM_PLUGINS_CUDA_ARCH", "CFM_PLUGINS_NO_OPENMP",
-                 "CFM_PLUGINS_FORCE_TORCH"}
+#: Environment names under ENV_PREFIX that are not plugin options.
+RESERVED_ENV_PREFIX = "CFM_PLUGINS_"  # build and kernel switches: CFM_PLUGINS_CUDA, ..._FORCE_TORCH
+RESERVED_ENV = {"CFM_PLUGINS", "CFM_LOG_LEVEL"}
+_MISSING = object()
 
 
 @dataclass
 class Config:
-    """The enabled plugins and their options, with where each came from."""
+    """The enabled plugins and their options, with where each came from.
+
+    ``pm`` is the plugin manager (set by :func:`cfm_plugins.manager.create_manager`) and ``dist``
+    the ranks (set by cfm-run once they exist): an adapter's seams reach the hooks as
+    ``config.pm.hook``.
+    """
 
     enabled: list[str] = field(default_factory=list)
     options: dict[str, object] = field(default_factory=dict)
     source: str = "none"  # where `enabled` came from: "cli", "env", "config-file" or "none"
     trainer_argv: list[str] = field(default_factory=list)  # the trainer command, --cfm-* removed
+    option_sources: dict[str, str] = field(default_factory=dict)  # option -> where its value came from
+    notes: list[str] = field(default_factory=list)  # which source overrode which, for the log
+    declared: dict = field(default_factory=dict)  # name -> cfm_plugins.options.DeclaredOption
+    pm: object = None  # pluggy.PluginManager
+    dist: object = None  # cfm_plugins.distributed.DistInfo
 
-    def get(self, key: str, default=None, type=None):
-        """Option ``key`` (dashes and underscores are the same) converted with ``type``."""
+    def get(self, key: str, default=_MISSING, type=None):
+        """Option ``key`` (dashes and underscores are the same), converted to its type.
+
+        Without ``default`` the declared default is used, without ``type`` the declared type.
+        """
+        from cfm_plugins.options import convert
+
         key = normalize_key(key)
+        decl = self.declared.get(key)
+        if type is None and decl is not None:
+            type = decl.option.type
         if key not in self.options:
+            if default is _MISSING:
+                return decl.option.default if decl is not None else None
             return default
         value = self.options[key]
-        if type is None or isinstance(value, type):
+        if type is None or value is None or (isinstance(value, type) and not (type is int and isinstance(value, bool))):
             return value
-        try:
-            if type is bool:
-                return str(value).strip().lower() in {"1", "true", "yes", "on"}
-            return type(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"cfm-plugins option {key}={value!r} is not a valid {type.__name__}") from exc
+        return convert(value, type, key)
 
     def is_enabled(self, name: str) -> bool:
         return name in self.enabled
+
+    @property
+    def hook(self):
+        return self.pm.hook
+
+    def check_options(self, declared: dict) -> None:
+        """Refuse option names no installed plugin declares, and values of the wrong type.
+
+        ``declared`` maps names to :class:`cfm_plugins.options.DeclaredOption`. The error names
+        the option, its value, where it came from and the closest known name.
+        """
+        from cfm_plugins.options import closest
+
+        self.declared = declared
+        errors = []
+        for key, value in self.options.items():
+            where = self.option_sources.get(key, "")
+            if key not in declared:
+                hint = closest(key, declared)
+                errors.append(f"unknown cfm-plugins option {key!r} (value {value!r}" + (f", from {where})" if where else ")")
+                              + (f": did you mean {hint!r}?" if hint else ""))
+                continue
+            try:
+                declared[key].option.convert(value, where)
+            except ValueError as exc:
+                errors.append(f"{exc} (from {where})" if where and "(from" not in str(exc) else str(exc))
+        if errors:
+            raise ValueError("; ".join(errors) + ". `cfm-run --list` shows every option.")
 
 
 def normalize_key(key: str) -> str:
@@ -78,6 +129,16 @@ def parse_option(text: str) -> tuple[str, str]:
     return normalize_key(key), value.strip()
 
 
+def argv_value(argv: list[str], flag: str) -> tuple[int, str] | None:
+    """Position and value of ``FLAG VALUE`` or ``FLAG=VALUE`` in a command line (first one)."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return i + 1, argv[i + 1]
+        if arg.startswith(flag + "="):
+            return i, arg.split("=", 1)[1]
+    return None
+
+
 _CFM_ARG = re.compile(r"^--cfm[-_]([A-Za-z0-9_-]+)(?:=(.*))?$")
 
 
@@ -102,12 +163,28 @@ def pop_trainer_options(argv: list[str]) -> dict[str, str]:
 
 def find_config_file(argv: list[str]) -> tuple[int, Path] | None:
     """Position and path of ``--config FILE`` / ``--config=FILE`` in a trainer command line."""
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            return i + 1, Path(argv[i + 1])
-        if arg.startswith("--config="):
-            return i, Path(arg.split("=", 1)[1])
-    return None
+    loc = argv_value(argv, "--config")
+    return None if loc is None else (loc[0], Path(loc[1]))
+
+
+# --- temporary copies of config files: removed at exit, also after a failure ------------------
+
+_TEMP_DIRS: list[Path] = []
+
+
+def make_temp_dir() -> Path:
+    """A private temporary folder that :func:`remove_temp_dirs` deletes (atexit, or cfm-run)."""
+    path = Path(tempfile.mkdtemp(prefix="cfm_plugins_"))
+    if not _TEMP_DIRS:
+        atexit.register(remove_temp_dirs)
+    _TEMP_DIRS.append(path)
+    return path
+
+
+def remove_temp_dirs() -> None:
+    """Delete every folder made by :func:`make_temp_dir` in this process (idempotent)."""
+    while _TEMP_DIRS:
+        shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
 
 
 def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
@@ -131,40 +208,66 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
         section = {normalize_key(k): v for k, v in section.items()}
     else:
         section = {"enable": section}
+    section["__file__"] = str(path)
     if rewrite:
-        tmpdir = Path(tempfile.mkdtemp(prefix="cfm_plugins_"))
-        copy = tmpdir / path.name
+        copy = make_temp_dir() / path.name
         with open(copy, "w") as fh:
             yaml.safe_dump(data, fh, sort_keys=False)
         argv[pos] = str(copy) if argv[pos] == str(path) else f"--config={copy}"
     return section
 
 
+def _env_options(environ) -> dict[str, tuple[str, str]]:
+    """``CFM_<KEY>`` variables as {key: (value, variable)}, reserved names left out."""
+    out = {}
+    for var, value in environ.items():
+        if var.startswith(ENV_PREFIX) and var not in RESERVED_ENV and not var.startswith(RESERVED_ENV_PREFIX):
+            out[normalize_key(var[len(ENV_PREFIX):])] = (value, var)
+    return out
+
+
 def build_config(cli_enable=None, cli_options=(), trainer_argv=None, environ=None) -> Config:
-    """Merge the three sources into one :class:`Config` (``trainer_argv`` is modified in place)."""
+    """Merge the sources into one :class:`Config` (``trainer_argv`` is modified in place)."""
     environ = os.environ if environ is None else environ
     trainer_argv = [] if trainer_argv is None else trainer_argv
     file_section = read_config_file_section(trainer_argv)
+    file_label = f"the cfm_plugins: key of {file_section.pop('__file__', '--config')}"
     trainer_opts = pop_trainer_options(trainer_argv)
 
+    # lowest precedence first; each later source overrides the earlier ones
+    layers = [
+        [(k, v, f"{file_label} ({k})") for k, v in file_section.items() if k != "enable"],
+        [(k, v, f"the environment ({var})") for k, (v, var) in _env_options(environ).items()],
+        [(k, v, f"--cfm-{k.replace('_', '-')} in the trainer command") for k, v in trainer_opts.items()],
+        [(*parse_option(text), "cfm-run -o") for text in cli_options],
+    ]
     options: dict[str, object] = {}
-    for key, value in file_section.items():
-        if key != "enable":
-            options[key] = value
-    for key, value in environ.items():
-        if key.startswith(ENV_PREFIX) and key not in _RESERVED_ENV:
-            options[normalize_key(key[len(ENV_PREFIX):])] = value
-    options.update(trainer_opts)
-    for text in cli_options:
-        k, v = parse_option(text)
-        options[k] = v
+    sources: dict[str, str] = {}
+    notes: list[str] = []
+    for layer in layers:
+        for key, value, where in layer:
+            if key in options and str(options[key]) != str(value):
+                notes.append(f"option {key}={value!r} from {where} overrides {options[key]!r} from {sources[key]}")
+            options[key], sources[key] = value, where
 
-    if cli_enable:
-        enabled, source = split_names(cli_enable), "cli"
-    elif environ.get("CFM_PLUGINS"):
-        enabled, source = split_names(environ["CFM_PLUGINS"]), "env"
-    elif file_section.get("enable"):
-        enabled, source = split_names(file_section["enable"]), "config-file"
-    else:
-        enabled, source = [], "none"
-    return Config(enabled=enabled, options=options, source=source, trainer_argv=trainer_argv)
+    candidates = [
+        ("cli", "cfm-run --enable", cli_enable),
+        ("env", "the environment (CFM_PLUGINS)", environ.get("CFM_PLUGINS")),
+        ("config-file", f"{file_label} (enable)", file_section.get("enable")),
+    ]
+    enabled, source = [], "none"
+    for name, label, raw in candidates:
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            continue
+        names = split_names(raw)
+        if not names:
+            notes.append(f"{label} is {raw!r}: it names no plugin, so it enables none and is ignored")
+            continue
+        if source == "none":
+            enabled, source, winner = names, name, label
+        elif names != enabled:
+            dropped = [n for n in names if n not in enabled]
+            notes.append(f"plugins from {winner} ({', '.join(enabled)}) override {label} ({', '.join(names)})"
+                         + (f": {', '.join(dropped)} not enabled" if dropped else ""))
+    return Config(enabled=enabled, options=options, source=source, trainer_argv=trainer_argv,
+                  option_sources=sources, notes=notes)

@@ -1,16 +1,26 @@
 """The MPI runtime: ranks from MPI, and the torch.distributed rendezvous done for the trainer.
 
 Under ``mpirun -np N``, every rank learns its rank, world size and node-local rank from MPI
-(mpi4py). Rank 0 chooses the rendezvous address (``127.0.0.1`` when all ranks share a node,
-else its own routable address, or ``MASTER_ADDR`` if the user set it) and a free TCP port, and
-broadcasts both; then every rank joins the process group (gloo on CPU, nccl on GPU). The
+(mpi4py). Rank 0 opens the rendezvous (a ``TCPStore`` on a socket it binds itself) and broadcasts
+its address; then every rank joins the process group (gloo on CPU, nccl on GPU). The
 torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``) are exported so trainers that read them keep working. No SLURM and no
 ``MASTER_ADDR`` are needed.
 
-Options (see :mod:`cfm_plugins.config`): ``device`` (``auto``/``cpu``/``cuda``), ``backend``
-(``gloo``/``nccl``), ``master_addr``, ``timeout`` (seconds for collectives, default 600: a rank
-that dies does not leave the others waiting forever).
+Where the rendezvous listens (it has no authentication, so it must not listen where it need not):
+
+- all ranks on one node: ``127.0.0.1`` only, and gloo's own connections stay on the loopback
+  interface (``GLOO_SOCKET_IFNAME=lo`` unless you set it);
+- several nodes: only the address of the chosen interface (option ``rendezvous_interface``,
+  e.g. ``ib0``; default: the interface of this host's default route), and gloo/nccl use that
+  interface too (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` unless you set them). The option
+  ``master_addr`` (or ``MASTER_ADDR``) names an address of rank 0's host instead.
+
+A collective that waits longer than ``collective_timeout`` seconds (default 300) fails; cfm-run
+then names the rank(s) that never reached it (see :func:`stalled_ranks`) and ends every rank.
+
+With ``device=cuda`` each rank takes the GPU of its node-local rank (``cuda:<local_rank % GPUs>``,
+a warning when ranks must share GPUs) and the nccl backend.
 """
 from __future__ import annotations
 
@@ -19,13 +29,39 @@ import logging
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 
 from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins")
 
-DEFAULT_TIMEOUT_S = 600
+#: Seconds a collective may wait for the slowest rank before the run is ended (option
+#: ``collective_timeout``). Five minutes is far longer than a training step, a validation pass
+#: or a checkpoint save of the models we serve, and short enough that a stalled rank on a
+#: cluster costs minutes, not the ten minutes (or forever) of torch's defaults. Runs where
+#: rank 0 alone preprocesses a large data set while the others wait should raise it.
+DEFAULT_TIMEOUT_S = 300.0
+_LOOPBACK = "127.0.0.1"
+
+
+@hookimpl
+def cfm_declare_options():
+    from cfm_plugins.options import Option
+
+    return [
+        Option("device", str, "auto", "device of the ranks: auto (cuda when torch sees a GPU), cpu or cuda; "
+               "with cuda each rank takes the GPU of its node-local rank", ("auto", "cpu", "cuda")),
+        Option("backend", str, None, "torch.distributed backend (default: nccl on cuda, gloo on cpu)",
+               ("gloo", "nccl", "mpi")),
+        Option("master_addr", str, None, "address of rank 0's host for the rendezvous (default: 127.0.0.1 on "
+               "one node, else the address of rendezvous_interface)"),
+        Option("rendezvous_interface", str, None, "network interface (e.g. ib0, eth0) the rendezvous and gloo/nccl "
+               "use when the ranks span several nodes (default: the interface of the default route); on one "
+               "node everything stays on the loopback interface"),
+        Option("collective_timeout", float, DEFAULT_TIMEOUT_S, "seconds a collective waits for a stalled rank "
+               "before the run ends with the stalled rank named"),
+    ]
 
 
 @dataclass
@@ -37,14 +73,25 @@ class DistInfo:
     local_rank: int = 0
     local_size: int = 1
     backend: str | None = None  # None: no process group was created
-    device: str = "cpu"
+    device: str = "cpu"  # "cpu" or "cuda:<index>"
     master_addr: str | None = None
     master_port: int | None = None
     comm: object | None = None  # the mpi4py communicator, when MPI runs
+    store: object | None = None  # the rendezvous TCPStore, when a process group was created
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":", 1)[0]
+
+    @property
+    def device_index(self) -> int:
+        """The GPU index of this rank (0 on CPU)."""
+        return int(self.device.split(":", 1)[1]) if ":" in self.device else 0
 
 
 def launched_by_mpi(environ=os.environ) -> bool:
@@ -66,33 +113,89 @@ def get_comm():
     return MPI.COMM_WORLD
 
 
-def _free_port(addr: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr if addr != "localhost" else "127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _routable_address() -> str:
-    """This host's address as other nodes see it (no packet is sent)."""
+def _default_route_address() -> tuple[str, str | None]:
+    """This host's address as other nodes see it, and its interface name (no packet is sent)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect(("10.255.255.255", 1))
-            return s.getsockname()[0]
+            addr = s.getsockname()[0]
     except OSError:
-        return socket.gethostbyname(socket.gethostname())
+        addr = socket.gethostbyname(socket.gethostname())
+    return addr, _interface_of(addr)
 
 
-def choose_device(requested: str) -> str:
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (Linux); a clear error naming the others."""
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except OSError as exc:
+        names = ", ".join(n for _, n in socket.if_nameindex())
+        raise ValueError(f"rendezvous_interface={name!r}: no IPv4 address on that interface ({exc.strerror}); "
+                         f"interfaces here: {names}") from exc
+
+
+def _interface_of(addr: str) -> str | None:
+    for _, name in socket.if_nameindex():
+        try:
+            if interface_address(name) == addr:
+                return name
+        except ValueError:
+            continue
+    return None
+
+
+def choose_device(requested: str, local_rank: int = 0, local_size: int = 1) -> str:
+    """``cpu`` or ``cuda:<index>``: with several GPUs each node-local rank takes its own."""
     import torch
 
     requested = (requested or "auto").lower()
     if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device on this rank")
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested not in {"cpu", "cuda"}:
         raise ValueError(f"device must be auto, cpu or cuda, not {requested!r}")
-    return requested
+    if requested == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device on this rank")
+    count = torch.cuda.device_count()
+    if local_size > count:
+        log.warning("%d ranks on this node share %d GPU(s): rank %d uses cuda:%d",
+                    local_size, count, local_rank, local_rank % count)
+    return f"cuda:{local_rank % count}"
+
+
+def _listen(addr: str) -> socket.socket:
+    """A TCP socket listening on ``addr`` only (port chosen by the system, or MASTER_PORT)."""
+    port = int(os.environ.get("MASTER_PORT") or 0)
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"cannot open the rendezvous on {addr}:{port} ({exc.strerror}): set master_addr to an "
+                           "address of this host, or MASTER_PORT to a free port") from exc
+    sock.listen(128)
+    return sock
+
+
+def _rendezvous_plan(get, single_node: bool) -> tuple[str, str | None]:
+    """(address to bind and advertise, interface for gloo/nccl or None)."""
+    addr = get("master_addr") or os.environ.get("MASTER_ADDR")
+    iface = get("rendezvous_interface")
+    if addr:
+        return addr, iface
+    if single_node:
+        return _LOOPBACK, "lo"
+    if iface:
+        return interface_address(iface), iface
+    return _default_route_address()
 
 
 def init_distributed(config=None) -> DistInfo:
@@ -100,12 +203,13 @@ def init_distributed(config=None) -> DistInfo:
     import torch
     import torch.distributed as tdist
 
-    opts = config if config is not None else None
-    get = (lambda k, d=None, t=None: opts.get(k, d, t)) if opts is not None else (lambda k, d=None, t=None: d)
-    device = choose_device(get("device", "auto"))
+    get = config.get if config is not None else (lambda k, d=None, t=None: d)
+    timeout_s = float(get("collective_timeout", DEFAULT_TIMEOUT_S, float) or DEFAULT_TIMEOUT_S)
     comm = get_comm()
     if comm is None or comm.Get_size() == 1:
-        return DistInfo(device=device, comm=comm)
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        return DistInfo(device=choose_device(get("device", "auto"), local_rank, local_rank + 1), comm=comm,
+                        local_rank=local_rank, timeout_s=timeout_s)
 
     rank, world = comm.Get_rank(), comm.Get_size()
     from mpi4py import MPI
@@ -113,39 +217,83 @@ def init_distributed(config=None) -> DistInfo:
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     local_rank, local_size = local.Get_rank(), local.Get_size()
     local.Free()
+    single_node = comm.allreduce(local_size == world, op=MPI.LAND)
 
-    backend = get("backend") or ("nccl" if device == "cuda" else "gloo")
-    if device == "cuda":
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    device = choose_device(get("device", "auto"), local_rank, local_size)
+    backend = get("backend") or ("nccl" if device.startswith("cuda") else "gloo")
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(device.split(":")[1]))
 
+    listener = None
     if rank == 0:
-        addr = get("master_addr") or os.environ.get("MASTER_ADDR")
-        if not addr:
-            addr = "127.0.0.1" if local_size == world else _routable_address()
-        port = int(os.environ.get("MASTER_PORT") or 0) or _free_port(addr)
-        plan = (addr, port)
+        try:
+            addr, iface = _rendezvous_plan(get, single_node)
+            listener = _listen(addr)
+            plan = (addr, listener.getsockname()[1], iface, None)
+        except (OSError, RuntimeError, ValueError) as exc:
+            plan = (None, None, None, str(exc))
     else:
         plan = None
-    addr, port = comm.bcast(plan, root=0)
+    addr, port, iface, error = comm.bcast(plan, root=0)
+    if error:
+        raise RuntimeError(error)
+    if iface:
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(var, iface)
 
     os.environ.update(
         MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
         LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(local_size),
     )
-    timeout = datetime.timedelta(seconds=get("timeout", DEFAULT_TIMEOUT_S, float))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = None
     if not tdist.is_initialized():
-        tdist.init_process_group(
-            backend=backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
-            timeout=timeout,
-        )
-    log.info("rank %d/%d (local %d/%d): process group %s at %s:%d on %s",
-             rank, world, local_rank, local_size, backend, addr, port, device)
-    return DistInfo(rank, world, local_rank, local_size, backend, device, addr, port, comm)
+        store = tdist.TCPStore(addr, port, world, is_master=(rank == 0), timeout=timeout,
+                               master_listen_fd=listener.fileno() if listener is not None else None)
+        tdist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    if listener is not None:
+        if store is not None:
+            listener.detach()  # the store owns the descriptor now
+        else:
+            listener.close()  # a process group existed already: the socket was not needed
+    log.info("rank %d/%d (local %d/%d): process group %s at %s:%d%s on %s, collective timeout %gs",
+             rank, world, local_rank, local_size, backend, addr, port, f" ({iface})" if iface else "", device,
+             timeout_s)
+    return DistInfo(rank, world, local_rank, local_size, backend, device, addr, port, comm, store, timeout_s)
 
 
 @hookimpl(trylast=True)
 def cfm_init_distributed(config):
     return init_distributed(config)
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that timed out (gloo, nccl and the store say it so)."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return "timed out" in text or "timeout" in text or "deadline" in text
+
+
+def stalled_ranks(dist: DistInfo, grace_s: float | None = None) -> list[int] | None:
+    """After a collective timed out on this rank: the ranks that never reached it.
+
+    Every rank whose collective times out says so in the rendezvous store and waits a moment
+    for the others; the ranks that did not say so were not waiting in the collective (stalled,
+    or stuck elsewhere). None when it cannot be told (no store).
+    """
+    if dist.store is None or dist.world_size < 2:
+        return None
+    grace = min(5.0, max(1.0, dist.timeout_s / 2)) if grace_s is None else grace_s
+    try:
+        dist.store.set(f"cfm/waiting/{dist.rank}", "1")
+        deadline = time.monotonic() + grace
+        while True:
+            waiting = [r for r in range(dist.world_size) if dist.store.check([f"cfm/waiting/{r}"])]
+            if len(waiting) == dist.world_size or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001 - the store may be gone with rank 0; then we cannot tell
+        return None
+    return [r for r in range(dist.world_size) if r not in waiting]
 
 
 def shutdown(dist: DistInfo | None) -> None:

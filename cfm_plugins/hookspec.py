@@ -2,14 +2,34 @@
 
 Every plugin (a feature such as ``binpack`` or ``fused``, or a trainer adapter such as ``mace``)
 is a module or object registered under the entry-point group ``cfm_plugins`` that implements some
-of these hooks with :data:`hookimpl`. The core calls them; adapters call them at the right moment
-of their trainer. A plugin that does not care about a hook simply does not implement it.
+of these hooks with :data:`hookimpl`. A plugin that does not care about a hook does not implement
+it. The hooks are grouped by the phase of a run in which they are called:
 
+1. **Start-up** (in ``cfm-run``, before any rank talks to another): :func:`cfm_declare_options`,
+   :func:`cfm_adapter_serves`, :func:`cfm_needs_adapter`, :func:`cfm_configure`.
+2. **Ranks**: :func:`cfm_init_distributed`.
+3. **Trainer run** (every rank): :func:`cfm_before_trainer`, :func:`cfm_trainer_settings`,
+   :func:`cfm_after_trainer`.
+4. **Data** (called by adapters when the trainer builds its loaders): :func:`cfm_graph_sizes`,
+   :func:`cfm_needs_edges`, :func:`cfm_batch_sampler`.
+5. **Model** (called by adapters around model construction and saving): :func:`cfm_patch_model`,
+   :func:`cfm_unpatch_model`.
+
+Every hook that gets ``config`` can reach the others through ``config.pm.hook``: the
+configuration carries the plugin manager, there is no process-wide session.
 ``firstresult`` hooks stop at the first plugin returning something other than ``None``.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pluggy
+
+if TYPE_CHECKING:  # the types of the hook arguments, for readers and type checkers only
+    from cfm_plugins.config import Config
+    from cfm_plugins.distributed import DistInfo
+    from cfm_plugins.options import Option, TrainerSettings
+    from cfm_plugins.sizes import GraphSizes
 
 PROJECT = "cfm_plugins"
 
@@ -18,69 +38,131 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
-@hookspec
-def cfm_configure(config) -> None:
-    """Called once after the plugins are enabled, before any trainer code runs.
+# --- 1. start-up ---------------------------------------------------------------------------------
 
-    ``config`` is the :class:`cfm_plugins.config.Config`. A plugin validates its own options here
-    (raise ``ValueError`` with a clear message) and may fill in defaults in ``config.options``.
+@hookspec
+def cfm_declare_options() -> list[Option]:
+    """Every option this plugin reads, as :class:`cfm_plugins.options.Option` objects.
+
+    Called for every *installed* plugin (enabled or not), so ``cfm-run --list`` shows all of
+    them and a misspelled name is refused with the closest known one. The default given here is
+    the only default: read values with ``config.get(name)``. Import ``Option`` inside the
+    function so that listing plugins stays cheap.
     """
 
+
+@hookspec
+def cfm_adapter_serves(argv: list[str]) -> bool:
+    """True when this trainer adapter serves the trainer command ``argv``.
+
+    ``argv[0]`` is the program as the user typed it (``mace_run_train``, a path to it,
+    ``python`` followed by a script or ``-m module``). ``cfm-run`` asks every installed adapter;
+    the one that serves the command is enabled (with a log line) even if the user did not name
+    it, so that several ranks always train one model together. Only adapters implement this.
+    """
+
+
+@hookspec
+def cfm_needs_adapter() -> bool:
+    """True when this feature works only through a trainer adapter's seams.
+
+    ``binpack`` and ``fused`` act when an adapter calls :func:`cfm_batch_sampler` or
+    :func:`cfm_patch_model`; without an adapter they would silently do nothing, so ``cfm-run``
+    stops at start and names the installed adapters instead.
+    """
+
+
+@hookspec
+def cfm_configure(config: Config) -> None:
+    """Called once after the plugins are enabled and the options checked, before ranks exist.
+
+    ``config`` is the :class:`cfm_plugins.config.Config`. A plugin validates combinations of its
+    options here (raise ``ValueError`` with a clear message). Single values are already converted
+    to their declared type and checked against their ``choices``.
+    """
+
+
+# --- 2. ranks ------------------------------------------------------------------------------------
 
 @hookspec(firstresult=True)
-def cfm_init_distributed(config):
+def cfm_init_distributed(config: Config) -> DistInfo:
     """Set up ranks and the torch.distributed process group.
 
-    Returns a :class:`cfm_plugins.distributed.DistInfo` (rank, world size, ...). The built-in
-    implementation (``cfm_plugins.distributed``) uses MPI through mpi4py and a rendezvous that
-    rank 0 chooses and broadcasts; a plugin may replace it (e.g. for a scheduler of its own).
+    Returns a :class:`cfm_plugins.distributed.DistInfo` (rank, world size, device, ...). The
+    built-in implementation (``cfm_plugins.distributed``) uses MPI through mpi4py and a rendezvous
+    that rank 0 opens and broadcasts; a plugin may replace it (e.g. for a scheduler of its own).
     """
 
 
+# --- 3. trainer run ------------------------------------------------------------------------------
+
 @hookspec
-def cfm_before_trainer(config, dist, argv) -> None:
+def cfm_before_trainer(config: Config, dist: DistInfo, argv: list[str]) -> None:
     """Called just before the trainer's entry point runs, in every rank.
 
     Adapters install their seams here (patch the trainer's loader construction, model build,
-    distributed set-up). ``argv`` is the trainer's command line (a list, modifiable in place:
-    an adapter may remove its own ``--cfm-*`` options from it).
+    distributed set-up). ``argv`` is the trainer's command line (a list, modifiable in place).
     """
 
 
 @hookspec
-def cfm_after_trainer(config, dist, exit_code) -> None:
+def cfm_trainer_settings(config: Config, trainer: TrainerSettings) -> None:
+    """Called by an adapter once it has read the trainer's own arguments, before data or model.
+
+    ``trainer`` (:class:`cfm_plugins.options.TrainerSettings`) has the batch size, seed, dtype,
+    device and the kernel swaps the trainer makes itself; a feature refuses combinations it
+    cannot serve here (raise ``ValueError`` saying what to change).
+    """
+
+
+@hookspec
+def cfm_after_trainer(config: Config, dist: DistInfo, exit_code: int) -> None:
     """Called after the trainer's entry point returned (or raised), in every rank.
 
     Adapters undo their seams here; features write their reports.
     """
 
 
+# --- 4. data -------------------------------------------------------------------------------------
+
 @hookspec(firstresult=True)
-def cfm_graph_sizes(dataset, indices, need_edges):
+def cfm_graph_sizes(dataset, indices, need_edges: bool) -> GraphSizes | None:
     """Graph sizes of the samples ``indices`` of a trainer's dataset.
 
     Returns a :class:`cfm_plugins.sizes.GraphSizes` (atoms, edges, the indices), or ``None`` if
     this plugin does not know the dataset type. Under MPI each rank asks for its own shard only
-    and the sampler gathers them. ``need_edges`` is false when the cost uses atoms alone (edges
-    may then be left out where they are costly). Adapters implement it for their trainer's
-    datasets.
-    """
-
-
-@hookspec(firstresult=True)
-def cfm_batch_sampler(dataset, sizes, config, dist, role):
-    """The batch sampler to use for ``dataset``, or ``None`` to keep the trainer's own.
-
-    ``sizes`` is the :class:`cfm_plugins.sizes.GraphSizes` from :func:`cfm_graph_sizes` (maybe
-    one shard of the dataset); ``role`` is
-    ``"train"``, ``"valid"`` or ``"test"`` (validation may want no shuffling). The ``binpack``
-    feature returns a :class:`cfm_plugins.sampler.BinPackBatchSampler` sharing the work evenly
-    over the ranks of ``dist``.
+    and the sampler gathers them. ``need_edges`` (from :func:`cfm_needs_edges`) is false when the
+    cost uses atoms alone (edges may then be left out where they are costly). Adapters implement
+    it for their trainer's datasets.
     """
 
 
 @hookspec
-def cfm_patch_model(model, config) -> None:
+def cfm_needs_edges(config: Config) -> bool:
+    """True when this feature's batch sampler needs per-graph edge counts.
+
+    Adapters pass ``any(config.pm.hook.cfm_needs_edges(config=config))`` as ``need_edges`` to
+    :func:`cfm_graph_sizes`, so they never read a feature's options themselves.
+    """
+
+
+@hookspec(firstresult=True)
+def cfm_batch_sampler(dataset, sizes: GraphSizes, config: Config, dist: DistInfo, role: str,
+                      trainer: TrainerSettings):
+    """The batch sampler to use for ``dataset``, or ``None`` to keep the trainer's own.
+
+    ``sizes`` is the :class:`cfm_plugins.sizes.GraphSizes` from :func:`cfm_graph_sizes` (maybe
+    one shard of the dataset); ``role`` is ``"train"`` or ``"valid"`` (evaluation loaders: no
+    shuffling); ``trainer`` holds the trainer's batch size, seed, dtype and device as the adapter
+    read them (:class:`cfm_plugins.options.TrainerSettings`). The ``binpack`` feature returns a
+    :class:`cfm_plugins.sampler.BinPackBatchSampler` sharing the work evenly over the ranks.
+    """
+
+
+# --- 5. model ------------------------------------------------------------------------------------
+
+@hookspec
+def cfm_patch_model(model, config: Config) -> None:
     """Swap modules of a built model for faster ones, in place.
 
     Swaps must keep the state_dict (same keys, shapes and values: shared parameters), so a
@@ -90,6 +172,6 @@ def cfm_patch_model(model, config) -> None:
 
 
 @hookspec
-def cfm_unpatch_model(model, config) -> None:
+def cfm_unpatch_model(model, config: Config) -> None:
     """Undo :func:`cfm_patch_model` in place (before a whole model is pickled for users who do
     not have cfm-plugins installed)."""

@@ -1,13 +1,20 @@
 """The plugin manager: finds plugins through entry points and enables the ones asked for.
 
 Plugins are registered under the entry-point group ``cfm_plugins`` (``name = "module"`` or
-``"module:object"``). Only the plugins the user enables are imported and registered; the core's
-own implementations (MPI rendezvous) are always registered, last, so a plugin can override them.
+``"module:object"``). At start every installed plugin is asked what options it declares
+(:func:`cfm_plugins.hookspec.cfm_declare_options`) and, if it is a trainer adapter, whether it
+serves the trainer command (:func:`cfm_plugins.hookspec.cfm_adapter_serves`); only the enabled
+plugins (and the adapter serving the command) are registered in the manager that runs the hooks.
+The core's own implementations (MPI rendezvous, core options) are always registered, last, so a
+plugin can override them. The manager lives on the configuration (``config.pm``).
 """
 from __future__ import annotations
 
 import importlib
 import logging
+import shlex
+import warnings
+import weakref
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
@@ -15,14 +22,20 @@ import pluggy
 
 from cfm_plugins import hookspec
 from cfm_plugins.config import Config
+from cfm_plugins.options import DeclaredOption, collect
 
 log = logging.getLogger("cfm_plugins")
 
 GROUP = "cfm_plugins"
+CORE = "core"  # the name the core's own hook implementations are registered under
 
 
 class UnknownPluginError(ValueError):
     """A plugin name that no installed entry point provides."""
+
+
+class MissingAdapterError(ValueError):
+    """Features that act through a trainer adapter were enabled, and no adapter serves the command."""
 
 
 @dataclass(frozen=True)
@@ -66,17 +79,97 @@ def load_plugin(info: PluginInfo):
     return getattr(obj, attr) if attr else obj
 
 
-def create_manager(config: Config) -> pluggy.PluginManager:
-    """A plugin manager with the enabled plugins of ``config`` registered.
-
-    Raises :class:`UnknownPluginError` naming the unknown plugin and listing the known ones.
-    """
+def _new_pm() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspec.PROJECT)
     pm.add_hookspecs(hookspec)
-    from cfm_plugins import distributed  # the core's default implementations
+    from cfm_plugins import distributed  # the core's default implementations and options
 
-    pm.register(distributed, name="core.distributed")
-    known = available_plugins()
+    pm.register(distributed, name=CORE)
+    return pm
+
+
+@dataclass
+class Catalog:
+    """Every installed plugin, loaded, with what it declares (for checks and ``--list``)."""
+
+    pm: pluggy.PluginManager  # all installed plugins registered: only declarations are called on it
+    plugins: dict[str, PluginInfo]
+    broken: dict[str, str]  # plugin name -> why it could not be loaded
+
+    def _impls(self, name):
+        return getattr(self.pm.hook, name).get_hookimpls()
+
+    def declarations(self) -> list[tuple[str, list]]:
+        return [(impl.plugin_name, impl.function()) for impl in self._impls("cfm_declare_options")]
+
+    def options(self) -> dict[str, DeclaredOption]:
+        return collect(self.declarations())
+
+    def adapters(self) -> list[str]:
+        return sorted(impl.plugin_name for impl in self._impls("cfm_adapter_serves"))
+
+    def serving(self, argv: list[str]) -> list[str]:
+        return sorted(impl.plugin_name for impl in self._impls("cfm_adapter_serves") if impl.function(argv=list(argv)))
+
+    def needing_adapter(self, names) -> list[str]:
+        return [impl.plugin_name for impl in self._impls("cfm_needs_adapter")
+                if impl.plugin_name in names and impl.function()]
+
+
+def catalog() -> Catalog:
+    """Load every installed plugin (a plugin that fails to import is reported, not fatal here)."""
+    pm, plugins, broken = _new_pm(), available_plugins(), {}
+    for name, info in plugins.items():
+        try:
+            pm.register(load_plugin(info), name=name)
+        except Exception as exc:  # noqa: BLE001 - a broken third-party plugin must not hide the others
+            broken[name] = f"{type(exc).__name__}: {exc}"
+    return Catalog(pm, plugins, broken)
+
+
+def _command_text(argv) -> str:
+    return shlex.join(argv[:3]) + (" ..." if len(argv) > 3 else "")
+
+
+def enable_serving_adapter(config: Config, cat: Catalog) -> None:
+    """Enable the adapter that serves ``config.trainer_argv``; refuse features left without one.
+
+    Without its adapter a feature such as ``binpack`` does nothing, and under several ranks the
+    trainer would run once per rank into the same directory; with it, the ranks train one model.
+    """
+    argv = config.trainer_argv
+    if not argv:
+        return
+    adapters = cat.adapters()
+    serving = cat.serving(argv)
+    if serving and not any(name in config.enabled for name in serving):
+        name = serving[0]
+        config.enabled.insert(0, name)
+        log.info("the %s adapter serves `%s`: enabled it%s", name, _command_text(argv),
+                 f" (also serving: {', '.join(serving[1:])})" if len(serving) > 1 else "")
+    if any(name in config.enabled for name in adapters):
+        return
+    needing = cat.needing_adapter(config.enabled)
+    if needing:
+        raise MissingAdapterError(
+            f"{', '.join(needing)} work(s) through a trainer adapter, and no installed adapter serves "
+            f"`{_command_text(argv)}` (installed adapters: {', '.join(adapters) or 'none'}). Run a trainer "
+            "command one of them serves (e.g. `-- mace_run_train ...`), or install the adapter for your trainer.")
+
+
+_CURRENT: weakref.ref | None = None  # only for the deprecated get_active() shim
+
+
+def create_manager(config: Config, cat: Catalog | None = None) -> pluggy.PluginManager:
+    """A plugin manager with the enabled plugins of ``config`` registered; also ``config.pm``.
+
+    Raises :class:`UnknownPluginError` naming the unknown plugin and listing the known ones,
+    :class:`MissingAdapterError` when enabled features have no adapter for the trainer command,
+    and ``ValueError`` for unknown option names or values of the wrong type.
+    """
+    global _CURRENT
+    cat = cat or catalog()
+    known = cat.plugins
     unknown = [n for n in config.enabled if n not in known]
     if unknown:
         raise UnknownPluginError(
@@ -84,15 +177,25 @@ def create_manager(config: Config) -> pluggy.PluginManager:
             f"Installed plugins: {', '.join(known) or 'none'}. See `cfm-run --list`."
         )
     for name in config.enabled:
-        pm.register(load_plugin(known[name]), name=name)
+        if name in cat.broken:
+            raise ImportError(f"cfm-plugins plugin {name} ({known[name].value}) cannot be loaded: {cat.broken[name]}")
+    enable_serving_adapter(config, cat)
+    config.check_options(cat.options())
+
+    pm = _new_pm()
+    for name in config.enabled:
+        pm.register(cat.pm.get_plugin(name), name=name)
         log.debug("enabled plugin %s (%s)", name, known[name].value)
+    pm.check_pending()
+    config.pm = pm
+    _CURRENT = weakref.ref(config)
     pm.hook.cfm_configure(config=config)
     return pm
 
 
 @dataclass
 class Session:
-    """What an adapter's seams need while a trainer runs: the hooks, the options, the ranks."""
+    """Deprecated: the hooks, options and ranks, now all reachable from ``config``."""
 
     pm: pluggy.PluginManager
     config: Config
@@ -103,14 +206,15 @@ class Session:
         return self.pm.hook
 
 
-_ACTIVE: Session | None = None
-
-
-def set_active(session: Session | None) -> None:
-    """Make ``session`` the process-wide one that adapters' seams consult."""
-    global _ACTIVE
-    _ACTIVE = session
-
-
 def get_active() -> Session | None:
-    return _ACTIVE
+    """Deprecated shim: the session of the configuration cfm-run is running.
+
+    Adapters now get ``config`` in every hook and reach the hooks as ``config.pm.hook`` and the
+    ranks as ``config.dist``; this remains for adapters written before that and goes away later.
+    """
+    warnings.warn("cfm_plugins.manager.get_active() is deprecated: use config.pm / config.dist from the hook "
+                  "arguments", DeprecationWarning, stacklevel=2)
+    config = _CURRENT() if _CURRENT is not None else None
+    if config is None or config.pm is None:
+        return None
+    return Session(config.pm, config, config.dist)

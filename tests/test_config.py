@@ -50,3 +50,84 @@ def test_option_precedence_and_types():
     assert c.get("cost") == "edges"
     with pytest.raises(ValueError, match="not a valid int"):
         build_config("binpack", ["max_tokens=lots"], []).get("max_tokens", type=int)
+
+
+# --- declared options: unknown names, sources, conflicts (issue 12 items 4 and 5) ------------------
+
+def _checked(config):
+    from cfm_plugins.manager import catalog
+
+    config.check_options(catalog().options())
+    return config
+
+
+@pytest.mark.parametrize("make, where", [
+    (lambda tmp: build_config(None, [], ["t", "--cfm-max-token=20"], environ={}),
+     "--cfm-max-token in the trainer command"),
+    (lambda tmp: build_config(None, [], [], environ={"CFM_MAX_TOKEN": "20"}), "the environment (CFM_MAX_TOKEN)"),
+    (lambda tmp: build_config(None, ["max_token=20"], [], environ={}), "cfm-run -o"),
+])
+def test_a_misspelled_option_is_an_error_naming_value_source_and_closest_name(tmp_path, make, where):
+    with pytest.raises(ValueError) as err:
+        _checked(make(tmp_path))
+    msg = str(err.value)
+    assert "unknown cfm-plugins option 'max_token'" in msg and "'20'" in msg and where in msg
+    assert "did you mean 'max_tokens'?" in msg
+
+
+def test_a_misspelled_yaml_key_is_an_error_naming_the_file(tmp_path):
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "x", "cfm_plugins": {"enable": ["binpack"], "overize": "skip"}}))
+    with pytest.raises(ValueError) as err:
+        _checked(build_config(None, [], ["t", "--config", str(cfg)], environ={}))
+    msg = str(err.value)
+    assert "'overize'" in msg and "'skip'" in msg and str(cfg) in msg and "did you mean 'oversize'?" in msg
+
+
+def test_reserved_environment_names_are_not_options():
+    env = {"CFM_PLUGINS": "binpack", "CFM_PLUGINS_CUDA": "1", "CFM_PLUGINS_FORCE_TORCH": "1", "CFM_LOG_LEVEL": "DEBUG",
+           "CFM_MAX_TOKENS": "64"}
+    c = _checked(build_config(None, [], [], environ=env))
+    assert c.options == {"max_tokens": "64"} and c.get("max_tokens") == 64.0
+
+
+def test_declared_defaults_and_types_live_once():
+    c = _checked(build_config(None, ["cost_b=0.5"], [], environ={}))
+    assert c.get("cost") == "atoms" and c.get("cost_b") == 0.5 and c.get("collective_timeout") == 300.0
+    with pytest.raises(ValueError, match="oversize='never'.*expected one of error, skip, solo"):
+        _checked(build_config(None, ["oversize=never"], [], environ={}))
+
+
+def test_overrides_are_noted_with_both_sources(tmp_path):
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump({"cfm_plugins": {"enable": ["mace", "binpack"], "max_tokens": 100}}))
+    c = build_config("mace,fused", ["max_tokens=200"], ["t", "--config", str(cfg)], environ={"CFM_PLUGINS": ",,,"})
+    assert c.enabled == ["mace", "fused"] and c.source == "cli"
+    notes = "\n".join(c.notes)
+    assert "the environment (CFM_PLUGINS) is ',,,': it names no plugin" in notes
+    assert "override the cfm_plugins: key of" in notes and "binpack not enabled" in notes
+    assert "option max_tokens='200' from cfm-run -o overrides 100 from the cfm_plugins: key of" in notes
+
+
+def test_empty_plugin_list_in_the_environment_falls_through_to_the_file(tmp_path):
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump({"cfm_plugins": "binpack"}))
+    c = build_config(None, [], ["t", "--config", str(cfg)], environ={"CFM_PLUGINS": ",,,"})
+    assert c.enabled == ["binpack"] and c.source == "config-file"
+
+
+def test_temporary_config_copies_are_removed():
+    import tempfile
+    from pathlib import Path
+
+    from cfm_plugins.config import remove_temp_dirs
+
+    folder = Path(tempfile.mkdtemp())
+    cfg = folder / "train.yaml"
+    cfg.write_text(yaml.safe_dump({"cfm_plugins": "binpack"}))
+    argv = ["t", "--config", str(cfg)]
+    build_config(None, [], argv, environ={})
+    copy = Path(argv[2])
+    assert copy.is_file() and copy.parent.name.startswith("cfm_plugins_")
+    remove_temp_dirs()
+    assert not copy.parent.exists()

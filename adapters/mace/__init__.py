@@ -1,47 +1,61 @@
 """mace: run the plugins inside an unmodified mace_run_train (loaders, model, ranks, saving).
 
-Enable with ``cfm-run --enable mace,binpack,fused -- mace_run_train ...``. The seams are listed in
-:mod:`cfm_plugins_adapters.mace.seams`; dataset sizes come from :mod:`.sizes`. Models and
-checkpoints written under the plugin are stock mace files.
+``cfm-run -- mace_run_train ...`` enables this adapter by itself (it serves that command, see
+:func:`cfm_adapter_serves`); ``cfm-run --enable binpack,fused -- mace_run_train ...`` adds the
+features. The seams are listed in :mod:`cfm_plugins_adapters.mace.seams`; dataset sizes come from
+:mod:`.sizes`. Models and checkpoints written under the plugin are stock mace files.
 """
 from __future__ import annotations
 
 import logging
+import os
 
 from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.mace")
 
 _STATE: dict = {}
+_PROGRAM = "mace_run_train"
+_MODULE = "mace.cli.run_train"
 
 
-def _argv_value(argv, flag):
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+@hookimpl
+def cfm_declare_options():
+    from cfm_plugins.options import Option
+
+    return [Option("step_log", str, None, "mace: write each rank's per-step loss, graphs, atoms and times to "
+                   "PATH.rank<r>.jsonl (load imbalance: cfm_plugins_adapters.mace.steplog)")]
+
+
+@hookimpl
+def cfm_adapter_serves(argv):
+    """``mace_run_train ...`` (any path to it) or ``python -m mace.cli.run_train ...``."""
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) == _PROGRAM:
+        return True
+    return os.path.basename(argv[0]).startswith("python") and argv[1:3] == ["-m", _MODULE]
 
 
 @hookimpl
 def cfm_configure(config):
+    from cfm_plugins.config import argv_value
+
     # the ranks are set up before mace parses its arguments: take its --device now
-    device = _argv_value(config.trainer_argv, "--device")
-    if device in {"cpu", "cuda"}:
-        config.options.setdefault("device", device)
+    found = argv_value(config.trainer_argv, "--device")
+    if found is not None and found[1] in {"cpu", "cuda"} and "device" not in config.options:
+        config.options["device"] = found[1]
+        config.option_sources["device"] = "mace_run_train --device"
 
 
 @hookimpl
 def cfm_before_trainer(config, dist, argv):
-    from cfm_plugins.manager import get_active
     from cfm_plugins_adapters.mace import seams
 
-    if not argv or "mace_run_train" not in argv[0]:
+    if not cfm_adapter_serves(argv):
         log.warning("the mace plugin meets mace_run_train; %r is another command, so it does nothing", argv[:1])
         return
-    _STATE["options"] = {}
-    _STATE["undo"] = seams.install(get_active(), _STATE["options"])
+    _STATE["undo"] = seams.install(config)
 
 
 @hookimpl

@@ -63,14 +63,12 @@ def shard_indices(n: int, dist) -> np.ndarray | None:
 
 def make_dataloader_factory(stock_loader_cls, session):
     """A drop-in for ``torch_geometric.dataloader.DataLoader`` that uses the plugins' sampler."""
-    from cfm_plugins.plugins.binpack import cost_kind
-
     def DataLoader(dataset, batch_size=1, shuffle=False, sampler=None, drop_last=False, **kwargs):
         hook, config, dist = session.hook, session.config, session.dist
         role = guess_role(dataset, shuffle, sampler)
         n = len(dataset)
         indices = shard_indices(n, dist)
-        need_edges = cost_kind(config) != "atoms"
+        need_edges = any(hook.cfm_needs_edges(config=config))
         sizes = hook.cfm_graph_sizes(
             dataset=dataset, indices=np.arange(n) if indices is None else indices, need_edges=need_edges
         )
@@ -78,7 +76,8 @@ def make_dataloader_factory(stock_loader_cls, session):
             sizes.indices = None  # the whole dataset, in order
         batch_sampler = None
         if sizes is not None:
-            batch_sampler = hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role)
+            batch_sampler = hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role,
+                                                   trainer=session.trainer)
         if batch_sampler is None:
             return stock_loader_cls(dataset=dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
                                     drop_last=drop_last, **kwargs)

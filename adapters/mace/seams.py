@@ -26,6 +26,9 @@ from __future__ import annotations
 import copy
 import logging
 import types
+from dataclasses import dataclass, field
+
+from cfm_plugins.options import TrainerSettings
 
 log = logging.getLogger("cfm_plugins.mace")
 
@@ -34,37 +37,58 @@ def _is_patched(model) -> bool:
     return any(type(m).__module__.startswith("cfm_plugins.ops") for m in model.modules())
 
 
-def install(session, options) -> callable:
+@dataclass
+class SeamState:
+    """What the seams share during one run: the configuration (hooks, ranks) and the trainer's settings."""
+
+    config: object  # cfm_plugins.config.Config, carrying .pm and .dist
+    trainer: TrainerSettings = field(default_factory=TrainerSettings)
+
+    @property
+    def hook(self):
+        return self.config.pm.hook
+
+    @property
+    def dist(self):
+        return self.config.dist
+
+
+def trainer_settings(args) -> TrainerSettings:
+    """What the plugins need to know of mace_run_train's parsed arguments."""
+    swaps = tuple(name for name in ("cueq", "oeq") if getattr(args, f"enable_{name}", False))
+    return TrainerSettings(batch_size=args.batch_size, seed=args.seed, dtype=args.default_dtype,
+                           device=args.device, kernel_swaps=swaps)
+
+
+def install(config) -> callable:
     """Replace the seams in ``mace.cli.run_train``; return a function that restores them."""
     import mace.cli.run_train as rt
 
     saved = {name: getattr(rt, name) for name in ("init_distributed", "torch_geometric", "configure_model", "DDP", "deepcopy")}
     stock_init, stock_tg, stock_configure, stock_ddp = (
         saved["init_distributed"], saved["torch_geometric"], saved["configure_model"], saved["DDP"])
-    hook, config, dist = session.hook, session.config, session.dist
+    state = SeamState(config)
+    hook, dist = state.hook, state.dist
 
     def init_distributed(args):
-        options.update(batch_size=args.batch_size, seed=args.seed, dtype=args.default_dtype)
-        for key in ("batch_size", "seed", "dtype"):
-            config.options.setdefault(key, options[key])
-        if config.is_enabled("fused") and (getattr(args, "enable_cueq", False) or getattr(args, "enable_oeq", False)):
-            raise ValueError("the fused plugin and mace's --enable_cueq/--enable_oeq both replace the same kernels: "
-                             "use one of them")
+        state.trainer = trainer_settings(args)
+        hook.cfm_trainer_settings(config=config, trainer=state.trainer)
         if dist.world_size == 1:
             return stock_init(args)
-        if args.device != dist.device:
+        if args.device != dist.device_type:
             raise ValueError(f"mace_run_train --device {args.device} but cfm-run set up the ranks for {dist.device}: "
                              f"pass `cfm-run --device {args.device}` too")
         if not args.distributed:
             log.info("%d MPI ranks: turning on mace's --distributed (each rank trains on its share)", dist.world_size)
             args.distributed = True
-        return dist.rank, dist.local_rank, dist.world_size
+        # mace selects the GPU (and DDP's device) by the local rank it gets here: give it ours
+        return dist.rank, dist.device_index if dist.device_type == "cuda" else dist.local_rank, dist.world_size
 
     loader_factory = None
-    if config.is_enabled("binpack"):
+    if hook.cfm_batch_sampler.get_hookimpls():  # a feature offers batch samplers (binpack)
         from cfm_plugins_adapters.mace.loader import make_dataloader_factory
 
-        loader_factory = make_dataloader_factory(stock_tg.dataloader.DataLoader, session)
+        loader_factory = make_dataloader_factory(stock_tg.dataloader.DataLoader, state)
     tg = types.SimpleNamespace(dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg) \
         if loader_factory else stock_tg
 

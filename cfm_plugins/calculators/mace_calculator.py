@@ -65,6 +65,7 @@ class CFMCalculator(MACECalculator):
         **kwargs,
     ):
         from cfm_plugins.ops.patching import KERNELS
+        from cfm_plugins.plugins.fused import refuse_other_kernels
 
         kernels = tuple(kernels) if fused else ()
         unknown = [k for k in kernels if k not in KERNELS]
@@ -72,9 +73,7 @@ class CFMCalculator(MACECalculator):
             raise ValueError(f"unknown fused kernel(s) {unknown}; known: {list(KERNELS)}")
         if default_dtype not in ("", "float32", "float64"):
             raise ValueError(f"default_dtype={default_dtype!r}; expected 'float32', 'float64' or '' (the model's)")
-        if kernels and (kwargs.get("enable_cueq") or kwargs.get("enable_oeq")):
-            raise ValueError("enable_cueq/enable_oeq replace the same modules as the fused kernels: "
-                             "pass fused=False to use them")
+        refuse_other_kernels(kernels, kwargs.get("enable_cueq"), kwargs.get("enable_oeq"), "pass fused=False to use them")
         if kernels and compile_mode is not None:
             raise NotImplementedError(
                 "compile_mode with the fused kernels is not supported: mace's compile path rebuilds the model "

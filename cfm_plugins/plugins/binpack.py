@@ -1,15 +1,11 @@
 """binpack: balanced bin-packing batches (Algorithm 1 of the MACE paper) on every rank.
 
-Options (``--cfm-<name>``, ``CFM_<NAME>``, ``-o name=value`` or the ``cfm_plugins:`` config key):
-
-- ``max_tokens``: the bin capacity in cost units (atoms by default). Default: the trainer's batch
-  size times the mean graph cost (so an epoch has about as many steps as with the trainer's own
-  batches), at least the largest graph; on GPUs clamped to the paper's section 5.5 range
-  (800..4000 atoms in float32, 400..2000 in float64: enough to saturate an A100, below its
-  memory ceiling).
-- ``cost``: ``atoms`` (default), ``edges`` or ``linear`` (``cost_a*atoms + cost_b*edges``).
-- ``oversize``: ``error`` (default), ``solo`` (alone in its own batch) or ``skip``.
-- ``seed``: packing seed (default: the trainer's seed, else 0); re-packed each epoch from seed+epoch.
+Its options (``max_tokens``, ``cost``, ``cost_a``, ``cost_b``, ``oversize``, ``seed``) are declared
+in :func:`cfm_declare_options` (``cfm-run --list`` shows them). The default capacity is the
+trainer's batch size times the mean graph cost, so an epoch has about as many steps as with the
+trainer's own batches, at least the largest graph; on GPUs it is clamped to the paper's section 5.5
+range (800..4000 atoms in float32, 400..2000 in float64: enough to saturate an A100, below its
+memory ceiling). Each epoch is re-packed from ``seed + epoch``.
 """
 from __future__ import annotations
 
@@ -35,15 +31,41 @@ def default_capacity(mean_cost: float, max_cost: float, batch_size: int, device:
     return max(cap, math.ceil(max_cost))
 
 
-def cost_kind(config) -> str:
-    return config.get("cost", "atoms", str)
+@hookimpl
+def cfm_declare_options():
+    from cfm_plugins.options import Option
+    from cfm_plugins.sampler.costs import COST_KINDS
+    from cfm_plugins.sampler.packing import OVERSIZE_POLICIES
+
+    return [
+        Option("max_tokens", float, None, "bin capacity in cost units (default: the trainer's batch size x the "
+               "mean graph cost, at least the largest graph; on GPUs clamped to 800..4000 atoms in float32, "
+               "400..2000 in float64)"),
+        Option("cost", str, "atoms", "cost of a graph: atoms, edges, or linear (cost_a*atoms + cost_b*edges)",
+               COST_KINDS),
+        Option("cost_a", float, 1.0, "atom weight of the linear cost"),
+        Option("cost_b", float, 0.0, "edge weight of the linear cost"),
+        Option("oversize", str, "error", "a graph costlier than max_tokens: error, solo (a batch of its own) "
+               "or skip", OVERSIZE_POLICIES),
+        Option("seed", int, None, "packing seed (default: the trainer's seed, else 0); epoch e packs from seed+e"),
+    ]
+
+
+@hookimpl
+def cfm_needs_adapter():
+    return True  # the sampler is used only where an adapter builds the trainer's loaders
+
+
+@hookimpl
+def cfm_needs_edges(config):
+    return config.get("cost") != "atoms"
 
 
 def costs_from_sizes(sizes, config) -> np.ndarray:
     from cfm_plugins.sampler import graph_costs
 
-    return graph_costs(sizes.atoms, sizes.edges, kind=cost_kind(config),
-                       a=config.get("cost_a", 1.0, float), b=config.get("cost_b", 0.0, float))
+    return graph_costs(sizes.atoms, sizes.edges, kind=config.get("cost"), a=config.get("cost_a"),
+                       b=config.get("cost_b"))
 
 
 def global_stats(costs: np.ndarray, dist) -> tuple[float, float]:
@@ -63,29 +85,28 @@ def _mpi_max():
 
 @hookimpl
 def cfm_configure(config):
-    kind = config.get("cost", "atoms", str)
-    if kind not in {"atoms", "edges", "linear"}:
-        raise ValueError(f"binpack option cost={kind!r}: expected atoms, edges or linear")
-    if config.get("max_tokens") is not None and config.get("max_tokens", type=float) <= 0:
-        raise ValueError(f"binpack option max_tokens={config.get('max_tokens')!r} must be positive")
+    max_tokens = config.get("max_tokens")
+    if max_tokens is not None and max_tokens <= 0:
+        raise ValueError(f"binpack option max_tokens={config.options.get('max_tokens')!r} must be positive")
 
 
 @hookimpl
-def cfm_batch_sampler(dataset, sizes, config, dist, role):
+def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
     from cfm_plugins.sampler import BinPackBatchSampler
 
     costs = costs_from_sizes(sizes, config)
-    capacity = config.get("max_tokens", None, float)
+    capacity = config.get("max_tokens")
     if capacity is None:
         mean, peak = global_stats(costs, dist)
-        capacity = default_capacity(mean, peak, config.get("batch_size", 8, int), dist.device,
-                                    config.get("dtype", "float64", str))
+        capacity = default_capacity(mean, peak, trainer.batch_size or 8, getattr(dist, "device_type", dist.device),
+                                    trainer.dtype or "float64")
+    seed = config.get("seed")
     sampler = BinPackBatchSampler(
         costs, capacity, rank=dist.rank, world_size=dist.world_size,
-        seed=config.get("seed", 0, int), comm=dist.comm if dist.world_size > 1 else None,
-        local_indices=sizes.indices, oversize=config.get("oversize", "error", str),
+        seed=seed if seed is not None else (trainer.seed or 0), comm=dist.comm if dist.world_size > 1 else None,
+        local_indices=sizes.indices, oversize=config.get("oversize"),
         shuffle=(role == "train"),
     )
     log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)",
-             role, len(sampler), dist.world_size, capacity, cost_kind(config))
+             role, len(sampler), dist.world_size, capacity, config.get("cost"))
     return sampler

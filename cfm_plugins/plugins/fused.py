@@ -2,8 +2,7 @@
 
 Replaces the symmetric contractions (MACE product basis) and the conv tensor products with
 scatter (message construction) by :mod:`cfm_plugins.ops` kernels, in place and state_dict
-compatible. Option ``fused_kernels``: comma list out of ``symmetric_contraction,conv_tp``
-(default both).
+compatible. Option ``fused_kernels`` (declared in :func:`cfm_declare_options`): which kernels.
 """
 from __future__ import annotations
 
@@ -15,10 +14,34 @@ from cfm_plugins.hookspec import hookimpl
 log = logging.getLogger("cfm_plugins.fused")
 
 
+@hookimpl
+def cfm_declare_options():
+    from cfm_plugins.options import Option
+
+    return [Option("fused_kernels", str, "symmetric_contraction,conv_tp",
+                   "comma list of the kernels to swap in: symmetric_contraction, conv_tp")]
+
+
+@hookimpl
+def cfm_needs_adapter():
+    return True  # models are patched where an adapter builds the trainer's model
+
+
+def refuse_other_kernels(kernels, enable_cueq=False, enable_oeq=False,
+                         remedy="use one of them (drop fused from --enable, or the mace flag)") -> None:
+    """The fused kernels and mace's cuEquivariance/OpenEquivariance swaps replace the same modules.
+
+    The one check of this conflict: the ``fused`` plugin runs it on the trainer's settings and
+    :class:`cfm_plugins.calculators.CFMCalculator` on its arguments.
+    """
+    if kernels and (enable_cueq or enable_oeq):
+        raise ValueError(f"the fused kernels and mace's enable_cueq/enable_oeq replace the same modules: {remedy}")
+
+
 def kernels(config) -> tuple[str, ...]:
     from cfm_plugins.ops.patching import KERNELS
 
-    names = split_names(config.get("fused_kernels", ",".join(KERNELS)))
+    names = split_names(config.get("fused_kernels"))
     bad = [n for n in names if n not in KERNELS]
     if bad:
         raise ValueError(f"fused option fused_kernels: unknown {', '.join(bad)}; known: {', '.join(KERNELS)}")
@@ -28,6 +51,12 @@ def kernels(config) -> tuple[str, ...]:
 @hookimpl
 def cfm_configure(config):
     kernels(config)
+
+
+@hookimpl
+def cfm_trainer_settings(config, trainer):
+    swaps = set(trainer.kernel_swaps)
+    refuse_other_kernels(kernels(config), "cueq" in swaps, "oeq" in swaps)
 
 
 @hookimpl

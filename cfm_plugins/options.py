@@ -1,0 +1,115 @@
+"""Declared options: what a plugin reads, its type, default and help, in one place.
+
+Every plugin returns the options it reads from its ``cfm_declare_options()`` hook (see
+:mod:`cfm_plugins.hookspec`), the way pytest plugins add theirs in ``pytest_addoption``. From the
+declarations the core knows each option's type and default (so a plugin calls
+``config.get("max_tokens")`` without repeating the default), ``cfm-run --list`` shows them, and a
+name nobody declared (a typo such as ``--cfm-max-token``) is refused at start with the closest
+known name instead of being silently ignored.
+
+:class:`TrainerSettings` carries what an adapter learns from the trainer's own arguments (batch
+size, seed, dtype, device) to the hooks that need it, as declared fields rather than values
+slipped into the options dict.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option a plugin reads.
+
+    ``name`` uses underscores (``max_tokens``); users may write dashes. ``type`` converts the
+    text of the command line, environment or YAML (``int``, ``float``, ``str``, ``bool``).
+    ``default`` may be ``None`` when the plugin computes a default at run time (say so in
+    ``help``). ``choices`` restricts a ``str`` option to a few values.
+    """
+
+    name: str
+    type: type
+    default: object
+    help: str
+    choices: tuple[str, ...] | None = None
+
+    def convert(self, value, where: str = ""):
+        """``value`` as :attr:`type`; a ``ValueError`` naming the option, value and source if not."""
+        if value is None or isinstance(value, self.type) and not (self.type is int and isinstance(value, bool)):
+            out = value
+        else:
+            out = convert(value, self.type, self.name)
+        if self.choices is not None and out is not None and out not in self.choices:
+            src = f" (from {where})" if where else ""
+            raise ValueError(f"cfm-plugins option {self.name}={value!r}{src}: expected one of "
+                             f"{', '.join(self.choices)}")
+        return out
+
+
+def convert(value, type_, name: str):
+    """Convert option text to ``type_`` (booleans from 1/0, true/false, yes/no, on/off)."""
+    try:
+        if type_ is bool:
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError(value)
+        return type_(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"cfm-plugins option {name}={value!r} is not a valid {type_.__name__}") from exc
+
+
+@dataclass(frozen=True)
+class DeclaredOption:
+    """An :class:`Option` and the plugin that declared it."""
+
+    option: Option
+    plugin: str
+
+
+def collect(declarations) -> dict[str, DeclaredOption]:
+    """Merge ``[(plugin_name, [Option, ...]), ...]`` into one table by option name.
+
+    Two plugins may read the same option (e.g. ``device``) only if they declare it alike;
+    otherwise the defaults would no longer live in one place, which is an error of the plugins.
+    """
+    table: dict[str, DeclaredOption] = {}
+    for plugin, options in declarations:
+        for opt in options or ():
+            if not isinstance(opt, Option):
+                raise TypeError(f"plugin {plugin}: cfm_declare_options must return Option objects, got {opt!r}")
+            seen = table.get(opt.name)
+            if seen is not None and (seen.option.type, seen.option.default) != (opt.type, opt.default):
+                raise ValueError(f"option {opt.name} is declared by {seen.plugin} and by {plugin} with different "
+                                 f"types or defaults ({seen.option.type.__name__}={seen.option.default!r} vs "
+                                 f"{opt.type.__name__}={opt.default!r})")
+            table.setdefault(opt.name, DeclaredOption(opt, plugin))
+    return dict(sorted(table.items()))
+
+
+def closest(name: str, known) -> str | None:
+    """The known name closest to ``name`` (difflib), if any is close enough to suggest."""
+    found = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What an adapter read from the trainer's own arguments, for the hooks that need it.
+
+    ``None`` means the trainer did not say (a plugin then uses its own default). The ``binpack``
+    feature sizes its default capacity from ``batch_size``, ``device`` and ``dtype``, and seeds
+    its packing with ``seed``. ``kernel_swaps`` names the kernel replacements the trainer makes
+    itself (``"cueq"``, ``"oeq"``), which the ``fused`` feature refuses to combine with its own.
+    """
+
+    batch_size: int | None = None
+    seed: int | None = None
+    dtype: str | None = None
+    device: str | None = None
+    kernel_swaps: tuple[str, ...] = ()
