@@ -84,7 +84,7 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role):
         costs, capacity, rank=dist.rank, world_size=dist.world_size,
         seed=config.get("seed", 0, int), comm=dist.comm if dist.world_size > 1 else None,
         local_indices=sizes.indices, oversize=config.get("oversize", "error", str),
-        shuffle=(role == "train"),
+        shuffle=(role == "train"), evaluation=(role != "train"),
     )
     log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)",
              role, len(sampler), dist.world_size, capacity, cost_kind(config))
