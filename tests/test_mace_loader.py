@@ -62,3 +62,49 @@ def test_epoch_advancing_follows_the_epoch_mace_names():
     again.set_epoch(2)  # mace's own set_epoch for that epoch keeps the position
     assert list(again) == plan[2][3:]
     assert list(again) == plan[3]  # the next pass is epoch 3, from its start
+
+
+def test_mace_metrics_are_unchanged_when_every_structure_is_counted_equally_often():
+    """Why a set smaller than the ranks may be evaluated whole on every rank: mace's MACELoss (what
+    evaluate() gathers over the ranks) gives the same loss, MAE and RMSE when each structure is
+    counted W times; only the 95th percentiles (interpolated) may move."""
+    import mace  # noqa: F401  (before e3nn)
+    import torch
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+    from mace import data, modules, tools
+    from mace.data.utils import KeySpecification
+    from mace.tools import torch_geometric
+    from mace.tools.train import MACELoss
+
+    frames = []
+    for i in range(3):
+        a = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((1, 1, 1 + i))
+        a.rattle(0.05, seed=i)
+        a.calc = EMT()
+        a.info["REF_energy"], a.arrays["REF_forces"] = a.get_potential_energy(), a.get_forces()
+        a.calc = None
+        frames.append(a)
+    keys = KeySpecification(info_keys={"energy": "REF_energy"}, arrays_keys={"forces": "REF_forces"})
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        graphs = [data.AtomicData.from_config(c, z_table=tools.AtomicNumberTable([29]), cutoff=4.0)
+                  for c in data.config_from_atoms_list(frames, key_specification=keys)]
+        batch = torch_geometric.Batch.from_data_list(graphs)
+        gen = torch.Generator().manual_seed(0)
+        output = {"energy": batch.energy + torch.randn(batch.energy.shape, generator=gen),
+                  "forces": batch.forces + torch.randn(batch.forces.shape, generator=gen)}
+        loss_fn = modules.WeightedEnergyForcesLoss(energy_weight=1.0, forces_weight=10.0)
+
+        def metrics(times):
+            m = MACELoss(loss_fn=loss_fn)
+            for _ in range(times):
+                m.update(batch, output)
+            return m.compute()[1]
+
+        once, thrice = metrics(1), metrics(3)
+    finally:
+        torch.set_default_dtype(previous)
+    for key in ("loss", "mae_e", "rmse_e", "rmse_e_per_atom", "mae_f", "rmse_f", "rel_mae_f", "rel_rmse_f"):
+        assert thrice[key] == pytest.approx(once[key], rel=1e-12), key
