@@ -491,21 +491,24 @@ def _arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped) 
                    skipped=np.asarray(skipped, np.int64))
 
 
-
 def deal_over_ranks(packing: Packing, costs, world_size: int) -> Packing:
     """Deal the bins of a one-rank ``packing`` over ``world_size`` ranks, no rank ever empty.
 
-    ``B`` bins, ``W`` ranks. ``B >= W``: keep the ``floor(B/W)*W`` costliest bins and merge each
-    of the ``B mod W`` others into the cheapest kept bin at that moment (a merged bin may exceed
-    the capacity); every sample stays in exactly one bin; bins are sorted by cost and cut into
-    steps as :func:`pack` does. ``B < W`` (fewer samples than ranks, or nearly): every rank gets
-    every bin, one step per bin, so each sample is in ``W`` bins. For trainers that average
+    ``B`` bins, ``W`` ranks, at least ``W`` samples: bins with several samples are split until
+    there are ``W`` bins (splitting respects the capacity); then the ``floor(B/W)*W`` costliest
+    bins are kept and each of the ``B mod W`` others is merged into the cheapest kept bin at that
+    moment (a merged bin may exceed the capacity); every sample stays in exactly one bin; bins are
+    sorted by cost and cut into steps as :func:`pack` does. Fewer samples than ranks: every rank
+    gets every bin, one step per bin, so each sample is in ``W`` bins. For trainers that average
     per-sample errors gathered from all ranks (mace's validation metrics) the values are those of
     counting each sample once, since every sample is counted the same number of times.
     """
     w = check_world_size(world_size)
     c = np.asarray(costs, dtype=np.float64)
     bins = [np.asarray(b) for b in packing]
+    while len(bins) < w <= len(packing.indices):  # split off the last sample of the fullest bin
+        k = int(np.argmax([len(b) for b in bins]))
+        bins[k:k + 1] = [bins[k][:-1], bins[k][-1:]]
     if len(bins) < w:
         log.info("evaluation set of %d sample(s) in %d bin(s) for %d ranks: every rank evaluates all of them "
                  "(each sample counted %d times; averages are unchanged)", len(packing.indices), len(bins), w, w)
