@@ -269,3 +269,40 @@ def test_md_example_time_md(fused64):
     assert seconds > 0 and np.isfinite(seconds)
     np.testing.assert_array_equal(atoms.positions, before)  # time_md moves a copy
     assert fused64.atoms is not None and not np.allclose(fused64.atoms.positions, before)  # it did move
+
+
+def test_weights_only_loads_state_dicts_and_checkpoints(tmp_path, model_files, stock64):
+    """weights_only=True reads a state_dict / mace checkpoint without unpickling code; same results."""
+    trusted = torch.load(model_files["m64"], weights_only=False)
+    state, ckpt = tmp_path / "m64_weights.pt", tmp_path / "m64_epoch-3.pt"
+    torch.save(trusted.state_dict(), state)
+    torch.save({"model": trusted.state_dict(), "optimizer": {"state": {}}, "lr_scheduler": {}}, ckpt)
+    architecture = build_model(5)  # same configuration, other weights
+    atoms = structures()[0]
+    ref = evaluate(stock64, atoms)
+    for path in (state, ckpt):
+        calc = CFMCalculator(str(path), weights_only=True, architecture=architecture, kernels=AVAILABLE)
+        assert_same(evaluate(calc, atoms), ref, atol=1e-8)
+    # the architecture was copied, not loaded into
+    assert not torch.equal(next(architecture.parameters()), next(trusted.parameters()))
+    calc = CFMCalculator(str(state), weights_only=True, architecture=lambda: build_model(6), fused=False)
+    assert_same(evaluate(calc, atoms), ref, atol=1e-12)
+
+
+def test_weights_only_errors_say_what_to_do(tmp_path, model_files):
+    with pytest.raises(ValueError, match=r"cannot be loaded with weights_only=True: it pickles Python objects.*"
+                                         r"If you trust the file.*state_dict\(\)"):
+        CFMCalculator(str(model_files["m64"]), weights_only=True, architecture=build_model(0))
+    state = tmp_path / "weights.pt"
+    torch.save(build_model(0).state_dict(), state)
+    with pytest.raises(ValueError, match="holds weights only .* pass architecture="):
+        CFMCalculator(str(state), weights_only=True)
+    small = tmp_path / "linear.pt"
+    torch.save(torch.nn.Linear(3, 2).state_dict(), small)
+    with pytest.raises(ValueError, match="do not fit the given architecture"):
+        CFMCalculator(str(small), weights_only=True, architecture=build_model(0))
+    with pytest.raises(TypeError, match="not model weights"):
+        torch.save({"epoch": 3}, tmp_path / "meta.pt")
+        CFMCalculator(str(tmp_path / "meta.pt"), weights_only=True, architecture=build_model(0))
+    with pytest.raises(ValueError, match="only with weights_only=True"):
+        CFMCalculator(str(model_files["m64"]), architecture=build_model(0))

@@ -141,3 +141,57 @@ def test_structure_larger_than_the_token_budget_is_a_clear_error_on_every_rank(d
     assert out.returncode != 0
     assert re.search(r"sample \d+", out.stdout) and "10" in out.stdout, out.stdout[-3000:]
     assert "ending all 2 ranks" in out.stdout
+
+
+TINY_MODEL = ["--hidden_irreps=8x0e", "--max_L=0", "--correlation=2", "--num_interactions=1"]
+
+
+def tiny_args(folder: Path, name: str, epochs: int) -> list[str]:
+    """mace_args with the smallest model (these tests check loaders and resuming, not accuracy)."""
+    drop = ("--hidden_irreps", "--max_L", "--correlation", "--num_interactions")
+    return [a for a in mace_args(folder, name, epochs=epochs) if not a.startswith(drop)] + TINY_MODEL
+
+
+@pytest.mark.mpi
+def test_mpirun_validation_set_smaller_than_the_ranks_completes(tmp_path):
+    """1 validation structure, 2 ranks: stock mace completes (reporting nan), so must binpack; both ranks
+    evaluate the structure (no rank may be empty under DDP), which leaves mace's averaged metrics as if
+    it were counted once."""
+    make_tiny_set(tmp_path, n_train=8, n_valid=1)
+    out = run_mpi([CFM_RUN, "--enable", "mace,binpack", "--", "mace_run_train", *tiny_args(tmp_path, "small", 1)],
+                  timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert out.stdout.count("binpack valid: 1 steps on each of 2 ranks") == 2, out.stdout[-4000:]
+    assert "every rank evaluates all of them" in out.stdout
+    for label in ("Initial", "Epoch 0"):
+        loss = re.search(rf"{label}: head: Default, loss=\s*([0-9.eE+-]+|nan)", out.stdout)
+        assert loss and np.isfinite(float(loss.group(1))), out.stdout[-3000:]
+    assert (tmp_path / "small.model").exists()
+
+
+@pytest.mark.slow
+def test_restart_latest_continues_at_the_epoch_mace_resumes(tmp_path):
+    """mace --restart_latest restarts at the epoch of its latest checkpoint, from that epoch's first batch
+    (checkpoints are written only at epoch ends); the resumed run must pack that epoch's batches."""
+    make_tiny_set(tmp_path, n_train=24, n_valid=2)
+    from cfm_plugins_adapters.mace.steplog import read_step_logs
+
+    def train(epochs, log, *extra):
+        out = subprocess.run([CFM_RUN, "--enable", "mace,binpack", "--", "mace_run_train",
+                              *tiny_args(tmp_path, "resume", epochs), "--save_all_checkpoints",
+                              f"--cfm-step-log={tmp_path / log}", *extra],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(),
+                             timeout=600, cwd=tmp_path)
+        assert out.returncode == 0, out.stdout[-4000:]
+        return out.stdout, [(r["graphs"], r["atoms"]) for r in read_step_logs(str(tmp_path / log))[0]]
+
+    _, first = train(2, "first")  # epochs 0 and 1; a checkpoint after each
+    per_epoch = len(first) // 2
+    epoch0, epoch1 = first[:per_epoch], first[per_epoch:]
+    assert len(first) == 2 * per_epoch and epoch0 != epoch1  # each epoch has its own plan
+    checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").glob("resume*_epoch-*.pt"))
+    assert checkpoints and checkpoints[-1].endswith("_epoch-1.pt"), checkpoints
+
+    log, resumed = train(2, "resumed", "--restart_latest")  # mace restarts at epoch 1
+    assert re.search(r"Loading checkpoint: .*_epoch-1\.pt", log), log[-3000:]
+    assert resumed == epoch1

@@ -161,3 +161,39 @@ def test_constructor_errors():
     # a permutation given as local_indices without comm is a global array in another order
     s = BinPackBatchSampler(np.arange(1.0, 11.0)[::-1], 20, rank=0, world_size=1, local_indices=np.arange(10)[::-1])
     np.testing.assert_array_equal(s.costs, np.arange(1.0, 11.0))
+
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+@pytest.mark.parametrize("n, capacity", [(5, 40), (7, 40), (40, 40), (9, 30), (13, 29)])
+def test_eval_sampler_yields_every_structure_once_over_the_ranks(world_size, n, capacity):
+    """evaluation=True: a set too small for the ranks and capacity is still evaluated, each once,
+    with a non-empty batch on every rank at every step (mace runs one DDP forward per step)."""
+    costs = np.random.default_rng(n).integers(1, 30, n).astype(float)
+    if n == 13:  # near-capacity structures: one per bin, 13 bins do not split into steps of 2, 3, 5 ranks
+        costs = np.full(n, 29.0)
+        with pytest.raises(ValueError, match="non-empty batch"):
+            BinPackBatchSampler(costs, capacity, rank=0, world_size=world_size, shuffle=False)
+    ds = Graphs(costs)
+    seen, lens = [], set()
+    for rank in range(world_size):
+        s = BinPackBatchSampler(costs, capacity, rank=rank, world_size=world_size, shuffle=False, evaluation=True)
+        batches = epoch_batches(s, ds)
+        lens.add(len(batches))
+        assert len(batches) == len(s) and all(len(idx) > 0 for idx, _ in batches)
+        seen += [i for idx, _ in batches for i in idx]
+    assert len(lens) == 1  # the same number of steps on every rank
+    assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("n, world_size", [(1, 2), (2, 3), (3, 5)])
+def test_eval_set_smaller_than_the_ranks_is_evaluated_whole_on_every_rank(n, world_size):
+    """Fewer structures than ranks: no rank may be empty, so each rank gets the whole set: every
+    structure counted world_size times, which leaves means over the gathered results unchanged."""
+    costs = np.arange(1.0, n + 1)
+    with pytest.raises(ValueError, match=f"cannot give each of {world_size} ranks a non-empty batch"):
+        BinPackBatchSampler(costs, 40, rank=0, world_size=world_size)
+    per_rank = [list(BinPackBatchSampler(costs, 40, rank=r, world_size=world_size, shuffle=False, evaluation=True))
+                for r in range(world_size)]
+    assert all(b == per_rank[0] for b in per_rank)
+    assert sorted(i for b in per_rank[0] for i in b) == list(range(n))

@@ -252,3 +252,21 @@ def test_math_lower_bound():
     assert lower_bound_bins(3072 * 3, 3072) == 3
     assert lower_bound_bins(3072 * 3 + 1, 3072) == 4
     assert math.isclose(round_up(5, 4), 8)
+
+
+def test_evaluation_plans_never_leave_a_rank_empty():
+    """pack(evaluation=True) on every small case: each step has a non-empty bin per rank; with at
+    least as many samples as ranks every sample is in exactly one bin, else in one bin per rank."""
+    from cfm_plugins.sampler.packing import deal_over_ranks
+
+    for n in range(1, 25):
+        costs = np.random.default_rng(n).integers(1, 30, n).astype(float)
+        for w in (2, 3, 4, 7):
+            for cap in (30, 45, 100, 1000):
+                p = pack(costs, cap, w, evaluation=True)
+                assert len(p) % w == 0 and (p.bin_sizes() > 0).all(), (n, w, cap)
+                expected = list(range(n)) if n >= w else sorted(list(range(n)) * w)
+                assert sorted(p.indices.tolist()) == expected, (n, w, cap)
+    # a one-rank plan of fewer bins than ranks is split (within capacity), not replicated
+    p = deal_over_ranks(Packing(np.arange(6), np.array([0, 3, 6])), np.ones(6), 4)
+    assert p.num_steps(4) == 1 and sorted(p.indices.tolist()) == list(range(6))

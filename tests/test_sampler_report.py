@@ -93,3 +93,16 @@ def test_fastchgnet_pairs_smallest_with_largest():
     p = fastchgnet_pairs(c, None, 2, seed=0, batch_size=4)
     got = sorted(sorted(c[b].tolist()) for b in p)
     assert got == [[1.0, 3.0, 6.0, 8.0], [2.0, 4.0, 5.0, 7.0]]
+
+
+def test_measured_and_planned_lif_are_one_definition():
+    """The mace step logs' LIF (per-rank times, steps every rank ran) is the report's LIF."""
+    from cfm_plugins.sampler.report import load_imbalance_factor
+    from cfm_plugins_adapters.mace.steplog import load_imbalance
+
+    ranks = [[{"forward_s": 1.0}, {"forward_s": 3.0}], [{"forward_s": 2.0}, {"forward_s": 1.0}, {"forward_s": 9.0}]]
+    assert math.isclose(load_imbalance(ranks), (2 + 3) / (1.5 + 2))
+    assert math.isclose(load_imbalance(ranks), load_imbalance_factor([[1.0, 2.0], [3.0, 1.0]]))
+    assert math.isnan(load_imbalance_factor([[0.0, 0.0]]))
+    with pytest.raises(ValueError, match="no steps"):
+        load_imbalance([[], [{"forward_s": 1.0}]])

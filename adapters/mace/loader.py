@@ -18,21 +18,38 @@ log = logging.getLogger("cfm_plugins.mace")
 
 
 class EpochAdvancing:
-    """Wrap a batch sampler so each new pass over it is a new epoch.
+    """Wrap a batch sampler so each new pass over it is a new epoch, or the epoch mace names.
 
-    mace calls ``set_epoch`` only under ``--distributed`` (on its DistributedSampler). This
-    wrapper re-packs at every ``__iter__`` from ``seed + epoch`` anyway, and honours an explicit
-    ``set_epoch`` for the next pass (the DistributedSampler's calls are forwarded here).
+    How mace 0.3.16 resumes (``--restart_latest``): checkpoints are written only at the end of
+    an epoch (after validation), named by that epoch; a restart loads the latest one and trains
+    from its epoch number, from the first batch (mace cannot resume inside an epoch). So the
+    sampler state to restore is just that epoch: :func:`follow_mace_epochs` passes the epoch of
+    every ``train_one_epoch`` call to :meth:`set_epoch` (the plan of epoch ``e`` is packed from
+    ``seed + e``, as the stock ``DistributedSampler.set_epoch(e)`` reshuffles), and a resumed
+    run trains the same batches as the interrupted one did in that epoch. Without an explicit
+    ``set_epoch`` each pass counts as the next epoch (a loader used outside mace's training loop).
+
+    A ``load_state_dict`` (a run that saved :meth:`state_dict` mid-epoch itself) restores the
+    exact position: the next pass continues at the saved epoch and batch.
     """
 
     def __init__(self, batch_sampler):
         self.batch_sampler = batch_sampler
         self._next_epoch = 0
+        self._resuming = False
 
     def set_epoch(self, epoch: int) -> None:
-        self._next_epoch = int(epoch)
+        epoch = int(epoch)
+        if self._resuming and epoch == self.batch_sampler.epoch:
+            return  # keep the restored position inside that epoch
+        self._resuming = False
+        self._next_epoch = epoch
 
     def __iter__(self):
+        if self._resuming:  # the restored epoch and batch (load_state_dict)
+            self._resuming = False
+            self._next_epoch = self.batch_sampler.epoch + 1
+            return iter(self.batch_sampler)
         self.batch_sampler.set_epoch(self._next_epoch)
         self._next_epoch += 1
         return iter(self.batch_sampler)
@@ -45,13 +62,74 @@ class EpochAdvancing:
 
     def load_state_dict(self, state):
         self.batch_sampler.load_state_dict(state)
+        self._resuming = True
+        self._next_epoch = self.batch_sampler.epoch
 
 
-def guess_role(dataset, shuffle: bool, sampler) -> str:
-    """mace builds its training loader from a ConcatDataset (or with shuffle=True)."""
-    if shuffle or isinstance(dataset, ConcatDataset):
+def follow_mace_epochs():
+    """Make the training sampler pack the epoch mace trains (also after ``--restart_latest``).
+
+    ``mace.tools.train.train`` looks ``train_one_epoch`` up in its module at call time, with
+    ``epoch=`` and ``data_loader=``; the wrapper calls ``set_epoch(epoch)`` on an
+    :class:`EpochAdvancing` batch sampler first. Under ``--distributed`` mace also calls
+    ``set_epoch`` on its DistributedSampler (forwarded here too); on one rank nothing else tells
+    the sampler which epoch a resumed run starts at. Returns a function that undoes the wrap.
+    """
+    import importlib
+
+    mace_train = importlib.import_module("mace.tools.train")  # the module (mace.tools.train is also a function)
+    stock = mace_train.train_one_epoch
+
+    def train_one_epoch(*args, **kwargs):
+        loader, epoch = kwargs.get("data_loader"), kwargs.get("epoch")
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        if isinstance(batch_sampler, EpochAdvancing) and epoch is not None:
+            batch_sampler.set_epoch(epoch)
+        return stock(*args, **kwargs)
+
+    mace_train.train_one_epoch = train_one_epoch
+
+    def undo():
+        mace_train.train_one_epoch = stock
+
+    return undo
+
+
+def guess_role(dataset, shuffle: bool, sampler, kwargs=None) -> str:
+    """Which of mace_run_train's loaders is being built: ``train``, ``valid`` or ``test``.
+
+    mace 0.3.16 builds the training loader from a ConcatDataset (and a per-head one with
+    ``shuffle=True``), the validation loaders with ``shuffle=False`` and a ``generator``, the
+    test loaders without a ``generator`` (and ``shuffle=True`` when not ``--distributed``).
+    """
+    has_generator = kwargs is not None and "generator" in kwargs
+    if isinstance(dataset, ConcatDataset) or (shuffle and (kwargs is None or has_generator)):
         return "train"
+    if kwargs is not None and not has_generator:
+        return "test"
     return "valid"
+
+
+LOADER_FILES = {
+    "train": "the training set (--train_file)",
+    "valid": "the validation set (--valid_file or --valid_fraction)",
+    "test": "a test set (--test_file or --test_dir)",
+}
+
+
+def batch_sampler_for(hook, dataset, sizes, config, dist, role, trainer):
+    """Ask the plugins for ``role``'s batch sampler; a ValueError names the loader and its data.
+
+    Evaluation loaders get empty steps on some ranks rather than an error (binpack packs them
+    with ``evaluation=True``), so only the training loader refuses a set smaller than the number of
+    ranks; the sampler's message says what helps, this one says which loader and which file.
+    """
+    try:
+        return hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role,
+                                      trainer=trainer)
+    except ValueError as err:
+        raise ValueError(f"mace_run_train's {role} loader, {LOADER_FILES[role]} with {len(dataset)} structure(s) "
+                         f"on {dist.world_size} rank(s): {err} (the capacity is --cfm-max-tokens)") from err
 
 
 def shard_indices(n: int, dist) -> np.ndarray | None:
@@ -65,7 +143,7 @@ def make_dataloader_factory(stock_loader_cls, session):
     """A drop-in for ``torch_geometric.dataloader.DataLoader`` that uses the plugins' sampler."""
     def DataLoader(dataset, batch_size=1, shuffle=False, sampler=None, drop_last=False, **kwargs):
         hook, config, dist = session.hook, session.config, session.dist
-        role = guess_role(dataset, shuffle, sampler)
+        role = guess_role(dataset, shuffle, sampler, kwargs)
         n = len(dataset)
         indices = shard_indices(n, dist)
         need_edges = any(hook.cfm_needs_edges(config=config))
@@ -76,8 +154,7 @@ def make_dataloader_factory(stock_loader_cls, session):
             sizes.indices = None  # the whole dataset, in order
         batch_sampler = None
         if sizes is not None:
-            batch_sampler = hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role,
-                                                   trainer=session.trainer)
+            batch_sampler = batch_sampler_for(hook, dataset, sizes, config, dist, role, session.trainer)
         if batch_sampler is None:
             return stock_loader_cls(dataset=dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
                                     drop_last=drop_last, **kwargs)

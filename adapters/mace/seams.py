@@ -17,7 +17,8 @@ name in run_train      what the replacement does
 =====================  =========================================================================
 
 With the option ``step_log=PATH``, ``mace.tools.train.take_step`` is wrapped to record each
-step (see :mod:`.steplog`).
+step (see :mod:`.steplog`). With binpack, ``mace.tools.train.train_one_epoch`` is wrapped to
+tell the training sampler which epoch mace trains (resumes included, see :mod:`.loader`).
 
 :func:`install` puts them in place and returns an undo callable; nothing else is changed.
 """
@@ -84,11 +85,12 @@ def install(config) -> callable:
         # mace selects the GPU (and DDP's device) by the local rank it gets here: give it ours
         return dist.rank, dist.device_index if dist.device_type == "cuda" else dist.local_rank, dist.world_size
 
-    loader_factory = None
+    loader_factory = undo_epochs = None
     if hook.cfm_batch_sampler.get_hookimpls():  # a feature offers batch samplers (binpack)
-        from cfm_plugins_adapters.mace.loader import make_dataloader_factory
+        from cfm_plugins_adapters.mace.loader import follow_mace_epochs, make_dataloader_factory
 
         loader_factory = make_dataloader_factory(stock_tg.dataloader.DataLoader, state)
+        undo_epochs = follow_mace_epochs()
     tg = types.SimpleNamespace(dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg) \
         if loader_factory else stock_tg
 
@@ -133,5 +135,7 @@ def install(config) -> callable:
             setattr(rt, name, value)
         if step_log is not None:
             mace_train.take_step = saved_take_step
+        if undo_epochs is not None:
+            undo_epochs()
 
     return undo

@@ -67,10 +67,11 @@ def read_step_logs(path: str) -> list[list[dict]]:
 
 
 def load_imbalance(ranks: list[list[dict]], key: str = "forward_s") -> float:
-    """LIF over the steps every rank ran: sum_s max_r t[r][s] / sum_s mean_r t[r][s]."""
-    steps = min(len(r) for r in ranks)
+    """LIF (:func:`cfm_plugins.sampler.report.load_imbalance_factor`) of ``key`` over the steps
+    every rank ran."""
+    from cfm_plugins.sampler.report import load_imbalance_factor
+
+    steps = min((len(r) for r in ranks), default=0)
     if steps == 0:
         raise ValueError("no steps were logged")
-    mx = sum(max(r[s][key] for r in ranks) for s in range(steps))
-    mean = sum(sum(r[s][key] for r in ranks) / len(ranks) for s in range(steps))
-    return mx / mean
+    return load_imbalance_factor([[r[s][key] for r in ranks] for s in range(steps)])

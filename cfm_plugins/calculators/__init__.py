@@ -14,6 +14,7 @@ import importlib
 _EXPORTS = {
     "CFMCalculator": "cfm_plugins.calculators.mace_calculator",
     "load_mace_models": "cfm_plugins.calculators.loading",
+    "load_mace_weights": "cfm_plugins.calculators.loading",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,12 +1,18 @@
 """Loading MACE model files for the calculator, with clear errors for what is not one.
 
 A MACE ``.model`` file (what ``mace_run_train`` writes, or ``torch.save(model)``) is a whole pickled
-module, so it is read with ``torch.load(..., weights_only=False)``: load only files you trust.
+module, so it is read with ``torch.load(..., weights_only=False)``: unpickling runs code named in
+the file, so load only files you trust. :func:`load_mace_weights` is the safe alternative: it reads
+a state_dict (``torch.save(model.state_dict(), path)``) or a mace training checkpoint
+(``checkpoints/*.pt``, whose ``"model"`` entry is one) with ``torch.load(weights_only=True)``,
+which only rebuilds tensors and plain containers, into a model of the same architecture.
 mace is imported here only when a model is loaded (``import mace`` first also sets
-``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, which e3nn 0.4.4 needs on recent torch).
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, which e3nn 0.4.4 needs on recent torch; an explicit
+``weights_only=True`` still wins over it).
 """
 from __future__ import annotations
 
+import copy
 import glob
 import pickle
 from pathlib import Path
@@ -58,7 +64,8 @@ def describe(obj) -> str:
         keys = list(obj)[:8]
         hint = ""
         if "model" in obj or all(isinstance(v, torch.Tensor) for v in obj.values()):
-            hint = " (a training checkpoint or a state_dict: weights without the model)"
+            hint = (" (a training checkpoint or a state_dict: weights without the model; load it with "
+                    "weights_only=True and architecture=)")
         return f"a {type(obj).__name__} with keys {keys}{'...' if len(obj) > 8 else ''}{hint}"
     if isinstance(obj, torch.nn.Module):
         missing = [a for a in MACE_ATTRIBUTES if not hasattr(obj, a)]
@@ -89,6 +96,63 @@ def load_mace_model(path, device: str = "cpu") -> torch.nn.Module:
         raise ValueError(f"{str(path)!r} could not be read by torch.load ({type(exc).__name__}: {exc}); "
                          f"expected {EXPECTED}") from exc
     return check_mace_model(obj, repr(str(path)))
+
+
+WEIGHTS_EXPECTED = ("a state_dict saved with torch.save(model.state_dict(), path), or a mace training "
+                    "checkpoint (checkpoints/*.pt, its 'model' entry)")
+
+
+def weights_from(obj, source: str) -> dict:
+    """The state_dict inside what ``torch.load(weights_only=True)`` returned, or TypeError."""
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # a mace CheckpointState
+        obj = obj["model"]
+    if isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                             for k, v in obj.items()):
+        return obj
+    raise TypeError(f"{source} holds {describe(obj)}, not model weights; expected {WEIGHTS_EXPECTED}")
+
+
+def load_mace_weights(path, architecture, device: str = "cpu") -> torch.nn.Module:
+    """A MACE model with the weights of ``path``, read with ``torch.load(weights_only=True)``.
+
+    Args:
+        path: a state_dict or a mace training checkpoint (see :data:`WEIGHTS_EXPECTED`).
+        architecture: a MACE model of the same configuration (copied, not modified), or a
+            callable returning one: a state_dict holds numbers only, the modules come from here.
+        device: where the weights are loaded.
+
+    A whole pickled model (a ``.model`` file) cannot be read this way; the error says how to
+    convert it once, where the file is trusted.
+    """
+    import mace  # noqa: F401  (before e3nn; the architecture's classes)
+
+    check_device(device)
+    source = repr(str(path))
+    try:
+        obj = torch.load(str(path), map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(
+            f"{source} cannot be loaded with weights_only=True: it pickles Python objects (a whole model, "
+            f"as mace_run_train's .model files do), not only weights ({str(exc).splitlines()[0]}). If you trust "
+            "the file, load it with weights_only=False; to get a weights-only file, run once where the file is "
+            "trusted: torch.save(torch.load(path, weights_only=False).state_dict(), 'model_weights.pt')") from exc
+    except (RuntimeError, EOFError) as exc:
+        raise ValueError(f"{source} could not be read by torch.load ({type(exc).__name__}: {exc}); "
+                         f"expected {WEIGHTS_EXPECTED}") from exc
+    weights = weights_from(obj, source)
+    if architecture is None:
+        raise ValueError(f"{source} holds weights only ({len(weights)} tensors): pass architecture=, a MACE model "
+                         "of the same configuration (built with the training options, or loaded from a file you "
+                         "trust), for the weights to be loaded into")
+    model = architecture() if callable(architecture) and not isinstance(architecture, torch.nn.Module) \
+        else copy.deepcopy(architecture)
+    model = check_mace_model(model, "architecture")
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"the weights in {source} do not fit the given architecture ({exc}); build the "
+                         "architecture with the options the weights were trained with") from exc
+    return model.to(device)
 
 
 def load_mace_models(model_paths, device: str = "cpu") -> list[torch.nn.Module]:

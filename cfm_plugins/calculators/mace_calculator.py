@@ -26,7 +26,7 @@ from mace.calculators import MACECalculator
 from mace.tools import torch_geometric, torch_tools
 
 from cfm_plugins.calculators.loading import (check_device, check_mace_model, expand_model_paths, load_mace_model,
-                                            model_dtype)
+                                            load_mace_weights, model_dtype)
 
 log = logging.getLogger("cfm_plugins.calculators")
 
@@ -45,6 +45,12 @@ class CFMCalculator(MACECalculator):
     Args:
         kernels: the fused kernels to swap in, out of ``("symmetric_contraction", "conv_tp")``.
         fused: ``False`` keeps mace's own modules (the stock calculator, for comparisons).
+        weights_only: ``False`` (default, as mace): ``model_paths`` are whole pickled models,
+            unpickled (load only files you trust). ``True``: they are state_dicts or mace
+            training checkpoints, read with ``torch.load(weights_only=True)`` (no code from the
+            file runs) into copies of ``architecture``; a whole pickled model is a clear error.
+        architecture: with ``weights_only=True``, a MACE model of the same configuration as the
+            weights (or a callable returning one); it is copied, not modified.
 
     ``default_dtype`` defaults to ``"float64"``; a model of another dtype is converted to it (as
     MACECalculator does) with a warning. ``default_dtype=""`` keeps the model's dtype.
@@ -62,6 +68,8 @@ class CFMCalculator(MACECalculator):
         kernels=DEFAULT_KERNELS,
         fused: bool = True,
         compile_mode=None,
+        weights_only: bool = False,
+        architecture=None,
         **kwargs,
     ):
         from cfm_plugins.ops.patching import KERNELS
@@ -82,9 +90,14 @@ class CFMCalculator(MACECalculator):
             raise ValueError("give exactly one of model_paths (MACE model files) or models (loaded modules)")
         check_device(device)
 
+        if (weights_only or architecture is not None) and models is not None:
+            raise ValueError("weights_only/architecture apply to model_paths; models= are already loaded modules")
+        if architecture is not None and not weights_only:
+            raise ValueError("architecture= is used only with weights_only=True (to load state_dicts into)")
         if models is None:
             paths = expand_model_paths(model_paths)
-            models = [load_mace_model(p, device) for p in paths]
+            models = [load_mace_weights(p, architecture, device) if weights_only else load_mace_model(p, device)
+                      for p in paths]
             sources = [str(p) for p in paths]
         else:
             models = list(models) if isinstance(models, (list, tuple)) else [models]

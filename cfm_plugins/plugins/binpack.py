@@ -105,7 +105,7 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
         costs, capacity, rank=dist.rank, world_size=dist.world_size,
         seed=seed if seed is not None else (trainer.seed or 0), comm=dist.comm if dist.world_size > 1 else None,
         local_indices=sizes.indices, oversize=config.get("oversize"),
-        shuffle=(role == "train"),
+        shuffle=(role == "train"), evaluation=(role != "train"),
     )
     log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)",
              role, len(sampler), dist.world_size, capacity, config.get("cost"))

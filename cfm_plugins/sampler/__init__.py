@@ -5,7 +5,8 @@
 - :class:`BinPackBatchSampler` (``batch_sampler.py``, the only module importing torch): a
   ``DataLoader(batch_sampler=...)`` per rank, MPI-agreed, resumable.
 - :func:`graph_costs`, :func:`calibrate_linear_cost` (``costs.py``): cost models.
-- :func:`balance_report`, :func:`plot_batches` (``report.py``): how good a packing is.
+- :func:`balance_report`, :func:`plot_batches` (``report.py``): how good a packing is;
+  :func:`load_imbalance_factor`, the LIF of planned costs or measured step times.
 - ``baselines.py``: the packers the benchmark compares against.
 
 ``BinPackBatchSampler`` is imported lazily so that ``from cfm_plugins.sampler import pack``
@@ -13,10 +14,10 @@ does not import torch.
 """
 from .costs import LinearCostFit, calibrate_linear_cost, graph_costs
 from .packing import Packing, lower_bound_bins, pack
-from .report import BalanceReport, balance_report, plot_batches
+from .report import BalanceReport, balance_report, load_imbalance_factor, plot_batches
 
 __all__ = ["pack", "Packing", "lower_bound_bins", "graph_costs", "calibrate_linear_cost", "LinearCostFit",
-           "balance_report", "BalanceReport", "plot_batches", "BinPackBatchSampler"]
+           "balance_report", "BalanceReport", "load_imbalance_factor", "plot_batches", "BinPackBatchSampler"]
 
 
 def __getattr__(name):

@@ -12,24 +12,18 @@ import math
 
 import numpy as np
 
-from .packing import Packing, validate_costs
+from .packing import Packing, offsets_from_counts, packing_from_bins, validate_costs
 
 
 def _from_bins(bins: list, world_size: int, pad_empty: bool = True) -> Packing:
     """Packing from a list of index arrays (in step order); pad with empty bins to a multiple of W."""
     if pad_empty and len(bins) % world_size:
         bins = list(bins) + [np.zeros(0, np.int64)] * (world_size - len(bins) % world_size)
-    sizes = np.array([len(b) for b in bins], dtype=np.int64)
-    offsets = np.zeros(len(bins) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    idx = np.concatenate(bins).astype(np.int64) if bins else np.zeros(0, np.int64)
-    return Packing(idx, offsets, world_size=world_size)
+    return packing_from_bins(bins, world_size)
 
 
 def _csr(indices: np.ndarray, counts: np.ndarray, world_size: int) -> Packing:
-    offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return Packing(indices, offsets, world_size=world_size)
+    return Packing(indices, offsets_from_counts(counts), world_size=world_size)
 
 
 def fixed_count(costs, capacity=None, world_size=1, seed=0, batch_size: int = 8) -> Packing:

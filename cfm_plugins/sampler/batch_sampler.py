@@ -14,7 +14,7 @@ import logging
 import numpy as np
 from torch.utils.data import Sampler
 
-from .packing import OVERSIZE_POLICIES, Packing, check_capacity, pack, validate_costs
+from .packing import Packing, check_capacity, check_world_size, pack, packing_from_bins, validate_costs
 
 log = logging.getLogger("cfm_plugins.sampler")
 
@@ -73,6 +73,8 @@ class BinPackBatchSampler(Sampler):
         oversize: ``"error"`` | ``"skip"`` | ``"solo"`` for samples costlier than ``capacity``.
         shuffle: ``True``: new plan each epoch (random ties, step order, rank mapping, order
             inside batches). ``False``: the deterministic plan, the same every epoch.
+        evaluation: for evaluation loaders (see :func:`pack`): a set too small for the
+            capacity and the number of ranks gets a plan anyway instead of an error.
 
     ``len()`` is the number of steps of the current epoch, the same on every rank.
     ``state_dict()`` records epoch, seed and the batches yielded so far; after
@@ -80,18 +82,19 @@ class BinPackBatchSampler(Sampler):
     """
 
     def __init__(self, costs, capacity, *, rank: int, world_size: int, seed: int = 0, comm=None,
-                 local_indices=None, drop_last: bool = False, oversize: str = "error", shuffle: bool = True):
-        if int(world_size) != world_size or world_size < 1:
-            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+                 local_indices=None, drop_last: bool = False, oversize: str = "error", shuffle: bool = True,
+                 evaluation: bool = False):
+        # world_size and capacity first (rank is checked against world_size; comm against both);
+        # oversize and the costs are checked by ``pack``, which runs at the end of the constructor
+        world_size = check_world_size(world_size)
         if int(rank) != rank or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank!r} is not in 0..{world_size - 1} (world_size {world_size})")
         if int(seed) != seed or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-        if oversize not in OVERSIZE_POLICIES:
-            raise ValueError(f"oversize={oversize!r}: expected one of {', '.join(OVERSIZE_POLICIES)}")
-        self.rank, self.world_size, self.seed = int(rank), int(world_size), int(seed)
+        self.rank, self.world_size, self.seed = int(rank), world_size, int(seed)
         self.capacity = check_capacity(capacity)
         self.comm, self.drop_last, self.oversize, self.shuffle = comm, bool(drop_last), oversize, bool(shuffle)
+        self.evaluation = bool(evaluation)
         if comm is not None:
             self._check_comm(comm)
         local = np.asarray(costs, dtype=np.float64) if np.size(costs) else np.zeros(0)
@@ -160,7 +163,8 @@ class BinPackBatchSampler(Sampler):
         """The (global) packing of the current epoch, after ``drop_last``."""
         key = (self._pack_seed(), self.epoch if self.shuffle else None)
         if self._plan is None or self._plan_key != key:
-            p = pack(self.costs, self.capacity, self.world_size, seed=self._pack_seed(), oversize=self.oversize)
+            p = pack(self.costs, self.capacity, self.world_size, seed=self._pack_seed(), oversize=self.oversize,
+                     evaluation=self.evaluation)
             if self.drop_last:
                 p = self._drop_underfilled(p)
             self._plan, self._plan_key = p, key
@@ -176,16 +180,13 @@ class BinPackBatchSampler(Sampler):
         if not keep.any():
             raise ValueError("drop_last=True would drop every step (all bins under half the capacity); "
                              "use drop_last=False or a smaller capacity")
-        bins = np.flatnonzero(np.repeat(keep, w))
-        sizes = p.bin_sizes()[bins]
-        offsets = np.zeros(len(bins) + 1, np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        indices = np.concatenate([p[b] for b in bins])
-        n_drop = len(p.indices) - len(indices)
+        kept = packing_from_bins([p[b] for b in np.flatnonzero(np.repeat(keep, w))], w, solo=p.solo,
+                                 skipped=p.skipped)
+        n_drop = len(p.indices) - len(kept.indices)
         self._dropped = (int((~keep).sum()), int(n_drop))
         log.info("drop_last: dropped %d step(s) whose bins average under half the capacity (%d samples "
                  "not seen in epoch %d)", self._dropped[0], n_drop, self.epoch)
-        return Packing(indices, offsets, world_size=w, solo=p.solo, skipped=p.skipped)
+        return kept
 
     @property
     def dropped(self) -> tuple[int, int]:

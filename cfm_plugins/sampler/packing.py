@@ -140,6 +140,21 @@ class Packing:
         return h.hexdigest()
 
 
+def offsets_from_counts(counts) -> np.ndarray:
+    """CSR offsets (``len(counts) + 1`` entries, starting at 0) of bins holding ``counts`` samples each."""
+    counts = np.asarray(counts, dtype=np.int64)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+def packing_from_bins(bins, world_size: int, **kwargs) -> Packing:
+    """A :class:`Packing` whose bins are ``bins`` (index arrays, in step order)."""
+    counts = [len(b) for b in bins]
+    indices = np.concatenate([np.asarray(b, np.int64) for b in bins]) if len(bins) else np.zeros(0, np.int64)
+    return Packing(indices, offsets_from_counts(counts), world_size=world_size, **kwargs)
+
+
 # --------------------------------------------------------------------------------------------
 # Input checks
 
@@ -359,7 +374,7 @@ def round_up(x: int, m: int) -> int:
     return -(-int(x) // m) * m
 
 
-def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error") -> Packing:
+def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", evaluation: bool = False) -> Packing:
     """Pack samples into bins of at most ``capacity`` total cost, ``world_size`` bins per step.
 
     Args:
@@ -373,6 +388,15 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error") -> 
         oversize: what to do with a sample costlier than ``capacity``: ``"error"`` (default,
             ``ValueError`` naming it), ``"skip"`` (drop it, logged) or ``"solo"`` (alone in its
             own bin, logged; that bin exceeds the capacity).
+        evaluation: for evaluation loaders, which must not refuse a small set. When the samples
+            cannot fill ``world_size`` non-empty bins per step within the capacity, the plan of
+            one rank is dealt over the ranks instead of raising: with at least ``world_size``
+            samples, the bins of a last partial step are merged into the cheapest bins of the
+            others (those may exceed the capacity, logged), so every sample is in exactly one
+            bin; with fewer samples than ranks, every rank gets every bin (each sample is in
+            ``world_size`` bins, logged). Every rank always has a non-empty bin at every step:
+            trainers' evaluation code (mace under DDP) runs one forward per step on every rank
+            and gathers per-rank results that must not be empty.
     """
     c = validate_costs(costs)
     cap = check_capacity(capacity)
@@ -407,6 +431,8 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error") -> 
     total = float(cn.sum()) if n_norm else 0.0
     lb = lower_bound_bins(total, cap) if n_norm else 0
     n_bins = round_up(lb + n_solo, w) - n_solo
+    if (n_norm + n_solo < w or n_bins > n_norm) and evaluation:
+        return deal_over_ranks(pack(c, cap, 1, seed, oversize=oversize), c, w)
     if n_norm + n_solo < w or n_bins > n_norm:
         raise ValueError(
             f"cannot give each of {w} ranks a non-empty batch: {n_norm + n_solo} sample(s) of total cost "
@@ -420,7 +446,9 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error") -> 
         if normal is not None:
             order = normal[order]
         item_bin, slot, n_bins = deal(sizes, cap, n_bins, w, monotone=monotone)
-        if n_bins > n_norm:  # only possible for tiny inputs
+        if n_bins > n_norm and evaluation:  # only possible for tiny inputs
+            return deal_over_ranks(pack(c, cap, 1, seed, oversize=oversize), c, w)
+        if n_bins > n_norm:
             raise ValueError(f"cannot fill {n_bins} bins with {n_norm} samples; use fewer ranks")
         _fill_empty_bins(item_bin, slot, n_bins)
     else:
@@ -454,11 +482,47 @@ def _arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped) 
     pos = np.empty(n_bins, dtype=np.int64)
     pos[steps.ravel()] = np.arange(n_bins, dtype=np.int64)
     counts = np.bincount(item_bin, minlength=n_bins)
-    offsets = np.zeros(n_bins + 1, dtype=np.int64)
-    np.cumsum(counts[steps.ravel()], out=offsets[1:])
+    offsets = offsets_from_counts(counts[steps.ravel()])
     dest = offsets[pos[item_bin]]
     dest += slot
     indices = np.empty(len(order), dtype=np.int64)
     indices[dest] = order
     return Packing(indices, offsets, world_size=w, solo=np.asarray(solo, np.int64),
                    skipped=np.asarray(skipped, np.int64))
+
+
+def deal_over_ranks(packing: Packing, costs, world_size: int) -> Packing:
+    """Deal the bins of a one-rank ``packing`` over ``world_size`` ranks, no rank ever empty.
+
+    ``B`` bins, ``W`` ranks, at least ``W`` samples: bins with several samples are split until
+    there are ``W`` bins (splitting respects the capacity); then the ``floor(B/W)*W`` costliest
+    bins are kept and each of the ``B mod W`` others is merged into the cheapest kept bin at that
+    moment (a merged bin may exceed the capacity); every sample stays in exactly one bin; bins are
+    sorted by cost and cut into steps as :func:`pack` does. Fewer samples than ranks: every rank
+    gets every bin, one step per bin, so each sample is in ``W`` bins. For trainers that average
+    per-sample errors gathered from all ranks (mace's validation metrics) the values are those of
+    counting each sample once, since every sample is counted the same number of times.
+    """
+    w = check_world_size(world_size)
+    c = np.asarray(costs, dtype=np.float64)
+    bins = [np.asarray(b) for b in packing]
+    while len(bins) < w <= len(packing.indices):  # split off the last sample of the fullest bin
+        k = int(np.argmax([len(b) for b in bins]))
+        bins[k:k + 1] = [bins[k][:-1], bins[k][-1:]]
+    if len(bins) < w:
+        log.info("evaluation set of %d sample(s) in %d bin(s) for %d ranks: every rank evaluates all of them "
+                 "(each sample counted %d times; averages are unchanged)", len(packing.indices), len(bins), w, w)
+        return packing_from_bins([b for b in bins for _ in range(w)], w, solo=packing.solo, skipped=packing.skipped)
+    cost = np.array([c[b].sum() for b in bins])
+    order = np.argsort(-cost, kind="stable")
+    keep = [bins[i] for i in order[:len(bins) // w * w]]
+    kept_cost = [float(cost[i]) for i in order[:len(keep)]]
+    for i in order[len(keep):]:
+        j = int(np.argmin(kept_cost))
+        keep[j] = np.concatenate([keep[j], bins[i]])
+        kept_cost[j] += float(cost[i])
+    if len(keep) < len(bins):
+        log.info("evaluation plan: %d bin(s) merged into others so that each of %d ranks has a batch at every step "
+                 "(largest bin cost now %g)", len(bins) - len(keep), w, max(kept_cost))
+    by_cost = np.argsort(kept_cost, kind="stable")
+    return packing_from_bins([keep[i] for i in by_cost], w, solo=packing.solo, skipped=packing.skipped)

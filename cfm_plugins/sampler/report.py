@@ -20,6 +20,20 @@ import numpy as np
 from .packing import Packing, lower_bound_bins, round_up
 
 
+def load_imbalance_factor(per_step) -> float:
+    """LIF of the HydraGNN paper, ``sum_s max_r t[s][r] / sum_s mean_r t[s][r]``, of a
+    ``(steps, ranks)`` matrix of per-rank work (bin costs, or measured times); NaN without work.
+
+    The one definition used for packings (:func:`balance_report`) and for measured runs (the
+    mace adapter's step logs), so planned and measured LIF are the same quantity.
+    """
+    t = np.asarray(per_step, dtype=np.float64)
+    if t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+        raise ValueError(f"load_imbalance_factor needs a (steps, ranks) matrix with at least one step, got shape {t.shape}")
+    mean = float(t.mean(axis=1).sum())
+    return float(t.max(axis=1).sum()) / mean if mean > 0 else math.nan
+
+
 @dataclass
 class BalanceReport:
     num_samples: int
@@ -86,7 +100,7 @@ def balance_report(packing: Packing, costs, capacity, world_size: int | None = N
         max_bin_cost=float(bc.max()), min_bin_cost=float(bc.min()),
         step_max=smax, step_mean=smean,
         mean_imbalance=float(imb.mean()), max_imbalance=float(imb.max()),
-        lif=float(smax.sum() / smean.sum()) if smean.sum() > 0 else math.nan,
+        lif=load_imbalance_factor(sc),
         straggler_ratio=float(smax.sum() / (total / w)),
         samples_lost=int(np.sum(seen == 0)), samples_duplicated=int(np.sum(np.maximum(seen - 1, 0))),
         bins_over_capacity=int(np.sum(bc > cap * (1 + 1e-12))),

@@ -1,0 +1,110 @@
+"""The mace adapter's loader seam: which loader is which, its errors, and the epoch it packs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from torch.utils.data import ConcatDataset
+
+from cfm_plugins.config import Config
+from cfm_plugins.distributed import DistInfo
+from cfm_plugins.manager import create_manager
+from cfm_plugins.sampler import BinPackBatchSampler
+from cfm_plugins.sizes import GraphSizes
+from cfm_plugins_adapters.mace.loader import EpochAdvancing, batch_sampler_for, guess_role
+
+
+def test_guess_role_tells_mace_run_train_loaders_apart():
+    """The calls of mace 0.3.16's run_train (cli/run_train.py) for its train, valid and test loaders."""
+    data = [1, 2, 3]
+    gen = {"generator": object(), "pin_memory": False, "num_workers": 0}
+    assert guess_role(ConcatDataset([data]), False, object(), gen) == "train"  # --distributed
+    assert guess_role(ConcatDataset([data]), True, None, gen) == "train"
+    assert guess_role(data, True, None, gen) == "train"  # the per-head training loader
+    assert guess_role(data, False, object(), gen) == "valid"
+    assert guess_role(data, False, None, gen) == "valid"
+    assert guess_role(data, True, None, {"num_workers": 0, "pin_memory": False}) == "test"  # one rank
+    assert guess_role(data, False, None, {"num_workers": 0, "pin_memory": False}) == "test"  # --distributed
+
+
+@pytest.mark.parametrize("role, where", [("train", "--train_file"), ("valid", "--valid_file"), ("test", "--test_file")])
+def test_a_set_smaller_than_the_ranks(role, where):
+    """Training refuses with a message naming the loader and its file; evaluation gets a plan."""
+    config = Config(enabled=["binpack"], options={"max_tokens": 100})
+    pm = create_manager(config)
+    sizes = GraphSizes(np.array([12]), np.array([60]))
+    dist = DistInfo(rank=1, world_size=2)
+    if role == "train":
+        with pytest.raises(ValueError, match=rf"mace_run_train's train loader, the training set \({where}\) with 1 "
+                                             r"structure\(s\) on 2 rank\(s\): cannot give each of 2 ranks"):
+            batch_sampler_for(pm.hook, [object()], sizes, config, dist, role)
+    else:  # every rank evaluates the one structure (no rank may be empty under DDP)
+        for rank in (0, 1):
+            sampler = batch_sampler_for(pm.hook, [object()], sizes, config, DistInfo(rank=rank, world_size=2), role)
+            assert list(sampler) == [[0]]
+
+
+def test_epoch_advancing_follows_the_epoch_mace_names():
+    """What follow_mace_epochs does for a resumed run: the plan of the epoch mace restarts at."""
+    costs = np.random.default_rng(0).integers(1, 40, 300).astype(float)
+    plan = {}
+    ref = BinPackBatchSampler(costs, 200, rank=0, world_size=1, seed=4)
+    for e in range(4):
+        ref.set_epoch(e)
+        plan[e] = list(ref)
+    assert plan[0] != plan[2]
+    resumed = EpochAdvancing(BinPackBatchSampler(costs, 200, rank=0, world_size=1, seed=4))
+    list(resumed)  # e.g. a statistics pass over the loader before training
+    resumed.set_epoch(2)  # mace restarts at the epoch of its latest checkpoint
+    assert list(resumed) == plan[2]
+    # a saved mid-epoch position (bare-sampler state) continues at the same epoch and batch
+    again = EpochAdvancing(BinPackBatchSampler(costs, 200, rank=0, world_size=1, seed=4))
+    again.load_state_dict({"epoch": 2, "seed": 4, "batches_consumed": 3, "world_size": 1})
+    again.set_epoch(2)  # mace's own set_epoch for that epoch keeps the position
+    assert list(again) == plan[2][3:]
+    assert list(again) == plan[3]  # the next pass is epoch 3, from its start
+
+
+def test_mace_metrics_are_unchanged_when_every_structure_is_counted_equally_often():
+    """Why a set smaller than the ranks may be evaluated whole on every rank: mace's MACELoss (what
+    evaluate() gathers over the ranks) gives the same loss, MAE and RMSE when each structure is
+    counted W times; only the 95th percentiles (interpolated) may move."""
+    import mace  # noqa: F401  (before e3nn)
+    import torch
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+    from mace import data, modules, tools
+    from mace.data.utils import KeySpecification
+    from mace.tools import torch_geometric
+    from mace.tools.train import MACELoss
+
+    frames = []
+    for i in range(3):
+        a = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((1, 1, 1 + i))
+        a.rattle(0.05, seed=i)
+        a.calc = EMT()
+        a.info["REF_energy"], a.arrays["REF_forces"] = a.get_potential_energy(), a.get_forces()
+        a.calc = None
+        frames.append(a)
+    keys = KeySpecification(info_keys={"energy": "REF_energy"}, arrays_keys={"forces": "REF_forces"})
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        graphs = [data.AtomicData.from_config(c, z_table=tools.AtomicNumberTable([29]), cutoff=4.0)
+                  for c in data.config_from_atoms_list(frames, key_specification=keys)]
+        batch = torch_geometric.Batch.from_data_list(graphs)
+        gen = torch.Generator().manual_seed(0)
+        output = {"energy": batch.energy + torch.randn(batch.energy.shape, generator=gen),
+                  "forces": batch.forces + torch.randn(batch.forces.shape, generator=gen)}
+        loss_fn = modules.WeightedEnergyForcesLoss(energy_weight=1.0, forces_weight=10.0)
+
+        def metrics(times):
+            m = MACELoss(loss_fn=loss_fn)
+            for _ in range(times):
+                m.update(batch, output)
+            return m.compute()[1]
+
+        once, thrice = metrics(1), metrics(3)
+    finally:
+        torch.set_default_dtype(previous)
+    for key in ("loss", "mae_e", "rmse_e", "rmse_e_per_atom", "mae_f", "rmse_f", "rel_mae_f", "rel_rmse_f"):
+        assert thrice[key] == pytest.approx(once[key], rel=1e-12), key
