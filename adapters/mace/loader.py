@@ -120,9 +120,10 @@ LOADER_FILES = {
 def batch_sampler_for(hook, dataset, sizes, config, dist, role, trainer):
     """Ask the plugins for ``role``'s batch sampler; a ValueError names the loader and its data.
 
-    Evaluation loaders get empty steps on some ranks rather than an error (binpack packs them
-    with ``evaluation=True``), so only the training loader refuses a set smaller than the number of
-    ranks; the sampler's message says what helps, this one says which loader and which file.
+    Evaluation loaders are packed with ``evaluation=True`` (every rank gets a batch at every step,
+    every structure counted once where the set has one per rank), so only the training loader
+    refuses a set smaller than the number of ranks; the sampler's message says what helps, this
+    one says which loader and which file.
     """
     try:
         return hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role,
