@@ -44,8 +44,11 @@ def cfm_adapter_serves(argv):
 
 @hookimpl
 def cfm_declare_options():
-    # the adapter reads no option of its own: the loaders read binpack's, the model swap fused's
-    return []
+    from cfm_plugins.options import Option
+
+    # the loaders read binpack's options, the model swap fused's
+    return [Option("step_log", str, None, "write per-rank step records (atoms, forward time, energies) to "
+                   "PATH.rank<R>.jsonl (nequip-train)")]
 
 
 @hookimpl

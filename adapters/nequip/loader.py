@@ -18,8 +18,8 @@ built from the dataset's atom (and edge) counts, each rank reading only its shar
 It runs under ``cfm-run --enable nequip,binpack`` (which also sets ``use_distributed_sampler:
 false`` on Lightning's Trainer and keeps NequIP's dataset statistics on the whole training set);
 with ``cfm-run --enable nequip,binpack`` alone the adapter puts it in place of every stock
-DataLoader without any config change. Lightning calls ``set_epoch`` on the batch sampler at the
-start of every training epoch.
+DataLoader without any config change. Lightning's ``set_epoch`` at the start of every training
+epoch reaches the sampler through :class:`LightningBatchSampler`.
 """
 from __future__ import annotations
 
@@ -86,6 +86,44 @@ def is_nequip_dataset(dataset) -> bool:
 
 
 # ------------------------------------------------------------------------------------- loader
+class _SetEpoch:
+    """What Lightning finds as ``batch_sampler.sampler``: it forwards ``set_epoch``."""
+
+    def __init__(self, target):
+        self._target = target
+
+    def set_epoch(self, epoch: int) -> None:
+        self._target.set_epoch(epoch)
+
+
+class LightningBatchSampler(torch.utils.data.Sampler):
+    """The batch sampler as Lightning sees it.
+
+    Lightning (2.6) calls ``set_epoch`` on ``loader.sampler`` and on ``loader.batch_sampler.sampler``,
+    never on the batch sampler itself; without this wrapper every epoch would repeat the plan
+    of epoch 0.
+    """
+
+    def __init__(self, batch_sampler):
+        self.batch_sampler = batch_sampler
+        self.sampler = _SetEpoch(batch_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return iter(self.batch_sampler)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def state_dict(self):
+        return self.batch_sampler.state_dict()
+
+    def load_state_dict(self, state):
+        self.batch_sampler.load_state_dict(state)
+
+
 def _session():
     # the one place this adapter reaches the hooks (becomes `config.pm` with the plugin layer)
     from cfm_plugins.manager import get_active
@@ -142,4 +180,4 @@ def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: boo
                            "(`cfm-run --enable nequip,binpack`)")
     if drop_last:
         log.info("%s loader: drop_last is not needed with balanced batches; every structure is used", role)
-    return DataLoader(dataset, batch_sampler=batch_sampler, generator=generator, **kwargs)
+    return DataLoader(dataset, batch_sampler=LightningBatchSampler(batch_sampler), generator=generator, **kwargs)

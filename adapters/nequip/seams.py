@@ -65,6 +65,9 @@ def trainer_config(cfg: dict, config, dist) -> dict:
     cfg = copy.deepcopy(cfg)
     if config.is_enabled("binpack"):
         cfg["use_distributed_sampler"] = False
+    if config.get("step_log"):
+        cfg["callbacks"] = list(cfg.get("callbacks") or []) + [
+            {"_target_": "cfm_plugins_adapters.nequip.steplog.StepLog", "path": config.get("step_log", type=str)}]
     if dist.world_size > 1:
         if cfg.get("strategy") in (None, "auto"):
             cfg["strategy"] = "ddp"
