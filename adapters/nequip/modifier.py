@@ -129,6 +129,8 @@ def fuse(model: torch.nn.Module) -> int:
         log.warning("%s: the model (%s) has no nequip TensorProductScatter module, the module this modifier "
                     "replaces; it runs stock", MODIFIER, type(model).__name__)
         return 0
+    if not todo:
+        return 0  # already fused
     other = [type(m).__name__ for m in todo if type(m) is not TensorProductScatter]
     if other:
         log.warning("%s: the model's tensor products are already %s (another modifier); left as they are",

@@ -11,9 +11,11 @@ object built               what the replacement does
                            test/predict loaders becomes :func:`.loader.BinPackDataLoader`
 ``lightning.Trainer``      several ranks: ``strategy: ddp`` (unless set), ``devices``/``num_nodes``
                            from the MPI ranks, ``accelerator: cpu`` on CPU; binpack:
-                           ``use_distributed_sampler: false`` (our sampler already shards)
-``NequIPLightningModule``  fused: its models' ``TensorProductScatter`` are fused in place
-                           (:mod:`.modifier`); the state_dict is unchanged
+                           ``use_distributed_sampler: false`` (our sampler already shards);
+                           fused: the callback :class:`.callbacks.FuseOnSetup`, which fuses the
+                           LightningModule's ``TensorProductScatter`` in place at every setup
+                           (fresh runs, ``ckpt_path`` restarts, val/test runs); the state_dict
+                           is unchanged; step_log: the callback :class:`.steplog.StepLog`
 =========================  =====================================================================
 
 ``NequIPDataModule.get_statistics`` is wrapped so that NequIP's dataset statistics (energy
@@ -65,6 +67,9 @@ def trainer_config(cfg: dict, config, dist) -> dict:
     cfg = copy.deepcopy(cfg)
     if config.is_enabled("binpack"):
         cfg["use_distributed_sampler"] = False
+    if config.is_enabled("fused") and "conv_tp" in _fused_kernels(config):
+        cfg["callbacks"] = list(cfg.get("callbacks") or []) + [
+            {"_target_": "cfm_plugins_adapters.nequip.callbacks.FuseOnSetup"}]
     if config.get("step_log"):
         cfg["callbacks"] = list(cfg.get("callbacks") or []) + [
             {"_target_": "cfm_plugins_adapters.nequip.steplog.StepLog", "path": config.get("step_log", type=str)}]
@@ -95,14 +100,6 @@ def _is_datamodule(target) -> bool:
     return isinstance(cls, type) and issubclass(cls, NequIPDataModule)
 
 
-def _is_lightning_module(obj) -> bool:
-    try:
-        from nequip.train import NequIPLightningModule
-    except ImportError:
-        return False
-    return isinstance(obj, NequIPLightningModule)
-
-
 def install(session) -> callable:
     """Replace ``instantiate`` in ``nequip.scripts.train`` and wrap the statistics pass."""
     import nequip.scripts.train as nt
@@ -120,13 +117,7 @@ def install(session) -> callable:
             cfg = trainer_config(cfg, config, dist)
         elif config.is_enabled("binpack") and _is_datamodule(target):
             cfg = data_config(cfg, config)
-        obj = stock_instantiate(cfg, *args, **kwargs)
-        if config.is_enabled("fused") and _is_lightning_module(obj):
-            from cfm_plugins_adapters.nequip.modifier import fuse
-
-            if "conv_tp" in _fused_kernels(config):
-                fuse(obj)
-        return obj
+        return stock_instantiate(cfg, *args, **kwargs)
 
     def get_statistics(self, *args, **kwargs):
         with statistics_pass():
