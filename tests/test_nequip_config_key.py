@@ -44,3 +44,18 @@ def test_cli_flag_wins_and_no_hydra_config_is_fine(tmp_path):
     argv = ["nequip-train", "-cp", str(tmp_path), "-cn", "tiny"]
     assert build_config("nequip", (), trainer_argv=argv, environ={}).enabled == ["nequip"]
     assert build_config(None, (), trainer_argv=["nequip-train", "-cn", "missing"], environ={}).enabled == []
+
+
+def test_enabling_nequip_without_nequip_installed_is_a_clear_error():
+    import importlib.util
+
+    import pytest
+
+    from cfm_plugins.config import Config
+    from cfm_plugins.manager import create_manager
+
+    if importlib.util.find_spec("nequip") is not None:
+        create_manager(Config(enabled=["nequip"], source="cli"))  # nequip present: accepted
+        return
+    with pytest.raises(ValueError, match=r"pip install 'cfm-plugins\[nequip\]'"):
+        create_manager(Config(enabled=["nequip"], source="cli"))

@@ -52,6 +52,16 @@ def cfm_declare_options():
 
 
 @hookimpl
+def cfm_configure(config):
+    import importlib.util
+
+    if importlib.util.find_spec("nequip") is None:
+        raise ValueError("the nequip plugin needs nequip in this environment: pip install 'cfm-plugins[nequip]' "
+                         "(NequIP needs e3nn 0.6, mace-torch pins 0.4.4: use a separate environment, e.g. "
+                         "`make venv-nequip`)")
+
+
+@hookimpl
 def cfm_before_trainer(config, dist, argv):
     from cfm_plugins.manager import get_active
     from cfm_plugins_adapters.nequip import seams
