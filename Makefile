@@ -8,7 +8,7 @@ STAMP := $(VENV)/.cfm-installed
 SOURCES := pyproject.toml setup.py $(shell find cuda -name '*.cpp' -o -name '*.h' -o -name '*.cuh' 2>/dev/null)
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test test-fast cuda-check bench clean
+.PHONY: venv demo test test-fast cuda-check bench clean venv-nequip test-nequip demo-nequip bench-nequip
 
 venv: $(STAMP)
 
@@ -25,6 +25,7 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q -rs
+	$(MAKE) test-nequip
 
 # CUDA kernels compile for sm_80 and sm_90 with the machine's nvcc (nothing runs without a GPU).
 cuda-check: venv
@@ -38,6 +39,32 @@ bench: venv
 	OMP_NUM_THREADS=1 $(PY) benchmarks/sampler.py
 	$(PY) benchmarks/kernels.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/mace_train.py
+
+# NequIP needs e3nn 0.6 and mace-torch pins 0.4.4: NequIP gets its own environment, .venv-nequip/
+# (torch pinned first, then the [nequip] extra, which does not pull mace; the CPU kernels build there too).
+VENV_NEQUIP := .venv-nequip
+PY_NEQUIP := $(VENV_NEQUIP)/bin/python
+PIP_NEQUIP := $(PY_NEQUIP) -m pip --disable-pip-version-check
+STAMP_NEQUIP := $(VENV_NEQUIP)/.cfm-installed
+
+venv-nequip: $(STAMP_NEQUIP)
+
+$(STAMP_NEQUIP): $(SOURCES)
+	@test -x $(PY_NEQUIP) || $(PYTHON) -m venv $(VENV_NEQUIP)
+	$(PIP_NEQUIP) install -q --upgrade pip setuptools wheel pybind11
+	$(PIP_NEQUIP) install -q torch==$(TORCH_VERSION)
+	$(PIP_NEQUIP) install -q -e '.[nequip,mpi,test]'
+	@touch $@
+
+# the NequIP tests (real nequip-train under real mpirun -np 2); `make test` runs them too
+test-nequip: venv-nequip
+	$(PY_NEQUIP) -m pytest -q -rs tests/test_nequip_*.py
+
+demo-nequip: venv-nequip
+	$(PY_NEQUIP) examples/demo_nequip.py
+
+bench-nequip: venv-nequip
+	OMP_NUM_THREADS=1 $(PY_NEQUIP) benchmarks/nequip_train.py
 
 clean:
 	rm -rf build examples/out *.egg-info cfm_plugins/*.so

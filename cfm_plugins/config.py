@@ -187,13 +187,51 @@ def remove_temp_dirs() -> None:
         shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
 
 
+def _flag_value(argv: list[str], names: tuple[str, ...]) -> tuple[int, str] | None:
+    """Position and value of ``NAME VALUE`` / ``NAME=VALUE`` for any of ``names``."""
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return i + 1, argv[i + 1]
+            if arg.startswith(name + "="):
+                return i, arg.split("=", 1)[1]
+    return None
+
+
+def find_hydra_config(argv: list[str]) -> Path | None:
+    """The YAML a Hydra trainer (e.g. ``nequip-train -cn NAME [-cp DIR]``) reads, else None."""
+    name = _flag_value(argv, ("-cn", "--config-name"))
+    if name is None:
+        return None
+    folder = _flag_value(argv, ("-cp", "--config-path"))
+    path = Path(folder[1] if folder else ".") / name[1]
+    return path if path.suffix in {".yaml", ".yml"} else path.with_name(path.name + ".yaml")
+
+
+def _point_hydra_to(argv: list[str], copy: Path) -> None:
+    """Make ``-cn``/``-cp`` of ``argv`` name ``copy`` (in place)."""
+    for names, value in ((("-cn", "--config-name"), copy.name), (("-cp", "--config-path"), str(copy.parent))):
+        loc = _flag_value(argv, names)
+        if loc is None:
+            argv.extend([names[0], value])
+        elif argv[loc[0]].startswith(tuple(n + "=" for n in names)):
+            argv[loc[0]] = argv[loc[0]].split("=", 1)[0] + "=" + value
+        else:
+            argv[loc[0]] = value
+
+
 def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
-    """Read (and strip) the ``cfm_plugins:`` key of the trainer's ``--config`` YAML.
+    """Read (and strip) the ``cfm_plugins:`` key of the trainer's ``--config`` YAML (or of the
+    Hydra config ``-cn NAME [-cp DIR]`` of trainers such as nequip-train).
 
     When the key is present and ``rewrite`` is true, a copy of the file without it is written to
     a temporary directory and ``argv`` is changed in place to point to the copy.
     """
     loc = find_config_file(argv)
+    hydra = None
+    if loc is None:
+        hydra = find_hydra_config(argv)
+        loc = (None, hydra) if hydra is not None else None
     if loc is None or not loc[1].is_file():
         return {}
     import yaml
@@ -213,7 +251,10 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
         copy = make_temp_dir() / path.name
         with open(copy, "w") as fh:
             yaml.safe_dump(data, fh, sort_keys=False)
-        argv[pos] = str(copy) if argv[pos] == str(path) else f"--config={copy}"
+        if hydra is not None:
+            _point_hydra_to(argv, copy.resolve())
+        else:
+            argv[pos] = str(copy) if argv[pos] == str(path) else f"--config={copy}"
     return section
 
 

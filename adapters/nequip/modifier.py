@@ -1,0 +1,194 @@
+"""``enable_CFMFused``: NequIP's tensor product + scatter as one fused cfm-plugins kernel.
+
+NequIP builds every message with ``TensorProductScatter`` (``nequip/nn/_tp_scatter_base.py``):
+an e3nn "uvu" ``TensorProduct`` on ``x[edge_src]`` with per-edge weights, then a scatter-sum into
+``edge_dst``. NequIP swaps that module for faster ones through *model modifiers*
+(``enable_OpenEquivariance``, ``enable_CuEquivariance``: GPU only). ``enable_CFMFused`` is one
+more modifier of the same class, registered by :mod:`.extension` when nequip is imported, that
+swaps in :class:`CFMFusedTensorProductScatter`, which calls
+:class:`cfm_plugins.ops.FusedConvTP` (compiled C++ on CPU, CUDA sources for GPUs) without forming
+per-edge messages.
+
+The swap keeps the state_dict: the new module's ``tp`` is a ``FusedConvTP`` that shares the e3nn
+module's buffers and compiled submodules (exactly the keys and values of the stock ``tp``), so a
+checkpoint loads with or without the modifier, and :func:`unfuse` gives the stock module back.
+All of a model's ``TensorProductScatter`` modules are swapped or none is (nequip refuses models
+that mix two subclasses carrying the same modifier), so a model we cannot fuse runs stock, with a
+warning saying why.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+
+import torch
+
+log = logging.getLogger("cfm_plugins.nequip")
+
+MODIFIER = "enable_CFMFused"
+
+
+def _root(t: torch.Tensor) -> torch.Tensor:
+    return t._base if t._base is not None else t
+
+
+class _EdgeIndexCache:
+    """``[2, E]`` (sender, receiver) built once per batch from NequIP's (edge_dst, edge_src).
+
+    NequIP hands every layer two fresh views of the batch's ``edge_index``; FusedConvTP caches
+    its receiver/sender sort on the identity of the ``[2, E]`` tensor it gets, so every layer of
+    a forward (and their backward) must receive the same stacked tensor to share one sort.
+    """
+
+    def __init__(self):
+        self._key = None
+        self._refs = None
+        self._value = None
+
+    def get(self, edge_dst: torch.Tensor, edge_src: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.stack([edge_src, edge_dst])
+        rd, rs = _root(edge_dst), _root(edge_src)
+        key = (edge_dst.data_ptr(), edge_src.data_ptr(), tuple(edge_dst.shape), edge_dst.stride(),
+               edge_src.stride(), rd._version, rs._version, edge_dst.device)
+        if self._key == key and self._refs[0]() is rd and self._refs[1]() is rs:
+            return self._value
+        value = torch.stack([edge_src, edge_dst])
+        self._key, self._refs, self._value = key, (weakref.ref(rd), weakref.ref(rs)), value
+        return value
+
+
+_EDGE_INDEX = _EdgeIndexCache()
+
+
+def fused_class():
+    """The fused subclass of nequip's ``TensorProductScatter`` (built on first use, so that
+    importing this module does not import nequip)."""
+    global _FUSED_CLS
+    if _FUSED_CLS is None:
+        from nequip.nn._tp_scatter_base import TensorProductScatter
+
+        class CFMFusedTensorProductScatter(TensorProductScatter):
+            """``TensorProductScatter`` whose ``tp`` is a :class:`~cfm_plugins.ops.FusedConvTP`:
+            ``forward`` returns the receiver sums directly (same arguments, same result)."""
+
+            def __init__(self, old: TensorProductScatter):
+                from cfm_plugins.ops.conv_tp import FusedConvTP
+
+                torch.nn.Module.__init__(self)  # the stock __init__ would build a second e3nn TP
+                self.feature_irreps_in = old.feature_irreps_in
+                self.irreps_edge_attr = old.irreps_edge_attr
+                self.irreps_mid = old.irreps_mid
+                self.instructions = old.instructions
+                self.model_dtype = old.model_dtype
+                fused = FusedConvTP.from_e3nn(old.tp)
+                fused.train(old.tp.training)
+                self.tp = fused
+                self.train(old.training)
+
+            def forward(self, x, edge_attr, edge_weight, edge_dst, edge_src):
+                return self.tp(x, edge_attr, edge_weight, _EDGE_INDEX.get(edge_dst, edge_src))
+
+            def to_stock(self) -> TensorProductScatter:
+                """The stock module holding this one's (shared) state."""
+                stock = TensorProductScatter.__new__(TensorProductScatter)
+                torch.nn.Module.__init__(stock)
+                for name in ("feature_irreps_in", "irreps_edge_attr", "irreps_mid", "instructions", "model_dtype"):
+                    setattr(stock, name, getattr(self, name))
+                stock.tp = self.tp.to_e3nn()
+                stock.train(self.training)
+                return stock
+
+        CFMFusedTensorProductScatter.__module__ = __name__
+        _FUSED_CLS = CFMFusedTensorProductScatter
+    return _FUSED_CLS
+
+
+_FUSED_CLS = None
+
+
+def _tp_scatters(model: torch.nn.Module):
+    from nequip.nn._tp_scatter_base import TensorProductScatter
+
+    return [m for m in model.modules() if isinstance(m, TensorProductScatter)]
+
+
+def fuse(model: torch.nn.Module) -> int:
+    """Swap every ``TensorProductScatter`` of ``model`` (in place) for the fused one.
+
+    Returns the number swapped: 0 (with a warning saying why) when the model has none, or when
+    one of them cannot be fused (then none is: the model runs stock).
+    """
+    from nequip.nn.model_modifier_utils import replace_submodules
+    from nequip.nn._tp_scatter_base import TensorProductScatter
+
+    cls = fused_class()
+    found = _tp_scatters(model)
+    todo = [m for m in found if not isinstance(m, cls)]
+    if not found:
+        log.warning("%s: the model (%s) has no nequip TensorProductScatter module, the module this modifier "
+                    "replaces; it runs stock", MODIFIER, type(model).__name__)
+        return 0
+    if not todo:
+        return 0  # already fused
+    other = [type(m).__name__ for m in todo if type(m) is not TensorProductScatter]
+    if other:
+        log.warning("%s: the model's tensor products are already %s (another modifier); left as they are",
+                    MODIFIER, ", ".join(sorted(set(other))))
+        return 0
+    from cfm_plugins.ops.descriptors.conv_tp import from_e3nn
+
+    for m in todo:  # check all before swapping any: all or none
+        try:
+            from_e3nn(m.tp)
+        except ValueError as exc:
+            log.warning("%s: %s cannot be fused (%s); the model runs stock", MODIFIER, m.tp, exc)
+            return 0
+    replace_submodules(model, TensorProductScatter,
+                       lambda old: old if isinstance(old, cls) else cls(old))
+    log.info("%s: %d TensorProductScatter module(s) fused", MODIFIER, len(todo))
+    return len(todo)
+
+
+def unfuse(model: torch.nn.Module) -> int:
+    """Undo :func:`fuse` (in place). Returns the number of modules restored."""
+    cls = fused_class()
+    n = 0
+
+    def walk(mod):
+        nonlocal n
+        for name, child in list(mod.named_children()):
+            if isinstance(child, cls):
+                mod._modules[name] = child.to_stock()
+                n += 1
+            else:
+                walk(child)
+
+    walk(model)
+    return n
+
+
+def enable_CFMFused(cls, model):
+    """Fuse NequIP's tensor product + scatter with the cfm-plugins kernel (CPU: compiled C++ with
+    OpenMP; GPU: CUDA kernel when built). Same results (float64 to round-off), same state_dict.
+    Config: ``model: {_target_: nequip.model.modify, modifiers: [{modifier: enable_CFMFused}],
+    model: {...}}``."""
+    fuse(model)
+    return model
+
+
+def register(tp_scatter_cls) -> None:
+    """Put ``enable_CFMFused`` on nequip's ``TensorProductScatter`` as a model modifier."""
+    if MODIFIER in tp_scatter_cls.__dict__:
+        return
+    from nequip.nn.model_modifier_utils import model_modifier
+
+    method = model_modifier(
+        persistent=False,  # an acceleration: the same model, faster
+        private=False,
+        unsupported_devices=[],  # CPU (compiled C++) and CUDA
+        # eager and train-time torch.compile; nequip-compile (TorchScript/AOTInductor) needs the
+        # kernels as C++ torch operators
+        supported_compile_modes=[],
+    )(classmethod(enable_CFMFused))
+    setattr(tp_scatter_cls, MODIFIER, method)

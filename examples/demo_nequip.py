@@ -1,0 +1,118 @@
+"""The NequIP demo, end to end (`make demo-nequip`, in .venv-nequip):
+
+1. make a size-diverse CuNi training set with ASE + EMT (examples/make_dataset.py);
+2. train a small NequIP model with
+   `mpirun -np 2 cfm-run --enable nequip,binpack,fused -- nequip-train -cp DIR -cn cuni`
+   (an unmodified nequip-train; the config is examples/nequip_config.py's);
+3. run MD on a 512-atom cell through NequIP's own ASE calculator (NequIPCalculator) with the
+   trained checkpoint, stock and with the `enable_CFMFused` model modifier, timed per step;
+4. print a summary: time per epoch, steps, load imbalance (LIF) of the batches, MD times.
+
+Everything goes to examples/out/nequip/. Options: --epochs, --n-train, --np, --md-steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(HERE))
+
+
+def stage(n, text):
+    print(f"\n[{n}/4] {text}", flush=True)
+
+
+def mpirun(np_: int) -> list[str]:
+    cmd = [str(BIN / "mpirun"), "-np", str(np_), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd
+
+
+def nequip_calculator(ckpt: str, fused: bool, device: str = "cpu"):
+    """NequIP's ASE calculator on a training checkpoint (eager model), optionally fused."""
+    from nequip.integrations.ase import NequIPCalculator
+    from nequip.model import modify
+
+    # eager model from a training checkpoint (from_compiled_model needs nequip-compile output)
+    calc = NequIPCalculator._from_saved_model(ckpt, device=device, chemical_species_to_atom_type_map=True)
+    if fused:
+        calc.model = modify(calc.model, [{"modifier": "enable_CFMFused"}])
+    return calc
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(HERE / "out" / "nequip"))
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--n-train", type=int, default=40)
+    p.add_argument("--max-atoms", type=int, default=150)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--md-steps", type=int, default=5)
+    args = p.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    stage(1, f"making {args.n_train} CuNi structures with EMT labels")
+    from make_dataset import make_dataset
+    from nequip_config import write_config
+
+    files = make_dataset(out / "data", n_train=args.n_train, n_valid=8, n_test=4, seed=0, max_atoms=args.max_atoms)
+
+    stage(2, f"training NequIP on {args.np} MPI ranks with binpack + fused kernels")
+    write_config(out / "cfg" / "cuni.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,
+                 features=16, l_max=1, layers=3, batch_size=4)
+    run = out / "run"
+    cmd = mpirun(args.np) + [str(BIN / "cfm-run"), "--enable", "nequip,binpack,fused", "-o",
+                             f"step_log={out / 'steps'}", "--", "nequip-train", "-cp", str(out / "cfg"),
+                             "-cn", "cuni", f"hydra.run.dir={run}"]
+    print("$", " ".join(cmd), flush=True)
+    for f in out.glob("steps.rank*.jsonl"):
+        f.unlink()
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    (out / "train.log").write_text(res.stdout)
+    if res.returncode != 0:
+        print(res.stdout[-4000:])
+        raise SystemExit(f"training failed (log: {out / 'train.log'})")
+    train_s = time.perf_counter() - t0
+    print("\n".join(line for line in res.stdout.splitlines() if "[cfm rank 0]" in line))
+
+    from cfm_plugins_adapters.nequip.steplog import load_imbalance, read_step_logs
+
+    ranks = [[r for r in rank if r["stage"] == "train"] for rank in read_step_logs(str(out / "steps"))]
+    last = [[r for r in rank if r["epoch"] == args.epochs - 1] for rank in ranks]
+    epoch_s = max(sum(r["wall_s"] for r in rank) for rank in last)
+
+    stage(3, f"MD ({args.md_steps} steps, 512 atoms) through NequIPCalculator with the trained model")
+    from ase.io import read
+    from md import time_md
+
+    atoms = read(files["cell512"])
+    ckpt = str(run / "last.ckpt")
+    md_stock = time_md(nequip_calculator(ckpt, fused=False), atoms, args.md_steps)
+    md_fused = time_md(nequip_calculator(ckpt, fused=True), atoms, args.md_steps)
+
+    stage(4, "summary")
+    summary = {
+        "train_wall_s": round(train_s, 1), "last_epoch_s": round(epoch_s, 3), "steps_per_epoch": len(last[0]),
+        "lif_forward_time": round(load_imbalance(last), 3), "lif_atoms": round(load_imbalance(last, "atoms"), 3),
+        "md_ms_per_step_stock": round(md_stock * 1e3, 1), "md_ms_per_step_fused": round(md_fused * 1e3, 1),
+        "checkpoint": ckpt,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    for k, v in summary.items():
+        print(f"  {k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

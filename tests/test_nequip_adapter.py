@@ -1,0 +1,230 @@
+"""The plugins inside a real, unmodified nequip-train (nequip 0.19 from PyPI), under real mpirun.
+
+nequip needs e3nn 0.6 and mace-torch pins 0.4.4, so these run in .venv-nequip (`make test-nequip`,
+part of `make test`); in the main .venv they skip, saying so.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("nequip", reason="nequip is not installed in this environment: the NequIP tests run in "
+                                      ".venv-nequip (`make test-nequip`)")
+
+import torch  # noqa: E402
+
+from conftest import BIN, ROOT, clean_env, run_mpi  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "examples"))
+CFM_RUN = str(BIN / "cfm-run")
+
+
+# ------------------------------------------------------------------------------------ helpers
+def tiny_model(l_max: int = 2, layers: int = 2, features: int = 8):
+    from nequip.model import NequIPGNNModel
+    from nequip.utils.global_state import set_global_state
+
+    set_global_state()
+    return NequIPGNNModel(seed=3, model_dtype="float64", type_names=["Cu", "Ni"], r_max=4.0, l_max=l_max,
+                          num_layers=layers, num_features=features, radial_mlp_depth=1, radial_mlp_width=16,
+                          avg_num_neighbors=12.0, per_type_energy_shifts={"Cu": -3.0, "Ni": -4.0},
+                          per_type_energy_scales={"Cu": 1.0, "Ni": 1.2})
+
+
+def tiny_batch(seed: int = 0):
+    from ase.build import bulk
+    from nequip.data import AtomicDataDict
+    from nequip.data.ase import from_ase
+    from nequip.data.transforms import ChemicalSpeciesToAtomTypeMapper, NeighborListTransform
+
+    rng = np.random.default_rng(seed)
+    frames = []
+    for reps in ((2, 1, 1), (2, 2, 1)):
+        a = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(reps)
+        sym = np.array(a.get_chemical_symbols())
+        sym[rng.random(len(a)) < 0.4] = "Ni"
+        a.set_chemical_symbols(sym)
+        a.rattle(0.1, seed=int(rng.integers(1000)))
+        d = from_ase(a)
+        d = ChemicalSpeciesToAtomTypeMapper(model_type_names=["Cu", "Ni"],
+                                            chemical_species_to_atom_type_map={"Cu": "Cu", "Ni": "Ni"})(d)
+        frames.append(NeighborListTransform(r_max=4.0)(d))
+    return AtomicDataDict.batched_from_list(frames)
+
+
+def run_model(model, batch):
+    out = model(dict(batch))
+    e, f = out["total_energy"], out["forces"]
+    loss = e.square().sum() + f.square().sum()  # forces inside the loss: a double backward
+    grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
+    return e.detach(), f.detach(), grads
+
+
+def rel(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+# ------------------------------------------------------------------------------------ the modifier
+def test_modifier_matches_stock_and_keeps_the_state_dict():
+    from nequip.model import modify
+    from nequip.nn._tp_scatter_base import TensorProductScatter
+
+    from cfm_plugins_adapters.nequip.modifier import fused_class, unfuse
+
+    assert hasattr(TensorProductScatter, "enable_CFMFused"), "the nequip.extension entry point did not register it"
+    stock, fused = tiny_model(), tiny_model()
+    fused = modify(fused, [{"modifier": "enable_CFMFused"}])  # the config form, as nequip applies it
+    n_fused = sum(isinstance(m, fused_class()) for m in fused.modules())
+    assert n_fused == 2
+    sd_s, sd_f = stock.state_dict(), fused.state_dict()
+    assert list(sd_s) == list(sd_f)
+    assert all(torch.equal(sd_s[k], sd_f[k]) for k in sd_s)
+
+    batch = tiny_batch()
+    e0, f0, g0 = run_model(stock, batch)
+    e1, f1, g1 = run_model(fused, batch)
+    assert rel(e1, e0) < 1e-10 and rel(f1, f0) < 1e-10
+    for a, b in zip(g1, g0):
+        assert (a is None) == (b is None)
+        if a is not None and b.abs().max() > 0:
+            assert rel(a, b) < 1e-10
+
+    # a stock checkpoint loads into the fused model, and unfusing gives stock modules back
+    fused.load_state_dict(stock.state_dict(), strict=True)
+    assert unfuse(fused) == 2
+    assert not any(isinstance(m, fused_class()) for m in fused.modules())
+    e2, f2, _ = run_model(fused, batch)
+    assert rel(e2, e0) < 1e-12 and rel(f2, f0) < 1e-12
+
+
+def test_model_without_the_module_says_so_and_runs_stock(caplog):
+    from cfm_plugins_adapters.nequip.modifier import fuse
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with caplog.at_level(logging.WARNING, logger="cfm_plugins.nequip"):
+        assert fuse(model) == 0
+    assert "no nequip TensorProductScatter" in caplog.text and "runs stock" in caplog.text
+    assert isinstance(model[0], torch.nn.Linear)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_adapter_serves_nequip_train_only():
+    from cfm_plugins_adapters.nequip import serves
+
+    assert serves(["nequip-train", "-cn", "x"]) and serves(["/venv/bin/nequip-train"])
+    assert serves(["python", "-m", "nequip.scripts.train"])
+    assert not serves(["mace_run_train"]) and not serves([])
+
+
+# ------------------------------------------------------------------------------------ nequip-train
+def energies(path) -> list[float]:
+    from ase.io import read
+
+    return sorted(float(a.info["REF_energy"]) for a in read(path, index=":"))
+
+
+def step_losses(run: Path) -> list[float]:
+    with open(run / "csv" / "version_0" / "metrics.csv") as fh:
+        return [float(r["train_loss_step/weighted_sum"]) for r in csv.DictReader(fh)
+                if r.get("train_loss_step/weighted_sum")]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two real 2-rank nequip-train runs on the same data: (A) the flag form with binpack and the
+    fused kernel, (B) the config-key form (`cfm_plugins:` in the Hydra YAML) with binpack only."""
+    from make_dataset import make_dataset
+    from nequip_config import write_config
+
+    tmp = tmp_path_factory.mktemp("nequip")
+    files = make_dataset(tmp / "data", n_train=10, n_valid=4, n_test=1, seed=3, max_atoms=40)
+    common = dict(train=files["train"], valid=files["valid"], epochs=2, features=8, l_max=1, layers=2,
+                  batch_size=4)
+    write_config(tmp / "cfg" / "a.yaml", **common)
+    write_config(tmp / "cfg" / "b.yaml", **common,
+                 cfm_plugins={"enable": ["nequip", "binpack"], "step_log": str(tmp / "b_steps")})
+    out = {"files": files, "tmp": tmp}
+    a = run_mpi([CFM_RUN, "--enable", "nequip,binpack,fused", "-o", f"step_log={tmp / 'a_steps'}", "--",
+                 "nequip-train", "-cp", str(tmp / "cfg"), "-cn", "a", f"hydra.run.dir={tmp / 'a'}"], timeout=600)
+    b = run_mpi([CFM_RUN, "--", "nequip-train", "-cp", str(tmp / "cfg"), "-cn", "b",
+                 f"hydra.run.dir={tmp / 'b'}"], timeout=600)
+    out.update(a=a, b=b)
+    return out
+
+
+def test_nequip_train_under_mpirun_with_both_plugins(runs):
+    a, b = runs["a"], runs["b"]
+    assert a.returncode == 0, a.stdout[-4000:]
+    assert b.returncode == 0, b.stdout[-4000:]
+    for rank in (0, 1):
+        assert f"[cfm rank {rank}] INFO enable_CFMFused: 2 TensorProductScatter module(s) fused" in a.stdout
+        assert f"[cfm rank {rank}] INFO binpack train:" in a.stdout
+        assert f"[cfm rank {rank}] INFO plugins enabled: nequip, binpack (from config-file)" in b.stdout
+    assert "enable_CFMFused" not in b.stdout
+
+
+def test_every_structure_once_per_epoch_on_every_rank_set(runs):
+    from cfm_plugins_adapters.nequip.steplog import read_step_logs
+
+    train, valid = energies(runs["files"]["train"]), energies(runs["files"]["valid"])
+    for name in ("a_steps", "b_steps"):
+        ranks = read_step_logs(str(runs["tmp"] / name))
+        assert len(ranks) == 2
+        for stage, expected in (("train", train), ("val", valid)):
+            for epoch in (0, 1):
+                recs = [[r for r in rank if r["stage"] == stage and r["epoch"] == epoch] for rank in ranks]
+                assert len(recs[0]) == len(recs[1]) > 0, (name, stage, epoch)  # same steps on both ranks
+                seen = sorted(e for rank in recs for r in rank for e in r["energies"])
+                np.testing.assert_allclose(seen, expected, rtol=0, atol=1e-9, err_msg=f"{name} {stage} {epoch}")
+        # re-packed each epoch (Lightning's set_epoch reaches the sampler): the batches differ
+        batches = [[tuple(r["energies"]) for rank in ranks for r in rank if r["stage"] == "train" and r["epoch"] == e]
+                   for e in (0, 1)]
+        assert batches[0] != batches[1], name
+
+
+def test_fused_losses_equal_stock_over_the_epochs(runs):
+    la, lb = step_losses(runs["tmp"] / "a"), step_losses(runs["tmp"] / "b")
+    assert len(la) == len(lb) > 2
+    np.testing.assert_allclose(la, lb, rtol=1e-8, atol=0)
+
+
+LOAD_STOCK = """
+import sys, types, torch
+# cfm-plugins absent: its nequip extension is an empty module and the package cannot be imported
+sys.modules['cfm_plugins_adapters.nequip.extension'] = types.ModuleType('stub')
+sys.modules['cfm_plugins'] = None
+from nequip.utils.global_state import set_global_state
+set_global_state()
+from nequip.model.saved_models.load_utils import load_saved_model
+from nequip.nn._tp_scatter_base import TensorProductScatter
+assert not hasattr(TensorProductScatter, 'enable_CFMFused')
+m = load_saved_model(sys.argv[1])
+kinds = {type(x).__name__ for x in m.modules()}
+assert 'TensorProductScatter' in kinds and not any('CFM' in k for k in kinds), kinds
+print('LOADED', type(m).__name__)
+"""
+
+
+def test_checkpoint_of_a_fused_run_loads_without_and_with_the_plugin(runs):
+    ckpt = runs["tmp"] / "a" / "last.ckpt"
+    assert ckpt.is_file()
+    res = subprocess.run([sys.executable, "-c", LOAD_STOCK, str(ckpt)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=clean_env(), timeout=300)
+    assert res.returncode == 0 and "LOADED" in res.stdout, res.stdout[-3000:]
+
+    from nequip.model import modify
+    from nequip.model.saved_models.load_utils import load_saved_model
+
+    stock = load_saved_model(str(ckpt))
+    fused = modify(load_saved_model(str(ckpt)), [{"modifier": "enable_CFMFused"}])
+    batch = tiny_batch(1)
+    e0, f0 = (stock(dict(batch))[k].detach() for k in ("total_energy", "forces"))
+    e1, f1 = (fused(dict(batch))[k].detach() for k in ("total_energy", "forces"))
+    assert rel(e1, e0) < 1e-10 and rel(f1, f0) < 1e-10
