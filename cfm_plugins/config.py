@@ -7,7 +7,8 @@ options merge, higher precedence winning):
    ``--cfm-<key>=<value>`` options left in the trainer's own command (removed before it runs);
 2. the environment: ``CFM_PLUGINS=binpack,fused`` and ``CFM_<KEY>=<value>`` for options
    (e.g. ``CFM_MAX_TOKENS=3072``);
-3. a ``cfm_plugins:`` key in the YAML file given to the trainer as ``--config FILE``: either a
+3. a ``cfm_plugins:`` key in the YAML file given to the trainer as ``--config FILE`` (or in the
+   JSON file given as an argument, ``python train.py config.json``, as HydraGNN's scripts take it): either a
    list/comma string of names, or a mapping ``{enable: [...], <option>: <value>, ...}``. The
    key is removed from a copy of the file before the trainer reads it (trainers reject
    unknown keys).
@@ -101,12 +102,16 @@ def pop_trainer_options(argv: list[str]) -> dict[str, str]:
 
 
 def find_config_file(argv: list[str]) -> tuple[int, Path] | None:
-    """Position and path of ``--config FILE`` / ``--config=FILE`` in a trainer command line."""
+    """Position and path of ``--config FILE`` / ``--config=FILE`` in a trainer command line, else
+    of the first existing ``*.json`` argument (``python train.py config.json``, HydraGNN's form)."""
     for i, arg in enumerate(argv):
         if arg == "--config" and i + 1 < len(argv):
             return i + 1, Path(argv[i + 1])
         if arg.startswith("--config="):
             return i, Path(arg.split("=", 1)[1])
+    for i, arg in enumerate(argv[1:], 1):
+        if arg.endswith(".json") and not arg.startswith("-") and Path(arg).is_file():
+            return i, Path(arg)
     return None
 
 
@@ -135,7 +140,12 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
         tmpdir = Path(tempfile.mkdtemp(prefix="cfm_plugins_"))
         copy = tmpdir / path.name
         with open(copy, "w") as fh:
-            yaml.safe_dump(data, fh, sort_keys=False)
+            if path.suffix == ".json":  # the trainer reads it with json.load
+                import json
+
+                json.dump(data, fh, indent=2)
+            else:
+                yaml.safe_dump(data, fh, sort_keys=False)
         argv[pos] = str(copy) if argv[pos] == str(path) else f"--config={copy}"
     return section
 

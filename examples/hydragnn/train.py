@@ -1,16 +1,18 @@
 """Train a HydraGNN model on the EMT clusters-and-molecules set, as HydraGNN's own examples do.
 
-Plain HydraGNN (no cfm-plugins involved)::
+Plain HydraGNN (no cfm-plugins involved), from this folder::
 
-    mpirun -np 2 python examples/hydragnn/train.py examples/hydragnn/config.json
+    mpirun -np 2 python train.py config.json
 
 The same script with balanced batches (the ``cfm_plugins`` key of config.json, or ``--enable``)::
 
-    mpirun -np 2 cfm-run --enable hydragnn,binpack -- python examples/hydragnn/train.py examples/hydragnn/config.json
+    mpirun -np 2 cfm-run -- python train.py config.json
+    mpirun -np 2 cfm-run --enable hydragnn,binpack -- python train.py config.json
 
 Nothing in this file knows about cfm-plugins: the plugins meet HydraGNN's own calls
 (``setup_ddp``, ``create_dataloaders``, ``get_distributed_model``). The data set
-(``Dataset.path.total``, relative to the config file) is made by ``make_dataset.py`` when missing.
+(``Dataset.path.total``, relative to the working directory) is made by ``make_dataset.py`` when
+missing. HydraGNN writes its logs and model under ``./logs/``.
 """
 import argparse
 import json
@@ -51,10 +53,8 @@ def main(config_file, log_dir=None):
     log_name = log_dir or f"{config['Dataset']['name']}_{arch['model_type']}"
     hydragnn.utils.setup_log(log_name)
 
-    data_path = config["Dataset"]["path"]["total"]
-    if not os.path.isabs(data_path):
-        data_path = os.path.join(os.path.dirname(os.path.abspath(config_file)), data_path)
-    dataset = load_or_make_dataset(data_path, world_rank)
+    # relative to the working directory, as in HydraGNN's examples
+    dataset = load_or_make_dataset(config["Dataset"]["path"]["total"], world_rank)
     trainset, valset, testset = hydragnn.preprocess.split_dataset(
         dataset, config["NeuralNetwork"]["Training"]["perc_train"], False
     )

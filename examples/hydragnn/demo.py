@@ -1,0 +1,169 @@
+"""HydraGNN on 2 MPI ranks with and without binpack: the load imbalance factor of both (`make demo-hydragnn`).
+
+1. make the EMT set of molecules and metal clusters (3-300 atoms) when it is missing;
+2. train HydraGNN (``examples/hydragnn/train.py``, the JSON config beside it) twice under
+   ``mpirun -np 2 cfm-run``: ``--enable hydragnn`` (HydraGNN's own DistributedSampler batches)
+   and ``--enable hydragnn,binpack``, both with ``step_log`` (HydraGNN's own trace regions);
+3. print, for both, the LIF of the compute time per step (forward + backward up to the gradient
+   all-reduce; max over ranks / mean, summed over steps), the LIF of the forward alone and of
+   HydraGNN's whole backward region (which contains the all-reduce wait), steps per rank per
+   epoch, graphs per step, the epoch losses; and draw the first steps of both as batches.png.
+
+Outputs in examples/hydragnn/out/ (``summary.json``, ``batches.png``, the step logs, HydraGNN's
+logs/). Options: --epochs, --np, --cost (atoms/edges), --max-tokens, --num (structures).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(HERE))
+
+
+def mpirun(np_: int) -> list[str]:
+    cmd = [str(BIN / "mpirun"), "-np", str(np_), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd
+
+
+def run_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "MASTER_", "CFM_")) and k not in {"RANK", "WORLD_SIZE"}}
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def train(out: Path, label: str, enable: str, config: Path, np_: int, options: list[str]) -> dict:
+    steps = out / "steps" / label
+    cmd = mpirun(np_) + [str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={steps}", *options, "--",
+                         "python", str(HERE / "train.py"), str(config), "--log", f"demo_{label}"]
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out, env=run_env())
+    wall = time.perf_counter() - t0
+    (out / f"{label}.log").write_text(res.stdout)
+    if res.returncode != 0:
+        print(res.stdout[-4000:])
+        raise SystemExit(f"{label} run failed (exit {res.returncode}); log: {out / (label + '.log')}")
+    losses = [float(x) for x in re.findall(r"Epoch: \d+, Train Loss: ([0-9.eE+-]+)", res.stdout)]
+    cap = re.search(r"binpack train: \d+ steps on each of \d+ ranks, capacity ([0-9.]+)", res.stdout)
+    return {"wall_s": wall, "train_losses": losses, "capacity": float(cap.group(1)) if cap else None,
+            "steps_path": str(steps)}
+
+
+def summarize(ranks: list[list[dict]], epochs: int) -> dict:
+    from cfm_plugins_adapters.hydragnn.steplog import epoch_imbalance, load_imbalance
+
+    per_rank = [len(r) for r in ranks]
+    per_epoch = per_rank[0] // epochs
+    skip = min(per_epoch, 3)  # the first steps pay one-off costs (allocation, DDP bucket rebuild)
+    graphs = np.array([s["graphs"] for r in ranks for s in r])
+    atoms = np.array([[s["atoms"] for s in r[: min(per_rank)]] for r in ranks])
+    return {
+        "steps_per_rank": per_rank, "steps_per_epoch": per_epoch,
+        "lif_compute": load_imbalance(ranks, "compute_s", skip),
+        "lif_compute_cpu": load_imbalance(ranks, "compute_cpu_s", skip),
+        "lif_forward": load_imbalance(ranks, "forward_s", skip),
+        "lif_backward_region": load_imbalance(ranks, "backward_s", skip),
+        "lif_epoch_compute": epoch_imbalance(ranks, "compute_s", skip),
+        "lif_atoms": float(atoms.max(axis=0).sum() / atoms.mean(axis=0).sum()),
+        "mean_graphs_per_step": float(graphs.mean()),
+        "compute_s_per_rank": [float(sum(s["compute_s"] for s in r)) for r in ranks],
+    }
+
+
+def draw_batches(out: Path, config: dict, data_path: Path, np_: int, capacity: float, cost: str) -> str:
+    """Epoch 0 of both runs, rebuilt exactly: HydraGNN's DistributedSampler batches and the binpack plan."""
+    import torch
+    from torch.utils.data.distributed import DistributedSampler
+
+    import hydragnn
+    from cfm_plugins.sampler import BinPackBatchSampler, graph_costs, plot_batches
+    from cfm_plugins.sampler.packing import Packing
+
+    dataset = torch.load(data_path, weights_only=False)
+    trainset, _, _ = hydragnn.preprocess.split_dataset(dataset, config["NeuralNetwork"]["Training"]["perc_train"], False)
+    atoms = np.array([g.num_nodes for g in trainset])
+    edges = np.array([g.edge_index.shape[1] for g in trainset])
+    costs = graph_costs(atoms, edges, kind=cost)
+    bs = config["NeuralNetwork"]["Training"]["batch_size"]
+    per_rank = []
+    for r in range(np_):
+        s = DistributedSampler(trainset, num_replicas=np_, rank=r, seed=0)
+        s.set_epoch(0)
+        idx = list(s)
+        per_rank.append([idx[i:i + bs] for i in range(0, len(idx), bs)])
+    bins = [b for step in zip(*per_rank) for b in step]
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in bins])])
+    stock = Packing(np.concatenate(bins), offsets, world_size=np_)
+    plan = BinPackBatchSampler(costs, capacity, rank=0, world_size=np_, seed=0).plan()
+    return plot_batches(plan, costs, np_, out / "batches.png", steps=range(4), baseline=stock, capacity=capacity,
+                        titles=(f"HydraGNN DistributedSampler, {bs} graphs per batch", f"binpack, capacity {capacity:g}"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(HERE / "out"))
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--num", type=int, default=400, help="structures in the data set")
+    p.add_argument("--cost", default="atoms", choices=["atoms", "edges"], help="binpack cost per graph")
+    p.add_argument("--max-tokens", type=float, default=None, help="bin capacity (default: batch size x mean cost)")
+    args = p.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    config = json.loads((HERE / "config.json").read_text())
+    config.pop("cfm_plugins", None)  # the runs below name their plugins with --enable
+    config["NeuralNetwork"]["Training"]["num_epoch"] = args.epochs
+    data_path = out / "dataset" / "clusters.pt"
+    config["Dataset"]["path"]["total"] = str(data_path)
+    cfg_path = out / "config.json"
+    cfg_path.write_text(json.dumps(config, indent=2))
+
+    print(f"[1/3] data set: {data_path}", flush=True)
+    if not data_path.exists():
+        from make_dataset import make_dataset
+        import torch
+
+        data_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(make_dataset(args.num, seed=0), data_path)
+
+    print(f"[2/3] HydraGNN ({config['NeuralNetwork']['Architecture']['model_type']}) on {args.np} ranks, "
+          f"{args.epochs} epochs, with and without binpack", flush=True)
+    options = ["-o", f"cost={args.cost}"] + (["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else [])
+    runs = {"stock": train(out, "stock", "hydragnn", cfg_path, args.np, []),
+            "binpack": train(out, "binpack", "hydragnn,binpack", cfg_path, args.np, options)}
+
+    from cfm_plugins_adapters.hydragnn.steplog import read_step_logs
+
+    for label, run in runs.items():
+        run.update(summarize(read_step_logs(run["steps_path"]), args.epochs))
+    print("[3/3] results", flush=True)
+    print(f"{'':10s} {'LIF cpu':>8s} {'LIF compute':>12s} {'LIF forward':>12s} {'LIF bwd region':>15s} "
+          f"{'LIF atoms':>10s} {'steps/epoch':>12s} {'graphs/step':>12s}  train loss per epoch")
+    for label, r in runs.items():
+        print(f"{label:10s} {r['lif_compute_cpu']:8.3f} {r['lif_compute']:12.3f} {r['lif_forward']:12.3f} "
+              f"{r['lif_backward_region']:15.3f} "
+              f"{r['lif_atoms']:10.3f} {r['steps_per_epoch']:12d} {r['mean_graphs_per_step']:12.2f}  "
+              f"{', '.join(f'{x:.4f}' for x in r['train_losses'])}")
+    png = draw_batches(out, config, data_path, args.np, runs["binpack"]["capacity"], args.cost)
+    print(f"batches: {png}")
+    (out / "summary.json").write_text(json.dumps(runs, indent=2))
+    print(f"summary: {out / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
