@@ -10,7 +10,8 @@
    epoch, graphs per step, the epoch losses; and draw the first steps of both as batches.png.
 
 Outputs in examples/hydragnn/out/ (``summary.json``, ``batches.png``, the step logs, HydraGNN's
-logs/). Options: --epochs, --np, --cost (atoms/edges), --max-tokens, --num (structures).
+logs/). Options: --epochs, --np, --cost (edges/atoms), --max-tokens, --num (structures), --seeds
+(repeat both runs with other model and packing seeds, for the spread of the losses).
 """
 from __future__ import annotations
 
@@ -44,10 +45,10 @@ def run_env() -> dict:
     return env
 
 
-def train(out: Path, label: str, enable: str, config: Path, np_: int, options: list[str]) -> dict:
+def train(out: Path, label: str, enable: str, config: Path, np_: int, options: list[str], seed: int = 0) -> dict:
     steps = out / "steps" / label
     cmd = mpirun(np_) + [str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={steps}", *options, "--",
-                         "python", str(HERE / "train.py"), str(config), "--log", f"demo_{label}"]
+                         "python", str(HERE / "train.py"), str(config), "--log", f"demo_{label}", "--seed", str(seed)]
     print("$", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out, env=run_env())
@@ -118,7 +119,10 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--num", type=int, default=400, help="structures in the data set")
-    p.add_argument("--cost", default="atoms", choices=["atoms", "edges"], help="binpack cost per graph")
+    p.add_argument("--cost", default="edges", choices=["atoms", "edges"],
+                   help="binpack cost per graph (edges: EGNN's forward time grows with the edge count)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="repeat both runs with this many model seeds (and binpack packing seeds): loss spread")
     p.add_argument("--max-tokens", type=float, default=None, help="bin capacity (default: batch size x mean cost)")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
@@ -143,14 +147,19 @@ def main(argv=None) -> int:
     print(f"[2/3] HydraGNN ({config['NeuralNetwork']['Architecture']['model_type']}) on {args.np} ranks, "
           f"{args.epochs} epochs, with and without binpack", flush=True)
     options = ["-o", f"cost={args.cost}"] + (["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else [])
-    runs = {"stock": train(out, "stock", "hydragnn", cfg_path, args.np, []),
-            "binpack": train(out, "binpack", "hydragnn,binpack", cfg_path, args.np, options)}
+    runs = {}
+    for seed in range(args.seeds):
+        tag = "" if seed == 0 else f"_seed{seed}"
+        runs["stock" + tag] = train(out, "stock" + tag, "hydragnn", cfg_path, args.np, [], seed)
+        runs["binpack" + tag] = train(out, "binpack" + tag, "hydragnn,binpack", cfg_path, args.np,
+                                      options + ["-o", f"seed={seed}"], seed)
 
     from cfm_plugins_adapters.hydragnn.steplog import read_step_logs
 
     for label, run in runs.items():
         run.update(summarize(read_step_logs(run["steps_path"]), args.epochs))
-    print("[3/3] results", flush=True)
+    print("[3/3] results (LIF: max over ranks / mean, per step, summed over steps; cpu = thread CPU time of "
+          "forward + backward, compute = wall time of forward + backward up to the all-reduce)", flush=True)
     print(f"{'':10s} {'LIF cpu':>8s} {'LIF compute':>12s} {'LIF forward':>12s} {'LIF bwd region':>15s} "
           f"{'LIF atoms':>10s} {'steps/epoch':>12s} {'graphs/step':>12s}  train loss per epoch")
     for label, r in runs.items():
@@ -158,6 +167,11 @@ def main(argv=None) -> int:
               f"{r['lif_backward_region']:15.3f} "
               f"{r['lif_atoms']:10.3f} {r['steps_per_epoch']:12d} {r['mean_graphs_per_step']:12.2f}  "
               f"{', '.join(f'{x:.4f}' for x in r['train_losses'])}")
+    if args.seeds > 1:
+        for kind in ("stock", "binpack"):
+            last = [r["train_losses"][-1] for k, r in runs.items() if k.split("_")[0] == kind]
+            print(f"final train loss over {args.seeds} seeds, {kind}: mean {np.mean(last):.4f}, "
+                  f"min {min(last):.4f}, max {max(last):.4f}")
     png = draw_batches(out, config, data_path, args.np, runs["binpack"]["capacity"], args.cost)
     print(f"batches: {png}")
     (out / "summary.json").write_text(json.dumps(runs, indent=2))

@@ -40,11 +40,11 @@ def load_or_make_dataset(path, world_rank):
     return torch.load(path, weights_only=False)
 
 
-def main(config_file, log_dir=None):
+def main(config_file, log_dir=None, seed=0):
     with open(config_file, "r") as f:
         config = json.load(f)
     verbosity = config["Verbosity"]["level"]
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
 
     # Always initialize for multi-rank training.
     world_size, world_rank = hydragnn.utils.setup_ddp()
@@ -103,5 +103,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="HydraGNN training on EMT clusters and molecules")
     parser.add_argument("config", help="HydraGNN JSON configuration")
     parser.add_argument("--log", default=None, help="log name under ./logs/ (default: from the config)")
+    parser.add_argument("--seed", type=int, default=0, help="torch seed of the model's initial weights")
     args = parser.parse_args()
-    main(args.config, args.log)
+    main(args.config, args.log, args.seed)
