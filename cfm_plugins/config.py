@@ -15,6 +15,7 @@ options merge, higher precedence winning):
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -128,7 +129,10 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
 
     pos, path = loc
     with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
+        if path.suffix == ".json":  # YAML would read JSON's 1e-3 as a string
+            data = json.load(fh)
+        else:
+            data = yaml.safe_load(fh) or {}
     if not isinstance(data, dict) or "cfm_plugins" not in data:
         return {}
     section = data.pop("cfm_plugins")
@@ -141,8 +145,6 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
         copy = tmpdir / path.name
         with open(copy, "w") as fh:
             if path.suffix == ".json":  # the trainer reads it with json.load
-                import json
-
                 json.dump(data, fh, indent=2)
             else:
                 yaml.safe_dump(data, fh, sort_keys=False)

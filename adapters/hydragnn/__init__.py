@@ -69,12 +69,11 @@ def cfm_adapter_serves(argv):
 def cfm_declare_options():
     from cfm_plugins.options import Option
 
+    # also read here, declared by their own plugins: binpack's ``cost``, fused's ``fused_kernels``
     return [
         Option("step_log", str, None,
                "hydragnn: write each rank's per-step timings (HydraGNN's forward/backward regions) to "
                "PATH.rank<r>.jsonl; the load imbalance factor is computed from them"),
-        Option("fused_kernels", str, "symmetric_contraction,conv_tp",
-               "hydragnn: which MACE-style modules to swap when fused is enabled (found by structure)"),
     ]
 
 
