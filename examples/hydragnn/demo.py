@@ -10,7 +10,7 @@
    epoch, graphs per step, the epoch losses; and draw the first steps of both as batches.png.
 
 Outputs in examples/hydragnn/out/ (``summary.json``, ``batches.png``, the step logs, HydraGNN's
-logs/). Options: --epochs, --np, --cost (edges/atoms), --max-tokens, --num (structures), --seeds
+logs/). Options: --epochs, --np, --cost (calibrated/edges/atoms), --max-tokens, --num (structures), --seeds
 (repeat both runs with other model and packing seeds, for the spread of the losses).
 """
 from __future__ import annotations
@@ -84,7 +84,26 @@ def summarize(ranks: list[list[dict]], epochs: int) -> dict:
     }
 
 
-def draw_batches(out: Path, config: dict, data_path: Path, np_: int, capacity: float, cost: str) -> str:
+def cost_options(kind: str, stock_steps: str) -> list[str]:
+    """binpack's cost options; ``calibrated`` fits compute time ~ a*atoms + b*edges on the stock
+    run's steps (HydraGNN's own timings, thread CPU time) and uses atoms + (b/a)*edges."""
+    if kind != "calibrated":
+        return ["-o", f"cost={kind}"]
+    from cfm_plugins_adapters.hydragnn.steplog import read_step_logs
+
+    recs = [r for rank in read_step_logs(stock_steps) for r in rank[3:]]
+    x = np.array([[r["atoms"], r["edges"]] for r in recs], dtype=float)
+    t = np.array([r["compute_cpu_s"] for r in recs])
+    (a, b), *_ = np.linalg.lstsq(x, t, rcond=None)
+    if a <= 0 or b < 0:
+        print(f"calibration gave a={a:.3g}, b={b:.3g} (not both positive): using cost=edges")
+        return ["-o", "cost=edges"]
+    r2 = 1 - np.sum((x @ [a, b] - t) ** 2) / np.sum((t - t.mean()) ** 2)
+    print(f"calibrated on {len(recs)} stock steps: compute ~ {a:.3g} s/atom + {b:.3g} s/edge (R^2 {r2:.3f})")
+    return ["-o", "cost=linear", "-o", "cost_a=1", "-o", f"cost_b={b / a:.6g}"]
+
+
+def draw_batches(out: Path, config: dict, data_path: Path, np_: int, capacity: float, cost: dict) -> str:
     """Epoch 0 of both runs, rebuilt exactly: HydraGNN's DistributedSampler batches and the binpack plan."""
     import torch
     from torch.utils.data.distributed import DistributedSampler
@@ -97,7 +116,7 @@ def draw_batches(out: Path, config: dict, data_path: Path, np_: int, capacity: f
     trainset, _, _ = hydragnn.preprocess.split_dataset(dataset, config["NeuralNetwork"]["Training"]["perc_train"], False)
     atoms = np.array([g.num_nodes for g in trainset])
     edges = np.array([g.edge_index.shape[1] for g in trainset])
-    costs = graph_costs(atoms, edges, kind=cost)
+    costs = graph_costs(atoms, edges, **cost)
     bs = config["NeuralNetwork"]["Training"]["batch_size"]
     per_rank = []
     for r in range(np_):
@@ -119,8 +138,9 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--num", type=int, default=400, help="structures in the data set")
-    p.add_argument("--cost", default="edges", choices=["atoms", "edges"],
-                   help="binpack cost per graph (edges: EGNN's forward time grows with the edge count)")
+    p.add_argument("--cost", default="calibrated", choices=["calibrated", "atoms", "edges"],
+                   help="binpack cost per graph; calibrated: atoms + b*edges, b fitted on the stock run's "
+                        "own step timings (EGNN's time grows with atoms and edges)")
     p.add_argument("--seeds", type=int, default=1,
                    help="repeat both runs with this many model seeds (and binpack packing seeds): loss spread")
     p.add_argument("--max-tokens", type=float, default=None, help="bin capacity (default: batch size x mean cost)")
@@ -146,11 +166,14 @@ def main(argv=None) -> int:
 
     print(f"[2/3] HydraGNN ({config['NeuralNetwork']['Architecture']['model_type']}) on {args.np} ranks, "
           f"{args.epochs} epochs, with and without binpack", flush=True)
-    options = ["-o", f"cost={args.cost}"] + (["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else [])
+    options = ["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else []
     runs = {}
     for seed in range(args.seeds):
         tag = "" if seed == 0 else f"_seed{seed}"
         runs["stock" + tag] = train(out, "stock" + tag, "hydragnn", cfg_path, args.np, [], seed)
+        if seed == 0:
+            options += cost_options(args.cost, runs["stock"]["steps_path"])
+            print("binpack cost:", " ".join(options[1::2]), flush=True)
         runs["binpack" + tag] = train(out, "binpack" + tag, "hydragnn,binpack", cfg_path, args.np,
                                       options + ["-o", f"seed={seed}"], seed)
 
@@ -172,7 +195,10 @@ def main(argv=None) -> int:
             last = [r["train_losses"][-1] for k, r in runs.items() if k.split("_")[0] == kind]
             print(f"final train loss over {args.seeds} seeds, {kind}: mean {np.mean(last):.4f}, "
                   f"min {min(last):.4f}, max {max(last):.4f}")
-    png = draw_batches(out, config, data_path, args.np, runs["binpack"]["capacity"], args.cost)
+    opts = dict(o.split("=", 1) for o in options[1::2])
+    cost = {"kind": opts.get("cost", "atoms"), "a": float(opts.get("cost_a", 1)), "b": float(opts.get("cost_b", 0))}
+    png = draw_batches(out, config, data_path, args.np, runs["binpack"]["capacity"], cost)
+    runs["binpack"]["cost"] = cost
     print(f"batches: {png}")
     (out / "summary.json").write_text(json.dumps(runs, indent=2))
     print(f"summary: {out / 'summary.json'}")
