@@ -79,7 +79,8 @@ class StepTracer:
 
     # -- what the tracer regions cannot see --------------------------------------------------------
     def attach(self, ddp_model) -> None:
-        """Mark when the last gradient bucket is ready (comm hook) and read each batch's size."""
+        """Mark when the last gradient bucket is ready (comm hook) and read each batch's size
+        (graphs, atoms, edges; and the graphs' ``idx`` when they carry one, as PyG's QM9 does)."""
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         def timed_allreduce(state, bucket):
