@@ -130,6 +130,22 @@ def test_reference_run_steps_match_and_fused_says_once_that_nothing_fits(work, b
     assert len(s) == len(b) == EPOCHS and 0.5 < b[0] / s[0] < 2.0, (s, b)
 
 
+def test_example_set_is_size_diverse_with_emt_labels(work):
+    from ase import Atoms
+    from ase.calculators.emt import EMT
+
+    graphs = torch.load(work / "dataset" / "clusters.pt", weights_only=False)
+    atoms = np.array([g.num_nodes for g in graphs])
+    assert atoms.min() <= 5 and atoms.max() >= 60, (atoms.min(), atoms.max())
+    for g in (graphs[int(np.argmin(atoms))], graphs[int(np.argmax(atoms))]):
+        at = Atoms(numbers=g.x.view(-1).long().numpy(), positions=g.pos.double().numpy())
+        at.calc = EMT()
+        assert abs(at.get_potential_energy() / len(at) - float(g.y)) < 1e-5
+        src, dst = g.edge_index
+        assert (g.pos[src] - g.pos[dst]).norm(dim=1).max() <= 5.0 + 1e-5  # radius graph
+        assert torch.bincount(dst, minlength=g.num_nodes).max() <= 20  # max_neighbours
+
+
 def test_serves_hydragnn_commands(work, tmp_path):
     cfg = str(work / "config.json")
     assert serves(["python", str(EXAMPLE / "train.py"), cfg])

@@ -146,6 +146,8 @@ def main(argv=None) -> int:
                         "busy machine where atoms and edges of batches are nearly collinear)")
     p.add_argument("--seeds", type=int, default=1,
                    help="repeat both runs with this many model seeds (and binpack packing seeds): loss spread")
+    p.add_argument("--cost-b", type=float, default=None,
+                   help="use cost = atoms + COST_B * edges (binpack's linear cost) instead of --cost")
     p.add_argument("--max-tokens", type=float, default=None, help="bin capacity (default: batch size x mean cost)")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
@@ -175,7 +177,8 @@ def main(argv=None) -> int:
         tag = "" if seed == 0 else f"_seed{seed}"
         runs["stock" + tag] = train(out, "stock" + tag, "hydragnn", cfg_path, args.np, [], seed)
         if seed == 0:
-            options += cost_options(args.cost, runs["stock"]["steps_path"])
+            options += (["-o", "cost=linear", "-o", "cost_a=1", "-o", f"cost_b={args.cost_b}"]
+                        if args.cost_b is not None else cost_options(args.cost, runs["stock"]["steps_path"]))
             print("binpack cost:", " ".join(options[1::2]), flush=True)
         runs["binpack" + tag] = train(out, "binpack" + tag, "hydragnn,binpack", cfg_path, args.np,
                                       options + ["-o", f"seed={seed}"], seed)
