@@ -7,8 +7,11 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.cfm-installed
 SOURCES := pyproject.toml setup.py $(shell find cuda -name '*.cpp' -o -name '*.h' -o -name '*.cuh' 2>/dev/null)
 TORCH_VERSION ?= 2.13.0
+# HydraGNN 3.0 shares .venv with mace (no pin conflicts); --no-deps: its metadata asks for
+# torch-scatter/torch-sparse, which the stacks we use do not import and which have no torch 2.13 wheels.
+HYDRAGNN_VERSION ?= 3.0
 
-.PHONY: venv demo test test-fast cuda-check bench clean venv-nequip test-nequip demo-nequip bench-nequip
+.PHONY: venv demo test test-fast cuda-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn test-hydragnn
 
 venv: $(STAMP)
 
@@ -17,7 +20,8 @@ $(STAMP): $(SOURCES)
 	$(PIP) install -q --upgrade pip setuptools wheel pybind11
 	@# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
 	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e '.[mace,mpi,test,plot]'
+	$(PIP) install -q -e '.[mace,hydragnn,mpi,test,plot]'
+	$(PIP) install -q --no-deps HydraGNN==$(HYDRAGNN_VERSION)
 	@touch $@
 
 demo: venv
@@ -26,6 +30,14 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q -rs
 	$(MAKE) test-nequip
+
+# HydraGNN adapter only (its tests also run in `make test`: HydraGNN lives in .venv)
+test-hydragnn: venv
+	$(PY) -m pytest -q -rs tests/test_hydragnn_*.py
+
+# HydraGNN on 2 MPI ranks with and without binpack: LIF of both from HydraGNN's step timings, PNG
+demo-hydragnn: venv
+	$(PY) examples/hydragnn/demo.py
 
 # CUDA kernels compile for sm_80 and sm_90 with the machine's nvcc (nothing runs without a GPU).
 cuda-check: venv

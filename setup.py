@@ -91,7 +91,8 @@ class BuildExtWithCuda(build_ext):
                     shutil.copy2(out, dst)
 
 
-packages = find_packages(include=["cfm_plugins", "cfm_plugins.*"]) + ["cfm_plugins_adapters"]
+packages = find_packages(include=["cfm_plugins", "cfm_plugins.*"]) + ["cfm_plugins_adapters"] + \
+    [f"cfm_plugins_adapters.{p}" for p in find_packages("adapters")]
 
 setup(
     packages=packages,

@@ -7,7 +7,9 @@ Sources, highest precedence first:
 3. the environment: ``CFM_PLUGINS=binpack,fused`` and ``CFM_<KEY>=<value>`` for options
    (e.g. ``CFM_MAX_TOKENS=3072``). ``CFM_PLUGINS_*`` (build switches) and ``CFM_LOG_LEVEL`` are
    reserved and are not options;
-4. a ``cfm_plugins:`` key in the YAML file given to the trainer as ``--config FILE``: either a
+4. a ``cfm_plugins:`` key in the YAML file given to the trainer as ``--config FILE`` (or in the
+   JSON file given as an argument, ``python train.py config.json``, as HydraGNN's scripts take it,
+   or the Hydra config ``-cn NAME [-cp DIR]`` of nequip-train): either a
    list/comma string of names, or a mapping ``{enable: [...], <option>: <value>, ...}``. The
    key is removed from a temporary copy of the file before the trainer reads it (trainers reject
    unknown keys); the copy is removed when cfm-run exits, also after a failure.
@@ -20,6 +22,7 @@ declare (:meth:`Config.check_options`): an unknown name is an error suggesting t
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import shutil
@@ -162,9 +165,15 @@ def pop_trainer_options(argv: list[str]) -> dict[str, str]:
 
 
 def find_config_file(argv: list[str]) -> tuple[int, Path] | None:
-    """Position and path of ``--config FILE`` / ``--config=FILE`` in a trainer command line."""
+    """Position and path of ``--config FILE`` / ``--config=FILE`` in a trainer command line, else
+    of the first existing ``*.json`` argument (``python train.py config.json``, HydraGNN's form)."""
     loc = argv_value(argv, "--config")
-    return None if loc is None else (loc[0], Path(loc[1]))
+    if loc is not None:
+        return loc[0], Path(loc[1])
+    for i, arg in enumerate(argv[1:], 1):
+        if arg.endswith(".json") and not arg.startswith("-") and Path(arg).is_file():
+            return i, Path(arg)
+    return None
 
 
 # --- temporary copies of config files: removed at exit, also after a failure ------------------
@@ -238,7 +247,10 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
 
     pos, path = loc
     with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
+        if path.suffix == ".json":  # YAML would read JSON's 1e-3 as a string
+            data = json.load(fh)
+        else:
+            data = yaml.safe_load(fh) or {}
     if not isinstance(data, dict) or "cfm_plugins" not in data:
         return {}
     section = data.pop("cfm_plugins")
@@ -250,7 +262,10 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
     if rewrite:
         copy = make_temp_dir() / path.name
         with open(copy, "w") as fh:
-            yaml.safe_dump(data, fh, sort_keys=False)
+            if path.suffix == ".json":  # the trainer reads it with json.load
+                json.dump(data, fh, indent=2)
+            else:
+                yaml.safe_dump(data, fh, sort_keys=False)
         if hydra is not None:
             _point_hydra_to(argv, copy.resolve())
         else:

@@ -1,0 +1,107 @@
+"""hydragnn: balanced batches inside HydraGNN's own distributed training (HydraGNN 3.0).
+
+Enable with ``cfm-run --enable hydragnn,binpack -- python train.py config.json`` (a training
+script written as HydraGNN's examples are), or with a ``"cfm_plugins"`` key in that JSON config.
+The seams (HydraGNN's ``setup_ddp``, ``create_dataloaders``, ``get_distributed_model``) are
+listed in :mod:`cfm_plugins_adapters.hydragnn.seams`; step timings and the load imbalance factor
+in :mod:`.steplog`. Nothing of HydraGNN is copied or forked.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from cfm_plugins.hookspec import hookimpl
+
+log = logging.getLogger("cfm_plugins.hydragnn")
+
+_STATE: dict = {}
+
+
+def _session():
+    """The hooks, options and ranks of this run (the one place the adapter reaches them)."""
+    from cfm_plugins.manager import get_active
+
+    return get_active()
+
+
+def _json_configs(argv) -> list[str]:
+    return [a for a in argv[1:] if a.endswith(".json") and os.path.isfile(a)]
+
+
+def _is_hydragnn_config(path: str) -> bool:
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "NeuralNetwork" in data
+
+
+def _script_imports_hydragnn(argv) -> bool:
+    scripts = [a for a in argv[:3] if a.endswith(".py") and os.path.isfile(a)]
+    for script in scripts:
+        try:
+            with open(script) as fh:
+                text = fh.read(200_000)
+        except OSError:
+            continue
+        if "import hydragnn" in text or "from hydragnn" in text:
+            return True
+    return False
+
+
+def serves(argv) -> bool:
+    """A HydraGNN training command: a JSON argument with HydraGNN's ``NeuralNetwork`` section, or
+    a Python script that imports hydragnn (``python train.py config.json``)."""
+    if not argv:
+        return False
+    return any(_is_hydragnn_config(p) for p in _json_configs(argv)) or _script_imports_hydragnn(argv)
+
+
+@hookimpl
+def cfm_adapter_serves(argv):
+    return serves(list(argv))
+
+
+@hookimpl
+def cfm_declare_options():
+    from cfm_plugins.options import Option
+
+    # also read here, declared by their own plugins: binpack's ``cost``, fused's ``fused_kernels``
+    return [
+        Option("step_log", str, None,
+               "hydragnn: write each rank's per-step timings (HydraGNN's forward/backward regions) to "
+               "PATH.rank<r>.jsonl; the load imbalance factor is computed from them"),
+    ]
+
+
+@hookimpl
+def cfm_before_trainer(config, dist, argv):
+    if not serves(argv):
+        log.warning("the hydragnn plugin meets HydraGNN training scripts; %r does not look like one "
+                    "(no JSON config with a NeuralNetwork section, no `import hydragnn`), so it does nothing",
+                    argv[:2])
+        return
+    from cfm_plugins_adapters.hydragnn import seams
+
+    _STATE["undo"] = seams.install(_session())
+
+
+@hookimpl
+def cfm_after_trainer(config, dist, exit_code):
+    undo = _STATE.pop("undo", None)
+    if undo is not None:
+        undo()
+
+
+@hookimpl
+def cfm_graph_sizes(dataset, indices, need_edges):
+    from cfm_plugins_adapters.hydragnn.sizes import is_pyg_dataset, local_sizes
+    from cfm_plugins.sizes import GraphSizes
+
+    if not is_pyg_dataset(dataset):
+        return None
+    atoms, edges = local_sizes(dataset, indices)
+    return GraphSizes(atoms, edges, indices)

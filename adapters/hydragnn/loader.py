@@ -1,0 +1,103 @@
+"""The loader seam: HydraGNN's ``create_dataloaders`` with a cfm-plugins batch sampler.
+
+HydraGNN 3.0 (``hydragnn.preprocess.load_data.create_dataloaders(trainset, valset, testset,
+batch_size)``) builds PyG ``DataLoader``s over ``DistributedSampler``s when torch.distributed is
+initialised. :func:`make_create_dataloaders` returns a function of the same form that asks the
+``cfm_batch_sampler`` hook for each split's batch sampler (``train`` shuffled and re-packed every
+epoch, ``valid``/``test`` in a fixed plan) and builds the same PyG loader with it; without a
+sampler from the hooks it calls HydraGNN's own.
+
+HydraGNN's training loop calls ``loader.sampler.set_epoch(epoch)`` on all three loaders at every
+epoch. A loader built with ``batch_sampler=`` has a plain sequential ``sampler``, so the loader's
+``sampler`` is replaced by :class:`EpochForwarder`, whose ``set_epoch`` reaches the batch sampler:
+HydraGNN's own calls drive the per-epoch re-packing.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+from torch.utils.data import Sampler
+
+log = logging.getLogger("cfm_plugins.hydragnn")
+
+ROLES = ("train", "valid", "test")
+
+
+class EpochForwarder(Sampler):
+    """Stands in for ``loader.sampler``: iterates every index (as the sequential sampler it
+    replaces) and forwards ``set_epoch`` to the loader's batch sampler."""
+
+    def __init__(self, batch_sampler, num_samples: int):
+        self.batch_sampler = batch_sampler
+        self.num_samples = int(num_samples)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return iter(range(self.num_samples))
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def shard_indices(n: int, dist) -> np.ndarray:
+    """This rank's share of the size reading (every world_size-th graph)."""
+    if dist.world_size == 1 or dist.comm is None:
+        return np.arange(n, dtype=np.int64)
+    return np.arange(dist.rank, n, dist.world_size, dtype=np.int64)
+
+
+def balanced_loader(loader_cls, dataset, role: str, session, **loader_kwargs):
+    """A ``loader_cls`` over ``dataset`` with the hooks' batch sampler, or None if none is offered."""
+    hook, config, dist = session.hook, session.config, session.dist
+    n = len(dataset)
+    indices = shard_indices(n, dist)
+    sizes = hook.cfm_graph_sizes(dataset=dataset, indices=indices,
+                                 need_edges=config.get("cost", "atoms", str) != "atoms")
+    if sizes is None:
+        log.warning("%s split: no plugin reads the sizes of a %s; HydraGNN's own sampler is kept",
+                    role, type(dataset).__name__)
+        return None
+    if dist.world_size == 1 or dist.comm is None:
+        sizes.indices = None  # the whole dataset, in order
+    batch_sampler = hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role)
+    if batch_sampler is None:
+        return None
+    loader = loader_cls(dataset, batch_sampler=batch_sampler, **loader_kwargs)
+    # DataLoader forbids assigning `sampler` after construction; HydraGNN calls set_epoch on it
+    object.__setattr__(loader, "sampler", EpochForwarder(batch_sampler, n))
+    return loader
+
+
+def make_create_dataloaders(stock_create, loader_cls, session):
+    """A drop-in for HydraGNN's ``create_dataloaders`` that uses the plugins' batch sampler."""
+
+    def create_dataloaders(trainset, valset, testset, batch_size, *args, **kwargs):
+        import torch.distributed as tdist
+
+        config = session.config
+        config.options.setdefault("batch_size", int(batch_size))
+        if args or kwargs:  # a later HydraGNN with more arguments: keep its own behaviour
+            log.warning("create_dataloaders called with arguments this adapter does not know (%s); "
+                        "HydraGNN's own loaders are used", ", ".join([*map(repr, args), *kwargs]))
+            return stock_create(trainset, valset, testset, batch_size, *args, **kwargs)
+        if not tdist.is_initialized():
+            log.warning("torch.distributed is not initialised: HydraGNN's own (shuffled) loaders are used")
+            return stock_create(trainset, valset, testset, batch_size)
+        if os.getenv("HYDRAGNN_CUSTOM_DATALOADER", "0") == "1":
+            log.info("HYDRAGNN_CUSTOM_DATALOADER=1 is ignored under binpack: PyG's DataLoader is used")
+        extra = {}
+        if os.getenv("HYDRAGNN_NUM_WORKERS") is not None:
+            extra["num_workers"] = int(os.environ["HYDRAGNN_NUM_WORKERS"])
+        loaders = []
+        for role, dataset in zip(ROLES, (trainset, valset, testset)):
+            loaders.append(balanced_loader(loader_cls, dataset, role, session, **extra))
+        if any(l is None for l in loaders):
+            return stock_create(trainset, valset, testset, batch_size)
+        return tuple(loaders)
+
+    create_dataloaders.__wrapped__ = stock_create
+    return create_dataloaders

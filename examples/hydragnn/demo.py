@@ -1,0 +1,215 @@
+"""HydraGNN on 2 MPI ranks with and without binpack: the load imbalance factor of both (`make demo-hydragnn`).
+
+1. make the EMT set of molecules and metal clusters (3-300 atoms) when it is missing;
+2. train HydraGNN (``examples/hydragnn/train.py``, the JSON config beside it) twice under
+   ``mpirun -np 2 cfm-run``: ``--enable hydragnn`` (HydraGNN's own DistributedSampler batches)
+   and ``--enable hydragnn,binpack``, both with ``step_log`` (HydraGNN's own trace regions);
+3. print, for both, the LIF of the compute time per step (forward + backward up to the gradient
+   all-reduce; max over ranks / mean, summed over steps), the LIF of the forward alone and of
+   HydraGNN's whole backward region (which contains the all-reduce wait), steps per rank per
+   epoch, graphs per step, the epoch losses; and draw the first steps of both as batches.png.
+
+Outputs in examples/hydragnn/out/ (``summary.json``, ``batches.png``, the step logs, HydraGNN's
+logs/). Options: --epochs, --np, --cost (edges/atoms/calibrated), --max-tokens, --num (structures), --seeds
+(repeat both runs with other model and packing seeds, for the spread of the losses).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(HERE))
+
+
+def mpirun(np_: int) -> list[str]:
+    cmd = [str(BIN / "mpirun"), "-np", str(np_), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd
+
+
+def run_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "MASTER_", "CFM_")) and k not in {"RANK", "WORLD_SIZE"}}
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def train(out: Path, label: str, enable: str, config: Path, np_: int, options: list[str], seed: int = 0) -> dict:
+    steps = out / "steps" / label
+    cmd = mpirun(np_) + [str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={steps}", *options, "--",
+                         "python", str(HERE / "train.py"), str(config), "--log", f"demo_{label}", "--seed", str(seed)]
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out, env=run_env())
+    wall = time.perf_counter() - t0
+    (out / f"{label}.log").write_text(res.stdout)
+    if res.returncode != 0:
+        print(res.stdout[-4000:])
+        raise SystemExit(f"{label} run failed (exit {res.returncode}); log: {out / (label + '.log')}")
+    losses = [float(x) for x in re.findall(r"Epoch: \d+, Train Loss: ([0-9.eE+-]+)", res.stdout)]
+    cap = re.search(r"binpack train: \d+ steps on each of \d+ ranks, capacity ([0-9.]+)", res.stdout)
+    return {"wall_s": wall, "train_losses": losses, "capacity": float(cap.group(1)) if cap else None,
+            "steps_path": str(steps)}
+
+
+def summarize(ranks: list[list[dict]], epochs: int) -> dict:
+    from cfm_plugins_adapters.hydragnn.steplog import epoch_imbalance, load_imbalance
+
+    per_rank = [len(r) for r in ranks]
+    per_epoch = per_rank[0] // epochs
+    skip = min(per_epoch, 3)  # the first steps pay one-off costs (allocation, DDP bucket rebuild)
+    graphs = np.array([s["graphs"] for r in ranks for s in r])
+    atoms = np.array([[s["atoms"] for s in r[: min(per_rank)]] for r in ranks])
+    return {
+        "steps_per_rank": per_rank, "steps_per_epoch": per_epoch,
+        "lif_compute": load_imbalance(ranks, "compute_s", skip),
+        "lif_compute_cpu": load_imbalance(ranks, "compute_cpu_s", skip),
+        "lif_forward": load_imbalance(ranks, "forward_s", skip),
+        "lif_backward_region": load_imbalance(ranks, "backward_s", skip),
+        "lif_epoch_compute": epoch_imbalance(ranks, "compute_s", skip),
+        "lif_atoms": float(atoms.max(axis=0).sum() / atoms.mean(axis=0).sum()),
+        "mean_graphs_per_step": float(graphs.mean()),
+        "compute_s_per_rank": [float(sum(s["compute_s"] for s in r)) for r in ranks],
+    }
+
+
+def cost_options(kind: str, stock_steps: str) -> list[str]:
+    """binpack's cost options; ``calibrated`` fits compute time ~ a*atoms + b*edges on the stock
+    run's steps (HydraGNN's own timings, thread CPU time) and uses atoms + (b/a)*edges."""
+    if kind != "calibrated":
+        return ["-o", f"cost={kind}"]
+    from cfm_plugins_adapters.hydragnn.steplog import read_step_logs
+
+    recs = [r for rank in read_step_logs(stock_steps) for r in rank[3:]]
+    # with an intercept: the fixed cost of a step (paid by every rank alike) must not leak into a, b
+    x = np.array([[r["atoms"], r["edges"], 1.0] for r in recs], dtype=float)
+    t = np.array([r["compute_cpu_s"] for r in recs])
+    (a, b, c0), *_ = np.linalg.lstsq(x, t, rcond=None)
+    if a <= 0 or b <= 0:
+        kind = "edges" if a <= 0 else "atoms"
+        print(f"calibration gave a={a:.3g}, b={b:.3g} (not both positive): using cost={kind}")
+        return ["-o", f"cost={kind}"]
+    r2 = 1 - np.sum((x @ [a, b, c0] - t) ** 2) / np.sum((t - t.mean()) ** 2)
+    print(f"calibrated on {len(recs)} stock steps: compute ~ {a:.3g} s/atom + {b:.3g} s/edge (R^2 {r2:.3f})")
+    return ["-o", "cost=linear", "-o", "cost_a=1", "-o", f"cost_b={b / a:.6g}"]
+
+
+def draw_batches(out: Path, config: dict, data_path: Path, np_: int, capacity: float, cost: dict) -> str:
+    """Epoch 0 of both runs, rebuilt exactly: HydraGNN's DistributedSampler batches and the binpack plan."""
+    import torch
+    from torch.utils.data.distributed import DistributedSampler
+
+    import hydragnn
+    from cfm_plugins.sampler import BinPackBatchSampler, graph_costs, plot_batches
+    from cfm_plugins.sampler.packing import Packing
+
+    dataset = torch.load(data_path, weights_only=False)
+    trainset, _, _ = hydragnn.preprocess.split_dataset(dataset, config["NeuralNetwork"]["Training"]["perc_train"], False)
+    atoms = np.array([g.num_nodes for g in trainset])
+    edges = np.array([g.edge_index.shape[1] for g in trainset])
+    costs = graph_costs(atoms, edges, **cost)
+    bs = config["NeuralNetwork"]["Training"]["batch_size"]
+    per_rank = []
+    for r in range(np_):
+        s = DistributedSampler(trainset, num_replicas=np_, rank=r, seed=0)
+        s.set_epoch(0)
+        idx = list(s)
+        per_rank.append([idx[i:i + bs] for i in range(0, len(idx), bs)])
+    bins = [b for step in zip(*per_rank) for b in step]
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in bins])])
+    stock = Packing(np.concatenate(bins), offsets, world_size=np_)
+    plan = BinPackBatchSampler(costs, capacity, rank=0, world_size=np_, seed=0).plan()
+    return plot_batches(plan, costs, np_, out / "batches.png", steps=range(4), baseline=stock, capacity=capacity,
+                        titles=(f"HydraGNN DistributedSampler, {bs} graphs per batch", f"binpack, capacity {capacity:g}"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(HERE / "out"))
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--num", type=int, default=400, help="structures in the data set")
+    p.add_argument("--cost", default="edges", choices=["edges", "atoms", "calibrated"],
+                   help="binpack cost per graph (edges: EGNN's forward grows with the edge count; calibrated: "
+                        "atoms + b*edges with b fitted on the stock run's own step timings, unstable on a "
+                        "busy machine where atoms and edges of batches are nearly collinear)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="repeat both runs with this many model seeds (and binpack packing seeds): loss spread")
+    p.add_argument("--cost-b", type=float, default=None,
+                   help="use cost = atoms + COST_B * edges (binpack's linear cost) instead of --cost")
+    p.add_argument("--max-tokens", type=float, default=None, help="bin capacity (default: batch size x mean cost)")
+    args = p.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    config = json.loads((HERE / "config.json").read_text())
+    config.pop("cfm_plugins", None)  # the runs below name their plugins with --enable
+    config["NeuralNetwork"]["Training"]["num_epoch"] = args.epochs
+    data_path = out / "dataset" / "clusters.pt"
+    config["Dataset"]["path"]["total"] = str(data_path)
+    cfg_path = out / "config.json"
+    cfg_path.write_text(json.dumps(config, indent=2))
+
+    print(f"[1/3] data set: {data_path}", flush=True)
+    if not data_path.exists():
+        from make_dataset import make_dataset
+        import torch
+
+        data_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(make_dataset(args.num, seed=0), data_path)
+
+    print(f"[2/3] HydraGNN ({config['NeuralNetwork']['Architecture']['model_type']}) on {args.np} ranks, "
+          f"{args.epochs} epochs, with and without binpack", flush=True)
+    options = ["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else []
+    runs = {}
+    for seed in range(args.seeds):
+        tag = "" if seed == 0 else f"_seed{seed}"
+        runs["stock" + tag] = train(out, "stock" + tag, "hydragnn", cfg_path, args.np, [], seed)
+        if seed == 0:
+            options += (["-o", "cost=linear", "-o", "cost_a=1", "-o", f"cost_b={args.cost_b}"]
+                        if args.cost_b is not None else cost_options(args.cost, runs["stock"]["steps_path"]))
+            print("binpack cost:", " ".join(options[1::2]), flush=True)
+        runs["binpack" + tag] = train(out, "binpack" + tag, "hydragnn,binpack", cfg_path, args.np,
+                                      options + ["-o", f"seed={seed}"], seed)
+
+    from cfm_plugins_adapters.hydragnn.steplog import read_step_logs
+
+    for label, run in runs.items():
+        run.update(summarize(read_step_logs(run["steps_path"]), args.epochs))
+    print("[3/3] results (LIF: max over ranks / mean, per step, summed over steps; cpu = thread CPU time of "
+          "forward + backward, compute = wall time of forward + backward up to the all-reduce)", flush=True)
+    print(f"{'':10s} {'LIF cpu':>8s} {'LIF compute':>12s} {'LIF forward':>12s} {'LIF bwd region':>15s} "
+          f"{'LIF atoms':>10s} {'steps/epoch':>12s} {'graphs/step':>12s}  train loss per epoch")
+    for label, r in runs.items():
+        print(f"{label:10s} {r['lif_compute_cpu']:8.3f} {r['lif_compute']:12.3f} {r['lif_forward']:12.3f} "
+              f"{r['lif_backward_region']:15.3f} "
+              f"{r['lif_atoms']:10.3f} {r['steps_per_epoch']:12d} {r['mean_graphs_per_step']:12.2f}  "
+              f"{', '.join(f'{x:.4f}' for x in r['train_losses'])}")
+    if args.seeds > 1:
+        for kind in ("stock", "binpack"):
+            last = [r["train_losses"][-1] for k, r in runs.items() if k.split("_")[0] == kind]
+            print(f"final train loss over {args.seeds} seeds, {kind}: mean {np.mean(last):.4f}, "
+                  f"min {min(last):.4f}, max {max(last):.4f}")
+    opts = dict(o.split("=", 1) for o in options[1::2])
+    cost = {"kind": opts.get("cost", "atoms"), "a": float(opts.get("cost_a", 1)), "b": float(opts.get("cost_b", 0))}
+    png = draw_batches(out, config, data_path, args.np, runs["binpack"]["capacity"], cost)
+    runs["binpack"]["cost"] = cost
+    print(f"batches: {png}")
+    (out / "summary.json").write_text(json.dumps(runs, indent=2))
+    print(f"summary: {out / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
