@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     print(f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}", flush=True)
     mpirun = [str(BIN / "mpirun"), "-np", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    from cfm_plugins_adapters.mace.steplog import load_imbalance, read_step_logs
+    from cfm_plugins.steplog import load_imbalance, read_step_logs
 
     rows = {}
     for label, enable in CONFIGS.items():

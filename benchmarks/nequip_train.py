@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from make_dataset import make_dataset
     from nequip_config import write_config
 
-    from cfm_plugins_adapters.nequip.steplog import load_imbalance, read_step_logs
+    from cfm_plugins.steplog import load_imbalance, read_step_logs
 
     files = make_dataset(out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms)
     write_config(out / "cfg" / "bench.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,

@@ -15,14 +15,14 @@ import logging
 import shlex
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
 import pluggy
 
 from cfm_plugins import hookspec
 from cfm_plugins.config import Config
-from cfm_plugins.options import DeclaredOption, collect
+from cfm_plugins.options import DeclaredOption, TrainerSettings, collect
 
 log = logging.getLogger("cfm_plugins")
 
@@ -195,11 +195,17 @@ def create_manager(config: Config, cat: Catalog | None = None) -> pluggy.PluginM
 
 @dataclass
 class Session:
-    """Deprecated: the hooks, options and ranks, now all reachable from ``config``."""
+    """What an adapter carries through the trainer's seams: hooks, options, ranks, trainer settings.
+
+    ``pm``/``config``/``dist`` are the same objects the hooks receive (``config.pm``,
+    ``config.dist``); ``trainer`` is what the adapter has read from the trainer's own arguments
+    so far (batch size, seed, ...), passed on to ``cfm_batch_sampler(trainer=...)``.
+    """
 
     pm: pluggy.PluginManager
     config: Config
     dist: object  # cfm_plugins.distributed.DistInfo
+    trainer: TrainerSettings = field(default_factory=TrainerSettings)
 
     @property
     def hook(self):

@@ -93,7 +93,7 @@ def main(argv=None) -> int:
 
     stage(4, "summary")
     from cfm_plugins.sampler import BinPackBatchSampler, balance_report, plot_batches
-    from cfm_plugins_adapters.mace.steplog import load_imbalance, read_step_logs
+    from cfm_plugins.steplog import load_imbalance, read_step_logs
 
     ranks = read_step_logs(str(run_dir / "steps"))
     steps_per_epoch = len(ranks[0]) // args.epochs

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     train_s = time.perf_counter() - t0
     print("\n".join(line for line in res.stdout.splitlines() if "[cfm rank 0]" in line))
 
-    from cfm_plugins_adapters.nequip.steplog import load_imbalance, read_step_logs
+    from cfm_plugins.steplog import load_imbalance, read_step_logs
 
     ranks = [[r for r in rank if r["stage"] == "train"] for rank in read_step_logs(str(out / "steps"))]
     last = [[r for r in rank if r["epoch"] == args.epochs - 1] for rank in ranks]

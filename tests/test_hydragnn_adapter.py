@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from cfm_plugins.config import build_config, find_config_file  # noqa: E402
 from cfm_plugins_adapters.hydragnn import serves  # noqa: E402
-from cfm_plugins_adapters.hydragnn.steplog import load_imbalance, read_step_logs  # noqa: E402
+from cfm_plugins.steplog import load_imbalance, read_step_logs  # noqa: E402
 
 CFM_RUN = str(BIN / "cfm-run")
 EXAMPLE = ROOT / "examples" / "hydragnn"

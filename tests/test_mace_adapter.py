@@ -92,7 +92,7 @@ def test_mpirun_binpack_fused_trains_and_saves_a_stock_model(data):
     assert "fused kernels swapped in" in out.stdout
     assert "binpack train:" in out.stdout
 
-    from cfm_plugins_adapters.mace.steplog import read_step_logs
+    from cfm_plugins.steplog import read_step_logs
 
     ranks = read_step_logs(str(data / "steps_both"))
     assert len(ranks) == 2 and len(ranks[0]) == len(ranks[1]) > 0  # same number of steps on every rank
@@ -118,7 +118,7 @@ def test_fused_first_step_loss_equals_stock(data):
                              stderr=subprocess.STDOUT, text=True, env=clean_env(), timeout=600, cwd=data)
         assert out.returncode == 0, out.stdout[-4000:]
         logs[label] = out.stdout
-    from cfm_plugins_adapters.mace.steplog import read_step_logs
+    from cfm_plugins.steplog import read_step_logs
 
     first = read_step_logs(str(data / "steps_fused"))[0][0]["loss"]
     stock_losses, fused_losses = epoch_losses(logs["stock"]), epoch_losses(logs["fused"])
@@ -174,7 +174,7 @@ def test_restart_latest_continues_at_the_epoch_mace_resumes(tmp_path):
     """mace --restart_latest restarts at the epoch of its latest checkpoint, from that epoch's first batch
     (checkpoints are written only at epoch ends); the resumed run must pack that epoch's batches."""
     make_tiny_set(tmp_path, n_train=24, n_valid=2)
-    from cfm_plugins_adapters.mace.steplog import read_step_logs
+    from cfm_plugins.steplog import read_step_logs
 
     def train(epochs, log, *extra):
         out = subprocess.run([CFM_RUN, "--enable", "mace,binpack", "--", "mace_run_train",

@@ -8,6 +8,7 @@ from torch.utils.data import ConcatDataset
 from cfm_plugins.config import Config
 from cfm_plugins.distributed import DistInfo
 from cfm_plugins.manager import create_manager
+from cfm_plugins.options import TrainerSettings
 from cfm_plugins.sampler import BinPackBatchSampler
 from cfm_plugins.sizes import GraphSizes
 from cfm_plugins_adapters.mace.loader import EpochAdvancing, batch_sampler_for, guess_role
@@ -36,10 +37,11 @@ def test_a_set_smaller_than_the_ranks(role, where):
     if role == "train":
         with pytest.raises(ValueError, match=rf"mace_run_train's train loader, the training set \({where}\) with 1 "
                                              r"structure\(s\) on 2 rank\(s\): cannot give each of 2 ranks"):
-            batch_sampler_for(pm.hook, [object()], sizes, config, dist, role)
+            batch_sampler_for(pm.hook, [object()], sizes, config, dist, role, TrainerSettings())
     else:  # every rank evaluates the one structure (no rank may be empty under DDP)
         for rank in (0, 1):
-            sampler = batch_sampler_for(pm.hook, [object()], sizes, config, DistInfo(rank=rank, world_size=2), role)
+            sampler = batch_sampler_for(pm.hook, [object()], sizes, config, DistInfo(rank=rank, world_size=2), role,
+                                        TrainerSettings())
             assert list(sampler) == [[0]]
 
 

@@ -171,7 +171,7 @@ def test_nequip_train_under_mpirun_with_both_plugins(runs):
 
 
 def test_every_structure_once_per_epoch_on_every_rank_set(runs):
-    from cfm_plugins_adapters.nequip.steplog import read_step_logs
+    from cfm_plugins.steplog import read_step_logs
 
     train, valid = energies(runs["files"]["train"]), energies(runs["files"]["valid"])
     for name in ("a_steps", "b_steps"):

@@ -98,7 +98,7 @@ def test_fastchgnet_pairs_smallest_with_largest():
 def test_measured_and_planned_lif_are_one_definition():
     """The mace step logs' LIF (per-rank times, steps every rank ran) is the report's LIF."""
     from cfm_plugins.sampler.report import load_imbalance_factor
-    from cfm_plugins_adapters.mace.steplog import load_imbalance
+    from cfm_plugins.steplog import load_imbalance
 
     ranks = [[{"forward_s": 1.0}, {"forward_s": 3.0}], [{"forward_s": 2.0}, {"forward_s": 1.0}, {"forward_s": 9.0}]]
     assert math.isclose(load_imbalance(ranks), (2 + 3) / (1.5 + 2))

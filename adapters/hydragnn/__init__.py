@@ -19,11 +19,14 @@ log = logging.getLogger("cfm_plugins.hydragnn")
 _STATE: dict = {}
 
 
-def _session():
-    """The hooks, options and ranks of this run (the one place the adapter reaches them)."""
-    from cfm_plugins.manager import get_active
+def _session(config, dist):
+    """The hooks, options and ranks of this run (the one place the adapter reaches them).
 
-    return get_active()
+    ``trainer`` starts empty: the seams fill in HydraGNN's batch size when its loaders are made.
+    """
+    from cfm_plugins.manager import Session
+
+    return Session(config.pm, config, dist)
 
 
 def _json_configs(argv) -> list[str]:
@@ -86,7 +89,7 @@ def cfm_before_trainer(config, dist, argv):
         return
     from cfm_plugins_adapters.hydragnn import seams
 
-    _STATE["undo"] = seams.install(_session())
+    _STATE["undo"] = seams.install(_session(config, dist))
 
 
 @hookimpl

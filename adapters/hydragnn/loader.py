@@ -14,6 +14,8 @@ HydraGNN's own calls drive the per-epoch re-packing.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 
@@ -56,14 +58,15 @@ def balanced_loader(loader_cls, dataset, role: str, session, **loader_kwargs):
     n = len(dataset)
     indices = shard_indices(n, dist)
     sizes = hook.cfm_graph_sizes(dataset=dataset, indices=indices,
-                                 need_edges=config.get("cost", "atoms", str) != "atoms")
+                                 need_edges=any(hook.cfm_needs_edges(config=config)))
     if sizes is None:
         log.warning("%s split: no plugin reads the sizes of a %s; HydraGNN's own sampler is kept",
                     role, type(dataset).__name__)
         return None
     if dist.world_size == 1 or dist.comm is None:
         sizes.indices = None  # the whole dataset, in order
-    batch_sampler = hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role)
+    batch_sampler = hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role,
+                                           trainer=session.trainer)
     if batch_sampler is None:
         return None
     loader = loader_cls(dataset, batch_sampler=batch_sampler, **loader_kwargs)
@@ -78,8 +81,7 @@ def make_create_dataloaders(stock_create, loader_cls, session):
     def create_dataloaders(trainset, valset, testset, batch_size, *args, **kwargs):
         import torch.distributed as tdist
 
-        config = session.config
-        config.options.setdefault("batch_size", int(batch_size))
+        session.trainer = dataclasses.replace(session.trainer, batch_size=int(batch_size))
         if args or kwargs:  # a later HydraGNN with more arguments: keep its own behaviour
             log.warning("create_dataloaders called with arguments this adapter does not know (%s); "
                         "HydraGNN's own loaders are used", ", ".join([*map(repr, args), *kwargs]))

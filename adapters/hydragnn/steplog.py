@@ -19,7 +19,7 @@ the calling thread and a rank blocked in a collective uses none): the work of a 
 other processes sharing its cores. On a dedicated node the two agree; on a shared machine the
 wall-clock figures carry the other processes' noise and the CPU figures do not.
 
-:func:`load_imbalance`: LIF = sum over steps of (max over ranks) / sum over steps of (mean over
+:func:`cfm_plugins.steplog.load_imbalance`: LIF = sum over steps of (max over ranks) / sum over steps of (mean over
 ranks), the per-step form of the paper's T_max / T_avg (synchronous training waits at every step).
 """
 from __future__ import annotations
@@ -110,27 +110,3 @@ class StepTracer:
             fh.write(json.dumps(rec) + "\n")
         self.steps += 1
         self._step = {}
-
-
-def read_step_logs(path: str) -> list[list[dict]]:
-    """The records of every rank (``[rank][step]``) written under ``path``."""
-    files = sorted(Path(path).parent.glob(Path(path).name + ".rank*.jsonl"),
-                   key=lambda p: int(p.name.rsplit("rank", 1)[1].split(".")[0]))
-    return [[json.loads(l) for l in f.read_text().splitlines() if l.strip()] for f in files]
-
-
-def load_imbalance(ranks: list[list[dict]], key: str = "compute_s", skip: int = 0) -> float:
-    """LIF over the steps every rank ran (after the first ``skip``): sum_s max_r / sum_s mean_r."""
-    steps = min(len(r) for r in ranks)
-    if steps <= skip:
-        raise ValueError(f"only {steps} steps were logged (skip={skip})")
-    mx = sum(max(r[s][key] for r in ranks) for s in range(skip, steps))
-    mean = sum(sum(r[s][key] for r in ranks) / len(ranks) for s in range(skip, steps))
-    return mx / mean
-
-
-def epoch_imbalance(ranks: list[list[dict]], key: str = "compute_s", skip: int = 0) -> float:
-    """The paper's per-epoch form: max over ranks of the summed time / mean over ranks."""
-    steps = min(len(r) for r in ranks)
-    totals = [sum(r[s][key] for s in range(skip, steps)) for r in ranks]
-    return max(totals) / (sum(totals) / len(totals))

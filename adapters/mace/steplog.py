@@ -3,7 +3,7 @@
 For every optimizer step each rank records the loss, the batch's graphs and atoms, the wall time
 of the whole step and the compute time of the model's forward pass (energies and forces,
 measured on the inner module, so the time DDP spends waiting for other ranks is left out).
-Each rank writes ``PATH.rank<r>.jsonl``; :func:`load_imbalance` turns the files into the load
+Each rank writes ``PATH.rank<r>.jsonl``; :func:`cfm_plugins.steplog.load_imbalance` turns the files into the load
 imbalance factor of the HydraGNN paper (LIF = sum of per-step max / sum of per-step mean).
 """
 from __future__ import annotations
@@ -57,21 +57,3 @@ class StepLog:
             return loss, metrics
 
         return take_step
-
-
-def read_step_logs(path: str) -> list[list[dict]]:
-    """The records of every rank (``[rank][step]``) written under ``path``."""
-    files = sorted(Path(path).parent.glob(Path(path).name + ".rank*.jsonl"),
-                   key=lambda p: int(p.name.rsplit("rank", 1)[1].split(".")[0]))
-    return [[json.loads(l) for l in f.read_text().splitlines() if l.strip()] for f in files]
-
-
-def load_imbalance(ranks: list[list[dict]], key: str = "forward_s") -> float:
-    """LIF (:func:`cfm_plugins.sampler.report.load_imbalance_factor`) of ``key`` over the steps
-    every rank ran."""
-    from cfm_plugins.sampler.report import load_imbalance_factor
-
-    steps = min((len(r) for r in ranks), default=0)
-    if steps == 0:
-        raise ValueError("no steps were logged")
-    return load_imbalance_factor([[r[s][key] for r in ranks] for s in range(steps)])

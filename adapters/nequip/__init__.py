@@ -63,17 +63,22 @@ def cfm_configure(config):
 
 @hookimpl
 def cfm_before_trainer(config, dist, argv):
-    from cfm_plugins.manager import get_active
+    from cfm_plugins.manager import Session
+    from cfm_plugins.options import TrainerSettings
     from cfm_plugins_adapters.nequip import seams
 
     if not serves(argv):
         log.warning("the nequip plugin meets nequip-train; %r is another command, so it does nothing", argv[:1])
         return
-    _STATE["undo"] = seams.install(get_active())
+    session = Session(config.pm, config, dist)
+    session.trainer = TrainerSettings(device=config.get("device"))  # batch size and seed: from nequip's config
+    _STATE["session"] = session  # for BinPackDataLoader, which Hydra builds without our arguments
+    _STATE["undo"] = seams.install(session)
 
 
 @hookimpl
 def cfm_after_trainer(config, dist, exit_code):
+    _STATE.pop("session", None)
     undo = _STATE.pop("undo", None)
     if undo is not None:
         undo()

@@ -23,6 +23,8 @@ epoch reaches the sampler through :class:`LightningBatchSampler`.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import contextvars
 import logging
@@ -125,10 +127,14 @@ class LightningBatchSampler(torch.utils.data.Sampler):
 
 
 def _session():
-    # the one place this adapter reaches the hooks (becomes `config.pm` with the plugin layer)
-    from cfm_plugins.manager import get_active
+    """The session of the nequip-train run under way (set by the adapter's cfm_before_trainer).
 
-    return get_active()
+    Hydra instantiates BinPackDataLoader from the config with no argument of ours, so the one
+    place this adapter reaches the hooks is the state its cfm_before_trainer hook keeps.
+    """
+    from cfm_plugins_adapters.nequip import _STATE
+
+    return _STATE.get("session")
 
 
 def _shard(n: int, dist) -> np.ndarray:
@@ -163,18 +169,18 @@ def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: boo
                            "torch.utils.data.DataLoader")
     hook, config, dist = session.hook, session.config, session.dist
     if role == "train":
-        config.options.setdefault("batch_size", int(batch_size))
-    from cfm_plugins.plugins.binpack import cost_kind
+        session.trainer = dataclasses.replace(session.trainer, batch_size=int(batch_size))
 
     n = len(dataset)
     indices = _shard(n, dist)
-    sizes = hook.cfm_graph_sizes(dataset=dataset, indices=indices, need_edges=cost_kind(config) != "atoms")
+    sizes = hook.cfm_graph_sizes(dataset=dataset, indices=indices, need_edges=any(hook.cfm_needs_edges(config=config)))
     if sizes is None:
         raise ValueError(f"BinPackDataLoader: no plugin reads the sizes of a {type(dataset).__name__}")
     if dist.world_size == 1 or dist.comm is None:
         sizes.indices = None  # the whole dataset, in order
     batch_sampler = hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist,
-                                           role="train" if role == "train" else ("test" if role == "test" else "valid"))
+                                           role="train" if role == "train" else ("test" if role == "test" else "valid"),
+                                           trainer=session.trainer)
     if batch_sampler is None:
         raise RuntimeError("BinPackDataLoader: no batch sampler was offered; enable the binpack plugin "
                            "(`cfm-run --enable nequip,binpack`)")

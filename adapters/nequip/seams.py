@@ -27,6 +27,7 @@ Lightning reuses the process group cfm-run created (``torch.distributed.is_initi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 
 log = logging.getLogger("cfm_plugins.nequip")
@@ -43,11 +44,11 @@ def _target(cfg):
     return cfg.get("_target_") if isinstance(cfg, dict) else None
 
 
-def data_config(cfg: dict, config) -> dict:
-    """A copy of the ``data`` config with binpack loaders (and the packing seed)."""
+def data_config(cfg: dict, session) -> dict:
+    """A copy of the ``data`` config with binpack loaders; its ``seed`` seeds the packing too."""
     cfg = copy.deepcopy(cfg)
-    if "seed" in cfg:
-        config.options.setdefault("seed", cfg["seed"])
+    if "seed" in cfg and session.trainer.seed is None:
+        session.trainer = dataclasses.replace(session.trainer, seed=int(cfg["seed"]))
     for key, role in _LOADER_KEYS.items():
         loader = dict(cfg.get(key) or {})
         target = loader.get("_target_", "torch.utils.data.DataLoader")
@@ -116,7 +117,7 @@ def install(session) -> callable:
         if target in _TRAINERS:
             cfg = trainer_config(cfg, config, dist)
         elif config.is_enabled("binpack") and _is_datamodule(target):
-            cfg = data_config(cfg, config)
+            cfg = data_config(cfg, session)
         return stock_instantiate(cfg, *args, **kwargs)
 
     def get_statistics(self, *args, **kwargs):

@@ -5,7 +5,7 @@ JSON line to ``PATH.rank<R>.jsonl``: stage, epoch, step, graphs, atoms, the refe
 energies of the batch's structures (they identify the structures: a test checks every structure
 is used once per epoch), the time of the model's forward (energy and forces: compute only, before
 DDP's gradient all-reduce makes the ranks wait for each other) and the step's wall time.
-:func:`load_imbalance` turns those into the load imbalance factor (LIF)
+:func:`cfm_plugins.steplog.load_imbalance` turns those into the load imbalance factor (LIF)
 ``sum_steps max_rank / sum_steps mean_rank``.
 
 Under ``cfm-run`` the adapter adds it to the Trainer's callbacks when ``step_log`` is set; in a
@@ -13,7 +13,6 @@ config: ``{_target_: cfm_plugins_adapters.nequip.steplog.StepLog, path: PATH}``.
 """
 from __future__ import annotations
 
-import glob
 import json
 import time
 
@@ -84,25 +83,3 @@ class StepLog(lightning.Callback):
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if not trainer.sanity_checking:
             self._write(trainer, "val", batch, batch_idx)
-
-
-def read_step_logs(path: str) -> list[list[dict]]:
-    """The records of every rank (ordered by rank)."""
-    files = sorted(glob.glob(f"{path}.rank*.jsonl"), key=lambda f: int(f.rsplit("rank", 1)[1].split(".")[0]))
-    if not files:
-        raise FileNotFoundError(f"no step logs {path}.rank*.jsonl")
-    out = []
-    for f in files:
-        with open(f) as fh:
-            out.append([json.loads(line) for line in fh if line.strip()])
-    return out
-
-
-def load_imbalance(ranks: list[list[dict]], key: str = "forward_s") -> float:
-    """LIF = sum over steps of the slowest rank / sum over steps of the mean rank (steps aligned)."""
-    steps = min(len(r) for r in ranks)
-    if steps == 0:
-        return float("nan")
-    worst = sum(max(r[s][key] for r in ranks) for s in range(steps))
-    mean = sum(sum(r[s][key] for r in ranks) / len(ranks) for s in range(steps))
-    return worst / mean if mean > 0 else float("nan")

@@ -64,7 +64,7 @@ def train(out: Path, label: str, enable: str, config: Path, np_: int, options: l
 
 
 def summarize(ranks: list[list[dict]], epochs: int) -> dict:
-    from cfm_plugins_adapters.hydragnn.steplog import epoch_imbalance, load_imbalance
+    from cfm_plugins.steplog import epoch_imbalance, load_imbalance
 
     per_rank = [len(r) for r in ranks]
     per_epoch = per_rank[0] // epochs
@@ -89,7 +89,7 @@ def cost_options(kind: str, stock_steps: str) -> list[str]:
     run's steps (HydraGNN's own timings, thread CPU time) and uses atoms + (b/a)*edges."""
     if kind != "calibrated":
         return ["-o", f"cost={kind}"]
-    from cfm_plugins_adapters.hydragnn.steplog import read_step_logs
+    from cfm_plugins.steplog import read_step_logs
 
     recs = [r for rank in read_step_logs(stock_steps) for r in rank[3:]]
     # with an intercept: the fixed cost of a step (paid by every rank alike) must not leak into a, b
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
         runs["binpack" + tag] = train(out, "binpack" + tag, "hydragnn,binpack", cfg_path, args.np,
                                       options + ["-o", f"seed={seed}"], seed)
 
-    from cfm_plugins_adapters.hydragnn.steplog import read_step_logs
+    from cfm_plugins.steplog import read_step_logs
 
     for label, run in runs.items():
         run.update(summarize(read_step_logs(run["steps_path"]), args.epochs))
