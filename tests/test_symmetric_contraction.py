@@ -13,11 +13,11 @@ import torch
 from e3nn import o3
 from mace.modules.symmetric_contraction import SymmetricContraction
 
-from cfm_plugins.ops import _extension
+from cfm_plugins.ops import _backend
 from cfm_plugins.ops.descriptors.symmetric_contraction import derivative_terms
 from cfm_plugins.ops.symmetric_contraction import FusedSymmetricContraction
 
-HAVE_EXT = _extension.load("symmetric_contraction") is not None
+HAVE_EXT = _backend.choose(torch.device("cpu")) == "cpu"
 needs_ext = pytest.mark.skipif(not HAVE_EXT, reason="CPU extension not built (python setup.py build_ext --inplace)")
 
 SH = "0e+1o+2e+3o"  # MACE's node features before the product: (lmax+1)^2 = 16 components per channel
@@ -160,7 +160,7 @@ def test_fallback_forced_by_environment(monkeypatch):
     x, idx, y = inputs(20, 8, 3, torch.float64)
     with_kernel = fused(x, y)
     monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", "1")
-    assert _extension.load("symmetric_contraction") is None
+    assert _backend.choose(torch.device("cpu")) == "torch"
     forced = fused(x, y)
     assert rel_err(forced, with_kernel) < 1e-12
     assert rel_err(forced, sc(x, y)) < 1e-10

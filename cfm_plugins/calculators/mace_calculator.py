@@ -64,12 +64,9 @@ class CFMCalculator(MACECalculator):
         compile_mode=None,
         **kwargs,
     ):
-        from cfm_plugins.ops.patching import KERNELS
+        from cfm_plugins.ops.patching import check_kernels
 
-        kernels = tuple(kernels) if fused else ()
-        unknown = [k for k in kernels if k not in KERNELS]
-        if unknown:
-            raise ValueError(f"unknown fused kernel(s) {unknown}; known: {list(KERNELS)}")
+        kernels = check_kernels(kernels, "CFMCalculator kernels") if fused else ()
         if default_dtype not in ("", "float32", "float64"):
             raise ValueError(f"default_dtype={default_dtype!r}; expected 'float32', 'float64' or '' (the model's)")
         if kernels and (kwargs.get("enable_cueq") or kwargs.get("enable_oeq")):
