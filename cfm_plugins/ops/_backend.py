@@ -76,6 +76,16 @@ def load(kind: str = "cpu") -> bool:
     return _LOADED[kind]
 
 
+def declare_operators() -> bool:
+    """Load what is built (CPU library; the CUDA one where a GPU is visible) so the ``cfm::``
+    operators exist before a model is scripted, exported or unpickled. Called on import of the
+    fused modules; silent (``choose`` warns when a missing library is actually needed)."""
+    ok = load("cpu")
+    if ok and torch.cuda.is_available():
+        load("cuda")
+    return ok
+
+
 def operators_available() -> bool:
     """Whether the ``cfm::`` operators are declared (the CPU library is loaded)."""
     return load("cpu")

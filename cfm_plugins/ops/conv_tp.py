@@ -28,7 +28,7 @@ import logging
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -36,6 +36,9 @@ from cfm_plugins.ops import _backend
 from cfm_plugins.ops.descriptors import conv_tp as _desc
 
 log = logging.getLogger("cfm_plugins.ops")
+
+# the cfm:: operators must exist before a model holding these modules is scripted or exported
+_backend.declare_operators()
 
 __all__ = ["FusedConvTP", "patch_conv_tps", "unpatch_conv_tps", "edge_csr", "EdgeCSR"]
 
@@ -287,7 +290,8 @@ class FusedConvTP(torch.nn.Module):
                 raise ValueError(f"FusedConvTP: edge_index out of range [{lo}, {hi}] for {x.shape[0]} nodes")
 
     @torch.jit.unused
-    def _eager_graph(self, x, y, w, edge_index) -> tuple:
+    def _eager_graph(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                     edge_index: torch.Tensor) -> Tuple[List[torch.Tensor], bool]:
         """(graph tensors from the shared CSR cache, whether the compiled operators run)."""
         if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
             self._check(x, y, w, edge_index)
@@ -296,7 +300,8 @@ class FusedConvTP(torch.nn.Module):
         return graph, _backend.choose(x.device) != "torch"
 
     @torch.jit.unused
-    def _torch_forward(self, x, y, w, graph) -> torch.Tensor:
+    def _torch_forward(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                       graph: List[torch.Tensor]) -> torch.Tensor:
         key = str(x.device)
         tabs = self.__dict__["_torch_tabs"].get(key)
         if tabs is None:

@@ -37,6 +37,9 @@ __all__ = [
 
 log = logging.getLogger("cfm_plugins.ops")
 
+# the cfm:: operators must exist before a model holding these modules is scripted or exported
+_backend.declare_operators()
+
 KERNEL = "symmetric_contraction"
 CHANNEL_TILE = 16  # coefficient tensors are padded to a multiple of this many channels
 CHUNK = 128  # nodes per kernel work unit (all of one element)
