@@ -253,3 +253,42 @@ def test_cuda_matches_mace(case):
     xf = x.detach().float()
     sc32 = mace_module(hidden, mul, corr, elements, reduced, torch.float32).cuda()
     assert rel_err(FusedSymmetricContraction.from_mace(sc32)(xf, y.float()), sc32(xf, y.float())) < 1e-5
+
+
+@needs_ext
+def test_opcheck_operators():
+    """torch.library.opcheck of cfm::symmetric_contraction_{fwd,bwd,bwd2}: schema, fake (Meta)
+    kernels, autograd registration, torch.compile's dispatch (AOT) with dynamic shapes."""
+    sc = mace_module("0e+1o", 8, 3, 3, False)
+    fused = FusedSymmetricContraction.from_mace(sc)
+    x, idx, _ = inputs(10, 8, 3, torch.float64)
+    present, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+    coeff = fused._fold(present, x.dtype).detach().requires_grad_()
+    order, chunk_ptr = fused._chunks(inv, counts, x.shape[0])
+    static = (inv, order, chunk_ptr, fused._desc_tensors(), fused._meta)
+    x = x.detach().contiguous().requires_grad_()
+    torch.library.opcheck(torch.ops.cfm.symmetric_contraction_fwd.default, (x, coeff, *static))
+    gout = torch.randn(x.shape[0], fused.descriptor.out_dim, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.cfm.symmetric_contraction_bwd.default, (gout, x, coeff, *static, True, True))
+    dx, dc = torch.randn_like(x), torch.randn_like(coeff)
+    torch.library.opcheck(torch.ops.cfm.symmetric_contraction_bwd2.default,
+                          (gout.detach(), x.detach(), coeff.detach(), dx, dc, *static, True, True, True))
+
+
+@needs_ext
+def test_torch_compile_double_backward():
+    """Force training under torch.compile: d/dW of |dE/dx|^2 through the compiled graph."""
+    sc = mace_module("0e+1o", 8, 3, 3, False)
+    fused = FusedSymmetricContraction.from_mace(sc)
+    x, idx, y = inputs(12, 8, 3, torch.float64)
+    params = [p for p in sc.parameters() if p.requires_grad]
+
+    def loss(module, x, y):
+        x = x.clone().requires_grad_(True)
+        (gx,) = torch.autograd.grad(module(x, y).pow(2).sum(), x, create_graph=True)
+        return gx.pow(2).sum()
+
+    compiled = torch.compile(lambda x, y: loss(fused, x, y), backend="aot_eager")
+    got = torch.autograd.grad(compiled(x, idx), params)
+    ref = torch.autograd.grad(loss(sc, x, y), params)
+    assert all(rel_err(a, b) < 1e-10 for a, b in zip(got, ref))

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from cfm_plugins.ops import _backend
@@ -188,13 +189,13 @@ class FusedConvTP(torch.nn.Module):
         for name, mod in tp._modules.items():
             self.add_module(name, mod)
         self.__dict__["_e3nn_tp"] = tp  # not a submodule: keeps state_dict keys, restored by to_e3nn()
+        perm_in = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_in1])
+        perm_out = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_out])
+        self._identity_in = bool((perm_in == np.arange(len(perm_in))).all())
+        self._identity_out = bool((perm_out == np.arange(len(perm_out))).all())
         i64 = dict(dtype=torch.int64, device=device)
-        perm_in = torch.as_tensor(_desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_in1]), **i64)
-        perm_out = torch.as_tensor(_desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_out]), **i64)
-        self._identity_in = bool(torch.equal(perm_in.cpu(), torch.arange(len(perm_in))))
-        self._identity_out = bool(torch.equal(perm_out.cpu(), torch.arange(len(perm_out))))
-        self.register_buffer("_cl_perm_in", perm_in, persistent=False)
-        self.register_buffer("_cl_perm_out_inv", torch.argsort(perm_out), persistent=False)
+        self.register_buffer("_cl_perm_in", torch.as_tensor(perm_in, **i64), persistent=False)
+        self.register_buffer("_cl_perm_out_inv", torch.as_tensor(np.argsort(perm_out), **i64), persistent=False)
         # the descriptor as the operators take it (conv_tp_ops.h): tables, transposed tables, sizes
         for suffix, d in (("", desc), ("_t", desc.transpose())):
             ints, coef = d.packed()

@@ -21,7 +21,7 @@ mace ``SymmetricContraction`` in a built model in place (and back).
 """
 
 import logging
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -43,8 +43,6 @@ _backend.declare_operators()
 KERNEL = "symmetric_contraction"
 CHANNEL_TILE = 16  # coefficient tensors are padded to a multiple of this many channels
 CHUNK = 128  # nodes per kernel work unit (all of one element)
-#: the descriptor tables, in the order of the operators' ``desc`` argument (sc_ops.h)
-_INT_NAMES = ("parent", "last", "slot", "term_ptr", "term_row", "term_out", "out_base", "out_stride")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -258,19 +256,27 @@ class FusedSymmetricContraction(torch.nn.Module):
         x = x.contiguous()
         if not use_ops:
             return self._torch_forward(x, coeff, inv)
+        order, chunk_ptr = self._chunks(inv, counts, n)
+        return torch.ops.cfm.symmetric_contraction_fwd(x, coeff, inv.contiguous(), order, chunk_ptr,
+                                                       self._desc_tensors(), self._meta)
+
+    def _chunks(self, inv: torch.Tensor, counts: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(order, chunk_ptr): nodes sorted by element, cut into chunks of <= CHUNK nodes of one element."""
         chunk = self._chunk
         order = torch.argsort(inv, stable=True)
         nch = torch.div(counts + (chunk - 1), chunk, rounding_mode="floor")
         seg_start = torch.cumsum(counts, 0) - counts
-        chunk_seg = torch.repeat_interleave(torch.arange(counts.shape[0], device=x.device), nch)
+        chunk_seg = torch.repeat_interleave(torch.arange(counts.shape[0], device=inv.device), nch)
         first = torch.repeat_interleave(torch.cumsum(nch, 0) - nch, nch)
-        k = torch.arange(chunk_seg.shape[0], device=x.device) - first
-        chunk_ptr = torch.cat([seg_start[chunk_seg] + k * chunk, torch.full([1], n, dtype=torch.int64,
-                                                                             device=x.device)])
-        desc = [self._sc_parent, self._sc_last, self._sc_slot, self._sc_term_ptr, self._sc_term_row,
+        k = torch.arange(chunk_seg.shape[0], device=inv.device) - first
+        chunk_ptr = torch.cat([seg_start[chunk_seg] + k * chunk,
+                               torch.full([1], n, dtype=torch.int64, device=inv.device)])
+        return order.contiguous(), chunk_ptr.contiguous()
+
+    def _desc_tensors(self) -> List[torch.Tensor]:
+        """The descriptor tables in the order of the operators' ``desc`` argument (sc_ops.h)."""
+        return [self._sc_parent, self._sc_last, self._sc_slot, self._sc_term_ptr, self._sc_term_row,
                 self._sc_term_out, self._sc_out_base, self._sc_out_stride]
-        return torch.ops.cfm.symmetric_contraction_fwd(x, coeff, inv.contiguous(), order.contiguous(),
-                                                       chunk_ptr.contiguous(), desc, self._meta)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -71,8 +71,6 @@ Saved load(AutogradContext* ctx, size_t n_front) {
   return r;
 }
 
-bool present(const Tensor& a, const Tensor& ref) { return a.defined() && a.sizes() == ref.sizes(); }
-
 void acc(Tensor& total, const Tensor& term) { total = total.defined() ? total + term : term; }
 
 struct BwdFn : Function<BwdFn> {
@@ -83,6 +81,7 @@ struct BwdFn : Function<BwdFn> {
     // each zero tensor would cost a full pass below.
     ctx->set_materialize_grads(false);
     save(ctx, {g, x, y, w}, graph, desc, desc_t, meta);
+    ctx->saved_data["need"] = c10::List<bool>({nx, ny, nw});
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [gx, gy, gw] = call_bwd(g, x, y, w, graph, desc, desc_t, meta, nx, ny, nw);
     return {gx, gy, gw};
@@ -97,7 +96,10 @@ struct BwdFn : Function<BwdFn> {
     const Tensor &g = s.front[0], &x = s.front[1], &y = s.front[2], &w = s.front[3];
     const bool ng = ctx->needs_input_grad(0), nx = ctx->needs_input_grad(1), ny = ctx->needs_input_grad(2),
                nw = ctx->needs_input_grad(3);
-    const bool hx = present(grads[0], x), hy = present(grads[1], y), hw = present(grads[2], w);
+    // an output that was not requested is an empty placeholder: its gradient is ignored
+    const auto need = ctx->saved_data["need"].toBoolList();
+    const bool hx = need[0] && grads[0].defined(), hy = need[1] && grads[1].defined(),
+               hw = need[2] && grads[2].defined();
     Tensor ax = hx ? grads[0].contiguous() : Tensor(), ay = hy ? grads[1].contiguous() : Tensor(),
            aw = hw ? grads[2].contiguous() : Tensor();
     Tensor dg, dx, dy, dw;

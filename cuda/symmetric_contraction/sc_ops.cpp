@@ -67,8 +67,9 @@ struct BwdFn : Function<BwdFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const bool need_gx = ctx->saved_data["need_gx"].toBool(), need_gc = ctx->saved_data["need_gc"].toBool();
-    Tensor dx = (need_gx && grads[0].defined() && grads[0].numel()) ? grads[0].contiguous() : Tensor();
-    Tensor dc = (need_gc && grads[1].defined() && grads[1].numel()) ? grads[1].contiguous() : Tensor();
+    // an output that was not requested is an empty placeholder: its gradient is ignored
+    Tensor dx = (need_gx && grads[0].defined()) ? grads[0].contiguous() : Tensor();
+    Tensor dc = (need_gc && grads[1].defined()) ? grads[1].contiguous() : Tensor();
     const bool w0 = ctx->needs_input_grad(0), w1 = ctx->needs_input_grad(1), w2 = ctx->needs_input_grad(2);
     variable_list res(10);
     if ((!dx.defined() && !dc.defined()) || !(w0 || w1 || w2)) return res;
