@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.cfm-installed
-SOURCES := pyproject.toml setup.py $(shell find cuda -name '*.cpp' -o -name '*.h' -o -name '*.cuh' 2>/dev/null)
+SOURCES := pyproject.toml setup.py $(shell find cuda -name '*.cpp' -o -name '*.h' -o -name '*.cuh' -o -name '*.cu' 2>/dev/null)
 TORCH_VERSION ?= 2.13.0
 # HydraGNN 3.0 shares .venv with mace (no pin conflicts); --no-deps: its metadata asks for
 # torch-scatter/torch-sparse, which the stacks we use do not import and which have no torch 2.13 wheels.
@@ -17,10 +17,11 @@ venv: $(STAMP)
 
 $(STAMP): $(SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip setuptools wheel pybind11
+	$(PIP) install -q --upgrade pip setuptools wheel
 	@# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
 	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e '.[mace,hydragnn,mpi,test,plot]'
+	@# --no-build-isolation: the C++ operators build against this torch (its C++ ABI is per release)
+	$(PIP) install -q --no-build-isolation -e '.[mace,hydragnn,mpi,test,plot]'
 	$(PIP) install -q --no-deps HydraGNN==$(HYDRAGNN_VERSION)
 	@touch $@
 
@@ -44,7 +45,7 @@ cuda-check: venv
 	@command -v nvcc >/dev/null || { echo "nvcc not found: skipping the CUDA compile check"; exit 0; }; \
 	CFM_PLUGINS_CUDA=1 CFM_PLUGINS_CUDA_ARCH="80;90" $(PY) setup.py -q build_ext \
 	    --build-lib build/cuda-check --build-temp build/cuda-check-tmp && \
-	ls build/cuda-check/cfm_plugins/ | grep -q _cuda && echo "CUDA kernels compiled for sm_80 and sm_90"
+	ls build/cuda-check/cfm_plugins/ | grep -q _C_cuda && echo "CUDA kernels compiled and registered for sm_80 and sm_90"
 
 bench: venv
 	$(PIP) install -q cuequivariance-torch==0.13.0 cuequivariance==0.13.0
@@ -63,9 +64,9 @@ venv-nequip: $(STAMP_NEQUIP)
 
 $(STAMP_NEQUIP): $(SOURCES)
 	@test -x $(PY_NEQUIP) || $(PYTHON) -m venv $(VENV_NEQUIP)
-	$(PIP_NEQUIP) install -q --upgrade pip setuptools wheel pybind11
+	$(PIP_NEQUIP) install -q --upgrade pip setuptools wheel
 	$(PIP_NEQUIP) install -q torch==$(TORCH_VERSION)
-	$(PIP_NEQUIP) install -q -e '.[nequip,mpi,test]'
+	$(PIP_NEQUIP) install -q --no-build-isolation -e '.[nequip,mpi,test]'
 	@touch $@
 
 # the NequIP tests (real nequip-train under real mpirun -np 2); `make test` runs them too

@@ -1,15 +1,25 @@
-"""Build of the compiled kernels (the package metadata lives in pyproject.toml).
+"""Build of the compiled kernels as torch operators (the package metadata lives in pyproject.toml).
 
-Each folder ``cuda/<kernel>/`` that holds ``bindings_cpu.cpp`` becomes the CPU extension
-``cfm_plugins._C_<kernel>`` (pybind11 + OpenMP, no torch headers). Its ``*.cu`` files plus
-``bindings_cuda.cpp`` become ``cfm_plugins._C_<kernel>_cuda`` when ``CFM_PLUGINS_CUDA=1`` and nvcc
-is found (the CUDA build is opt-in: the package installs and runs on CPU without it).
-``cuda/common/`` holds the headers shared by every kernel.
+One library ``cfm_plugins/_C*.so`` registers every operator ``cfm::<kernel>_<pass>`` (schemas, CPU
+and Meta kernels, C++ autograd) from each folder ``cuda/<kernel>/``: its ``*_ops.cpp`` (the binding
+layer, against torch headers) and its ``*_cpu.cpp`` kernels (OpenMP, no torch headers). With
+``CFM_PLUGINS_CUDA=1`` and nvcc, ``cfm_plugins/_C_cuda*.so`` adds the CUDA kernels: ``*.cu`` compiled
+by nvcc without torch headers, registered by ``*_ops_cuda.cpp``. ``cuda/common/`` holds the shared
+headers. Nothing here is a Python module: ``cfm_plugins.ops._backend`` loads the libraries with
+``torch.ops.load_library``, and a C++ program (LAMMPS) loads them with ``dlopen``.
+
+Why at install time against the installed torch (docs/architecture.md, "Building the operators"):
+torch's C++ ABI changes between releases, so the library is built with the torch it will run
+with. pyproject.toml never lists torch as a build requirement (an isolated build would pull a
+second, unpinned, multi-GB torch); install with ``pip install --no-build-isolation`` after torch is
+installed (``make venv`` does). Without torch in the build environment, or without a working C++
+compiler, the package installs without the library, says so, and runs the pure-torch fallback.
 
 Environment:
-  CFM_PLUGINS_CUDA=1          also build the CUDA extensions (needs nvcc and the CUDA runtime)
+  CFM_PLUGINS_CUDA=1          also build the CUDA kernels (needs nvcc and the CUDA runtime)
   CFM_PLUGINS_CUDA_ARCH=80;90 GPU architectures for nvcc (default 80;90)
   CFM_PLUGINS_NO_OPENMP=1     build the CPU kernels single-threaded
+  CFM_PLUGINS_REQUIRE_BUILD=1 fail the install when the library cannot be built (CI)
 """
 from __future__ import annotations
 
@@ -19,76 +29,112 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pybind11.setup_helpers import Pybind11Extension
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 CUDA_DIR = ROOT / "cuda"
 COMMON = CUDA_DIR / "common"
+KERNEL_DIRS = sorted(p for p in CUDA_DIR.iterdir() if p.is_dir() and p != COMMON and any(p.glob("*_ops.cpp")))
+
+NO_TORCH_HINT = (
+    "cfm-plugins: torch is not importable in this build environment, so the compiled kernels are NOT "
+    "built and the pure-torch fallback will run. Install torch first, then install cfm-plugins with "
+    "`pip install --no-build-isolation -e .` (what `make venv` does)."
+)
 
 
 def _rel(p: Path) -> str:
     return str(p.relative_to(ROOT))
 
 
-def cpu_extensions() -> list:
-    exts = []
+def _torch_flags():
+    """Include/library paths and flags of the installed torch, or None when torch is absent."""
+    try:
+        import torch
+        from torch.utils.cpp_extension import include_paths, library_paths
+    except ImportError:
+        return None
+    libs = library_paths()
+    return dict(
+        include_dirs=include_paths(),
+        library_dirs=libs,
+        libraries=["c10", "torch", "torch_cpu"],
+        define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI))),
+                       ("CFM_TORCH_VERSION", f'"{torch.__version__}"')],
+        extra_link_args=[f"-Wl,-rpath,{d}" for d in libs],
+    )
+
+
+def extensions() -> list:
+    flags = _torch_flags()
+    if flags is None:
+        print(NO_TORCH_HINT, file=sys.stderr)
+        return []
     openmp = os.environ.get("CFM_PLUGINS_NO_OPENMP") != "1" and sys.platform != "darwin"
-    for kdir in sorted(p for p in CUDA_DIR.iterdir() if (p / "bindings_cpu.cpp").exists()):
-        sources = [_rel(kdir / "bindings_cpu.cpp")] + [
-            _rel(s) for s in sorted(kdir.glob("*_cpu.cpp")) if s.name != "bindings_cpu.cpp"
-        ]
-        exts.append(
-            Pybind11Extension(
-                f"cfm_plugins._C_{kdir.name}",
-                sources,
-                include_dirs=[_rel(COMMON), _rel(kdir)],
-                cxx_std=17,
-                extra_compile_args=["-O3", "-ffp-contract=off"] + (["-fopenmp"] if openmp else []),
-                extra_link_args=(["-fopenmp"] if openmp else []),
-            )
-        )
+    cflags = ["-std=c++20", "-O3", "-ffp-contract=off", "-fvisibility=hidden"] + (["-fopenmp"] if openmp else [])
+    includes = [_rel(COMMON)] + [_rel(k) for k in KERNEL_DIRS] + flags["include_dirs"]
+    common = dict(include_dirs=includes, library_dirs=flags["library_dirs"], libraries=flags["libraries"],
+                  define_macros=flags["define_macros"], language="c++")
+    cpu_sources = [_rel(s) for k in KERNEL_DIRS for s in sorted(k.glob("*_ops.cpp")) + sorted(k.glob("*_cpu.cpp"))]
+    exts = [Extension("cfm_plugins._C", cpu_sources, extra_compile_args=cflags,
+                      extra_link_args=flags["extra_link_args"] + (["-fopenmp"] if openmp else []), **common)]
+    if os.environ.get("CFM_PLUGINS_CUDA") == "1":
+        cuda_sources = [_rel(s) for k in KERNEL_DIRS for s in sorted(k.glob("*_ops_cuda.cpp"))]
+        exts.append(Extension("cfm_plugins._C_cuda", cuda_sources, extra_compile_args=cflags,
+                              extra_link_args=flags["extra_link_args"], **common))
     return exts
 
 
-class BuildExtWithCuda(build_ext):
-    """build_ext that also compiles the optional CUDA extensions with nvcc."""
+class BuildExt(build_ext):
+    """build_ext that compiles the CUDA sources with nvcc for ``_C_cuda`` and, for the CPU library,
+    turns a compiler failure into a clear message and the pure-torch fallback."""
 
-    def run(self):
-        super().run()
-        if os.environ.get("CFM_PLUGINS_CUDA") == "1":
-            self._build_cuda()
+    def build_extension(self, ext):
+        if ext.name.endswith("_C_cuda"):
+            ext.extra_objects = self._nvcc_objects()
+            home = self._cuda_home()
+            ext.library_dirs = list(ext.library_dirs) + [str(home / "lib64"), str(home / "lib")]
+            ext.libraries = list(ext.libraries) + ["cudart"]
+            return super().build_extension(ext)
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # CompileError, LinkError, missing compiler
+            if os.environ.get("CFM_PLUGINS_REQUIRE_BUILD") == "1":
+                raise
+            print(f"cfm-plugins: building {ext.name} failed ({exc}); the package installs WITHOUT the compiled "
+                  "kernels and runs the pure-torch fallback. Install a C++20 compiler (g++ >= 10) and reinstall "
+                  "with `pip install --no-build-isolation -e .`.", file=sys.stderr)
 
-    def _build_cuda(self):
+    def _cuda_home(self) -> Path:
+        """The CUDA toolkit whose runtime to link: CUDA_HOME, nvcc's own tree, or /usr/local/cuda."""
+        candidates = [os.environ.get("CUDA_HOME"), str(Path(self._nvcc()).resolve().parent.parent), "/usr/local/cuda"]
+        for c in filter(None, candidates):
+            if any((Path(c) / sub / "libcudart.so").exists() for sub in ("lib64", "lib")):
+                return Path(c)
+        raise RuntimeError(f"CFM_PLUGINS_CUDA=1 but libcudart.so was not found under {candidates} (set CUDA_HOME)")
+
+    def _nvcc(self) -> str:
         nvcc = shutil.which("nvcc") or str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
         if not Path(nvcc).exists():
             raise RuntimeError("CFM_PLUGINS_CUDA=1 but nvcc was not found (set CUDA_HOME or PATH)")
-        import pybind11
-        import sysconfig
+        return nvcc
 
+    def _nvcc_objects(self) -> list[str]:
+        """The *.cu kernels compiled by nvcc (no torch headers: raw pointers and a stream)."""
         archs = os.environ.get("CFM_PLUGINS_CUDA_ARCH", "80;90").split(";")
         gencode = sum((["-gencode", f"arch=compute_{a},code=sm_{a}"] for a in archs), [])
-        cuda_home = Path(nvcc).resolve().parent.parent
-        suffix = sysconfig.get_config_var("EXT_SUFFIX")
-        for kdir in sorted(p for p in CUDA_DIR.iterdir() if (p / "bindings_cuda.cpp").exists()):
-            name = f"_C_{kdir.name}_cuda"
-            out = Path(self.get_ext_fullpath(f"cfm_plugins.{name}"))
-            out.parent.mkdir(parents=True, exist_ok=True)
-            sources = [str(kdir / "bindings_cuda.cpp")] + [str(s) for s in sorted(kdir.glob("*.cu"))]
-            cmd = [
-                nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-                *gencode,
-                f"-I{COMMON}", f"-I{kdir}", f"-I{pybind11.get_include()}",
-                f"-I{sysconfig.get_paths()['include']}",
-                *sources, "-o", str(out), f"-L{cuda_home / 'lib64'}", "-lcudart",
-            ]
-            print(" ".join(cmd))
-            subprocess.check_call(cmd)
-            if self.inplace:
-                dst = ROOT / "cfm_plugins" / (name + suffix)
-                if dst.resolve() != out.resolve():
-                    shutil.copy2(out, dst)
+        objects = []
+        for kdir in KERNEL_DIRS:
+            for src in sorted(kdir.glob("*.cu")):
+                obj = Path(self.build_temp) / "cuda" / (src.stem + ".o")
+                obj.parent.mkdir(parents=True, exist_ok=True)
+                cmd = [self._nvcc(), "-c", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+                       *gencode, f"-I{COMMON}", f"-I{kdir}", str(src), "-o", str(obj)]
+                print(" ".join(cmd))
+                subprocess.check_call(cmd)
+                objects.append(str(obj))
+        return objects
 
 
 packages = find_packages(include=["cfm_plugins", "cfm_plugins.*"]) + ["cfm_plugins_adapters"] + \
@@ -98,7 +144,7 @@ setup(
     packages=packages,
     # `adapters/` installs as `cfm_plugins_adapters`: a PyPI package called `adapters` exists.
     package_dir={"cfm_plugins_adapters": "adapters"},
-    ext_modules=cpu_extensions(),
-    cmdclass={"build_ext": BuildExtWithCuda},
+    ext_modules=extensions(),
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

@@ -94,11 +94,11 @@ def worker(args) -> dict:
                                normalization="component")
     w = torch.randn(E, tp.weight_numel, dtype=dtype)
     if args.impl == "fused":
-        from cfm_plugins.ops import _extension
+        from cfm_plugins.ops import _backend
         from cfm_plugins.ops.conv_tp import FusedConvTP
 
         fused = FusedConvTP.from_e3nn(tp)
-        backend = "C++" if _extension.load("conv_tp") is not None else "torch fallback"
+        backend = "C++" if _backend.choose(torch.device("cpu")) == "cpu" else "torch fallback"
         fn = lambda x, y, w: fused(x, y, w, ei)  # noqa: E731
     else:
         from mace.tools.scatter import scatter_sum

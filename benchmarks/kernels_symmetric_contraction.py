@@ -186,10 +186,10 @@ def _write_fragment(path: Path, command: str, table: list, args) -> None:
 
     import torch
 
-    from cfm_plugins.ops import _extension
+    from cfm_plugins.ops import _backend
 
-    ext = _extension.load("symmetric_contraction")
-    isa = ext.isa() if ext is not None else "not built (torch fallback)"
+    isa = ("C++ operators (AVX2 when the CPU has it)" if _backend.choose(torch.device("cpu")) == "cpu"
+           else "not built (torch fallback)")
     text = f"""## Fused symmetric contraction (MACE product basis)
 
 Workload (MACE-MP-0 "medium"-like): hidden `{HIDDEN}`, node features with spherical harmonics up

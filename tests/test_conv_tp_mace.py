@@ -138,3 +138,42 @@ def test_patched_model_survives_deepcopy_save_load_and_dtype_moves(tmp_path):
     unpatch_conv_tps(model32)
     tp = model32.interactions[0].conv_tp
     assert not isinstance(tp, FusedConvTP) and tp.output_mask.dtype == torch.float32
+
+
+def _tensors(model: torch.nn.Module):
+    """Every tensor a patched model holds: parameters and buffers (persistent or not) of every module."""
+    for name, module in model.named_modules():
+        for key, t in list(module._parameters.items()) + list(module._buffers.items()):
+            if t is not None:
+                yield f"{name}.{key}", t
+
+
+def test_patched_model_follows_to_and_keeps_its_dtype():
+    """Issue 8: every tensor of a patched module follows .to() (device and dtype), and patching a
+    model that is already in a dtype keeps everything there (a meta-device move stands for a GPU)."""
+    from cfm_plugins.ops.patching import patch_model
+
+    model = build("MACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock").float()
+    report = patch_model(model)
+    assert report.counts["conv_tp"] > 0 and report.counts["symmetric_contraction"] > 0
+    fused = [m for m in model.modules() if isinstance(m, FusedConvTP)]
+    coef = {id(m): m._tp_coef.clone() for m in fused}
+    floats = {n: t.dtype for n, t in _tensors(model) if t.is_floating_point() and "_tp_coef" not in n}
+    assert set(floats.values()) == {torch.float32}  # patched in float32: the new buffers are float32 too
+    model.double()
+    assert all(t.dtype == torch.float64 for n, t in _tensors(model) if t.is_floating_point())
+    for m in fused:  # the CG tables stay float64 and exact through dtype moves
+        assert m._tp_coef.dtype == torch.float64 and torch.equal(m._tp_coef, coef[id(m)])
+    model.to("meta")
+    off = [n for n, t in _tensors(model) if t.device.type != "meta"]
+    assert not off, f"left behind by .to('meta'): {off}"
+    assert all(m._tp_coef.dtype == torch.float64 for m in fused)
+
+
+def test_patching_on_the_model_device():
+    """Fused modules are created where their block's parameters live (not on the CPU by default)."""
+    tp = o3.TensorProduct("2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 1, 0, "uvu", True)],
+                          shared_weights=False, internal_weights=False)
+    fused = FusedConvTP.from_e3nn(tp, device="meta")
+    own = {n: t for n, t in fused.named_buffers() if n.startswith(("_cl_", "_tp_"))}
+    assert len(own) == 6 and {t.device.type for t in own.values()} == {"meta"}

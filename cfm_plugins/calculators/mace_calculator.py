@@ -72,13 +72,10 @@ class CFMCalculator(MACECalculator):
         architecture=None,
         **kwargs,
     ):
-        from cfm_plugins.ops.patching import KERNELS
+        from cfm_plugins.ops.patching import check_kernels
         from cfm_plugins.plugins.fused import refuse_other_kernels
 
-        kernels = tuple(kernels) if fused else ()
-        unknown = [k for k in kernels if k not in KERNELS]
-        if unknown:
-            raise ValueError(f"unknown fused kernel(s) {unknown}; known: {list(KERNELS)}")
+        kernels = check_kernels(kernels, "CFMCalculator kernels") if fused else ()
         if default_dtype not in ("", "float32", "float64"):
             raise ValueError(f"default_dtype={default_dtype!r}; expected 'float32', 'float64' or '' (the model's)")
         refuse_other_kernels(kernels, kwargs.get("enable_cueq"), kwargs.get("enable_oeq"), "pass fused=False to use them")

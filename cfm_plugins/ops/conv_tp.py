@@ -11,84 +11,37 @@ forming per-edge messages, ::
 It keeps e3nn's attributes (irreps_in1/irreps_in2/irreps_out, instructions, weight_numel) and
 exactly the e3nn module's state_dict (its buffers and compiled submodules are shared, not copied).
 
-The math lives in ``descriptors/conv_tp.py``; the kernels in ``cuda/conv_tp`` (CPU: pybind11 +
-OpenMP, ``cfm_plugins._C_conv_tp``; CUDA: ``cfm_plugins._C_conv_tp_cuda``). Two custom ops
-(namespace ``cfm``) carry autograd: ``tp_conv_fwd`` and ``tp_conv_bwd``; the backward of
-``tp_conv_bwd`` is written with both ops again (the form is trilinear), so double (and higher)
-backward, gradcheck/gradgradcheck and torch.compile see ordinary operators. Without a compiled
-kernel a pure-torch implementation of the same tables runs (index_add based).
+The math lives in ``descriptors/conv_tp.py``; the kernels in ``cuda/conv_tp``. Two torch operators
+declared in C++ (``cuda/conv_tp/conv_tp_ops*.cpp``) carry them: ``cfm::conv_tp_fwd`` and
+``cfm::conv_tp_bwd``, with CPU, CUDA and Meta kernels and a C++ autograd whose backward of
+``conv_tp_bwd`` is written with both operators again (the form is trilinear), so double (and higher)
+backward, gradcheck/gradgradcheck, torch.compile, TorchScript and torch.export see ordinary
+operators. The descriptor tables are module buffers (they follow ``.to()``). Without the compiled
+library a pure-torch implementation of the same tables runs (index_add based; autograd does the
+derivatives); :mod:`cfm_plugins.ops._backend` chooses.
 
 ``patch_conv_tps(model)`` / ``unpatch_conv_tps(model)`` swap the ``conv_tp`` of mace interaction
 blocks in place (the blocks' ``conv_fusion`` seam selects the fused call form).
 """
-from __future__ import annotations
-
 import inspect
 import logging
-import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 
-from cfm_plugins.ops import _extension
+from cfm_plugins.ops import _backend
 from cfm_plugins.ops.descriptors import conv_tp as _desc
 
 log = logging.getLogger("cfm_plugins.ops")
 
+# the cfm:: operators must exist before a model holding these modules is scripted or exported
+_backend.declare_operators()
+
 __all__ = ["FusedConvTP", "patch_conv_tps", "unpatch_conv_tps", "edge_csr", "EdgeCSR"]
-
-KERNEL = "conv_tp"
-
-
-# ----------------------------------------------------------------------------------------------
-# Descriptor registry: custom ops take an int id (hashable, compile-friendly); the entry holds the
-# tables, their transpose, and lazily built compiled handles / torch index tensors per device.
-# ----------------------------------------------------------------------------------------------
-@dataclass
-class _Entry:
-    fwd: _desc.ConvTPDescriptor
-    bwd: _desc.ConvTPDescriptor  # transpose: node-feature gradient
-    host: dict = field(default_factory=dict)  # transposed -> compiled CPU descriptor
-    cuda: dict = field(default_factory=dict)  # (device index, transposed) -> compiled CUDA descriptor
-    torch_tabs: dict = field(default_factory=dict)  # (device, transposed) -> _TorchTables
-
-    def desc(self, transposed: bool) -> _desc.ConvTPDescriptor:
-        return self.bwd if transposed else self.fwd
-
-
-_REGISTRY: list[_Entry] = []
-_KEYS: dict[str, int] = {}
-_LOCK = threading.Lock()
-
-
-def register_descriptor(d: _desc.ConvTPDescriptor) -> int:
-    """Id of ``d`` for the custom ops (equal tables share one id)."""
-    key = d.key()
-    with _LOCK:
-        if key not in _KEYS:
-            _KEYS[key] = len(_REGISTRY)
-            _REGISTRY.append(_Entry(fwd=d, bwd=d.transpose()))
-        return _KEYS[key]
-
-
-def _host_handle(entry: _Entry, transposed: bool, ext):
-    h = entry.host.get(transposed)
-    if h is None:
-        d = entry.desc(transposed)
-        h = entry.host[transposed] = ext.Descriptor(*d.int_tables(), d.ent_coef.tolist())
-    return h
-
-
-def _cuda_handle(entry: _Entry, transposed: bool, device: torch.device, ext):
-    key = (device.index, transposed)
-    h = entry.cuda.get(key)
-    if h is None:
-        d = entry.desc(transposed)
-        with torch.cuda.device(device):
-            h = entry.cuda[key] = ext.Descriptor(*d.int_tables(), d.ent_coef.tolist())
-    return h
 
 
 # ----------------------------------------------------------------------------------------------
@@ -105,7 +58,8 @@ class EdgeCSR:
     sptr: torch.Tensor  # [N+1]
 
 
-def _build_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
+def _graph_tensors(edge_index: torch.Tensor, num_nodes: int) -> List[torch.Tensor]:
+    """[sender, receiver, rperm, rptr, sperm, sptr] of the operators (TorchScript-compatible)."""
     ei = edge_index.to(torch.int64)
     # copies, not views: a view would keep edge_index alive and its cache entry with it
     sender, receiver = ei[0].clone(), ei[1].clone()
@@ -114,7 +68,11 @@ def _build_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
     sperm = torch.argsort(sender, stable=True)
     rptr = torch.searchsorted(receiver[rperm], nodes)
     sptr = torch.searchsorted(sender[sperm], nodes)
-    return EdgeCSR(sender, receiver, rperm, rptr, sperm, sptr)
+    return [sender, receiver, rperm, rptr, sperm, sptr]
+
+
+def _build_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
+    return EdgeCSR(*_graph_tensors(edge_index, num_nodes))
 
 
 _CSR_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -124,7 +82,7 @@ _CSR_CACHE_SIZE = 8
 def edge_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
     """CSR groupings of ``edge_index`` ([2, E]: sender, receiver), cached on the tensor's identity
     and version: the interaction layers of one forward and their backward share one sort."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return _build_csr(edge_index, num_nodes)
     key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), edge_index.dtype,
            edge_index.device, int(num_nodes))
@@ -141,33 +99,9 @@ def edge_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
 
 
 # ----------------------------------------------------------------------------------------------
-# Backends: compiled CPU, compiled CUDA, pure torch (same tables, same arithmetic order).
+# Pure-torch fallback (same tables, same arithmetic order; autograd does every derivative).
 # ----------------------------------------------------------------------------------------------
-_DTYPE_CODE = {torch.float32: 0, torch.float64: 1}
-_CUDA_WARNED = False
-
-
-def _cuda_ext():
-    global _CUDA_WARNED
-    ext = _extension.load(KERNEL, cuda=True)
-    if ext is None and not _CUDA_WARNED:
-        _CUDA_WARNED = True
-        import warnings
-
-        warnings.warn("cfm_plugins: the CUDA conv_tp kernel is not built; FusedConvTP runs its pure-torch "
-                      "fallback on the GPU (build with CFM_PLUGINS_CUDA=1)", RuntimeWarning, stacklevel=3)
-    return ext
-
-
-def _backend(t: torch.Tensor):
-    """('cpu'|'cuda'|'torch', extension module or None) for tensors on t's device."""
-    if t.device.type == "cpu":
-        ext = _extension.load(KERNEL)
-        return ("cpu", ext) if ext is not None else ("torch", None)
-    if t.device.type == "cuda":
-        ext = _cuda_ext() if not _extension.disabled() else None
-        return ("cuda", ext) if ext is not None else ("torch", None)
-    return ("torch", None)
+_FLOAT_DTYPES = (torch.float32, torch.float64)
 
 
 class _TorchTables:
@@ -195,13 +129,6 @@ class _TorchTables:
         return R.index_add_(1, self.ent_pair, y[:, self.ent_j] * self.ent_coef.to(y.dtype))
 
 
-def _tables(entry: _Entry, transposed: bool, device: torch.device) -> _TorchTables:
-    key = (str(device), transposed)
-    if key not in entry.torch_tabs:
-        entry.torch_tabs[key] = _TorchTables(entry.desc(transposed), device)
-    return entry.torch_tabs[key]
-
-
 def _torch_segment(tabs: _TorchTables, node_in, y, w, other, target, n_out):
     out = node_in.new_zeros(n_out, tabs.dim_out)
     E = y.shape[0]
@@ -216,193 +143,35 @@ def _torch_segment(tabs: _TorchTables, node_in, y, w, other, target, n_out):
     return out.index_add_(0, target, msg)
 
 
-def _torch_edge_grads(tabs: _TorchTables, x, g, y, w, sender, receiver, need_y, need_w):
-    E = y.shape[0]
-    gy = y.new_zeros(y.shape) if need_y else None
-    gw = w.new_zeros(w.shape) if need_w else None
-    if E == 0:
-        return gy, gw
-    R = tabs.pair_coefs(y)
-    xs, gr = x.index_select(0, sender), g.index_select(0, receiver)
-    D = y.new_zeros(E, tabs.num_pairs) if need_y else None
-    for q0, q1, C, woff, in_idx, out_idx in tabs.paths:
-        xg = xs[:, in_idx] * gr[:, out_idx]
-        if need_w:
-            gw[:, woff:woff + C] = (R[:, q0:q1, None] * xg).sum(1)
-        if need_y:
-            D[:, q0:q1] = (xg * w[:, None, woff:woff + C]).sum(-1)
-    if need_y:
-        gy.index_add_(1, tabs.ent_j, D[:, tabs.ent_pair] * tabs.ent_coef.to(y.dtype))
-    return gy, gw
-
-
-def _segment(desc_id: int, transposed: bool, node_in, y, w, ptr, perm, other, target, n_out):
-    """out[n] = sum over the edges grouped at node n of the message of node_in[other[e]]."""
-    entry = _REGISTRY[desc_id]
-    d = entry.desc(transposed)
-    kind, ext = _backend(node_in)
-    if kind == "torch":
-        return _torch_segment(_tables(entry, transposed, node_in.device), node_in, y, w, other, target, n_out)
-    node_in, y, w = node_in.contiguous(), y.contiguous(), w.contiguous()
-    out = node_in.new_zeros(n_out, d.dim_out)
-    args = (_DTYPE_CODE[node_in.dtype], n_out, ptr.data_ptr(), perm.data_ptr(), other.data_ptr(),
-            node_in.data_ptr(), d.dim_in, y.data_ptr(), d.dim_edge, w.data_ptr(), d.weight_numel,
-            out.data_ptr(), d.dim_out)
-    if kind == "cpu":
-        ext.segment_accumulate(_host_handle(entry, transposed, ext), *args, torch.get_num_threads())
-    else:
-        ext.segment_accumulate(_cuda_handle(entry, transposed, node_in.device, ext), *args,
-                               torch.cuda.current_stream(node_in.device).cuda_stream)
-    return out
-
-
-def _edge_grads(desc_id: int, x, g, y, w, sender, receiver, need_y: bool, need_w: bool):
-    entry = _REGISTRY[desc_id]
-    d = entry.fwd
-    kind, ext = _backend(x)
-    if kind == "torch":
-        return _torch_edge_grads(_tables(entry, False, x.device), x, g, y, w, sender, receiver, need_y, need_w)
-    x, g, y, w = x.contiguous(), g.contiguous(), y.contiguous(), w.contiguous()
-    gy = y.new_zeros(y.shape) if need_y else None
-    gw = w.new_zeros(w.shape) if need_w else None
-    args = (_DTYPE_CODE[x.dtype], y.shape[0], sender.data_ptr(), receiver.data_ptr(), x.data_ptr(), d.dim_in,
-            g.data_ptr(), d.dim_out, y.data_ptr(), d.dim_edge, w.data_ptr(), d.weight_numel,
-            gy.data_ptr() if need_y else 0, gw.data_ptr() if need_w else 0)
-    if kind == "cpu":
-        ext.edge_grads(_host_handle(entry, False, ext), *args, torch.get_num_threads())
-    else:
-        ext.edge_grads(_cuda_handle(entry, False, x.device, ext), *args,
-                       torch.cuda.current_stream(x.device).cuda_stream)
-    return gy, gw
-
-
-# ----------------------------------------------------------------------------------------------
-# Custom ops and their autograd.
-# ----------------------------------------------------------------------------------------------
-@torch.library.custom_op("cfm::tp_conv_fwd", mutates_args=())
-def tp_conv_fwd(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, sender: torch.Tensor,
-                receiver: torch.Tensor, rperm: torch.Tensor, rptr: torch.Tensor, sperm: torch.Tensor,
-                sptr: torch.Tensor, desc: int) -> torch.Tensor:
-    """Receiver sums of the uvu tensor product (x channel-last, see descriptors/conv_tp.py)."""
-    return _segment(desc, False, x, y, w, rptr, rperm, sender, receiver, rptr.shape[0] - 1)
-
-
-@tp_conv_fwd.register_fake
-def _(x, y, w, sender, receiver, rperm, rptr, sperm, sptr, desc):
-    return x.new_empty(rptr.shape[0] - 1, _REGISTRY[desc].fwd.dim_out)
-
-
-@torch.library.custom_op("cfm::tp_conv_bwd", mutates_args=())
-def tp_conv_bwd(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, sender: torch.Tensor,
-                receiver: torch.Tensor, rperm: torch.Tensor, rptr: torch.Tensor, sperm: torch.Tensor,
-                sptr: torch.Tensor, desc: int, need_x: bool, need_y: bool,
-                need_w: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of tp_conv_fwd w.r.t. x, y, w for output gradient g (an unneeded one is empty)."""
-    n = sptr.shape[0] - 1
-    if need_x:
-        gx = _segment(desc, True, g, y, w, sptr, sperm, receiver, sender, n)
-    else:
-        gx = x.new_empty(0)
-    if need_y or need_w:
-        gy, gw = _edge_grads(desc, x, g, y, w, sender, receiver, need_y, need_w)
-    else:
-        gy = gw = None
-    return gx, (gy if gy is not None else y.new_empty(0)), (gw if gw is not None else w.new_empty(0))
-
-
-@tp_conv_bwd.register_fake
-def _(g, x, y, w, sender, receiver, rperm, rptr, sperm, sptr, desc, need_x, need_y, need_w):
-    return (x.new_empty(x.shape) if need_x else x.new_empty(0),
-            y.new_empty(y.shape) if need_y else y.new_empty(0),
-            w.new_empty(w.shape) if need_w else w.new_empty(0))
-
-
-def _fwd_setup(ctx, inputs, output):
-    ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zero tensors)
-    x, y, w, *idx, desc = inputs
-    ctx.save_for_backward(x, y, w, *idx)
-    ctx.desc = desc
-
-
-def _fwd_backward(ctx, g):
-    x, y, w, *idx = ctx.saved_tensors
-    nx, ny, nw = ctx.needs_input_grad[:3]
-    if g is None or not (nx or ny or nw):
-        return (None,) * 10
-    gx, gy, gw = tp_conv_bwd(g.contiguous(), x, y, w, *idx, ctx.desc, nx, ny, nw)
-    return (gx if nx else None, gy if ny else None, gw if nw else None) + (None,) * 7
-
-
-def _bwd_setup(ctx, inputs, output):
-    # Unused outputs (e.g. the weight gradient when only forces are differentiated) must not
-    # come back as zero tensors: each would cost a full forward/backward pass below.
-    ctx.set_materialize_grads(False)
-    g, x, y, w, *rest = inputs
-    idx, desc = rest[:6], rest[6]
-    ctx.save_for_backward(g, x, y, w, *idx)
-    ctx.desc = desc
-
-
-def _present(a, ref):
-    return a is not None and a.shape == ref.shape
-
-
-def _acc(total, term):
-    return term if total is None else total + term
-
-
-def _bwd_backward(ctx, ax, ay, aw):
-    """Double backward. With F(x, y, w) the trilinear form, gx = Fx^T(g, y, w), gy = Fy^T(x, g, w),
-    gw = Fw^T(x, y, g); the cotangents (ax, ay, aw) of (gx, gy, gw) give
-    dg = F(ax, y, w) + F(x, ay, w) + F(x, y, aw), dx = Fx^T(g, ay, w) + Fx^T(g, y, aw),
-    dy = Fy^T(ax, g, w) + Fy^T(x, g, aw), dw = Fw^T(ax, y, g) + Fw^T(x, ay, g)."""
-    g, x, y, w, *idx = ctx.saved_tensors
-    desc = ctx.desc
-    ng, nx, ny, nw = ctx.needs_input_grad[:4]
-    hx, hy, hw = _present(ax, x), _present(ay, y), _present(aw, w)
-    ax = ax.contiguous() if hx else None
-    ay = ay.contiguous() if hy else None
-    aw = aw.contiguous() if hw else None
-    dg = dx = dy = dw = None
-    if ng:
-        if hx:
-            dg = _acc(dg, tp_conv_fwd(ax, y, w, *idx, desc))
-        if hy:
-            dg = _acc(dg, tp_conv_fwd(x, ay, w, *idx, desc))
-        if hw:
-            dg = _acc(dg, tp_conv_fwd(x, y, aw, *idx, desc))
-    if hx and (ny or nw):
-        _, b_y, b_w = tp_conv_bwd(g, ax, y, w, *idx, desc, False, ny, nw)
-        dy = _acc(dy, b_y) if ny else dy
-        dw = _acc(dw, b_w) if nw else dw
-    if hy and (nx or nw):
-        b_x, _, b_w = tp_conv_bwd(g, x, ay, w, *idx, desc, nx, False, nw)
-        dx = _acc(dx, b_x) if nx else dx
-        dw = _acc(dw, b_w) if nw else dw
-    if hw and (nx or ny):
-        b_x, b_y, _ = tp_conv_bwd(g, x, y, aw, *idx, desc, nx, ny, False)
-        dx = _acc(dx, b_x) if nx else dx
-        dy = _acc(dy, b_y) if ny else dy
-    return (dg, dx, dy, dw) + (None,) * 10
-
-
-tp_conv_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
-tp_conv_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup)
-
-
 # ----------------------------------------------------------------------------------------------
 # The module.
 # ----------------------------------------------------------------------------------------------
+#: float64 descriptor buffers: they follow a device move but never a dtype cast (see _apply)
+_F64_BUFFERS = ("_tp_coef", "_tp_coef_t")
+
+
+def _module_device(module: torch.nn.Module) -> torch.device:
+    """Where a module's tensors live (its first parameter or buffer; CPU for none)."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
 class FusedConvTP(torch.nn.Module):
     """e3nn uvu ``TensorProduct`` + ``scatter_sum`` as one fused op (see module docstring).
 
     ``forward(node_feats, edge_attrs, tp_weights, edge_index)`` -> ``[num_nodes, irreps_out.dim]``
     receiver sums; ``forward(x1, x2, weights)`` -> e3nn's per-row product (no scatter).
+    Every tensor it owns is a buffer created on ``device`` (default: where ``tp`` lives), so it
+    follows ``.to()``; ``forward`` is TorchScript-compatible.
     """
 
-    def __init__(self, tp: torch.nn.Module):
+    def __init__(self, tp: torch.nn.Module, device: Optional[torch.device] = None):
         super().__init__()
         desc, paths = _desc.from_e3nn(tp)
+        device = torch.device(device) if device is not None else _module_device(tp)
         self.irreps_in1 = tp.irreps_in1
         self.irreps_in2 = tp.irreps_in2
         self.irreps_out = tp.irreps_out
@@ -414,23 +183,32 @@ class FusedConvTP(torch.nn.Module):
         self._in2_dim = tp.irreps_in2.dim
         self.descriptor = desc
         self.paths = paths
-        self._desc_id = register_descriptor(desc)
         # the e3nn module's state (buffers and compiled submodules) is shared: identical state_dict
         for name, buf in tp._buffers.items():
             self.register_buffer(name, buf, persistent=name not in tp._non_persistent_buffers_set)
         for name, mod in tp._modules.items():
             self.add_module(name, mod)
         self.__dict__["_e3nn_tp"] = tp  # not a submodule: keeps state_dict keys, restored by to_e3nn()
-        perm_in = torch.as_tensor(_desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_in1]))
-        perm_out = torch.as_tensor(_desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_out]))
-        self._identity_in = bool(torch.equal(perm_in, torch.arange(len(perm_in))))
-        self._identity_out = bool(torch.equal(perm_out, torch.arange(len(perm_out))))
-        self.register_buffer("_cl_perm_in", perm_in, persistent=False)
-        self.register_buffer("_cl_perm_out_inv", torch.argsort(perm_out), persistent=False)
+        perm_in = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_in1])
+        perm_out = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_out])
+        self._identity_in = bool((perm_in == np.arange(len(perm_in))).all())
+        self._identity_out = bool((perm_out == np.arange(len(perm_out))).all())
+        i64 = dict(dtype=torch.int64, device=device)
+        self.register_buffer("_cl_perm_in", torch.as_tensor(perm_in, **i64), persistent=False)
+        self.register_buffer("_cl_perm_out_inv", torch.as_tensor(np.argsort(perm_out), **i64), persistent=False)
+        # the descriptor as the operators take it (conv_tp_ops.h): tables, transposed tables, sizes
+        for suffix, d in (("", desc), ("_t", desc.transpose())):
+            ints, coef = d.packed()
+            self.register_buffer(f"_tp_ints{suffix}", torch.as_tensor(ints, dtype=torch.int32, device=device),
+                                 persistent=False)
+            self.register_buffer(f"_tp_coef{suffix}", torch.as_tensor(coef, dtype=torch.float64, device=device),
+                                 persistent=False)
+        self._tp_meta: List[int] = desc.meta()
+        self.__dict__["_torch_tabs"] = {}
 
     @classmethod
-    def from_e3nn(cls, tp: torch.nn.Module) -> "FusedConvTP":
-        return cls(tp)
+    def from_e3nn(cls, tp: torch.nn.Module, device: Optional[torch.device] = None) -> "FusedConvTP":
+        return cls(tp, device=device)
 
     def to_e3nn(self) -> torch.nn.Module:
         """The original e3nn module, holding this module's current buffers and submodules."""
@@ -442,6 +220,16 @@ class FusedConvTP(torch.nn.Module):
         tp.train(self.training)
         return tp
 
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) casts every floating buffer; the CG coefficients stay float64 (the kernels read
+        # them in double) and only follow the device, without a round trip through float32.
+        keep = {name: self._buffers[name] for name in _F64_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, old in keep.items():
+            self._buffers[name] = old.to(device=self._buffers[name].device)
+        self.__dict__["_torch_tabs"] = {}
+        return self
+
     def __getstate__(self):
         # The e3nn submodules are TorchScript modules that only e3nn knows how to pickle: leave them
         # to the (synchronised) e3nn module, which travels in the state, and re-attach on load.
@@ -449,32 +237,37 @@ class FusedConvTP(torch.nn.Module):
         state = self.__dict__.copy()
         state["_modules"] = OrderedDict((k, v) for k, v in self._modules.items() if k not in tp._modules)
         state["_cfm_shared_modules"] = list(tp._modules)
+        state["_torch_tabs"] = {}
         return state
 
-    def __setstate__(self, state):  # also in another process: re-register the tables
+    def __setstate__(self, state):
         state = dict(state)
         shared = state.pop("_cfm_shared_modules", [])
         super().__setstate__(state)
         tp = self.__dict__["_e3nn_tp"]
         for name in shared:
             self._modules[name] = tp._modules[name]
-        self._desc_id = register_descriptor(self.descriptor)
 
     def extra_repr(self) -> str:
         return (f"{self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out} | {self.descriptor.num_paths} paths, "
                 f"{self.descriptor.num_pairs} pairs, {self.descriptor.num_entries} CG entries | "
                 f"{self.weight_numel} weights per edge")
 
+    # -- eager-only helpers (a scripted model skips the checks and always runs the operators) --
+    @torch.jit.unused
     def _check(self, x, y, w, edge_index):
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and isinstance(w, torch.Tensor)):
             raise ValueError("FusedConvTP: node_feats, edge_attrs and tp_weights must be tensors")
-        if x.dtype not in _DTYPE_CODE:
+        if x.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"FusedConvTP: node_feats dtype {x.dtype}; float32 or float64 expected")
         if y.dtype != x.dtype or w.dtype != x.dtype:
             raise ValueError(f"FusedConvTP: dtype mismatch: node_feats {x.dtype}, edge_attrs {y.dtype}, "
                              f"tp_weights {w.dtype}")
         if not (x.device == y.device == w.device == edge_index.device):
             raise ValueError("FusedConvTP: inputs on different devices")
+        if x.device != self._tp_ints.device:
+            raise ValueError(f"FusedConvTP: inputs on {x.device} but the module's tables on {self._tp_ints.device}; "
+                             "move the model with .to(device)")
         if x.dim() != 2 or x.shape[1] != self._in1_dim:
             raise ValueError(f"FusedConvTP: node_feats shape {tuple(x.shape)}; expected [num_nodes, "
                              f"{self._in1_dim}] ({self.irreps_in1})")
@@ -497,20 +290,42 @@ class FusedConvTP(torch.nn.Module):
             if lo < 0 or hi >= x.shape[0]:
                 raise ValueError(f"FusedConvTP: edge_index out of range [{lo}, {hi}] for {x.shape[0]} nodes")
 
+    @torch.jit.unused
+    def _eager_graph(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                     edge_index: torch.Tensor) -> Tuple[List[torch.Tensor], bool]:
+        """(graph tensors from the shared CSR cache, whether the compiled operators run)."""
+        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+            self._check(x, y, w, edge_index)
+        csr = edge_csr(edge_index, x.shape[0])
+        graph = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]
+        return graph, _backend.choose(x.device) != "torch"
+
+    @torch.jit.unused
+    def _torch_forward(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                       graph: List[torch.Tensor]) -> torch.Tensor:
+        key = str(x.device)
+        tabs = self.__dict__["_torch_tabs"].get(key)
+        if tabs is None:
+            tabs = self.__dict__["_torch_tabs"][key] = _TorchTables(self.descriptor, x.device)
+        return _torch_segment(tabs, x, y, w, graph[0], graph[1], graph[3].shape[0] - 1)
+
     def forward(self, node_feats: torch.Tensor, edge_attrs: torch.Tensor, tp_weights: torch.Tensor,
-                edge_index: torch.Tensor | None = None) -> torch.Tensor:
-        per_edge = edge_index is None
-        if per_edge:  # e3nn's call form: one "node" per row, sender = receiver = row
-            if node_feats.dim() != 2:
-                raise ValueError(f"FusedConvTP: x1 shape {tuple(node_feats.shape)}; expected 2-D")
+                edge_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if edge_index is None:  # e3nn's call form: one "node" per row, sender = receiver = row
             rows = torch.arange(node_feats.shape[0], device=node_feats.device)
             edge_index = torch.stack([rows, rows])
-        if not torch.compiler.is_compiling():
-            self._check(node_feats, edge_attrs, tp_weights, edge_index)
-        csr = edge_csr(edge_index, node_feats.shape[0])
+        if torch.jit.is_scripting():
+            graph = _graph_tensors(edge_index, node_feats.shape[0])
+            use_ops = True  # a scripted model runs the cfm:: operators (their library must be loaded)
+        else:
+            graph, use_ops = self._eager_graph(node_feats, edge_attrs, tp_weights, edge_index)
         x = node_feats if self._identity_in else node_feats.index_select(1, self._cl_perm_in)
-        out = tp_conv_fwd(x.contiguous(), edge_attrs.contiguous(), tp_weights.contiguous(), csr.sender,
-                          csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr, self._desc_id)
+        x, y, w = x.contiguous(), edge_attrs.contiguous(), tp_weights.contiguous()
+        if use_ops:
+            out = torch.ops.cfm.conv_tp_fwd(x, y, w, graph, [self._tp_ints, self._tp_coef],
+                                            [self._tp_ints_t, self._tp_coef_t], self._tp_meta)
+        else:
+            out = self._torch_forward(x, y, w, graph)
         return out if self._identity_out else out.index_select(1, self._cl_perm_out_inv)
 
 
@@ -556,8 +371,8 @@ def patch_conv_tps(model: torch.nn.Module) -> int:
         if not _reads_conv_fusion(block):
             log.warning("%s.forward does not read conv_fusion; its conv_tp is left unfused", type(block).__name__)
             continue
-        try:
-            fused = FusedConvTP.from_e3nn(tp)
+        try:  # on the block's device: patching a model already on a GPU keeps everything there
+            fused = FusedConvTP.from_e3nn(tp, device=_module_device(block))
         except ValueError as exc:
             log.warning("%s.conv_tp not fused: %s", type(block).__name__, exc)
             continue

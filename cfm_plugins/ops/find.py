@@ -21,11 +21,11 @@ this module is the structural finder an adapter for a trainer with vendored modu
 """
 from __future__ import annotations
 
-import inspect
 import logging
 
 import torch
 
+from cfm_plugins.ops.conv_tp import _reads_conv_fusion
 from cfm_plugins.ops.patching import PatchReport
 
 log = logging.getLogger("cfm_plugins.fused")
@@ -66,13 +66,6 @@ def is_uvu_conv_tp(m) -> bool:
     if not ins or any(getattr(i, "connection_mode", None) != "uvu" for i in ins):
         return False
     return not getattr(m, "internal_weights", True) and not getattr(m, "shared_weights", True)
-
-
-def _reads_conv_fusion(block) -> bool:
-    try:
-        return "conv_fusion" in inspect.getsource(type(block).forward)
-    except (OSError, TypeError):
-        return False
 
 
 def find_by_structure(model: torch.nn.Module, kernels=KINDS) -> dict[str, list[str]]:

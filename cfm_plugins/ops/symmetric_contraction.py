@@ -1,4 +1,4 @@
-"""Fused symmetric contraction (MACE's product basis) as a torch module and custom ops.
+"""Fused symmetric contraction (MACE's product basis) as a torch module over C++ operators.
 
 :class:`FusedSymmetricContraction` is a drop-in for ``mace.modules.symmetric_contraction.
 SymmetricContraction``: same call ``forward(x, y)`` (x ``[nodes, channels, num_ell]``, y one-hot
@@ -9,22 +9,24 @@ state_dict saved with or without the plugin loads into either.
 Per call the weights are folded into per-element coefficients ``coeff[e, term, c]`` (only the
 elements present), then one fused kernel evaluates the sparse polynomial of the descriptor
 (:mod:`cfm_plugins.ops.descriptors.symmetric_contraction`) per node and channel. Backward and
-double backward are fused kernels of the same descriptor, registered as ``torch.library`` custom
-ops ``cfm::sc_fwd``, ``cfm::sc_bwd``, ``cfm::sc_bwd2`` (autograd, fake tensors, torch.compile).
-Kernels: ``cfm_plugins._C_symmetric_contraction`` (CPU) and ``..._cuda`` (CUDA); where one is
-missing (or ``CFM_PLUGINS_FORCE_TORCH=1``) a pure-torch evaluation of the same descriptor runs.
+double backward are fused kernels of the same descriptor. All three are torch operators declared
+in C++ (``cuda/symmetric_contraction/sc_ops*.cpp``): ``cfm::symmetric_contraction_fwd``, ``_bwd``,
+``_bwd2``, with CPU, CUDA and Meta kernels and C++ autograd, so TorchScript, torch.export,
+AOTInductor and torch.compile see ordinary operators and forces need no Python. Where the
+compiled library is missing (or ``CFM_PLUGINS_FORCE_TORCH=1``) a pure-torch evaluation of the same
+descriptor runs (:mod:`cfm_plugins.ops._backend` chooses).
 
 ``patch_symmetric_contractions(model)`` / ``unpatch_symmetric_contractions(model)`` swap every
 mace ``SymmetricContraction`` in a built model in place (and back).
 """
-from __future__ import annotations
 
 import logging
-from typing import List, Optional
+from typing import List, Tuple
 
+import numpy as np
 import torch
 
-from cfm_plugins.ops import _extension
+from cfm_plugins.ops import _backend
 from cfm_plugins.ops.descriptors.symmetric_contraction import SCDescriptor, build_descriptor
 
 __all__ = [
@@ -35,171 +37,12 @@ __all__ = [
 
 log = logging.getLogger("cfm_plugins.ops")
 
+# the cfm:: operators must exist before a model holding these modules is scripted or exported
+_backend.declare_operators()
+
 KERNEL = "symmetric_contraction"
 CHANNEL_TILE = 16  # coefficient tensors are padded to a multiple of this many channels
 CHUNK = 128  # nodes per kernel work unit (all of one element)
-_INT_NAMES = ("parent", "last", "slot", "term_ptr", "term_row", "term_out", "out_base", "out_stride")
-_WARNED_CUDA = False
-
-
-# ----------------------------------------------------------------------------------------------
-# Kernel dispatch (raw pointers into the compiled modules)
-# ----------------------------------------------------------------------------------------------
-
-def _ptr(t: Optional[torch.Tensor]) -> int:
-    return 0 if t is None else t.data_ptr()
-
-
-def _ext_for(device: torch.device):
-    """The compiled module for ``device``, or None (then the caller uses the torch fallback)."""
-    global _WARNED_CUDA
-    if device.type == "cpu":
-        return _extension.load(KERNEL)
-    if device.type == "cuda":
-        mod = _extension.load(KERNEL, cuda=True)
-        if mod is None and not _WARNED_CUDA and not _extension.disabled():
-            _WARNED_CUDA = True
-            log.warning("FusedSymmetricContraction: the CUDA kernel is not built; CUDA tensors use the "
-                        "pure-torch fallback (slow). To %s", _extension.BUILD_HINT)
-        return mod
-    return None
-
-
-def _call_args(desc: List[torch.Tensor], meta: List[int], elem, order, chunk_ptr):
-    L, J, S, O, out_dim, R, C, Cp = meta
-    d = [L, J, S, O, out_dim, R] + [t.data_ptr() for t in desc]
-    sizes = [C, Cp, chunk_ptr.numel() - 1, torch.get_num_threads()]
-    return d, sizes, [elem.data_ptr(), order.data_ptr(), chunk_ptr.data_ptr()]
-
-
-def _run(name: str, x: torch.Tensor, d, sizes, index, *ptrs):
-    ext = _ext_for(x.device)
-    if ext is None:
-        raise RuntimeError(f"cfm::sc_{name}: no compiled kernel for {x.device.type} ({_extension.BUILD_HINT})")
-    dtype = str(x.dtype).replace("torch.", "")
-    if x.device.type == "cuda":
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        getattr(ext, name)(dtype, d, sizes, index, *ptrs, stream)
-    else:
-        getattr(ext, name)(dtype, d, sizes, index, *ptrs)
-
-
-# ----------------------------------------------------------------------------------------------
-# Custom ops
-# ----------------------------------------------------------------------------------------------
-
-@torch.library.custom_op("cfm::sc_fwd", mutates_args=())
-def sc_fwd(x: torch.Tensor, coeff: torch.Tensor, elem: torch.Tensor, order: torch.Tensor,
-           chunk_ptr: torch.Tensor, desc: List[torch.Tensor], meta: List[int]) -> torch.Tensor:
-    """out[n, :] of the descriptor's polynomial (x [N, C, L], coeff [E', R, Cp], elem [N] rows)."""
-    out = x.new_empty(x.shape[0], meta[4])
-    if x.shape[0]:
-        _run("forward", x, *_call_args(desc, meta, elem, order, chunk_ptr), x.data_ptr(), coeff.data_ptr(),
-             out.data_ptr())
-    return out
-
-
-@sc_fwd.register_fake
-def _(x, coeff, elem, order, chunk_ptr, desc, meta):
-    return x.new_empty(x.shape[0], meta[4])
-
-
-@torch.library.custom_op("cfm::sc_bwd", mutates_args=())
-def sc_bwd(gout: torch.Tensor, x: torch.Tensor, coeff: torch.Tensor, elem: torch.Tensor, order: torch.Tensor,
-           chunk_ptr: torch.Tensor, desc: List[torch.Tensor], meta: List[int], need_gx: bool,
-           need_gc: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of sc_fwd w.r.t. x and coeff (empty tensors where not needed)."""
-    gx = torch.empty_like(x) if need_gx else x.new_empty(0)
-    gc = torch.zeros_like(coeff) if need_gc else coeff.new_empty(0)
-    if x.shape[0] and (need_gx or need_gc):
-        _run("backward", x, *_call_args(desc, meta, elem, order, chunk_ptr), x.data_ptr(), coeff.data_ptr(),
-             gout.data_ptr(), gx.data_ptr() if need_gx else 0, gc.data_ptr() if need_gc else 0)
-    elif need_gx:
-        gx.zero_()
-    return gx, gc
-
-
-@sc_bwd.register_fake
-def _(gout, x, coeff, elem, order, chunk_ptr, desc, meta, need_gx, need_gc):
-    return (torch.empty_like(x) if need_gx else x.new_empty(0),
-            torch.empty_like(coeff) if need_gc else coeff.new_empty(0))
-
-
-@torch.library.custom_op("cfm::sc_bwd2", mutates_args=())
-def sc_bwd2(gout: torch.Tensor, x: torch.Tensor, coeff: torch.Tensor, dx: Optional[torch.Tensor],
-            dcoeff: Optional[torch.Tensor], elem: torch.Tensor, order: torch.Tensor, chunk_ptr: torch.Tensor,
-            desc: List[torch.Tensor], meta: List[int], need_ggout: bool, need_gx: bool,
-            need_gc: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of sc_bwd w.r.t. (gout, x, coeff) given the grads (dx, dcoeff) of its outputs."""
-    ggout = gout.new_empty(gout.shape) if need_ggout else gout.new_empty(0)
-    gx2 = torch.empty_like(x) if need_gx else x.new_empty(0)
-    gc2 = torch.zeros_like(coeff) if need_gc else coeff.new_empty(0)
-    if x.shape[0] and (need_ggout or need_gx or need_gc):
-        _run("double_backward", x, *_call_args(desc, meta, elem, order, chunk_ptr), x.data_ptr(), _ptr(dx),
-             coeff.data_ptr(), _ptr(dcoeff), gout.data_ptr(), ggout.data_ptr() if need_ggout else 0,
-             gx2.data_ptr() if need_gx else 0, gc2.data_ptr() if need_gc else 0)
-    else:
-        ggout.zero_()
-        gx2.zero_()
-    return ggout, gx2, gc2
-
-
-@sc_bwd2.register_fake
-def _(gout, x, coeff, dx, dcoeff, elem, order, chunk_ptr, desc, meta, need_ggout, need_gx, need_gc):
-    return (gout.new_empty(gout.shape) if need_ggout else gout.new_empty(0),
-            torch.empty_like(x) if need_gx else x.new_empty(0),
-            torch.empty_like(coeff) if need_gc else coeff.new_empty(0))
-
-
-def _fwd_setup(ctx, inputs, output):
-    x, coeff, elem, order, chunk_ptr, desc, meta = inputs
-    ctx.save_for_backward(x, coeff, elem, order, chunk_ptr, *desc)
-    ctx.meta = meta
-
-
-def _fwd_backward(ctx, gout):
-    x, coeff, elem, order, chunk_ptr, *desc = ctx.saved_tensors
-    need_gx, need_gc = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    nodesc = [None] * len(desc)
-    if not (need_gx or need_gc):
-        return None, None, None, None, None, nodesc, None
-    gx, gc = sc_bwd(gout.contiguous(), x, coeff, elem, order, chunk_ptr, desc, ctx.meta, need_gx, need_gc)
-    return (gx if need_gx else None), (gc if need_gc else None), None, None, None, nodesc, None
-
-
-def _bwd_setup(ctx, inputs, output):
-    gout, x, coeff, elem, order, chunk_ptr, desc, meta, need_gx, need_gc = inputs
-    ctx.save_for_backward(gout, x, coeff, elem, order, chunk_ptr, *desc)
-    ctx.meta = meta
-    ctx.flags = (need_gx, need_gc)
-
-
-def _bwd_backward(ctx, ggx, ggc):
-    gout, x, coeff, elem, order, chunk_ptr, *desc = ctx.saved_tensors
-    need_gx, need_gc = ctx.flags
-    dx = ggx.contiguous() if (need_gx and ggx is not None and ggx.numel()) else None
-    dc = ggc.contiguous() if (need_gc and ggc is not None and ggc.numel()) else None
-    want = ctx.needs_input_grad[:3]
-    nodesc = [None] * len(desc)
-    if (dx is None and dc is None) or not any(want):
-        return (None,) * 6 + (nodesc, None, None, None)
-    ggout, gx2, gc2 = sc_bwd2(gout, x, coeff, dx, dc, elem, order, chunk_ptr, desc, ctx.meta,
-                              want[0], want[1], want[2])
-    return ((ggout if want[0] else None), (gx2 if want[1] else None), (gc2 if want[2] else None),
-            None, None, None, nodesc, None, None, None)
-
-
-def _bwd2_backward(ctx, *grads):
-    raise RuntimeError("FusedSymmetricContraction: third derivatives are not implemented")
-
-
-def _bwd2_setup(ctx, inputs, output):
-    pass
-
-
-torch.library.register_autograd("cfm::sc_fwd", _fwd_backward, setup_context=_fwd_setup)
-torch.library.register_autograd("cfm::sc_bwd", _bwd_backward, setup_context=_bwd_setup)
-torch.library.register_autograd("cfm::sc_bwd2", _bwd2_backward, setup_context=_bwd2_setup)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,7 +92,9 @@ class FusedSymmetricContraction(torch.nn.Module):
 
     Build it with :meth:`from_mace` (wrap an existing module) or :meth:`from_irreps` (build a mace
     module with mace's own constructor and wrap it). ``use_kernel=False`` forces the pure-torch
-    evaluation of the same descriptor.
+    evaluation of the same descriptor. Every tensor it owns is a buffer created on the wrapped
+    module's device and dtype, so it follows ``.to()``; ``forward`` is TorchScript-compatible
+    (a scripted module calls the ``cfm::`` operators, so the compiled library must be loaded).
     """
 
     def __init__(self, module: torch.nn.Module, use_kernel: bool = True) -> None:
@@ -267,20 +112,33 @@ class FusedSymmetricContraction(torch.nn.Module):
         us = [[c.U_tensors(nu) for nu in range(1, c.correlation + 1)] for c in self.contractions]
         desc = build_descriptor(us, self.channels)
         self.descriptor: SCDescriptor = desc
-        dev = wmax[0].device
-        dtype = wmax[0].dtype
+        dev, dtype = wmax[0].device, wmax[0].dtype
         for name, t in desc.int_tensors(dev).items():
             self.register_buffer(f"_sc_{name}", t, persistent=False)
-        import numpy as np
-
         term_j = np.repeat(np.arange(len(desc.monomials)), np.diff(desc.term_ptr))
         self.register_buffer("_sc_term_j", torch.as_tensor(term_j, dtype=torch.int32, device=dev), persistent=False)
-        for b, blk in enumerate(desc.blocks):
-            self.register_buffer(f"_sc_A_{b}", torch.as_tensor(blk.A, dtype=dtype, device=dev), persistent=False)
+        # The A blocks, flattened into one buffer; block b is _sc_A[off:off + rows * k].view(rows, k)
+        # and folds the weight _weight_list()[w] (TorchScript has no lists of buffers).
+        first_weight, k0 = [], 0
+        for c in self.contractions:
+            first_weight.append(k0)
+            k0 += c.correlation
+        flat, self._a_blocks, off = [], [], 0
+        for blk in desc.blocks:
+            c = self.contractions[blk.irrep]
+            rows, k = blk.A.shape
+            flat.append(np.asarray(blk.A, dtype=np.float64).reshape(-1))
+            self._a_blocks.append([off, rows, k, first_weight[blk.irrep] + c.correlation - blk.nu])
+            off += rows * k
+        A = np.concatenate(flat) if flat else np.zeros(0)
+        self.register_buffer("_sc_A", torch.as_tensor(A, dtype=dtype, device=dev), persistent=False)
         degrees = [len(m) for m in desc.monomials]
         self._degree_ranges = [(degrees.index(g), len(degrees) - degrees[::-1].index(g))
                                for g in sorted(set(degrees))]
         self._padded = -(-self.channels // CHANNEL_TILE) * CHANNEL_TILE
+        self._chunk = CHUNK
+        self._meta: List[int] = [desc.num_ell, len(desc.monomials), desc.num_slots, desc.num_out, desc.out_dim,
+                                 desc.num_rows, self.channels, self._padded]
 
     # -- construction / conversion -------------------------------------------------------------
     @classmethod
@@ -305,15 +163,9 @@ class FusedSymmetricContraction(torch.nn.Module):
         return (f"{self.irreps_in} -> {self.irreps_out}, elements={self.num_elements}, channels={self.channels}, "
                 f"monomials={len(d.monomials)}, terms={d.num_rows}")
 
-    # -- inputs --------------------------------------------------------------------------------
-    def _weights(self) -> list:
-        ws = []
-        for blk in self.descriptor.blocks:
-            c = self.contractions[blk.irrep]
-            ws.append(c.weights_max if blk.nu == c.correlation else c.weights[c.correlation - 1 - blk.nu])
-        return ws
-
-    def _check_x(self, x: torch.Tensor) -> None:
+    # -- inputs (eager only: a scripted or compiled model skips these checks) -------------------
+    @torch.jit.unused
+    def _check(self, x: torch.Tensor, y: torch.Tensor) -> None:
         L = self.descriptor.num_ell
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"x must be a tensor [nodes, {self.channels}, {L}], got {type(x).__name__}")
@@ -325,20 +177,20 @@ class FusedSymmetricContraction(torch.nn.Module):
             raise ValueError(f"x must be {wdt} like the weights (float32 or float64), got {x.dtype}")
         if x.device != self.contractions[0].weights_max.device:
             raise ValueError(f"x is on {x.device} but the weights are on {self.contractions[0].weights_max.device}")
+        self._check_y(y, x.shape[0])
 
-    def _element_index(self, y: torch.Tensor, n: int) -> torch.Tensor:
+    @torch.jit.unused
+    def _check_y(self, y: torch.Tensor, n: int) -> None:
         E = self.num_elements
         if not isinstance(y, torch.Tensor):
             raise ValueError(f"y must be a one-hot tensor [nodes, {E}] or element indices [nodes], got {type(y).__name__}")
-        checking = not torch.compiler.is_compiling()
+        checking = not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
         if y.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             if y.dim() != 1 or y.shape[0] != n:
                 raise ValueError(f"integer y must be element indices of shape [{n}], got {list(y.shape)}")
-            idx = y.long()
-            if checking and n and (int(idx.min()) < 0 or int(idx.max()) >= E):
-                raise ValueError(f"element indices must lie in [0, {E}), got range "
-                                 f"[{int(idx.min())}, {int(idx.max())}]")
-            return idx
+            if checking and n and (int(y.min()) < 0 or int(y.max()) >= E):
+                raise ValueError(f"element indices must lie in [0, {E}), got range [{int(y.min())}, {int(y.max())}]")
+            return
         if not y.is_floating_point():
             raise ValueError(f"y must be a floating one-hot [nodes, {E}] or integer indices, got {y.dtype}")
         if y.dim() != 2 or y.shape[0] != n or y.shape[1] != E:
@@ -346,20 +198,41 @@ class FusedSymmetricContraction(torch.nn.Module):
         if checking and n and not bool(((y == 0) | (y == 1)).all() and (y.sum(-1) == 1).all()):
             raise ValueError("y must be one-hot (exactly one 1 per node, zeros elsewhere); "
                              "mixtures of elements are not supported by the fused contraction")
-        return y.argmax(dim=-1)
+
+    @torch.jit.unused
+    def _eager_backend(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether the compiled operators run for x (eager and torch.compile; see forward)."""
+        if not torch.compiler.is_compiling():
+            self._check(x, y)
+        return self.use_kernel and x.shape[0] > 0 and _backend.choose(x.device) != "torch"
+
+    @torch.jit.unused
+    def _torch_forward(self, x: torch.Tensor, coeff: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+        return self._layout(_torch_polynomial(self, x, coeff, inv))
 
     # -- forward -------------------------------------------------------------------------------
+    def _weight_list(self) -> List[torch.Tensor]:
+        """Every contraction's weights: weights_max (nu = correlation), then weights[i] (nu = correlation-1-i)."""
+        ws: List[torch.Tensor] = []
+        for c in self.contractions:
+            ws.append(c.weights_max)
+            for w in c.weights:
+                ws.append(w)
+        return ws
+
     def _fold(self, present: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """coeff[e', row, c] for the elements ``present`` (differentiable in the weights)."""
-        parts = []
+        ws = self._weight_list()
+        parts: List[torch.Tensor] = []
         pad = self._padded - self.channels
-        for b, W in enumerate(self._weights()):
-            A = getattr(self, f"_sc_A_{b}").to(dtype)
-            Wp = W.index_select(0, present)
-            if pad:
-                Wp = torch.nn.functional.pad(Wp, (0, pad))
+        for blk in self._a_blocks:
+            off, rows, k, wi = blk[0], blk[1], blk[2], blk[3]
+            A = self._sc_A[off:off + rows * k].view(rows, k).to(dtype)
+            Wp = ws[wi].index_select(0, present)
+            if pad > 0:
+                Wp = torch.nn.functional.pad(Wp, [0, pad])
             parts.append(torch.einsum("rk,ekc->erc", A, Wp))
-        if not parts:
+        if len(parts) == 0:
             return torch.zeros(present.shape[0], 0, self._padded, dtype=dtype, device=present.device)
         return torch.cat(parts, dim=1).contiguous()
 
@@ -372,27 +245,38 @@ class FusedSymmetricContraction(torch.nn.Module):
         return torch.cat(parts, dim=-1)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self._check_x(x)
         n = x.shape[0]
-        idx = self._element_index(y, n)
-        d = self.descriptor
-        present, inv, counts = torch.unique(idx, sorted=True, return_inverse=True, return_counts=True)
+        if torch.jit.is_scripting():
+            use_ops = True  # a scripted model runs the cfm:: operators (their library must be loaded)
+        else:
+            use_ops = self._eager_backend(x, y)
+        idx = y.argmax(dim=-1) if y.is_floating_point() else y.long()
+        present, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
         coeff = self._fold(present, x.dtype)
         x = x.contiguous()
-        use_ext = self.use_kernel and n > 0 and _ext_for(x.device) is not None
-        if not use_ext:
-            return self._layout(_torch_polynomial(self, x, coeff, inv))
+        if not use_ops:
+            return self._torch_forward(x, coeff, inv)
+        order, chunk_ptr = self._chunks(inv, counts, n)
+        return torch.ops.cfm.symmetric_contraction_fwd(x, coeff, inv.contiguous(), order, chunk_ptr,
+                                                       self._desc_tensors(), self._meta)
+
+    def _chunks(self, inv: torch.Tensor, counts: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(order, chunk_ptr): nodes sorted by element, cut into chunks of <= CHUNK nodes of one element."""
+        chunk = self._chunk
         order = torch.argsort(inv, stable=True)
-        nch = (counts + CHUNK - 1) // CHUNK
+        nch = torch.div(counts + (chunk - 1), chunk, rounding_mode="floor")
         seg_start = torch.cumsum(counts, 0) - counts
-        chunk_seg = torch.repeat_interleave(torch.arange(counts.shape[0], device=x.device), nch)
+        chunk_seg = torch.repeat_interleave(torch.arange(counts.shape[0], device=inv.device), nch)
         first = torch.repeat_interleave(torch.cumsum(nch, 0) - nch, nch)
-        k = torch.arange(chunk_seg.shape[0], device=x.device) - first
-        chunk_ptr = torch.cat([seg_start[chunk_seg] + k * CHUNK, torch.tensor([n], device=x.device)])
-        desc = [getattr(self, f"_sc_{name}") for name in _INT_NAMES]
-        meta = [d.num_ell, len(d.monomials), d.num_slots, d.num_out, d.out_dim, d.num_rows, self.channels,
-                self._padded]
-        return sc_fwd(x, coeff, inv.contiguous(), order.contiguous(), chunk_ptr.contiguous(), desc, meta)
+        k = torch.arange(chunk_seg.shape[0], device=inv.device) - first
+        chunk_ptr = torch.cat([seg_start[chunk_seg] + k * chunk,
+                               torch.full([1], n, dtype=torch.int64, device=inv.device)])
+        return order.contiguous(), chunk_ptr.contiguous()
+
+    def _desc_tensors(self) -> List[torch.Tensor]:
+        """The descriptor tables in the order of the operators' ``desc`` argument (sc_ops.h)."""
+        return [self._sc_parent, self._sc_last, self._sc_slot, self._sc_term_ptr, self._sc_term_row,
+                self._sc_term_out, self._sc_out_base, self._sc_out_stride]
 
 
 # ----------------------------------------------------------------------------------------------

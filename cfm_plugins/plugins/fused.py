@@ -39,13 +39,9 @@ def refuse_other_kernels(kernels, enable_cueq=False, enable_oeq=False,
 
 
 def kernels(config) -> tuple[str, ...]:
-    from cfm_plugins.ops.patching import KERNELS
+    from cfm_plugins.ops.patching import check_kernels
 
-    names = split_names(config.get("fused_kernels"))
-    bad = [n for n in names if n not in KERNELS]
-    if bad:
-        raise ValueError(f"fused option fused_kernels: unknown {', '.join(bad)}; known: {', '.join(KERNELS)}")
-    return tuple(names)
+    return check_kernels(split_names(config.get("fused_kernels")), "fused option fused_kernels")
 
 
 @hookimpl

@@ -2,7 +2,7 @@
 //
 // CFM_HD marks functions compiled for both host and device so the CPU build runs (and the CPU
 // tests check) the same arithmetic as the GPU. Nothing here includes torch headers: tensors cross
-// the pybind11 boundary as raw pointers (tensor.data_ptr()) plus sizes.
+// kernel entry points as raw pointers plus sizes (unpacked from tensors in <kernel>_ops.h).
 #pragma once
 #include <cstdint>
 
@@ -17,10 +17,6 @@
 #endif
 
 namespace cfm {
-
-// Pointer from a Python int (tensor.data_ptr()).
-template <typename T>
-inline T* ptr(std::uintptr_t p) { return reinterpret_cast<T*>(p); }
 
 // Run body(i) for i in [0, n) on up to num_threads threads (OpenMP when built with it).
 template <typename F>

@@ -19,14 +19,6 @@ namespace cfm {
 namespace conv_tp {
 namespace gpu {
 
-struct DeviceDescriptor {
-  int n_paths = 0, n_pairs = 0, n_ents = 0, n_ints = 0;
-  int* ints = nullptr;        // path_mul | path_woff | path_pair_start | pair_in | pair_out | pair_ent_start | ent_j
-  double* coef = nullptr;     // ent_coef
-  int max_mul = 1;
-  int device = 0;
-};
-
 namespace {
 
 void check(cudaError_t err, const char* what) {
@@ -216,43 +208,6 @@ void launch_edge_grads(const DeviceDescriptor* d, std::int64_t n_edges, std::uin
 }
 
 }  // namespace
-
-DeviceDescriptor* create_descriptor(const std::vector<int>& path_mul, const std::vector<int>& path_woff,
-                                    const std::vector<int>& path_pair_start, const std::vector<int>& pair_in,
-                                    const std::vector<int>& pair_out, const std::vector<int>& pair_ent_start,
-                                    const std::vector<int>& ent_j, const std::vector<double>& ent_coef) {
-  const size_t P = path_mul.size(), Q = pair_in.size(), NE = ent_j.size();
-  if (path_woff.size() != P || path_pair_start.size() != P + 1 || pair_out.size() != Q ||
-      pair_ent_start.size() != Q + 1 || ent_coef.size() != NE)
-    throw std::invalid_argument("conv_tp descriptor: inconsistent table sizes");
-  std::vector<int> ints;
-  for (const auto* v : {&path_mul, &path_woff, &path_pair_start, &pair_in, &pair_out, &pair_ent_start, &ent_j})
-    ints.insert(ints.end(), v->begin(), v->end());
-  auto* d = new DeviceDescriptor();
-  d->n_paths = static_cast<int>(P);
-  d->n_pairs = static_cast<int>(Q);
-  d->n_ents = static_cast<int>(NE);
-  d->n_ints = static_cast<int>(ints.size());
-  for (int m : path_mul) d->max_mul = m > d->max_mul ? m : d->max_mul;
-  check(cudaGetDevice(&d->device), "cudaGetDevice");
-  try {
-    check(cudaMalloc(&d->ints, sizeof(int) * (ints.empty() ? 1 : ints.size())), "cudaMalloc");
-    check(cudaMalloc(&d->coef, sizeof(double) * (NE ? NE : 1)), "cudaMalloc");
-    if (!ints.empty()) check(cudaMemcpy(d->ints, ints.data(), sizeof(int) * ints.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
-    if (NE) check(cudaMemcpy(d->coef, ent_coef.data(), sizeof(double) * NE, cudaMemcpyHostToDevice), "cudaMemcpy");
-  } catch (...) {
-    destroy_descriptor(d);
-    throw;
-  }
-  return d;
-}
-
-void destroy_descriptor(DeviceDescriptor* d) {
-  if (!d) return;
-  cudaFree(d->ints);
-  cudaFree(d->coef);
-  delete d;
-}
 
 void segment_accumulate(const DeviceDescriptor* d, int dtype, std::int64_t n_nodes, std::uintptr_t ptr,
                         std::uintptr_t perm, std::uintptr_t other, std::uintptr_t node_in, std::int64_t din,

@@ -1,5 +1,6 @@
-// CUDA entry points of the fused conv TP (implemented in conv_tp.cu, bound in bindings_cuda.cpp).
-// No torch and no pybind11 here: raw device pointers, sizes, and the CUDA stream as an integer.
+// CUDA entry points of the fused conv TP (implemented in conv_tp.cu, registered as the CUDA
+// kernels of the cfm::conv_tp_* torch operators in conv_tp_ops_cuda.cpp). No torch here: raw
+// device pointers, sizes, and the CUDA stream as an integer (nvcc never sees torch headers).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -8,14 +9,13 @@ namespace cfm {
 namespace conv_tp {
 namespace gpu {
 
-// Descriptor tables copied once to device memory (see descriptors/conv_tp.py).
-struct DeviceDescriptor;
-
-DeviceDescriptor* create_descriptor(const std::vector<int>& path_mul, const std::vector<int>& path_woff,
-                                    const std::vector<int>& path_pair_start, const std::vector<int>& pair_in,
-                                    const std::vector<int>& pair_out, const std::vector<int>& pair_ent_start,
-                                    const std::vector<int>& ent_j, const std::vector<double>& ent_coef);
-void destroy_descriptor(DeviceDescriptor* d);
+// The descriptor tables in device memory (module buffers, see descriptors/conv_tp.py), not owned.
+struct DeviceDescriptor {
+  int n_paths = 0, n_pairs = 0, n_ents = 0, n_ints = 0;
+  const int* ints = nullptr;     // path_mul | path_woff | path_pair_start | pair_in | pair_out | pair_ent_start | ent_j
+  const double* coef = nullptr;  // ent_coef
+  int max_mul = 1;
+};
 
 // dtype: 0 float32, 1 float64. `out` zero-initialised by the caller (on `stream`).
 void segment_accumulate(const DeviceDescriptor* d, int dtype, std::int64_t n_nodes, std::uintptr_t ptr,

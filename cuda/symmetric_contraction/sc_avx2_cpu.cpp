@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cfm_common.h"
-#include "sc_cpu_api.h"  // declarations only (Desc and ScCpuArgs are plain structs)
+#include "sc_cpu_api.h"  // declarations only (Desc and ScArgs are plain structs)
 #pragma GCC target("avx2")
 #undef CFM_SC_ISA
 #define CFM_SC_ISA isa_avx2

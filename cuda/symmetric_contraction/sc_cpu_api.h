@@ -1,10 +1,11 @@
-// Arguments of the CPU drivers (raw pointers from tensor.data_ptr(), sizes) and their entry points.
+// Arguments of the kernel drivers (CPU and CUDA: raw pointers unpacked from tensors once, in
+// sc_ops.h) and the CPU entry points.
 #pragma once
 #include <cstdint>
 
 #include "sc_desc.h"
 
-struct ScCpuArgs {
+struct ScArgs {
   cfm::sc::Desc d;
   std::int64_t R = 0;        // coefficient rows (terms)
   std::int64_t C = 0;        // channels
@@ -25,8 +26,8 @@ struct ScCpuArgs {
 };
 
 // op: 0 forward, 1 backward, 2 double backward.
-void sc_generic_run(int op, bool is_double, const ScCpuArgs& a);
+void sc_generic_run(int op, bool is_double, const ScArgs& a);
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CFM_SC_HAVE_AVX2 1
-void sc_avx2_run(int op, bool is_double, const ScCpuArgs& a);
+void sc_avx2_run(int op, bool is_double, const ScArgs& a);
 #endif

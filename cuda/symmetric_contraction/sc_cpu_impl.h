@@ -21,15 +21,15 @@ constexpr int TC = 16;  // channel lanes per task
 
 using cfm::sc::Desc;
 
-inline std::int64_t chunk_elem(const ScCpuArgs& a, std::int64_t k) { return a.elem[a.order[a.chunk_ptr[k]]]; }
+inline std::int64_t chunk_elem(const ScArgs& a, std::int64_t k) { return a.elem[a.order[a.chunk_ptr[k]]]; }
 
-inline bool chunk_shared(const ScCpuArgs& a, std::int64_t k) {
+inline bool chunk_shared(const ScArgs& a, std::int64_t k) {
   const std::int64_t e = chunk_elem(a, k);
   return (k > 0 && chunk_elem(a, k - 1) == e) || (k + 1 < a.nchunks && chunk_elem(a, k + 1) == e);
 }
 
 template <typename T>
-void flush(const ScCpuArgs& a, std::int64_t k, const T* local, T* dst, int nvalid) {
+void flush(const ScArgs& a, std::int64_t k, const T* local, T* dst, int nvalid) {
   const bool shared = chunk_shared(a, k);
   for (std::int64_t r = 0; r < a.R; ++r) {
     const T* lr = local + r * TC;
@@ -46,7 +46,7 @@ void flush(const ScCpuArgs& a, std::int64_t k, const T* local, T* dst, int nvali
 }
 
 template <typename T>
-void run_fwd(const ScCpuArgs& a) {
+void run_fwd(const ScArgs& a) {
   const Desc& d = a.d;
   const std::int64_t ntiles = (a.C + TC - 1) / TC;
   const std::int64_t ntasks = a.nchunks * ntiles;
@@ -72,7 +72,7 @@ void run_fwd(const ScCpuArgs& a) {
 }
 
 template <typename T>
-void run_bwd(const ScCpuArgs& a) {
+void run_bwd(const ScArgs& a) {
   const Desc& d = a.d;
   const std::int64_t ntiles = (a.C + TC - 1) / TC;
   const std::int64_t ntasks = a.nchunks * ntiles;
@@ -105,7 +105,7 @@ void run_bwd(const ScCpuArgs& a) {
 }
 
 template <typename T>
-void run_bwd2(const ScCpuArgs& a) {
+void run_bwd2(const ScArgs& a) {
   const Desc& d = a.d;
   const std::int64_t ntiles = (a.C + TC - 1) / TC;
   const std::int64_t ntasks = a.nchunks * ntiles;
@@ -144,7 +144,7 @@ void run_bwd2(const ScCpuArgs& a) {
 
 }  // namespace
 
-void SC_CPU_NS(run)(int op, bool is_double, const ScCpuArgs& a) {
+void SC_CPU_NS(run)(int op, bool is_double, const ScArgs& a) {
   if (is_double) {
     if (op == 0) run_fwd<double>(a);
     else if (op == 1) run_bwd<double>(a);

@@ -33,7 +33,7 @@ struct AtomicAdd {
 constexpr int kThreads = 32;  // channels per block (one warp)
 
 template <typename T, int OP>
-__global__ void sc_kernel(ScCpuArgs a) {
+__global__ void sc_kernel(ScArgs a) {
   const cfm::sc::Desc& d = a.d;
   const std::int64_t k = blockIdx.x;
   const int c = static_cast<int>(blockIdx.y) * blockDim.x + threadIdx.x;
@@ -75,7 +75,7 @@ void check(cudaError_t err, const char* what) {
 }
 
 template <typename T, int OP>
-void launch(const ScCpuArgs& a, cudaStream_t stream) {
+void launch(const ScArgs& a, cudaStream_t stream) {
   const int rows = OP == 0 ? cfm::sc::fwd_rows(a.d) : (OP == 1 ? cfm::sc::bwd_rows(a.d) : cfm::sc::bwd2_rows(a.d));
   const std::size_t smem = static_cast<std::size_t>(rows) * kThreads * sizeof(T);
   int dev = 0, limit = 0;
@@ -94,7 +94,7 @@ void launch(const ScCpuArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-void sc_cuda_run(int op, bool is_double, const ScCpuArgs& a, std::uintptr_t stream_int) {
+void sc_cuda_run(int op, bool is_double, const ScArgs& a, std::uintptr_t stream_int) {
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(stream_int);
   if (is_double) {
     if (op == 0) launch<double, 0>(a, stream);

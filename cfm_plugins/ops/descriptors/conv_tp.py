@@ -97,6 +97,20 @@ class ConvTPDescriptor:
             self.path_mul, self.path_woff, self.path_pair_start, self.pair_in, self.pair_out,
             self.pair_ent_start, self.ent_j)]
 
+    def packed(self) -> tuple[np.ndarray, np.ndarray]:
+        """The tables as the operators take them (cuda/conv_tp/conv_tp_ops.h): one int32 array
+        (path_mul | path_woff | path_pair_start | pair_in | pair_out | pair_ent_start | ent_j) and
+        the float64 coefficients."""
+        ints = np.concatenate([np.asarray(a, dtype=np.int32) for a in (
+            self.path_mul, self.path_woff, self.path_pair_start, self.pair_in, self.pair_out,
+            self.pair_ent_start, self.ent_j)])
+        return ints, np.ascontiguousarray(self.ent_coef, dtype=np.float64)
+
+    def meta(self) -> list[int]:
+        """The operators' ``meta`` ints: [dim_in, dim_out, n_paths, n_pairs, max_mul]."""
+        max_mul = int(self.path_mul.max()) if self.num_paths else 1
+        return [self.dim_in, self.dim_out, self.num_paths, self.num_pairs, max_mul]
+
     def key(self) -> str:
         """A content hash: equal tables give equal keys (used to cache compiled handles)."""
         h = hashlib.sha1()

@@ -1,0 +1,109 @@
+"""The one backend chooser of the fused kernels: compiled CPU, compiled CUDA, or pure torch.
+
+The compiled kernels are torch operators ``cfm::<kernel>_<pass>`` declared in C++ (``cuda/``):
+the library ``cfm_plugins/_C*.so`` registers every operator with its CPU and Meta kernels and its
+C++ autograd; ``cfm_plugins/_C_cuda*.so`` (optional, ``CFM_PLUGINS_CUDA=1``) adds the CUDA kernels.
+They are loaded with ``torch.ops.load_library``, never imported as Python modules, so the same
+files serve a C++ program (LAMMPS) that loads them: :func:`library_paths` lists them.
+
+:func:`choose` tells a module which path runs for tensors on a device. Where a library is missing
+(not built, built against another torch, or ``CFM_PLUGINS_FORCE_TORCH=1``) the modules run their
+pure-torch evaluation of the same descriptor; the first time that happens for a device kind, one
+warning says why and how to build.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("cfm_plugins.ops")
+
+BUILD_HINT = (
+    "build them with `pip install --no-build-isolation -e .` from the cfm-plugins checkout after torch is "
+    "installed (needs a C++20 compiler; add CFM_PLUGINS_CUDA=1 and nvcc for the CUDA kernels), or "
+    "`python setup.py build_ext --inplace`"
+)
+
+_LIBS = {"cpu": "cfm_plugins._C", "cuda": "cfm_plugins._C_cuda"}
+_LOADED: dict[str, bool] = {}
+_WHY: dict[str, str] = {}
+_WARNED: set[str] = set()
+
+
+def disabled() -> bool:
+    """``CFM_PLUGINS_FORCE_TORCH=1`` forces the pure-torch fallback (for debugging and tests)."""
+    return os.environ.get("CFM_PLUGINS_FORCE_TORCH", "") == "1"
+
+
+def _library_file(kind: str) -> Path | None:
+    spec = importlib.util.find_spec(_LIBS[kind])
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def library_paths(cuda: bool = False) -> list[str]:
+    """Files a C++ program must load (``dlopen``, or ``torch.ops.load_library``) before it runs a
+    scripted or AOT-compiled model that calls ``cfm::`` operators: the CPU library, then the CUDA one."""
+    kinds = ["cpu"] + (["cuda"] if cuda else [])
+    paths = [_library_file(k) for k in kinds]
+    missing = [k for k, p in zip(kinds, paths) if p is None]
+    if missing:
+        raise RuntimeError(f"the compiled {'/'.join(missing)} operator library is not built: {BUILD_HINT}")
+    return [str(p) for p in paths]
+
+
+def load(kind: str = "cpu") -> bool:
+    """Load the operator library of ``kind`` ("cpu" or "cuda") once; whether it is available."""
+    if kind not in _LOADED:
+        ok, why = False, ""
+        if kind == "cuda" and not load("cpu"):
+            why = "the CPU library (which declares the operators) is missing"
+        else:
+            path = _library_file(kind)
+            if path is None:
+                why = f"{_LIBS[kind]} is not built"
+            else:
+                try:
+                    torch.ops.load_library(str(path))
+                    ok = True
+                except OSError as exc:  # built against another torch, or a missing runtime
+                    why = f"{path.name} does not load ({exc}); rebuild it against torch {torch.__version__}"
+        _LOADED[kind], _WHY[kind] = ok, why
+    return _LOADED[kind]
+
+
+def declare_operators() -> bool:
+    """Load what is built (CPU library; the CUDA one where a GPU is visible) so the ``cfm::``
+    operators exist before a model is scripted, exported or unpickled. Called on import of the
+    fused modules; silent (``choose`` warns when a missing library is actually needed)."""
+    ok = load("cpu")
+    if ok and torch.cuda.is_available():
+        load("cuda")
+    return ok
+
+
+def operators_available() -> bool:
+    """Whether the ``cfm::`` operators are declared (the CPU library is loaded)."""
+    return load("cpu")
+
+
+def choose(device: torch.device) -> str:
+    """"cpu", "cuda" or "torch": which implementation runs for tensors on ``device``."""
+    kind = device.type
+    if kind not in _LIBS or disabled():
+        return "torch"
+    if load(kind):
+        return kind
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        msg = (f"cfm_plugins: the compiled {kind.upper()} kernels are not available ({_WHY[kind]}); the fused "
+               f"modules run their pure-torch fallback on {kind} (exact, slower). To use them, {BUILD_HINT}.")
+        if kind == "cuda":
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        else:
+            log.warning(msg)
+    return "torch"

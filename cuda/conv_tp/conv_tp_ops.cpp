@@ -1,0 +1,191 @@
+// Registration of the cfm::conv_tp_* operators: schemas, CPU and Meta kernels, and the autograd
+// (backward written with both operators again, the form being trilinear, so every higher
+// derivative exists). The CUDA kernels register in conv_tp_ops_cuda.cpp.
+#include "conv_tp_host.h"
+#include "conv_tp_ops.h"
+
+namespace cfm {
+namespace conv_tp {
+namespace {
+
+DescView view(const Tables& t) {
+  const int P = t.n_paths, Q = t.n_pairs;
+  const int* i = t.ints;
+  return DescView{P, Q, t.n_ents, i, i + P, i + 2 * P, i + 3 * P + 1, i + 3 * P + 1 + Q, i + 3 * P + 1 + 2 * Q,
+                  i + 3 * P + 2 + 3 * Q, t.coef};
+}
+
+struct CpuRunner {
+  template <typename T>
+  static void segment(const Tables& t, int64_t n, const int64_t* ptr, const int64_t* perm, const int64_t* other,
+                      const T* node_in, int64_t din, const T* y, int64_t dy, const T* w, int64_t dw, T* out,
+                      int64_t dout) {
+    segment_accumulate<T>(view(t), n, ptr, perm, other, node_in, din, y, dy, w, dw, out, dout, at::get_num_threads());
+  }
+  template <typename T>
+  static void edge_grads(const Tables& t, int64_t n_edges, const int64_t* sender, const int64_t* receiver,
+                         const T* x, int64_t dx, const T* g, int64_t dg, const T* y, int64_t dy, const T* w,
+                         int64_t dw, T* gy, T* gw) {
+    conv_tp::edge_grads<T>(view(t), n_edges, sender, receiver, x, dx, g, dg, y, dy, w, dw, gy, gw,
+                           at::get_num_threads());
+  }
+};
+
+using torch::autograd::Function;
+using Vec = std::vector<Tensor>;
+
+Tensor call_fwd(const Tensor& x, const Tensor& y, const Tensor& w, const Vec& graph, const Vec& desc,
+                const Vec& desc_t, const std::vector<int64_t>& meta) {
+  static auto op = op_handle(kFwd).typed<decltype(fwd<CpuRunner>)>();
+  return op.call(x, y, w, graph, desc, desc_t, meta);
+}
+
+std::tuple<Tensor, Tensor, Tensor> call_bwd(const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& w,
+                                            const Vec& graph, const Vec& desc, const Vec& desc_t,
+                                            const std::vector<int64_t>& meta, bool nx, bool ny, bool nw) {
+  static auto op = op_handle(kBwd).typed<decltype(bwd<CpuRunner>)>();
+  return op.call(g, x, y, w, graph, desc, desc_t, meta, nx, ny, nw);
+}
+
+// The static inputs (graph, descriptor) are saved after the differentiable ones.
+void save(AutogradContext* ctx, Vec front, const Vec& graph, const Vec& desc, const Vec& desc_t,
+          const std::vector<int64_t>& meta) {
+  for (const Vec* v : {&graph, &desc, &desc_t}) front.insert(front.end(), v->begin(), v->end());
+  ctx->save_for_backward(front);
+  ctx->saved_data["meta"] = meta;
+}
+
+struct Saved {
+  Vec front, graph, desc, desc_t;
+  std::vector<int64_t> meta;
+};
+
+Saved load(AutogradContext* ctx, size_t n_front) {
+  auto s = ctx->get_saved_variables();
+  Saved r;
+  r.front.assign(s.begin(), s.begin() + n_front);
+  r.graph.assign(s.begin() + n_front, s.begin() + n_front + 6);
+  r.desc.assign(s.begin() + n_front + 6, s.begin() + n_front + 8);
+  r.desc_t.assign(s.begin() + n_front + 8, s.begin() + n_front + 10);
+  r.meta = ctx->saved_data["meta"].toIntVector();
+  return r;
+}
+
+void acc(Tensor& total, const Tensor& term) { total = total.defined() ? total + term : term; }
+
+struct BwdFn : Function<BwdFn> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& g, const Tensor& x, const Tensor& y,
+                               const Tensor& w, Vec graph, Vec desc, Vec desc_t, std::vector<int64_t> meta, bool nx,
+                               bool ny, bool nw) {
+    // Unused outputs (the weight gradient when only forces are differentiated) stay undefined:
+    // each zero tensor would cost a full pass below.
+    ctx->set_materialize_grads(false);
+    save(ctx, {g, x, y, w}, graph, desc, desc_t, meta);
+    ctx->saved_data["need"] = c10::List<bool>({nx, ny, nw});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [gx, gy, gw] = call_bwd(g, x, y, w, graph, desc, desc_t, meta, nx, ny, nw);
+    return {gx, gy, gw};
+  }
+
+  // With F(x, y, w) the trilinear form, gx = Fx^T(g, y, w), gy = Fy^T(x, g, w), gw = Fw^T(x, y, g);
+  // the cotangents (ax, ay, aw) of (gx, gy, gw) give dg = F(ax, y, w) + F(x, ay, w) + F(x, y, aw),
+  // dx = Fx^T(g, ay, w) + Fx^T(g, y, aw), dy = Fy^T(ax, g, w) + Fy^T(x, g, aw),
+  // dw = Fw^T(ax, y, g) + Fw^T(x, ay, g).
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Saved s = load(ctx, 4);
+    const Tensor &g = s.front[0], &x = s.front[1], &y = s.front[2], &w = s.front[3];
+    const bool ng = ctx->needs_input_grad(0), nx = ctx->needs_input_grad(1), ny = ctx->needs_input_grad(2),
+               nw = ctx->needs_input_grad(3);
+    // an output that was not requested is an empty placeholder: its gradient is ignored
+    const auto need = ctx->saved_data["need"].toBoolList();
+    const bool hx = need[0] && grads[0].defined(), hy = need[1] && grads[1].defined(),
+               hw = need[2] && grads[2].defined();
+    Tensor ax = hx ? grads[0].contiguous() : Tensor(), ay = hy ? grads[1].contiguous() : Tensor(),
+           aw = hw ? grads[2].contiguous() : Tensor();
+    Tensor dg, dx, dy, dw;
+    if (ng) {
+      if (hx) acc(dg, call_fwd(ax, y, w, s.graph, s.desc, s.desc_t, s.meta));
+      if (hy) acc(dg, call_fwd(x, ay, w, s.graph, s.desc, s.desc_t, s.meta));
+      if (hw) acc(dg, call_fwd(x, y, aw, s.graph, s.desc, s.desc_t, s.meta));
+    }
+    if (hx && (ny || nw)) {
+      auto [b_x, b_y, b_w] = call_bwd(g, ax, y, w, s.graph, s.desc, s.desc_t, s.meta, false, ny, nw);
+      if (ny) acc(dy, b_y);
+      if (nw) acc(dw, b_w);
+    }
+    if (hy && (nx || nw)) {
+      auto [b_x, b_y, b_w] = call_bwd(g, x, ay, w, s.graph, s.desc, s.desc_t, s.meta, nx, false, nw);
+      if (nx) acc(dx, b_x);
+      if (nw) acc(dw, b_w);
+    }
+    if (hw && (nx || ny)) {
+      auto [b_x, b_y, b_w] = call_bwd(g, x, y, aw, s.graph, s.desc, s.desc_t, s.meta, nx, ny, false);
+      if (nx) acc(dx, b_x);
+      if (ny) acc(dy, b_y);
+    }
+    variable_list res(11);
+    res[0] = dg;
+    res[1] = dx;
+    res[2] = dy;
+    res[3] = dw;
+    return res;
+  }
+};
+
+struct FwdFn : Function<FwdFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& y, const Tensor& w, Vec graph, Vec desc,
+                        Vec desc_t, std::vector<int64_t> meta) {
+    ctx->set_materialize_grads(false);
+    save(ctx, {x, y, w}, graph, desc, desc_t, meta);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return call_fwd(x, y, w, graph, desc, desc_t, meta);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool nx = ctx->needs_input_grad(0), ny = ctx->needs_input_grad(1), nw = ctx->needs_input_grad(2);
+    variable_list res(7);
+    if (!grads[0].defined() || !(nx || ny || nw)) return res;
+    Saved s = load(ctx, 3);
+    auto [gx, gy, gw] = call_bwd(grads[0].contiguous(), s.front[0], s.front[1], s.front[2], s.graph, s.desc,
+                                 s.desc_t, s.meta, nx, ny, nw);
+    if (nx) res[0] = gx;
+    if (ny) res[1] = gy;
+    if (nw) res[2] = gw;
+    return res;
+  }
+};
+
+Tensor fwd_autograd(const Tensor& x, const Tensor& y, const Tensor& w, at::TensorList graph, at::TensorList desc,
+                    at::TensorList desc_t, at::IntArrayRef meta) {
+  return FwdFn::apply(x, y, w, graph.vec(), desc.vec(), desc_t.vec(), meta.vec());
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_autograd(const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& w,
+                                                at::TensorList graph, at::TensorList desc, at::TensorList desc_t,
+                                                at::IntArrayRef meta, bool nx, bool ny, bool nw) {
+  auto r = BwdFn::apply(g, x, y, w, graph.vec(), desc.vec(), desc_t.vec(), meta.vec(), nx, ny, nw);
+  return {r[0], r[1], r[2]};
+}
+
+}  // namespace
+}  // namespace conv_tp
+}  // namespace cfm
+
+TORCH_LIBRARY_FRAGMENT(cfm, m) {
+  m.def(cfm::conv_tp::kSchemaFwd);
+  m.def(cfm::conv_tp::kSchemaBwd);
+}
+
+TORCH_LIBRARY_IMPL(cfm, CPU, m) {
+  m.impl("conv_tp_fwd", &cfm::conv_tp::fwd<cfm::conv_tp::CpuRunner>);
+  m.impl("conv_tp_bwd", &cfm::conv_tp::bwd<cfm::conv_tp::CpuRunner>);
+}
+
+TORCH_LIBRARY_IMPL(cfm, Meta, m) {
+  m.impl("conv_tp_fwd", &cfm::conv_tp::fwd_meta);
+  m.impl("conv_tp_bwd", &cfm::conv_tp::bwd_meta);
+}
+
+TORCH_LIBRARY_IMPL(cfm, Autograd, m) {
+  m.impl("conv_tp_fwd", &cfm::conv_tp::fwd_autograd);
+  m.impl("conv_tp_bwd", &cfm::conv_tp::bwd_autograd);
+}

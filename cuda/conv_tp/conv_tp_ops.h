@@ -1,0 +1,144 @@
+// The cfm::conv_tp_{fwd,bwd} operators: checks, descriptor unpacking, output allocation (the one
+// binding layer; CPU and CUDA differ only in their Runner) and Meta kernels.
+//
+// Descriptor hand-off (cfm_plugins/ops/descriptors/conv_tp.py, ConvTPDescriptor.packed):
+//   desc = [ints (int32: path_mul | path_woff | path_pair_start | pair_in | pair_out |
+//           pair_ent_start | ent_j), coef (float64: ent_coef)]; desc_t the same for the transpose;
+//   meta = [dim_in, dim_out, n_paths, n_pairs, max_mul]
+// Graph: [sender, receiver, rperm, rptr, sperm, sptr] (int64; CSR by receiver and by sender).
+// x [N, dim_in] channel-last, y [E, dim_edge], w [E, weight_numel]; output [N, dim_out].
+#pragma once
+#include <tuple>
+#include <vector>
+
+#include "cfm_ops.h"
+
+namespace cfm {
+namespace conv_tp {
+
+constexpr const char* kFwd = "cfm::conv_tp_fwd";
+constexpr const char* kBwd = "cfm::conv_tp_bwd";
+
+inline const char* kSchemaFwd =
+    "conv_tp_fwd(Tensor x, Tensor y, Tensor w, Tensor[] graph, Tensor[] desc, Tensor[] desc_t, int[] meta) "
+    "-> Tensor";
+inline const char* kSchemaBwd =
+    "conv_tp_bwd(Tensor g, Tensor x, Tensor y, Tensor w, Tensor[] graph, Tensor[] desc, Tensor[] desc_t, "
+    "int[] meta, bool need_x, bool need_y, bool need_w) -> (Tensor, Tensor, Tensor)";
+
+// The descriptor tables as raw pointers (host or device memory, like the tensors).
+struct Tables {
+  const int* ints;
+  const double* coef;
+  int n_paths, n_pairs, n_ents, n_ints, max_mul;
+};
+
+enum Graph { kSender = 0, kReceiver, kRperm, kRptr, kSperm, kSptr };
+
+inline Tables unpack(const char* op, const Tensor& ref, at::TensorList desc, at::IntArrayRef meta) {
+  TORCH_CHECK(desc.size() == 2 && meta.size() == 5, op, ": the descriptor is 2 tensors and 5 ints, got ",
+              desc.size(), " and ", meta.size());
+  check_index(op, desc[0], "descriptor ints", at::kInt);
+  check_index(op, desc[1], "descriptor coefficients", at::kDouble);
+  for (const auto& t : desc)
+    TORCH_CHECK(t.device() == ref.device(), op, ": descriptor table on ", t.device(), " but the inputs are on ",
+                ref.device(), " (move the module with .to())");
+  Tables t{desc[0].data_ptr<int>(), desc[1].data_ptr<double>(), static_cast<int>(meta[2]),
+           static_cast<int>(meta[3]), static_cast<int>(desc[1].numel()), static_cast<int>(desc[0].numel()),
+           static_cast<int>(meta[4])};
+  TORCH_CHECK(t.n_ints == 3 * t.n_paths + 1 + 3 * t.n_pairs + 1 + t.n_ents, op, ": inconsistent descriptor sizes");
+  return t;
+}
+
+inline void check_inputs(const char* op, const Tensor& x, const Tensor& y, const Tensor& w, at::TensorList graph,
+                         int64_t dim_in) {
+  check_float(op, x, "x");
+  check_same(op, x, y, "y");
+  check_same(op, x, w, "w");
+  TORCH_CHECK(y.is_contiguous() && w.is_contiguous(), op, ": y and w must be contiguous");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == dim_in, op, ": x must be [N, ", dim_in, "], got ", x.sizes());
+  TORCH_CHECK(y.dim() == 2 && w.dim() == 2 && y.size(0) == w.size(0), op, ": y and w must be [E, *] alike");
+  TORCH_CHECK(graph.size() == 6, op, ": graph is [sender, receiver, rperm, rptr, sperm, sptr]");
+  for (const auto& t : graph) {
+    check_index(op, t, "a graph index", at::kLong);
+    TORCH_CHECK(t.device() == x.device(), op, ": graph index on ", t.device(), ", expected ", x.device());
+  }
+  TORCH_CHECK(graph[kSender].numel() == y.size(0) && graph[kReceiver].numel() == y.size(0), op,
+              ": one sender and receiver per edge expected");
+  TORCH_CHECK(graph[kRptr].numel() >= 1 && graph[kSptr].numel() == graph[kRptr].numel(), op, ": bad CSR pointers");
+}
+
+template <typename T>
+inline const T* cdata(const Tensor& t) { return static_cast<const T*>(t.data_ptr()); }
+
+// ---- device kernels. Runner: segment<T>(Tables, n_nodes, ptr, perm, other, node_in, din, y, dy, w, dw, out,
+//      dout) and edge_grads<T>(Tables, n_edges, sender, receiver, x, dx, g, dg, y, dy, w, dw, gy, gw) ----
+template <typename Runner>
+void segment(const Tables& t, const Tensor& node_in, const Tensor& y, const Tensor& w, const Tensor& ptr,
+             const Tensor& perm, const Tensor& other, Tensor& out) {
+  const int64_t n = out.size(0);
+  AT_DISPATCH_FLOATING_TYPES(node_in.scalar_type(), "cfm::conv_tp segment", [&] {
+    Runner::template segment<scalar_t>(t, n, cdata<int64_t>(ptr), cdata<int64_t>(perm), cdata<int64_t>(other),
+                                       cdata<scalar_t>(node_in), node_in.size(1), cdata<scalar_t>(y), y.size(1),
+                                       cdata<scalar_t>(w), w.size(1), out.data_ptr<scalar_t>(), out.size(1));
+  });
+}
+
+template <typename Runner>
+Tensor fwd(const Tensor& x, const Tensor& y, const Tensor& w, at::TensorList graph, at::TensorList desc,
+           at::TensorList desc_t, at::IntArrayRef meta) {
+  Tables t = unpack(kFwd, x, desc, meta);
+  check_inputs(kFwd, x, y, w, graph, meta[0]);
+  Tensor out = at::zeros({graph[kRptr].size(0) - 1, meta[1]}, x.options());
+  if (y.size(0) > 0) segment<Runner>(t, x, y, w, graph[kRptr], graph[kRperm], graph[kSender], out);
+  return out;
+}
+
+template <typename Runner>
+std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& w,
+                                       at::TensorList graph, at::TensorList desc, at::TensorList desc_t,
+                                       at::IntArrayRef meta, bool need_x, bool need_y, bool need_w) {
+  Tables t = unpack(kBwd, x, desc, meta);
+  check_inputs(kBwd, x, y, w, graph, meta[0]);
+  check_float(kBwd, g, "g");
+  check_same(kBwd, x, g, "g");
+  TORCH_CHECK(g.dim() == 2 && g.size(0) == graph[kRptr].size(0) - 1 && g.size(1) == meta[1], kBwd,
+              ": g must be [N, ", meta[1], "], got ", g.sizes());
+  Tensor gx = need_x ? at::zeros({graph[kSptr].size(0) - 1, meta[0]}, x.options()) : none_like(x);
+  Tensor gy = need_y ? at::zeros_like(y) : none_like(y);
+  Tensor gw = need_w ? at::zeros_like(w) : none_like(w);
+  if (y.size(0) == 0) return {gx, gy, gw};
+  if (need_x) {
+    std::vector<int64_t> meta_t{meta[1], meta[0], meta[2], meta[3], meta[4]};
+    Tables tt = unpack(kBwd, x, desc_t, meta_t);
+    segment<Runner>(tt, g, y, w, graph[kSptr], graph[kSperm], graph[kReceiver], gx);
+  }
+  if (need_y || need_w) {
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cfm::conv_tp edge_grads", [&] {
+      Runner::template edge_grads<scalar_t>(
+          t, y.size(0), cdata<int64_t>(graph[kSender]), cdata<int64_t>(graph[kReceiver]), cdata<scalar_t>(x),
+          x.size(1), cdata<scalar_t>(g), g.size(1), cdata<scalar_t>(y), y.size(1), cdata<scalar_t>(w), w.size(1),
+          need_y ? gy.data_ptr<scalar_t>() : nullptr, need_w ? gw.data_ptr<scalar_t>() : nullptr);
+    });
+  }
+  return {gx, gy, gw};
+}
+
+// ---- Meta kernels: shapes only (fake tensors of torch.compile / torch.export) ----
+inline Tensor fwd_meta(const Tensor& x, const Tensor& y, const Tensor& w, at::TensorList graph, at::TensorList desc,
+                       at::TensorList desc_t, at::IntArrayRef meta) {
+  return at::empty_symint({graph[kRptr].sym_size(0) - 1, c10::SymInt(meta[1])}, x.options());
+}
+
+inline std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor& g, const Tensor& x, const Tensor& y,
+                                                   const Tensor& w, at::TensorList graph, at::TensorList desc,
+                                                   at::TensorList desc_t, at::IntArrayRef meta, bool need_x,
+                                                   bool need_y, bool need_w) {
+  auto pick = [](const Tensor& t, bool needed) { return needed ? at::empty_like(t) : at::empty({0}, t.options()); };
+  Tensor gx = need_x ? at::empty_symint({graph[kSptr].sym_size(0) - 1, c10::SymInt(meta[0])}, x.options())
+                     : at::empty({0}, x.options());
+  return {gx, pick(y, need_y), pick(w, need_w)};
+}
+
+}  // namespace conv_tp
+}  // namespace cfm
