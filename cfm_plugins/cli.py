@@ -85,15 +85,29 @@ def resolve_command(command: list[str]):
         if not os.path.isfile(script):
             raise FileNotFoundError(f"trainer script {script!r} does not exist")
         return (lambda: runpy.run_path(script, run_name="__main__")), [script, *rest[1:]]
-    for ep in entry_points(group="console_scripts"):
-        if ep.name == head:
-            return (lambda: ep.load()()), [head, *rest]
-    if head.endswith(".py") and os.path.isfile(head):
+    # a console script by name, or by path (`$(which mace_run_train)`, `.venv/bin/nequip-train`)
+    name = os.path.basename(head)
+    if name == head or os.path.isfile(head):
+        for ep in entry_points(group="console_scripts"):
+            if ep.name == name:
+                return (lambda: ep.load()()), [head, *rest]
+    if os.path.isfile(head) and (head.endswith(".py") or _python_shebang(head)):
         return (lambda: runpy.run_path(head, run_name="__main__")), command
     raise ValueError(
-        f"{head!r} is neither an installed console script nor a Python script; "
-        "use `-- python script.py ARGS` for scripts"
+        f"{head!r} is neither a console script installed in this Python environment ({sys.prefix}) nor a "
+        "Python script; use `-- python script.py ARGS` for scripts, and run cfm-run from the environment "
+        "that has the trainer installed"
     )
+
+
+def _python_shebang(path: str) -> bool:
+    """Whether ``path`` is a script whose first line runs Python (``#!.../python3``)."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
 
 
 def _exit_code(exc: SystemExit) -> int:

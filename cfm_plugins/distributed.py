@@ -61,6 +61,10 @@ def cfm_declare_options():
                "node everything stays on the loopback interface"),
         Option("collective_timeout", float, DEFAULT_TIMEOUT_S, "seconds a collective waits for a stalled rank "
                "before the run ends with the stalled rank named"),
+        # read by every trainer adapter (each writes what its trainer exposes); declared once here
+        Option("step_log", str, None, "write each rank's per-step records (sizes, compute times; losses where "
+               "the trainer gives them) to PATH.rank<r>.jsonl; cfm_plugins.steplog reads them and computes "
+               "the load imbalance factor"),
     ]
 
 

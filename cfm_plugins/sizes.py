@@ -32,3 +32,11 @@ class GraphSizes:
 
     def __len__(self) -> int:
         return int(self.atoms.shape[0])
+
+
+def shard_indices(n: int, dist) -> np.ndarray:
+    """The samples this rank reads the sizes of: every ``world_size``-th of ``n`` from its rank
+    (all of them on one rank). The sampler gathers the shards, so no rank reads every sample."""
+    if dist.world_size == 1 or dist.comm is None:
+        return np.arange(n, dtype=np.int64)
+    return np.arange(dist.rank, n, dist.world_size, dtype=np.int64)

@@ -1,8 +1,6 @@
 """`cfm-run`: listing plugins, errors, running trainers in-process, real MPI rendezvous."""
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -38,6 +36,13 @@ def test_missing_command_and_missing_script_are_clear_errors():
 def test_runs_a_console_script_in_process_with_its_exit_code():
     out = run("--", "cfm-run", "--version")  # a console script run in-process (argparse exits 0)
     assert out.returncode == 0 and "cfm-plugins" in out.stdout
+
+
+def test_a_console_script_given_by_its_path_runs_too():
+    out = run("--", str(BIN / "cfm-run"), "--version")  # `-- $(which mace_run_train) ...`
+    assert out.returncode == 0 and "cfm-plugins" in out.stdout, out.stdout
+    out = run("--", "/nonexistent/bin/mace_run_train")
+    assert out.returncode == 2 and "/nonexistent/bin/mace_run_train" in out.stdout and "environment" in out.stdout
 
 
 @pytest.mark.mpi

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 import sys
 
@@ -19,7 +18,7 @@ from mace.tools import torch_geometric, utils
 
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops.patching import patch_model
-from conftest import ROOT, clean_env
+from conftest import clean_env
 from test_calculator import build_model, make_dataset
 
 pytestmark = pytest.mark.skipif(not _backend.operators_available(),
@@ -172,3 +171,54 @@ def test_torch_export_and_aoti_energy(tmp_path):
     package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "energy.pt2"))
     runner = torch._inductor.aoti_load_package(package)
     assert rel_err(runner(pos, ei), ref) < 1e-10
+
+
+BATCH_KEYS = ("positions", "node_attrs", "edge_index", "shifts", "unit_shifts", "cell", "batch", "ptr")
+
+
+class EnergyForces(torch.nn.Module):
+    """A MACE model as a function of plain tensors returning (energy, forces): what an exported
+    potential is (forces by autograd inside the program)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, positions, node_attrs, edge_index, shifts, unit_shifts, cell, batch, ptr):
+        data = dict(positions=positions, node_attrs=node_attrs, edge_index=edge_index, shifts=shifts,
+                    unit_shifts=unit_shifts, cell=cell, batch=batch, ptr=ptr)
+        out = self.model(data, training=False, compute_force=True)
+        return out["energy"], out["forces"]
+
+
+def test_torch_export_and_aoti_of_patched_mace_energy_and_forces(tmp_path):
+    """A patched MACE model's energy and forces (autograd.grad inside the program) leave Python:
+    traced with fake tensors (``make_fx``, as nequip-compile does), exported with torch.export and
+    compiled by AOTInductor, exact to the stock model in float64. The exported program calls our
+    forward and backward operators. Shapes are those of the example batch (re-export per shape)."""
+    import e3nn
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    defaults = e3nn.get_optimization_defaults()
+    e3nn.set_optimization_defaults(jit_script_fx=False)  # plain fx modules, which make_fx traces
+    try:
+        stock = build_model(0)
+    finally:
+        e3nn.set_optimization_defaults(**defaults)
+    patched = copy.deepcopy(stock)
+    assert patch_model(patched).total == 4
+    data = batch()
+    args = tuple(data[k] for k in BATCH_KEYS)
+    e_ref, f_ref = energy_forces(stock, data)
+
+    traced = make_fx(EnergyForces(patched.eval()), tracing_mode="fake", _allow_non_fake_inputs=True)(
+        *[a.clone() for a in args])
+    ops = {str(n.target) for n in traced.graph.nodes if str(n.target).startswith("cfm.")}
+    assert {"cfm.symmetric_contraction_fwd.default", "cfm.symmetric_contraction_bwd.default",
+            "cfm.conv_tp_fwd.default", "cfm.conv_tp_bwd.default"} <= ops, ops
+    ep = torch.export.export(traced, tuple(a.clone() for a in args), strict=False)
+    e_ep, f_ep = ep.module()(*[a.clone() for a in args])
+    assert rel_err(e_ep, e_ref) < 1e-10 and rel_err(f_ep, f_ref) < 1e-10
+    package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "mace.pt2"))
+    e_aoti, f_aoti = torch._inductor.aoti_load_package(package)(*[a.clone() for a in args])
+    assert rel_err(e_aoti, e_ref) < 1e-10 and rel_err(f_aoti, f_ref) < 1e-10

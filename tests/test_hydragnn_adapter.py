@@ -116,7 +116,8 @@ def test_reference_run_steps_match_and_fused_says_once_that_nothing_fits(work, b
     out = train(work, "--enable", "hydragnn,fused", "-o", f"step_log={work / 'steps' / 'stock'}")
     assert out.returncode == 0, out.stdout[-5000:]
     assert len(re.findall(r"fused: the HydraGNN EGCLStack has no MACE-style", out.stdout)) == 2
-    assert "binpack" not in out.stdout
+    assert "plugins enabled: hydragnn, fused (from cli)" in out.stdout  # --enable overrides the config key
+    assert "binpack not enabled" in out.stdout
     stock = read_step_logs(str(work / "steps" / "stock"))
     ours = read_step_logs(str(work / "steps" / "binpack"))
     assert len(stock[0]) == len(stock[1])
@@ -192,9 +193,12 @@ def test_epoch_forwarder_reaches_the_batch_sampler():
     assert list(fwd) == list(range(40)) and len(fwd) == 40
 
 
-def test_declared_options():
-    pytest.importorskip("cfm_plugins.options", reason="cfm_plugins.options arrives with the plugin-layer branch")
-    from cfm_plugins_adapters.hydragnn import cfm_declare_options
+def test_the_options_the_adapter_reads_are_declared_once_elsewhere():
+    """step_log (every adapter's) is the core's, fused_kernels the fused feature's: the adapter
+    declares none of its own, so no default lives twice."""
+    import cfm_plugins_adapters.hydragnn as adapter
+    from cfm_plugins.manager import catalog
 
-    names = {o.name for o in cfm_declare_options()}
-    assert "step_log" in names
+    options = catalog().options()
+    assert options["step_log"].plugin == "core" and options["fused_kernels"].plugin == "fused"
+    assert not hasattr(adapter, "cfm_declare_options")

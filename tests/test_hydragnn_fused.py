@@ -145,9 +145,12 @@ def test_structural_finder_fuses_a_hydragnn_model_holding_mace_style_modules(f64
 
 def test_adapter_seam_swaps_by_structure_or_says_once_which_stack_has_nothing(f64, caplog):
     from cfm_plugins.config import Config
+    from cfm_plugins.manager import create_manager
     from cfm_plugins_adapters.hydragnn.seams import make_get_distributed_model
 
-    session = types.SimpleNamespace(config=Config(enabled=["hydragnn", "fused"]), dist=None)
+    config = Config(enabled=["hydragnn", "fused"])
+    create_manager(config)  # the declared defaults (fused_kernels: both kernels)
+    session = types.SimpleNamespace(config=config, dist=None)
     stock_wrap = hydragnn.utils.distributed.get_distributed_model  # no process group: returns the model
     caplog.set_level(logging.INFO, logger="cfm_plugins.hydragnn")
 

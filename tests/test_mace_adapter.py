@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BIN, ROOT, clean_env, run_mpi
+from conftest import BIN, clean_env, run_mpi
 
 CFM_RUN = str(BIN / "cfm-run")
 MACE_RUN_TRAIN = str(BIN / "mace_run_train")

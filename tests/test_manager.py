@@ -39,7 +39,7 @@ def test_every_installed_plugin_declares_its_options_once():
     options = catalog().options()
     owners = {name: d.plugin for name, d in options.items()}
     assert owners["max_tokens"] == "binpack" and owners["fused_kernels"] == "fused"
-    assert owners["step_log"] == "mace" and owners["collective_timeout"] == "core"
+    assert owners["step_log"] == "core" and owners["collective_timeout"] == "core"  # step_log: every adapter
     assert owners["rendezvous_interface"] == "core"
     assert all(d.option.help for d in options.values())
 
@@ -55,7 +55,7 @@ def test_the_adapter_serving_the_command_is_enabled():
 def test_features_without_a_serving_adapter_are_refused_naming_the_installed_ones():
     from cfm_plugins.manager import MissingAdapterError
 
-    with pytest.raises(MissingAdapterError, match=r"binpack work\(s\) through a trainer adapter.*installed adapters: mace"):
+    with pytest.raises(MissingAdapterError, match=r"binpack work\(s\) through a trainer adapter.*installed adapters: hydragnn, mace, nequip"):
         create_manager(Config(enabled=["binpack"], trainer_argv=["python", "train.py"]))
     # no features: a plain script under cfm-run is fine
     assert not create_manager(Config(trainer_argv=["python", "train.py"])).has_plugin("mace")

@@ -228,3 +228,48 @@ def test_checkpoint_of_a_fused_run_loads_without_and_with_the_plugin(runs):
     e0, f0 = (stock(dict(batch))[k].detach() for k in ("total_energy", "forces"))
     e1, f1 = (fused(dict(batch))[k].detach() for k in ("total_energy", "forces"))
     assert rel(e1, e0) < 1e-10 and rel(f1, f0) < 1e-10
+
+
+COMPARE_COMPILED = """
+import sys, numpy as np
+from ase.build import bulk
+from nequip.integrations.ase import NequIPCalculator  # loads our operators through nequip.extension
+ckpt, pt2 = sys.argv[1], sys.argv[2]
+assert 'cfm_plugins.ops.conv_tp' not in sys.modules  # the compiled model needs the operators only
+stock = NequIPCalculator._from_saved_model(ckpt, device='cpu', chemical_species_to_atom_type_map=True)
+compiled = NequIPCalculator.from_compiled_model(pt2, device='cpu', chemical_species_to_atom_type_map=True)
+rng = np.random.default_rng(0)
+for n in (1, 2):  # two sizes: one package, dynamic shapes
+    a = bulk('Cu', 'fcc', a=3.6, cubic=True).repeat((n + 1, n + 1, 2))
+    a.symbols[rng.choice(len(a), len(a) // 3, replace=False)] = 'Ni'
+    a.rattle(0.05, seed=n)
+    b = a.copy()
+    a.calc, b.calc = stock, compiled
+    e0, f0, e1, f1 = a.get_potential_energy(), a.get_forces(), b.get_potential_energy(), b.get_forces()
+    print('REL', len(a), abs(e1 - e0) / abs(e0), np.abs(f1 - f0).max() / np.abs(f0).max())
+"""
+
+
+@pytest.mark.slow
+def test_nequip_compile_aotinductor_with_the_fused_modifier(runs):
+    """`nequip-compile --mode aotinductor --modifiers enable_CFMFused` on a checkpoint of ours: the
+    package calls our operators and matches the stock (eager) model at two sizes to f64 round-off."""
+    import zipfile
+
+    ckpt, pt2 = runs["tmp"] / "a" / "last.ckpt", runs["tmp"] / "fused.nequip.pt2"
+    out = subprocess.run([str(BIN / "nequip-compile"), str(ckpt), str(pt2), "--mode", "aotinductor",
+                          "--device", "cpu", "--target", "ase", "--modifiers", "enable_CFMFused"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), timeout=900,
+                         cwd=runs["tmp"])
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert "enable_CFMFused: 2 TensorProductScatter module(s) fused" in out.stdout
+    with zipfile.ZipFile(pt2) as z:
+        calls = " ".join(z.read(n).decode(errors="ignore") for n in z.namelist() if n.endswith(".json"))
+    assert "cfm::conv_tp_fwd" in calls and "cfm::conv_tp_bwd" in calls
+    res = subprocess.run([sys.executable, "-c", COMPARE_COMPILED, str(ckpt), str(pt2)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=clean_env(), timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:]
+    rows = [line.split() for line in res.stdout.splitlines() if line.startswith("REL ")]
+    assert len(rows) == 2 and rows[0][1] != rows[1][1]
+    for _, _, e_rel, f_rel in rows:
+        assert float(e_rel) < 1e-10 and float(f_rel) < 1e-10, rows

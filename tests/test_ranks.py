@@ -69,7 +69,8 @@ def test_features_without_an_adapter_for_the_command_stop_at_start():
                          stderr=subprocess.STDOUT, text=True, timeout=120, env=clean_env())
     assert out.returncode == 2, out.stdout
     assert "binpack, fused work(s) through a trainer adapter" in out.stdout
-    assert "installed adapters: mace" in out.stdout
+    listed = out.stdout.split("installed adapters: ", 1)[1].split(")", 1)[0].split(", ")
+    assert "mace" in listed and "hydragnn" in listed, out.stdout
 
 
 def _cuda_count() -> int:

@@ -1,4 +1,4 @@
-"""Real `mpirun -np 2` runs of tests/mpi_scripts/sampler_shards.py: sharded costs, one agreed plan."""
+"""Real `mpirun -np 2` runs of tests/scripts/sampler_shards.py: sharded costs, one agreed plan."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT
 
-SCRIPT = str(ROOT / "tests" / "mpi_scripts" / "sampler_shards.py")
+SCRIPT = str(ROOT / "tests" / "scripts" / "sampler_shards.py")
 pytestmark = pytest.mark.mpi
 
 

@@ -69,18 +69,6 @@ def cfm_adapter_serves(argv):
 
 
 @hookimpl
-def cfm_declare_options():
-    from cfm_plugins.options import Option
-
-    # also read here, declared by their own plugins: binpack's ``cost``, fused's ``fused_kernels``
-    return [
-        Option("step_log", str, None,
-               "hydragnn: write each rank's per-step timings (HydraGNN's forward/backward regions) to "
-               "PATH.rank<r>.jsonl; the load imbalance factor is computed from them"),
-    ]
-
-
-@hookimpl
 def cfm_before_trainer(config, dist, argv):
     if not serves(argv):
         log.warning("the hydragnn plugin meets HydraGNN training scripts; %r does not look like one "

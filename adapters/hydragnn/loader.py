@@ -15,12 +15,12 @@ HydraGNN's own calls drive the per-epoch re-packing.
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import os
 
-import numpy as np
 from torch.utils.data import Sampler
+
+from cfm_plugins.sizes import shard_indices
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 
@@ -43,13 +43,6 @@ class EpochForwarder(Sampler):
 
     def __len__(self) -> int:
         return self.num_samples
-
-
-def shard_indices(n: int, dist) -> np.ndarray:
-    """This rank's share of the size reading (every world_size-th graph)."""
-    if dist.world_size == 1 or dist.comm is None:
-        return np.arange(n, dtype=np.int64)
-    return np.arange(dist.rank, n, dist.world_size, dtype=np.int64)
 
 
 def balanced_loader(loader_cls, dataset, role: str, session, **loader_kwargs):

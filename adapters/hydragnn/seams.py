@@ -65,11 +65,10 @@ def make_get_distributed_model(stock, session, tracer):
         config = session.config
         if config.is_enabled("fused") and not state["said"]:
             state["said"] = True
-            from cfm_plugins.config import split_names
-            from cfm_plugins.ops.find import KINDS, patch_by_structure
+            from cfm_plugins.ops.find import patch_by_structure
+            from cfm_plugins.ops.patching import kernels_option
 
-            kernels = split_names(config.get("fused_kernels", ",".join(KINDS)))
-            report = patch_by_structure(model, kernels)
+            report = patch_by_structure(model, kernels_option(config))
             if report.total == 0:
                 log.warning("fused: the HydraGNN %s has no MACE-style symmetric contraction or uvu tensor-product "
                             "convolution; nothing was swapped and training goes on with its own layers",

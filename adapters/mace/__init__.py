@@ -20,14 +20,6 @@ _MODULE = "mace.cli.run_train"
 
 
 @hookimpl
-def cfm_declare_options():
-    from cfm_plugins.options import Option
-
-    return [Option("step_log", str, None, "mace: write each rank's per-step loss, graphs, atoms and times to "
-                   "PATH.rank<r>.jsonl (load imbalance: cfm_plugins_adapters.mace.steplog)")]
-
-
-@hookimpl
 def cfm_adapter_serves(argv):
     """``mace_run_train ...`` (any path to it) or ``python -m mace.cli.run_train ...``."""
     if not argv:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 from torch.utils.data import ConcatDataset
 from torch.utils.data.distributed import DistributedSampler
+
+from cfm_plugins.sampler.batch_sampler import BatchSamplerWrapper
+from cfm_plugins.sizes import shard_indices
 
 log = logging.getLogger("cfm_plugins.mace")
 
 
-class EpochAdvancing:
+class EpochAdvancing(BatchSamplerWrapper):
     """Wrap a batch sampler so each new pass over it is a new epoch, or the epoch mace names.
 
     How mace 0.3.16 resumes (``--restart_latest``): checkpoints are written only at the end of
@@ -34,7 +36,7 @@ class EpochAdvancing:
     """
 
     def __init__(self, batch_sampler):
-        self.batch_sampler = batch_sampler
+        super().__init__(batch_sampler)
         self._next_epoch = 0
         self._resuming = False
 
@@ -53,12 +55,6 @@ class EpochAdvancing:
         self.batch_sampler.set_epoch(self._next_epoch)
         self._next_epoch += 1
         return iter(self.batch_sampler)
-
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
-
-    def state_dict(self):
-        return self.batch_sampler.state_dict()
 
     def load_state_dict(self, state):
         self.batch_sampler.load_state_dict(state)
@@ -133,25 +129,15 @@ def batch_sampler_for(hook, dataset, sizes, config, dist, role, trainer):
                          f"on {dist.world_size} rank(s): {err} (the capacity is --cfm-max-tokens)") from err
 
 
-def shard_indices(n: int, dist) -> np.ndarray | None:
-    """This rank's share of the size reading (every world_size-th sample), None if alone."""
-    if dist.world_size == 1 or dist.comm is None:
-        return None
-    return np.arange(dist.rank, n, dist.world_size, dtype=np.int64)
-
-
 def make_dataloader_factory(stock_loader_cls, session):
     """A drop-in for ``torch_geometric.dataloader.DataLoader`` that uses the plugins' sampler."""
     def DataLoader(dataset, batch_size=1, shuffle=False, sampler=None, drop_last=False, **kwargs):
         hook, config, dist = session.hook, session.config, session.dist
         role = guess_role(dataset, shuffle, sampler, kwargs)
         n = len(dataset)
-        indices = shard_indices(n, dist)
         need_edges = any(hook.cfm_needs_edges(config=config))
-        sizes = hook.cfm_graph_sizes(
-            dataset=dataset, indices=np.arange(n) if indices is None else indices, need_edges=need_edges
-        )
-        if sizes is not None and indices is None:
+        sizes = hook.cfm_graph_sizes(dataset=dataset, indices=shard_indices(n, dist), need_edges=need_edges)
+        if sizes is not None and (dist.world_size == 1 or dist.comm is None):
             sizes.indices = None  # the whole dataset, in order
         batch_sampler = None
         if sizes is not None:

@@ -43,15 +43,6 @@ def cfm_adapter_serves(argv):
 
 
 @hookimpl
-def cfm_declare_options():
-    from cfm_plugins.options import Option
-
-    # the loaders read binpack's options, the model swap fused's
-    return [Option("step_log", str, None, "write per-rank step records (atoms, forward time, energies) to "
-                   "PATH.rank<R>.jsonl (nequip-train)")]
-
-
-@hookimpl
 def cfm_configure(config):
     import importlib.util
 

@@ -3,8 +3,9 @@
 ``import nequip`` imports every ``init_always`` entry of that group *while nequip itself is still
 being imported*, so nothing of ``nequip.nn`` may be imported here (it would import a half-built
 nequip). Instead a one-shot import hook waits for ``nequip.nn._tp_scatter_base`` and adds the
-modifier to its ``TensorProductScatter`` right after that module has run. Nothing else in nequip
-is changed, and nothing happens unless nequip is used.
+modifier to its ``TensorProductScatter`` right after that module has run, and loads the library
+of our ``cfm::`` operators (what a package compiled with the modifier calls). Nothing else in
+nequip is changed, and nothing happens unless nequip is used.
 """
 from __future__ import annotations
 
@@ -16,9 +17,13 @@ TARGET = "nequip.nn._tp_scatter_base"
 
 
 def _register(module) -> None:
+    from cfm_plugins.ops import _backend
     from cfm_plugins_adapters.nequip.modifier import register
 
     register(module.TensorProductScatter)
+    # declare the cfm:: operators, so that a model compiled with `nequip-compile --modifiers
+    # enable_CFMFused` loads (NequIPCalculator.from_compiled_model) without importing cfm_plugins
+    _backend.declare_operators()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

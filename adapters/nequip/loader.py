@@ -23,15 +23,16 @@ epoch reaches the sampler through :class:`LightningBatchSampler`.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import contextlib
 import contextvars
+import dataclasses
 import logging
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, Subset
+
+from cfm_plugins.sampler.batch_sampler import BatchSamplerWrapper
+from cfm_plugins.sizes import shard_indices
 
 log = logging.getLogger("cfm_plugins.nequip")
 
@@ -98,7 +99,7 @@ class _SetEpoch:
         self._target.set_epoch(epoch)
 
 
-class LightningBatchSampler(torch.utils.data.Sampler):
+class LightningBatchSampler(BatchSamplerWrapper):
     """The batch sampler as Lightning sees it.
 
     Lightning (2.6) calls ``set_epoch`` on ``loader.sampler`` and on ``loader.batch_sampler.sampler``,
@@ -107,23 +108,8 @@ class LightningBatchSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, batch_sampler):
-        self.batch_sampler = batch_sampler
+        super().__init__(batch_sampler)
         self.sampler = _SetEpoch(batch_sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batch_sampler.set_epoch(epoch)
-
-    def __iter__(self):
-        return iter(self.batch_sampler)
-
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
-
-    def state_dict(self):
-        return self.batch_sampler.state_dict()
-
-    def load_state_dict(self, state):
-        self.batch_sampler.load_state_dict(state)
 
 
 def _session():
@@ -135,13 +121,6 @@ def _session():
     from cfm_plugins_adapters.nequip import _STATE
 
     return _STATE.get("session")
-
-
-def _shard(n: int, dist) -> np.ndarray:
-    """This rank's share of the size reading: every world_size-th sample."""
-    if dist.world_size == 1 or dist.comm is None:
-        return np.arange(n, dtype=np.int64)
-    return np.arange(dist.rank, n, dist.world_size, dtype=np.int64)
 
 
 def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: bool | None = None,
@@ -172,7 +151,7 @@ def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: boo
         session.trainer = dataclasses.replace(session.trainer, batch_size=int(batch_size))
 
     n = len(dataset)
-    indices = _shard(n, dist)
+    indices = shard_indices(n, dist)
     sizes = hook.cfm_graph_sizes(dataset=dataset, indices=indices, need_edges=any(hook.cfm_needs_edges(config=config)))
     if sizes is None:
         raise ValueError(f"BinPackDataLoader: no plugin reads the sizes of a {type(dataset).__name__}")

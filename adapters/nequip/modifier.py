@@ -46,7 +46,9 @@ class _EdgeIndexCache:
         self._value = None
 
     def get(self, edge_dst: torch.Tensor, edge_src: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
+        from cfm_plugins.ops._backend import tracing
+
+        if tracing(edge_dst):  # torch.compile, nequip-compile (make_fx, torch.export): no identity cache
             return torch.stack([edge_src, edge_dst])
         rd, rs = _root(edge_dst), _root(edge_src)
         key = (edge_dst.data_ptr(), edge_src.data_ptr(), tuple(edge_dst.shape), edge_dst.stride(),
@@ -187,8 +189,8 @@ def register(tp_scatter_cls) -> None:
         persistent=False,  # an acceleration: the same model, faster
         private=False,
         unsupported_devices=[],  # CPU (compiled C++) and CUDA
-        # eager and train-time torch.compile; nequip-compile (TorchScript/AOTInductor) needs the
-        # kernels as C++ torch operators
-        supported_compile_modes=[],
+        # the kernels are C++ torch operators: `nequip-compile --mode aotinductor` (nequip 0.19 refuses
+        # its torchscript mode on torch >= 2.10) and train-time torch.compile
+        supported_compile_modes=["aotinductor"],
     )(classmethod(enable_CFMFused))
     setattr(tp_scatter_cls, MODIFIER, method)

@@ -135,6 +135,6 @@ def install(session) -> callable:
 
 
 def _fused_kernels(config) -> tuple[str, ...]:
-    from cfm_plugins.plugins.fused import kernels
+    from cfm_plugins.ops.patching import kernels_option
 
-    return kernels(config)
+    return kernels_option(config)

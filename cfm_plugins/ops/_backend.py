@@ -107,3 +107,12 @@ def choose(device: torch.device) -> str:
         else:
             log.warning(msg)
     return "torch"
+
+
+def tracing(t: torch.Tensor) -> bool:
+    """Whether ``t`` is being traced (torch.compile, torch.export, or ``make_fx`` with fake tensors,
+    as nequip-compile and energy+forces export do): the modules then skip data-dependent input
+    checks and caches keyed on storage."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or is_fake(t)

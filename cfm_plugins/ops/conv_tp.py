@@ -82,7 +82,7 @@ _CSR_CACHE_SIZE = 8
 def edge_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
     """CSR groupings of ``edge_index`` ([2, E]: sender, receiver), cached on the tensor's identity
     and version: the interaction layers of one forward and their backward share one sort."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if _backend.tracing(edge_index):
         return _build_csr(edge_index, num_nodes)
     key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), edge_index.dtype,
            edge_index.device, int(num_nodes))
@@ -294,7 +294,7 @@ class FusedConvTP(torch.nn.Module):
     def _eager_graph(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
                      edge_index: torch.Tensor) -> Tuple[List[torch.Tensor], bool]:
         """(graph tensors from the shared CSR cache, whether the compiled operators run)."""
-        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+        if not _backend.tracing(edge_index):
             self._check(x, y, w, edge_index)
         csr = edge_csr(edge_index, x.shape[0])
         graph = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]

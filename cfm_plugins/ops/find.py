@@ -26,11 +26,11 @@ import logging
 import torch
 
 from cfm_plugins.ops.conv_tp import _reads_conv_fusion
-from cfm_plugins.ops.patching import PatchReport
+from cfm_plugins.ops.patching import KERNELS, PatchReport
 
 log = logging.getLogger("cfm_plugins.fused")
 
-KINDS = ("symmetric_contraction", "conv_tp")
+KINDS = tuple(KERNELS)  # the kernel names, one list (ops/patching.py)
 
 
 def is_symmetric_contraction(m) -> bool:

@@ -51,6 +51,14 @@ def check_kernels(names, where: str = "fused kernels") -> tuple[str, ...]:
     return names
 
 
+def kernels_option(config) -> tuple[str, ...]:
+    """The kernels named by the ``fused_kernels`` option (declared by the ``fused`` feature),
+    validated: what adapters swap in when ``fused`` is enabled, without importing the feature."""
+    from cfm_plugins.config import split_names
+
+    return check_kernels(split_names(config.get("fused_kernels")), "option fused_kernels")
+
+
 def patch_model(model: torch.nn.Module, kernels=tuple(KERNELS)) -> PatchReport:
     """Swap the modules of ``kernels`` in ``model`` (in place). Returns what was swapped."""
     return PatchReport({k: KERNELS[k][0](model) for k in check_kernels(kernels)})

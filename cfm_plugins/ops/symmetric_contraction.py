@@ -184,7 +184,7 @@ class FusedSymmetricContraction(torch.nn.Module):
         E = self.num_elements
         if not isinstance(y, torch.Tensor):
             raise ValueError(f"y must be a one-hot tensor [nodes, {E}] or element indices [nodes], got {type(y).__name__}")
-        checking = not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+        checking = not _backend.tracing(y)
         if y.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             if y.dim() != 1 or y.shape[0] != n:
                 raise ValueError(f"integer y must be element indices of shape [{n}], got {list(y.shape)}")
@@ -202,9 +202,18 @@ class FusedSymmetricContraction(torch.nn.Module):
     @torch.jit.unused
     def _eager_backend(self, x: torch.Tensor, y: torch.Tensor) -> bool:
         """Whether the compiled operators run for x (eager and torch.compile; see forward)."""
-        if not torch.compiler.is_compiling():
+        if not _backend.tracing(x):
             self._check(x, y)
         return self.use_kernel and x.shape[0] > 0 and _backend.choose(x.device) != "torch"
+
+    @torch.jit.unused
+    def _eager_elements(self, idx: torch.Tensor, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(present elements, each node's index into them, nodes per present element). Traced
+        (export, AOTInductor): every element, so that no shape depends on the data."""
+        if _backend.tracing(x):
+            present = torch.arange(self.num_elements, device=idx.device)
+            return present, idx, torch.bincount(idx, minlength=self.num_elements)
+        return torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
 
     @torch.jit.unused
     def _torch_forward(self, x: torch.Tensor, coeff: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -251,7 +260,10 @@ class FusedSymmetricContraction(torch.nn.Module):
         else:
             use_ops = self._eager_backend(x, y)
         idx = y.argmax(dim=-1) if y.is_floating_point() else y.long()
-        present, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+        if torch.jit.is_scripting():
+            present, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+        else:
+            present, inv, counts = self._eager_elements(idx, x)
         coeff = self._fold(present, x.dtype)
         x = x.contiguous()
         if not use_ops:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 
-from cfm_plugins.config import split_names
 from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.fused")
@@ -39,9 +38,9 @@ def refuse_other_kernels(kernels, enable_cueq=False, enable_oeq=False,
 
 
 def kernels(config) -> tuple[str, ...]:
-    from cfm_plugins.ops.patching import check_kernels
+    from cfm_plugins.ops.patching import kernels_option
 
-    return check_kernels(split_names(config.get("fused_kernels")), "fused option fused_kernels")
+    return kernels_option(config)
 
 
 @hookimpl

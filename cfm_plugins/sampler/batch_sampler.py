@@ -244,3 +244,27 @@ class BinPackBatchSampler(Sampler):
                         "epoch %d may repeat or miss samples", self.epoch)
         self._resume = done
         self._yielded = done
+
+
+class BatchSamplerWrapper(Sampler):
+    """Stands in for a batch sampler where a trainer expects another object (adapters subclass it
+    to route the trainer's ``set_epoch`` calls): iteration, ``len`` and ``state_dict`` are the
+    wrapped sampler's."""
+
+    def __init__(self, batch_sampler):
+        self.batch_sampler = batch_sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return iter(self.batch_sampler)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def state_dict(self):
+        return self.batch_sampler.state_dict()
+
+    def load_state_dict(self, state):
+        self.batch_sampler.load_state_dict(state)
