@@ -24,16 +24,7 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(HERE))
 
-
-def stage(n, text):
-    print(f"\n[{n}/4] {text}", flush=True)
-
-
-def mpirun(np_: int) -> list[str]:
-    cmd = [str(BIN / "mpirun"), "-np", str(np_), "--oversubscribe"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    return cmd
+from demo import mpirun, stage  # noqa: E402  (the MACE demo's helpers; it imports nothing heavy)
 
 
 def nequip_calculator(ckpt: str, fused: bool, device: str = "cpu"):
