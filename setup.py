@@ -69,6 +69,8 @@ def _torch_flags():
 def extensions() -> list:
     flags = _torch_flags()
     if flags is None:
+        if os.environ.get("CFM_PLUGINS_REQUIRE_BUILD") == "1":
+            raise RuntimeError(NO_TORCH_HINT)
         print(NO_TORCH_HINT, file=sys.stderr)
         return []
     openmp = os.environ.get("CFM_PLUGINS_NO_OPENMP") != "1" and sys.platform != "darwin"

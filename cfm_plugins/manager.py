@@ -195,21 +195,26 @@ def create_manager(config: Config, cat: Catalog | None = None) -> pluggy.PluginM
 
 @dataclass
 class Session:
-    """What an adapter carries through the trainer's seams: hooks, options, ranks, trainer settings.
-
-    ``pm``/``config``/``dist`` are the same objects the hooks receive (``config.pm``,
-    ``config.dist``); ``trainer`` is what the adapter has read from the trainer's own arguments
-    so far (batch size, seed, ...), passed on to ``cfm_batch_sampler(trainer=...)``.
+    """What an adapter carries through the trainer's seams: the configuration (which carries the
+    hooks and the ranks as ``config.pm`` and ``config.dist``) and ``trainer``, what the adapter has
+    read from the trainer's own arguments so far (batch size, seed, ...), passed on to
+    ``cfm_batch_sampler(trainer=...)``.
     """
 
-    pm: pluggy.PluginManager
     config: Config
-    dist: object  # cfm_plugins.distributed.DistInfo
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
 
     @property
+    def pm(self) -> pluggy.PluginManager:
+        return self.config.pm
+
+    @property
     def hook(self):
-        return self.pm.hook
+        return self.config.pm.hook
+
+    @property
+    def dist(self):  # cfm_plugins.distributed.DistInfo
+        return self.config.dist
 
 
 def get_active() -> Session | None:
@@ -223,4 +228,4 @@ def get_active() -> Session | None:
     config = _CURRENT() if _CURRENT is not None else None
     if config is None or config.pm is None:
         return None
-    return Session(config.pm, config, config.dist)
+    return Session(config)

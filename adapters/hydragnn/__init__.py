@@ -26,7 +26,7 @@ def _session(config, dist):
     """
     from cfm_plugins.manager import Session
 
-    return Session(config.pm, config, dist)
+    return Session(config)
 
 
 def _json_configs(argv) -> list[str]:

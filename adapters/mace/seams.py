@@ -27,8 +27,8 @@ from __future__ import annotations
 import copy
 import logging
 import types
-from dataclasses import dataclass, field
 
+from cfm_plugins.manager import Session
 from cfm_plugins.options import TrainerSettings
 
 log = logging.getLogger("cfm_plugins.mace")
@@ -36,22 +36,6 @@ log = logging.getLogger("cfm_plugins.mace")
 
 def _is_patched(model) -> bool:
     return any(type(m).__module__.startswith("cfm_plugins.ops") for m in model.modules())
-
-
-@dataclass
-class SeamState:
-    """What the seams share during one run: the configuration (hooks, ranks) and the trainer's settings."""
-
-    config: object  # cfm_plugins.config.Config, carrying .pm and .dist
-    trainer: TrainerSettings = field(default_factory=TrainerSettings)
-
-    @property
-    def hook(self):
-        return self.config.pm.hook
-
-    @property
-    def dist(self):
-        return self.config.dist
 
 
 def trainer_settings(args) -> TrainerSettings:
@@ -68,7 +52,7 @@ def install(config) -> callable:
     saved = {name: getattr(rt, name) for name in ("init_distributed", "torch_geometric", "configure_model", "DDP", "deepcopy")}
     stock_init, stock_tg, stock_configure, stock_ddp = (
         saved["init_distributed"], saved["torch_geometric"], saved["configure_model"], saved["DDP"])
-    state = SeamState(config)
+    state = Session(config)
     hook, dist = state.hook, state.dist
 
     def init_distributed(args):

@@ -61,8 +61,8 @@ def cfm_before_trainer(config, dist, argv):
     if not serves(argv):
         log.warning("the nequip plugin meets nequip-train; %r is another command, so it does nothing", argv[:1])
         return
-    session = Session(config.pm, config, dist)
-    session.trainer = TrainerSettings(device=config.get("device"))  # batch size and seed: from nequip's config
+    # batch size and seed: from nequip's config, as its loaders are made
+    session = Session(config, TrainerSettings(device=config.get("device")))
     _STATE["session"] = session  # for BinPackDataLoader, which Hydra builds without our arguments
     _STATE["undo"] = seams.install(session)
 

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 log = logging.getLogger("cfm_plugins.ops")
 
@@ -112,7 +113,5 @@ def choose(device: torch.device) -> str:
 def tracing(t: torch.Tensor) -> bool:
     """Whether ``t`` is being traced (torch.compile, torch.export, or ``make_fx`` with fake tensors,
     as nequip-compile and energy+forces export do): the modules then skip data-dependent input
-    checks and caches keyed on storage."""
-    from torch._subclasses.fake_tensor import is_fake
-
+    checks and caches keyed on storage. Called on every forward: no import here."""
     return torch.compiler.is_compiling() or torch.compiler.is_exporting() or is_fake(t)
