@@ -1,11 +1,11 @@
-"""Cost models: graph_costs, and calibrate_linear_cost on a real torch message-passing workload."""
+"""Cost models: graph_costs, fit_linear_cost, and calibrate_linear_cost on a real torch message-passing workload."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from cfm_plugins.sampler import calibrate_linear_cost, graph_costs
+from cfm_plugins.sampler import calibrate_linear_cost, fit_linear_cost, graph_costs
 
 
 def test_graph_costs_kinds():
@@ -76,3 +76,41 @@ def _calibrate():
 def test_calibrate_errors():
     with pytest.raises(ValueError, match=">= 2 batches"):
         calibrate_linear_cost(lambda b: None, [1], [1], [1])
+
+
+def test_fit_linear_cost_recovers_coefficients_and_intercept():
+    rng = np.random.default_rng(1)
+    atoms = rng.integers(20, 600, 50)
+    edges = atoms * 12 + rng.integers(-500, 500, 50)
+    t = 3e-3 + 2e-5 * atoms + 1.5e-6 * edges
+    fit = fit_linear_cost(atoms, edges, t, intercept=True)
+    assert fit.c0 == pytest.approx(3e-3, rel=1e-8)
+    assert fit.a == pytest.approx(2e-5, rel=1e-8) and fit.b == pytest.approx(1.5e-6, rel=1e-8)
+    assert fit.r2 == pytest.approx(1.0) and "c0=" in repr(fit)
+    no_c0 = fit_linear_cost(atoms, edges, t - 3e-3)
+    assert no_c0.c0 == 0.0 and tuple(no_c0) == pytest.approx((2e-5, 1.5e-6), rel=1e-8)
+
+
+def test_fit_linear_cost_never_gives_a_negative_weight():
+    """Nearly collinear counts where the unconstrained fit puts a negative weight on atoms."""
+    rng = np.random.default_rng(2)
+    atoms = rng.integers(50, 500, 60).astype(float)
+    edges = atoms * 15 + rng.integers(-800, 800, 60)
+    t = 4e-6 * edges - 1e-6 * atoms + 1e-3
+    free, *_ = np.linalg.lstsq(np.stack([atoms, edges, np.ones_like(t)], 1), t, rcond=None)
+    assert free[0] < 0
+    fit = fit_linear_cost(atoms, edges, t, intercept=True)
+    assert fit.a == 0.0 and fit.b > 0 and fit.c0 >= 0
+    best = min(np.sum((np.stack([edges, np.ones_like(t)], 1) @ c - t) ** 2)
+               for c in [np.linalg.lstsq(np.stack([edges, np.ones_like(t)], 1), t, rcond=None)[0]])
+    assert np.sum((fit.predicted - t) ** 2) == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (([1, 2], [3, 4], [1.0]), "of one length"),
+    (([1], [3], [1.0]), "at least 2"),
+    (([1, 2], [3, 4], [1.0, float("nan")]), "NaN"),
+])
+def test_fit_linear_cost_errors(args, msg):
+    with pytest.raises(ValueError, match=msg):
+        fit_linear_cost(*args)

@@ -4,7 +4,7 @@
   ``world_size`` bins with nearly equal cost).
 - :class:`BinPackBatchSampler` (``batch_sampler.py``, the only module importing torch): a
   ``DataLoader(batch_sampler=...)`` per rank, MPI-agreed, resumable.
-- :func:`graph_costs`, :func:`calibrate_linear_cost` (``costs.py``): cost models.
+- :func:`graph_costs`, :func:`calibrate_linear_cost`, :func:`fit_linear_cost` (``costs.py``): cost models.
 - :func:`balance_report`, :func:`plot_batches` (``report.py``): how good a packing is;
   :func:`load_imbalance_factor`, the LIF of planned costs or measured step times.
 - ``baselines.py``: the packers the benchmark compares against.
@@ -12,12 +12,13 @@
 ``BinPackBatchSampler`` is imported lazily so that ``from cfm_plugins.sampler import pack``
 does not import torch.
 """
-from .costs import LinearCostFit, calibrate_linear_cost, graph_costs
+from .costs import LinearCostFit, calibrate_linear_cost, fit_linear_cost, graph_costs
 from .packing import Packing, lower_bound_bins, pack
 from .report import BalanceReport, balance_report, load_imbalance_factor, plot_batches
 
-__all__ = ["pack", "Packing", "lower_bound_bins", "graph_costs", "calibrate_linear_cost", "LinearCostFit",
-           "balance_report", "BalanceReport", "load_imbalance_factor", "plot_batches", "BinPackBatchSampler"]
+__all__ = ["pack", "Packing", "lower_bound_bins", "graph_costs", "calibrate_linear_cost", "fit_linear_cost",
+           "LinearCostFit", "balance_report", "BalanceReport", "load_imbalance_factor", "plot_batches",
+           "BinPackBatchSampler"]
 
 
 def __getattr__(name):

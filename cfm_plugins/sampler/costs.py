@@ -3,6 +3,10 @@
 ``calibrate_linear_cost`` times the user's own batch function (a training step, a forward
 pass) on a few batches and fits ``time ~ a*atoms + b*edges`` by least squares (no intercept:
 the fixed cost of a step is paid by every rank alike and does not unbalance them).
+``fit_linear_cost`` fits step times already measured (e.g. a run's step logs), with an optional
+intercept that keeps the fixed per-step cost out of ``a`` and ``b``. Both fits keep every
+coefficient >= 0: the atoms and edges of batches are nearly collinear, and an unconstrained fit
+can trade a negative weight on one count for a larger one on the other.
 """
 from __future__ import annotations
 
@@ -45,35 +49,67 @@ def graph_costs(num_atoms, num_edges=None, kind: str = "atoms", a: float = 1.0, 
 
 
 class LinearCostFit(tuple):
-    """``(a, b)`` of ``time ~ a*atoms + b*edges``; also ``.r2``, ``.times``, ``.predicted``."""
+    """``(a, b)`` of ``time ~ c0 + a*atoms + b*edges``; also ``.c0`` (0 without an intercept),
+    ``.r2``, ``.times``, ``.predicted``."""
 
-    def __new__(cls, a, b, r2, times, predicted):
+    def __new__(cls, a, b, r2, times, predicted, c0=0.0):
         self = super().__new__(cls, (float(a), float(b)))
         self.r2, self.times, self.predicted = float(r2), np.asarray(times), np.asarray(predicted)
+        self.c0 = float(c0)
         return self
 
     a = property(lambda self: self[0])
     b = property(lambda self: self[1])
 
     def __repr__(self):
-        return f"LinearCostFit(a={self[0]:.4g}, b={self[1]:.4g}, r2={self.r2:.4f})"
+        c0 = f"c0={self.c0:.4g}, " if self.c0 else ""
+        return f"LinearCostFit({c0}a={self[0]:.4g}, b={self[1]:.4g}, r2={self.r2:.4f})"
 
 
 def _fit_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares ``y ~ x @ coef`` with ``coef >= 0`` (two unknowns: try the faces)."""
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    if np.all(coef >= 0):
-        return coef
-    best, best_err = None, math.inf
-    for j in range(x.shape[1]):
-        col = x[:, j]
-        cj = max(float(col @ y) / float(col @ col), 0.0) if col @ col > 0 else 0.0
-        c = np.zeros(x.shape[1])
-        c[j] = cj
-        err = float(np.sum((x @ c - y) ** 2))
-        if err < best_err:
-            best, best_err = c, err
+    """Least squares ``y ~ x @ coef`` with ``coef >= 0``, exactly: the best unconstrained fit on
+    each subset of the (few) columns whose coefficients all come out >= 0."""
+    n = x.shape[1]
+    best, best_err = np.zeros(n), float(np.sum(y ** 2))
+    for mask in range(1, 2 ** n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        sub, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+        if np.any(sub < 0):
+            continue
+        coef = np.zeros(n)
+        coef[cols] = sub
+        err = float(np.sum((x @ coef - y) ** 2))
+        if err < best_err - 1e-12 * best_err:
+            best, best_err = coef, err
     return best
+
+
+def fit_linear_cost(num_atoms, num_edges, times, intercept: bool = False) -> LinearCostFit:
+    """Fit ``times ~ c0 + a*atoms + b*edges`` (``c0`` only with ``intercept``), all >= 0.
+
+    ``num_atoms``, ``num_edges``: totals of each measured batch; ``times``: its measured time.
+    The columns are scaled to unit mean before the fit so that neither count is favoured.
+    """
+    atoms = np.asarray(num_atoms, dtype=np.float64)
+    edges = np.asarray(num_edges, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if not (atoms.ndim == edges.ndim == t.ndim == 1 and len(atoms) == len(edges) == len(t)):
+        raise ValueError(f"fit_linear_cost needs 1-D atoms, edges and times of one length "
+                         f"(got shapes {atoms.shape}, {edges.shape}, {t.shape})")
+    if len(t) < 2 + intercept:
+        raise ValueError(f"fit_linear_cost needs at least {2 + intercept} timed batches, got {len(t)}")
+    if not np.all(np.isfinite(t)):
+        raise ValueError("fit_linear_cost: the times hold NaN or inf")
+    cols = [atoms, edges] + ([np.ones_like(t)] if intercept else [])
+    x = np.stack(cols, axis=1)
+    scale = np.abs(x).mean(axis=0)
+    scale[scale == 0] = 1.0
+    coef = _fit_nonneg(x / scale, t) / scale
+    pred = x @ coef
+    ss_res = float(np.sum((t - pred) ** 2))
+    ss_tot = float(np.sum((t - t.mean()) ** 2))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
+    return LinearCostFit(coef[0], coef[1], r2, t, pred, c0=coef[2] if intercept else 0.0)
 
 
 def calibrate_linear_cost(run_batch: Callable[[object], object], batches: Sequence, num_atoms, num_edges,
@@ -109,17 +145,13 @@ def calibrate_linear_cost(run_batch: Callable[[object], object], batches: Sequen
             run_batch(batch)
             best = min(best, time.perf_counter() - t0)
         times[i] = best
-    x = np.stack([atoms, edges], axis=1)
-    coef = _fit_nonneg(x, times)
-    pred = x @ coef
-    ss_res = float(np.sum((times - pred) ** 2))
-    ss_tot = float(np.sum((times - times.mean()) ** 2))
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
-    a, b = float(coef[0]), float(coef[1])
-    log.info("cost calibration on %d batches: time ~ %.4g*atoms + %.4g*edges (R^2 = %.3f)", len(batches), a, b, r2)
+    fit = fit_linear_cost(atoms, edges, times)
+    a, b = fit
+    log.info("cost calibration on %d batches: time ~ %.4g*atoms + %.4g*edges (R^2 = %.3f)", len(batches), a, b,
+             fit.r2)
     if normalize:
         if a <= 0:
             raise ValueError("calibrate_linear_cost(normalize=True): the fitted atom coefficient is 0; "
                              "use normalize=False or batches with more varied atom counts")
         a, b = 1.0, b / a
-    return LinearCostFit(a, b, r2, times, pred)
+    return LinearCostFit(a, b, fit.r2, times, fit.predicted)

@@ -11,7 +11,8 @@
 
 Outputs in examples/hydragnn/out/ (``summary.json``, ``batches.png``, the step logs, HydraGNN's
 logs/). Options: --epochs, --np, --cost (edges/atoms/calibrated), --max-tokens, --num (structures), --seeds
-(repeat both runs with other model and packing seeds, for the spread of the losses).
+(repeat both runs with other training-set orders and packing seeds, for the spread of the LIF and
+the losses), --default-malloc (see STEADY_MALLOC).
 """
 from __future__ import annotations
 
@@ -38,20 +39,32 @@ def mpirun(np_: int) -> list[str]:
     return cmd
 
 
-def run_env() -> dict:
+# glibc's malloc hands large freed blocks back to the kernel (mmap/munmap, heap trimming); with
+# batches of a different size at every step, each step then page-faults its tensors in afresh, at
+# times that differ between ranks: a jitter of several ms per step on CPU, as large as the
+# imbalance being measured. Keeping freed memory in the process (what jemalloc and tcmalloc do, and
+# what PyTorch's CPU tuning guide recommends them for) removes it. Both runs get the same setting.
+STEADY_MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
+
+
+def run_env(steady_malloc: bool = True) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMIX_", "PMI_", "MASTER_", "CFM_")) and k not in {"RANK", "WORLD_SIZE"}}
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if steady_malloc:
+        env.setdefault("GLIBC_TUNABLES", STEADY_MALLOC)
     return env
 
 
-def train(out: Path, label: str, enable: str, config: Path, np_: int, options: list[str], seed: int = 0) -> dict:
+def train(out: Path, label: str, enable: str, config: Path, np_: int, options: list[str], seed: int = 0,
+          steady_malloc: bool = True) -> dict:
     steps = out / "steps" / label
     cmd = mpirun(np_) + [str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={steps}", *options, "--",
                          "python", str(HERE / "train.py"), str(config), "--log", f"demo_{label}", "--seed", str(seed)]
     print("$", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out, env=run_env())
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out,
+                         env=run_env(steady_malloc))
     wall = time.perf_counter() - t0
     (out / f"{label}.log").write_text(res.stdout)
     if res.returncode != 0:
@@ -85,23 +98,27 @@ def summarize(ranks: list[list[dict]], epochs: int) -> dict:
 
 
 def cost_options(kind: str, stock_steps: str) -> list[str]:
-    """binpack's cost options; ``calibrated`` fits compute time ~ a*atoms + b*edges on the stock
-    run's steps (HydraGNN's own timings, thread CPU time) and uses atoms + (b/a)*edges."""
+    """binpack's cost options; ``calibrated`` fits the stock run's own step timings (HydraGNN's
+    trace regions, thread CPU time of forward + backward) as c0 + a*atoms + b*edges with all three
+    coefficients >= 0 (:func:`cfm_plugins.sampler.fit_linear_cost`: the atoms and edges of random
+    batches are nearly collinear, and an unconstrained fit can give a negative coefficient), then uses
+    atoms + (b/a)*edges, or the one count left when the other coefficient is 0."""
     if kind != "calibrated":
         return ["-o", f"cost={kind}"]
+    from cfm_plugins.sampler import fit_linear_cost
     from cfm_plugins.steplog import read_step_logs
 
     recs = [r for rank in read_step_logs(stock_steps) for r in rank[3:]]
     # with an intercept: the fixed cost of a step (paid by every rank alike) must not leak into a, b
-    x = np.array([[r["atoms"], r["edges"], 1.0] for r in recs], dtype=float)
-    t = np.array([r["compute_cpu_s"] for r in recs])
-    (a, b, c0), *_ = np.linalg.lstsq(x, t, rcond=None)
+    fit = fit_linear_cost([r["atoms"] for r in recs], [r["edges"] for r in recs],
+                          [r["compute_cpu_s"] for r in recs], intercept=True)
+    a, b = fit
+    print(f"calibrated on {len(recs)} stock steps: compute ~ {fit.c0:.3g} s + {a:.3g} s/atom + {b:.3g} s/edge "
+          f"(R^2 {fit.r2:.3f})")
+    if a <= 0 and b <= 0:
+        raise SystemExit("calibration failed: step time does not grow with atoms or edges in the stock run")
     if a <= 0 or b <= 0:
-        kind = "edges" if a <= 0 else "atoms"
-        print(f"calibration gave a={a:.3g}, b={b:.3g} (not both positive): using cost={kind}")
-        return ["-o", f"cost={kind}"]
-    r2 = 1 - np.sum((x @ [a, b, c0] - t) ** 2) / np.sum((t - t.mean()) ** 2)
-    print(f"calibrated on {len(recs)} stock steps: compute ~ {a:.3g} s/atom + {b:.3g} s/edge (R^2 {r2:.3f})")
+        return ["-o", f"cost={'edges' if a <= 0 else 'atoms'}"]
     return ["-o", "cost=linear", "-o", "cost_a=1", "-o", f"cost_b={b / a:.6g}"]
 
 
@@ -142,13 +159,15 @@ def main(argv=None) -> int:
     p.add_argument("--num", type=int, default=400, help="structures in the data set")
     p.add_argument("--cost", default="edges", choices=["edges", "atoms", "calibrated"],
                    help="binpack cost per graph (edges: EGNN's forward grows with the edge count; calibrated: "
-                        "atoms + b*edges with b fitted on the stock run's own step timings, unstable on a "
-                        "busy machine where atoms and edges of batches are nearly collinear)")
+                        "atoms + b*edges with a, b >= 0 fitted on the stock run's own step timings)")
     p.add_argument("--seeds", type=int, default=1,
-                   help="repeat both runs with this many model seeds (and binpack packing seeds): loss spread")
+                   help="repeat both runs with this many training-set orders (and binpack packing seeds): "
+                        "spread of the LIF and of the losses")
     p.add_argument("--cost-b", type=float, default=None,
                    help="use cost = atoms + COST_B * edges (binpack's linear cost) instead of --cost")
     p.add_argument("--max-tokens", type=float, default=None, help="bin capacity (default: batch size x mean cost)")
+    p.add_argument("--default-malloc", action="store_true",
+                   help=f"leave glibc's malloc as it is (default: GLIBC_TUNABLES={STEADY_MALLOC}, for both runs)")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -170,18 +189,20 @@ def main(argv=None) -> int:
         torch.save(make_dataset(args.num, seed=0), data_path)
 
     print(f"[2/3] HydraGNN ({config['NeuralNetwork']['Architecture']['model_type']}) on {args.np} ranks, "
-          f"{args.epochs} epochs, with and without binpack", flush=True)
+          f"{args.epochs} epochs, with and without binpack; GLIBC_TUNABLES="
+          f"{run_env(not args.default_malloc).get('GLIBC_TUNABLES', '(unset)')}", flush=True)
     options = ["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else []
     runs = {}
     for seed in range(args.seeds):
         tag = "" if seed == 0 else f"_seed{seed}"
-        runs["stock" + tag] = train(out, "stock" + tag, "hydragnn", cfg_path, args.np, [], seed)
+        runs["stock" + tag] = train(out, "stock" + tag, "hydragnn", cfg_path, args.np, [], seed,
+                                    not args.default_malloc)
         if seed == 0:
             options += (["-o", "cost=linear", "-o", "cost_a=1", "-o", f"cost_b={args.cost_b}"]
                         if args.cost_b is not None else cost_options(args.cost, runs["stock"]["steps_path"]))
             print("binpack cost:", " ".join(options[1::2]), flush=True)
         runs["binpack" + tag] = train(out, "binpack" + tag, "hydragnn,binpack", cfg_path, args.np,
-                                      options + ["-o", f"seed={seed}"], seed)
+                                      options + ["-o", f"seed={seed}"], seed, not args.default_malloc)
 
     from cfm_plugins.steplog import read_step_logs
 
@@ -199,8 +220,10 @@ def main(argv=None) -> int:
     if args.seeds > 1:
         for kind in ("stock", "binpack"):
             last = [r["train_losses"][-1] for k, r in runs.items() if k.split("_")[0] == kind]
-            print(f"final train loss over {args.seeds} seeds, {kind}: mean {np.mean(last):.4f}, "
-                  f"min {min(last):.4f}, max {max(last):.4f}")
+            lif = [r["lif_compute_cpu"] for k, r in runs.items() if k.split("_")[0] == kind]
+            print(f"{kind} over {args.seeds} seeds: LIF cpu median {np.median(lif):.3f} (min {min(lif):.3f}, "
+                  f"max {max(lif):.3f}); final train loss mean {np.mean(last):.4f} (min {min(last):.4f}, "
+                  f"max {max(last):.4f})")
     opts = dict(o.split("=", 1) for o in options[1::2])
     cost = {"kind": opts.get("cost", "atoms"), "a": float(opts.get("cost_a", 1)), "b": float(opts.get("cost_b", 0))}
     png = draw_batches(out, config, data_path, args.np, runs["binpack"]["capacity"], cost)

@@ -58,6 +58,11 @@ def main(config_file, log_dir=None, seed=0):
     trainset, valset, testset = hydragnn.preprocess.split_dataset(
         dataset, config["NeuralNetwork"]["Training"]["perc_train"], False
     )
+    if seed:
+        # HydraGNN seeds its model and its DistributedSampler with 0: another order of the
+        # training graphs is what makes another run's batches (and the spread of the losses)
+        order = torch.randperm(len(trainset), generator=torch.Generator().manual_seed(seed))
+        trainset = [trainset[int(i)] for i in order]
     train_loader, val_loader, test_loader = hydragnn.preprocess.create_dataloaders(
         trainset, valset, testset, config["NeuralNetwork"]["Training"]["batch_size"]
     )
@@ -103,6 +108,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="HydraGNN training on EMT clusters and molecules")
     parser.add_argument("config", help="HydraGNN JSON configuration")
     parser.add_argument("--log", default=None, help="log name under ./logs/ (default: from the config)")
-    parser.add_argument("--seed", type=int, default=0, help="torch seed of the model's initial weights")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the training-set order (0: the set's own order); "
+                        "HydraGNN itself seeds its model weights and its sampler with 0")
     args = parser.parse_args()
     main(args.config, args.log, args.seed)
