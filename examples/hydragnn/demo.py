@@ -147,8 +147,10 @@ def draw_batches(out: Path, config: dict, data_path: Path, np_: int, capacity: f
     offsets = np.concatenate([[0], np.cumsum([len(b) for b in bins])])
     stock = Packing(np.concatenate(bins), offsets, world_size=np_)
     plan = BinPackBatchSampler(costs, capacity, rank=0, world_size=np_, seed=0).plan()
+    label = cost["kind"] if cost["kind"] != "linear" else f"{cost['a']:g} x atoms + {cost['b']:g} x edges"
     return plot_batches(plan, costs, np_, out / "batches.png", steps=range(4), baseline=stock, capacity=capacity,
-                        titles=(f"HydraGNN DistributedSampler, {bs} graphs per batch", f"binpack, capacity {capacity:g}"))
+                        titles=(f"HydraGNN DistributedSampler, {bs} graphs per batch",
+                                f"binpack, capacity {capacity:g}"), cost_label=label)
 
 
 def main(argv=None) -> int:
