@@ -149,9 +149,9 @@ def calibrate_linear_cost(run_batch: Callable[[object], object], batches: Sequen
     a, b = fit
     log.info("cost calibration on %d batches: time ~ %.4g*atoms + %.4g*edges (R^2 = %.3f)", len(batches), a, b,
              fit.r2)
-    if normalize:
-        if a <= 0:
-            raise ValueError("calibrate_linear_cost(normalize=True): the fitted atom coefficient is 0; "
-                             "use normalize=False or batches with more varied atom counts")
-        a, b = 1.0, b / a
-    return LinearCostFit(a, b, fit.r2, times, fit.predicted)
+    if not normalize:
+        return fit
+    if a <= 0:
+        raise ValueError("calibrate_linear_cost(normalize=True): the fitted atom coefficient is 0; "
+                         "use normalize=False or batches with more varied atom counts")
+    return LinearCostFit(1.0, b / a, fit.r2, times, fit.predicted)

@@ -56,15 +56,14 @@ def run_env(steady_malloc: bool = True) -> dict:
     return env
 
 
-def train(out: Path, label: str, enable: str, config: Path, np_: int, options: list[str], seed: int = 0,
-          steady_malloc: bool = True) -> dict:
+def train(out: Path, label: str, enable: str, config: Path, np_: int, options: list[str], seed: int,
+          env: dict) -> dict:
     steps = out / "steps" / label
     cmd = mpirun(np_) + [str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={steps}", *options, "--",
                          "python", str(HERE / "train.py"), str(config), "--log", f"demo_{label}", "--seed", str(seed)]
     print("$", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out,
-                         env=run_env(steady_malloc))
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out, env=env)
     wall = time.perf_counter() - t0
     (out / f"{label}.log").write_text(res.stdout)
     if res.returncode != 0:
@@ -190,21 +189,21 @@ def main(argv=None) -> int:
         data_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(make_dataset(args.num, seed=0), data_path)
 
+    env = run_env(steady_malloc=not args.default_malloc)
     print(f"[2/3] HydraGNN ({config['NeuralNetwork']['Architecture']['model_type']}) on {args.np} ranks, "
-          f"{args.epochs} epochs, with and without binpack; GLIBC_TUNABLES="
-          f"{run_env(not args.default_malloc).get('GLIBC_TUNABLES', '(unset)')}", flush=True)
+          f"{args.epochs} epochs, with and without binpack; GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '(unset)')}",
+          flush=True)
     options = ["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else []
     runs = {}
     for seed in range(args.seeds):
         tag = "" if seed == 0 else f"_seed{seed}"
-        runs["stock" + tag] = train(out, "stock" + tag, "hydragnn", cfg_path, args.np, [], seed,
-                                    not args.default_malloc)
+        runs["stock" + tag] = train(out, "stock" + tag, "hydragnn", cfg_path, args.np, [], seed, env)
         if seed == 0:
             options += (["-o", "cost=linear", "-o", "cost_a=1", "-o", f"cost_b={args.cost_b}"]
                         if args.cost_b is not None else cost_options(args.cost, runs["stock"]["steps_path"]))
             print("binpack cost:", " ".join(options[1::2]), flush=True)
         runs["binpack" + tag] = train(out, "binpack" + tag, "hydragnn,binpack", cfg_path, args.np,
-                                      options + ["-o", f"seed={seed}"], seed, not args.default_malloc)
+                                      options + ["-o", f"seed={seed}"], seed, env)
 
     from cfm_plugins.steplog import read_step_logs
 
@@ -221,8 +220,9 @@ def main(argv=None) -> int:
               f"{', '.join(f'{x:.4f}' for x in r['train_losses'])}")
     if args.seeds > 1:
         for kind in ("stock", "binpack"):
-            last = [r["train_losses"][-1] for k, r in runs.items() if k.split("_")[0] == kind]
-            lif = [r["lif_compute_cpu"] for k, r in runs.items() if k.split("_")[0] == kind]
+            of_kind = [r for k, r in runs.items() if k.split("_")[0] == kind]
+            last = [r["train_losses"][-1] for r in of_kind]
+            lif = [r["lif_compute_cpu"] for r in of_kind]
             print(f"{kind} over {args.seeds} seeds: LIF cpu median {np.median(lif):.3f} (min {min(lif):.3f}, "
                   f"max {max(lif):.3f}); final train loss mean {np.mean(last):.4f} (min {min(last):.4f}, "
                   f"max {max(last):.4f})")
