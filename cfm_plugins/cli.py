@@ -188,8 +188,15 @@ def _run(args, command, options, rank_tag) -> int:
     from cfm_plugins.distributed import abort_all, shutdown
 
     code = 0
+    undos: list = []
+
+    def after_trainer(code: int) -> None:
+        for undo in reversed(undos):  # the seams, last installed first
+            undo()
+        pm.hook.cfm_after_trainer(config=config, dist=dist, exit_code=code)
+
     try:
-        pm.hook.cfm_before_trainer(config=config, dist=dist, argv=trainer_argv)
+        undos = [u for u in pm.hook.cfm_before_trainer(config=config, dist=dist, argv=trainer_argv) if u]
         sys.argv = trainer_argv
         try:
             run()
@@ -199,13 +206,13 @@ def _run(args, command, options, rank_tag) -> int:
         traceback.print_exc()
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         message = _failure_message(exc, dist) if dist.world_size > 1 else None
-        pm.hook.cfm_after_trainer(config=config, dist=dist, exit_code=code)
+        after_trainer(code)
         if message:
             remove_temp_dirs()  # Abort ends this process without running atexit
             print(message, file=sys.stderr, flush=True)
             abort_all(dist, 1)
     else:
-        pm.hook.cfm_after_trainer(config=config, dist=dist, exit_code=code)
+        after_trainer(code)
     if code != 0 and dist.world_size > 1:
         print(f"cfm-run: rank {dist.rank}: trainer exited with {code}; ending all ranks", file=sys.stderr, flush=True)
         remove_temp_dirs()

@@ -132,13 +132,16 @@ def parse_option(text: str) -> tuple[str, str]:
     return normalize_key(key), value.strip()
 
 
-def argv_value(argv: list[str], flag: str) -> tuple[int, str] | None:
-    """Position and value of ``FLAG VALUE`` or ``FLAG=VALUE`` in a command line (first one)."""
+def argv_value(argv: list[str], flags: str | tuple[str, ...]) -> tuple[int, str] | None:
+    """Position and value of the first ``FLAG VALUE`` or ``FLAG=VALUE`` in a command line, for a
+    flag or any of a tuple of spellings (``("-cn", "--config-name")``)."""
+    names = (flags,) if isinstance(flags, str) else tuple(flags)
     for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return i + 1, argv[i + 1]
-        if arg.startswith(flag + "="):
-            return i, arg.split("=", 1)[1]
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return i + 1, argv[i + 1]
+            if arg.startswith(name + "="):
+                return i, arg.split("=", 1)[1]
     return None
 
 
@@ -196,23 +199,12 @@ def remove_temp_dirs() -> None:
         shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
 
 
-def _flag_value(argv: list[str], names: tuple[str, ...]) -> tuple[int, str] | None:
-    """Position and value of ``NAME VALUE`` / ``NAME=VALUE`` for any of ``names``."""
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                return i + 1, argv[i + 1]
-            if arg.startswith(name + "="):
-                return i, arg.split("=", 1)[1]
-    return None
-
-
 def find_hydra_config(argv: list[str]) -> Path | None:
     """The YAML a Hydra trainer (e.g. ``nequip-train -cn NAME [-cp DIR]``) reads, else None."""
-    name = _flag_value(argv, ("-cn", "--config-name"))
+    name = argv_value(argv, ("-cn", "--config-name"))
     if name is None:
         return None
-    folder = _flag_value(argv, ("-cp", "--config-path"))
+    folder = argv_value(argv, ("-cp", "--config-path"))
     path = Path(folder[1] if folder else ".") / name[1]
     return path if path.suffix in {".yaml", ".yml"} else path.with_name(path.name + ".yaml")
 
@@ -220,7 +212,7 @@ def find_hydra_config(argv: list[str]) -> Path | None:
 def _point_hydra_to(argv: list[str], copy: Path) -> None:
     """Make ``-cn``/``-cp`` of ``argv`` name ``copy`` (in place)."""
     for names, value in ((("-cn", "--config-name"), copy.name), (("-cp", "--config-path"), str(copy.parent))):
-        loc = _flag_value(argv, names)
+        loc = argv_value(argv, names)
         if loc is None:
             argv.extend([names[0], value])
         elif argv[loc[0]].startswith(tuple(n + "=" for n in names)):

@@ -21,7 +21,7 @@ configuration carries the plugin manager, there is no process-wide session.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import pluggy
 
@@ -97,11 +97,13 @@ def cfm_init_distributed(config: Config) -> DistInfo:
 # --- 3. trainer run ------------------------------------------------------------------------------
 
 @hookspec
-def cfm_before_trainer(config: Config, dist: DistInfo, argv: list[str]) -> None:
+def cfm_before_trainer(config: Config, dist: DistInfo, argv: list[str]) -> Callable[[], None] | None:
     """Called just before the trainer's entry point runs, in every rank.
 
     Adapters install their seams here (patch the trainer's loader construction, model build,
-    distributed set-up). ``argv`` is the trainer's command line (a list, modifiable in place).
+    distributed set-up) and return a callable that undoes them: cfm-run calls it after the
+    trainer returned or raised, before :func:`cfm_after_trainer`, so an adapter keeps no state of
+    its own between the two. ``argv`` is the trainer's command line (a list, modifiable in place).
     """
 
 
@@ -119,7 +121,7 @@ def cfm_trainer_settings(config: Config, trainer: TrainerSettings) -> None:
 def cfm_after_trainer(config: Config, dist: DistInfo, exit_code: int) -> None:
     """Called after the trainer's entry point returned (or raised), in every rank.
 
-    Adapters undo their seams here; features write their reports.
+    The undo callables of :func:`cfm_before_trainer` have run; features write their reports here.
     """
 
 
@@ -152,8 +154,9 @@ def cfm_batch_sampler(dataset, sizes: GraphSizes, config: Config, dist: DistInfo
     """The batch sampler to use for ``dataset``, or ``None`` to keep the trainer's own.
 
     ``sizes`` is the :class:`cfm_plugins.sizes.GraphSizes` from :func:`cfm_graph_sizes` (maybe
-    one shard of the dataset); ``role`` is ``"train"`` or ``"valid"`` (evaluation loaders: no
-    shuffling); ``trainer`` holds the trainer's batch size, seed, dtype and device as the adapter
+    one shard of the dataset); ``role`` is ``"train"`` (shuffled, re-packed every epoch), ``"valid"`` or
+    ``"test"`` (evaluation loaders, prediction included: a fixed plan, every structure exactly
+    once over the ranks); ``trainer`` holds the trainer's batch size, seed, dtype and device as the adapter
     read them (:class:`cfm_plugins.options.TrainerSettings`). The ``binpack`` feature returns a
     :class:`cfm_plugins.sampler.BinPackBatchSampler` sharing the work evenly over the ranks.
     """
@@ -162,12 +165,15 @@ def cfm_batch_sampler(dataset, sizes: GraphSizes, config: Config, dist: DistInfo
 # --- 5. model ------------------------------------------------------------------------------------
 
 @hookspec
-def cfm_patch_model(model, config: Config) -> None:
-    """Swap modules of a built model for faster ones, in place.
+def cfm_patch_model(model, config: Config):
+    """Swap modules of a built model for faster ones, in place; return a report (or ``None``).
 
-    Swaps must keep the state_dict (same keys, shapes and values: shared parameters), so a
-    checkpoint loads with or without the plugin. The ``fused`` feature swaps the symmetric
-    contractions and the conv tensor products for the fused kernels.
+    Every adapter calls this where its trainer has built the model (before DDP wraps it). Swaps
+    must keep the state_dict (same keys, shapes and values: shared parameters), so a checkpoint
+    loads with or without the plugin. The ``fused`` feature swaps the modules of the kernels in
+    its ``fused_kernels`` option with the kernel table (:mod:`cfm_plugins.ops.kernel_table`) and
+    returns a :class:`cfm_plugins.ops.patching.PatchReport`; a kernel that finds no module in the
+    model is reported in the log, never dropped silently.
     """
 
 

@@ -16,11 +16,11 @@ from mace import modules
 from mace.calculators import MACECalculator
 
 from cfm_plugins.calculators import CFMCalculator
-from cfm_plugins.ops.patching import KERNELS
+from cfm_plugins.ops.kernel_table import kernel_names
 from conftest import ROOT, clean_env
 
 #: the fused kernels of this checkout
-AVAILABLE = tuple(KERNELS)
+AVAILABLE = kernel_names()
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 _spec = importlib.util.spec_from_file_location("cfm_make_dataset", ROOT / "examples" / "make_dataset.py")

@@ -1,4 +1,4 @@
-"""patch_conv_tps / unpatch_conv_tps on real mace models (built with mace's own constructors):
+"""patch_model / unpatch_model of the conv TP on real mace models (built with mace's own constructors):
 energies and forces equal to float64 round-off, state_dict unchanged, unpatch restores."""
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from ase.build import bulk
 from e3nn import o3
 from mace import data, modules, tools
 
-from cfm_plugins.ops.conv_tp import FusedConvTP, patch_conv_tps, unpatch_conv_tps
+from cfm_plugins.ops.conv_tp import FusedConvTP
+from cfm_plugins.ops.patching import patch_model, unpatch_model
+
+TP = ("conv_tp",)
 
 BLOCKS = ["RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock",
           "RealAgnosticDensityResidualInteractionBlock"]
@@ -80,10 +83,10 @@ def test_patch_keeps_energies_forces_and_state_dict(kind, block, first):
     keys = list(model.state_dict())
     originals = [blk.conv_tp for blk in model.interactions]
 
-    assert patch_conv_tps(model) == 2
+    assert patch_model(model, TP).total == 2
     assert all(isinstance(blk.conv_tp, FusedConvTP) and hasattr(blk, "conv_fusion") for blk in model.interactions)
     assert list(model.state_dict()) == keys
-    assert patch_conv_tps(model) == 0  # idempotent
+    assert patch_model(model, TP).total == 0  # idempotent
     got = run(model, b)
     assert ref[1].abs().max() > 1e-3  # forces are not trivially zero
     for a, r in zip(got, ref):
@@ -99,7 +102,7 @@ def test_patch_keeps_energies_forces_and_state_dict(kind, block, first):
 
     g_fused = grads(model)
 
-    assert unpatch_conv_tps(model) == 2
+    assert unpatch_model(model, TP).total == 2
     assert [blk.conv_tp for blk in model.interactions] == originals
     assert not any(hasattr(blk, "conv_fusion") for blk in model.interactions)
     assert list(model.state_dict()) == keys
@@ -116,7 +119,7 @@ def test_patched_model_survives_deepcopy_save_load_and_dtype_moves(tmp_path):
     model = build("ScaleShiftMACE", BLOCKS[0], BLOCKS[0], seed=1)
     b = batch(1)
     ref = run(model, b)
-    patch_conv_tps(model)
+    patch_model(model, TP)
     clone = copy.deepcopy(model)
     torch.save(model, tmp_path / "m.model")
     loaded = torch.load(tmp_path / "m.model", weights_only=False)
@@ -135,7 +138,7 @@ def test_patched_model_survives_deepcopy_save_load_and_dtype_moves(tmp_path):
                                 for k, v in b.items()})
     torch.testing.assert_close(e32.double(), ref[0], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(f32.double(), ref[1], rtol=1e-4, atol=1e-4)
-    unpatch_conv_tps(model32)
+    unpatch_model(model32, TP)
     tp = model32.interactions[0].conv_tp
     assert not isinstance(tp, FusedConvTP) and tp.output_mask.dtype == torch.float32
 
@@ -151,8 +154,6 @@ def _tensors(model: torch.nn.Module):
 def test_patched_model_follows_to_and_keeps_its_dtype():
     """Issue 8: every tensor of a patched module follows .to() (device and dtype), and patching a
     model that is already in a dtype keeps everything there (a meta-device move stands for a GPU)."""
-    from cfm_plugins.ops.patching import patch_model
-
     model = build("MACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock").float()
     report = patch_model(model)
     assert report.counts["conv_tp"] > 0 and report.counts["symmetric_contraction"] > 0

@@ -1,4 +1,4 @@
-"""fused with HydraGNN: MACE-style modules are found by structure, not by class.
+"""fused with HydraGNN: MACE-style modules are found by their layout, not by class.
 
 HydraGNN's later stacks carry a vendored copy of MACE's ``SymmetricContraction``; the test builds
 such a copy (mace's own source loaded as another module, so its class is not mace's) inside a
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import types
 
 import pytest
 
@@ -21,8 +20,7 @@ import torch  # noqa: E402
 from e3nn import o3  # noqa: E402
 
 import hydragnn  # noqa: E402
-from cfm_plugins.ops.find import find_by_structure, patch_by_structure, unpatch_by_structure  # noqa: E402
-from cfm_plugins.ops.patching import patch_model  # noqa: E402
+from cfm_plugins.ops.patching import find_modules, patch_model, unpatch_model  # noqa: E402
 
 CHANNELS = 4
 
@@ -110,7 +108,7 @@ def batch():
     return Batch.from_data_list(graphs)
 
 
-def test_structural_finder_fuses_a_hydragnn_model_holding_mace_style_modules(f64):
+def test_the_kernel_table_fuses_a_hydragnn_model_holding_mace_style_modules(f64):
     model = build(vendored_symmetric_contraction_class())
     data = batch()
     ref = model(data)[0]
@@ -119,12 +117,10 @@ def test_structural_finder_fuses_a_hydragnn_model_holding_mace_style_modules(f64
     model.zero_grad()
     keys = {k: v.clone() for k, v in model.state_dict().items()}
 
-    found = find_by_structure(model)
+    found = find_modules(model)
     assert len(found["symmetric_contraction"]) == 2 and len(found["conv_tp"]) == 2, found
-    # the class-based swap misses the vendored contraction: that is why the finder exists
-    assert patch_model(model, ("symmetric_contraction",)).total == 0
 
-    report = patch_by_structure(model)
+    report = patch_model(model)
     assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2}
     names = {type(m).__name__ for m in model.modules()}
     assert {"FusedSymmetricContraction", "FusedConvTP"} <= names
@@ -138,24 +134,24 @@ def test_structural_finder_fuses_a_hydragnn_model_holding_mace_style_modules(f64
         if k in ref_grads:
             torch.testing.assert_close(p.grad, ref_grads[k], rtol=1e-9, atol=1e-12, msg=k)
 
-    assert unpatch_by_structure(model).total == 4
+    assert unpatch_model(model).total == 4
     assert not {"FusedSymmetricContraction", "FusedConvTP"} & {type(m).__name__ for m in model.modules()}
     torch.testing.assert_close(model(data)[0], ref, rtol=1e-12, atol=1e-14)
 
 
-def test_adapter_seam_swaps_by_structure_or_says_once_which_stack_has_nothing(f64, caplog):
+def test_adapter_seam_swaps_through_the_hook_or_says_once_which_stack_has_nothing(f64, caplog):
     from cfm_plugins.config import Config
-    from cfm_plugins.manager import create_manager
+    from cfm_plugins.manager import Session, create_manager
     from cfm_plugins_adapters.hydragnn.seams import make_get_distributed_model
 
     config = Config(enabled=["hydragnn", "fused"])
     create_manager(config)  # the declared defaults (fused_kernels: both kernels)
-    session = types.SimpleNamespace(config=config, dist=None)
+    session = Session(config)
     stock_wrap = hydragnn.utils.distributed.get_distributed_model  # no process group: returns the model
-    caplog.set_level(logging.INFO, logger="cfm_plugins.hydragnn")
+    caplog.set_level(logging.INFO, logger="cfm_plugins.fused")
 
     model = make_get_distributed_model(stock_wrap, session, None)(build(vendored_symmetric_contraction_class()))
-    assert "found by structure in the HydraGNN MaceStyleStack" in caplog.text
+    assert "fused kernels swapped in MaceStyleStack: symmetric_contraction: 2" in caplog.text
     assert sum(type(m).__name__ == "FusedSymmetricContraction" for m in model.modules()) == 2
 
     caplog.clear()
@@ -166,6 +162,7 @@ def test_adapter_seam_swaps_by_structure_or_says_once_which_stack_has_nothing(f6
     before = {k: v.clone() for k, v in gin.state_dict().items()}
     seam(gin)
     seam(gin)  # said once only
-    msgs = [r.getMessage() for r in caplog.records if "has no MACE-style" in r.getMessage()]
+    msgs = [r.getMessage() for r in caplog.records if "has no module for" in r.getMessage()]
     assert len(msgs) == 1 and "GINStack" in msgs[0] and "nothing was swapped" in msgs[0]
+    assert "symmetric_contraction, conv_tp" in msgs[0]
     assert all(torch.equal(gin.state_dict()[k], v) for k, v in before.items())

@@ -115,6 +115,44 @@ def test_model_without_the_module_says_so_and_runs_stock(caplog):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_toy_kernel_entry_is_swapped_in_a_nequip_model_through_the_hook(caplog):
+    """The kernel table's promise: a third kernel is one entry. The nequip adapter's Trainer callback
+    asks cfm_patch_model, which swaps the toy kernel's modules and the fused TensorProductScatter,
+    and reports the symmetric contraction a NequIP model has none of."""
+    from e3nn import o3
+
+    from cfm_plugins.manager import Session
+    from cfm_plugins_adapters import nequip as adapter
+    from cfm_plugins_adapters.nequip.callbacks import FuseOnSetup
+    from cfm_plugins_adapters.nequip.modifier import fused_class
+    from toy_kernel import NAME, ToyFusedLinear, fused_config, toy_kernel_registered
+
+    model, batch = tiny_model(), tiny_batch()
+    e0, f0, g0 = run_model(model, batch)
+    keys = list(model.state_dict())
+    linears = sum(isinstance(m, o3.Linear) for m in model.modules())
+    assert linears > 0
+    with toy_kernel_registered():
+        config = fused_config("nequip", f"{NAME},conv_tp,symmetric_contraction")
+        adapter._STATE["session"] = Session(config)
+        try:
+            with caplog.at_level(logging.INFO, logger="cfm_plugins.fused"):
+                FuseOnSetup().setup(None, model, "fit")  # what nequip-train's Trainer calls
+        finally:
+            adapter._STATE.pop("session")
+        assert sum(isinstance(m, ToyFusedLinear) for m in model.modules()) == linears
+        assert sum(isinstance(m, fused_class()) for m in model.modules()) == 2
+        assert list(model.state_dict()) == keys
+        assert "has no module for symmetric_contraction" in caplog.text
+        ToyFusedLinear.calls = 0
+        e1, f1, g1 = run_model(model, batch)
+        assert ToyFusedLinear.calls >= linears
+    assert rel(e1, e0) < 1e-10 and rel(f1, f0) < 1e-10
+    for a, b in zip(g1, g0):
+        if a is not None and b.abs().max() > 0:
+            assert rel(a, b) < 1e-10
+
+
 def test_adapter_serves_nequip_train_only():
     from cfm_plugins_adapters.nequip import serves
 
@@ -164,10 +202,15 @@ def test_nequip_train_under_mpirun_with_both_plugins(runs):
     assert a.returncode == 0, a.stdout[-4000:]
     assert b.returncode == 0, b.stdout[-4000:]
     for rank in (0, 1):
-        assert f"[cfm rank {rank}] INFO enable_CFMFused: 2 TensorProductScatter module(s) fused" in a.stdout
+        swapped = [line for line in a.stdout.splitlines()
+                   if line.startswith(f"[cfm rank {rank}] INFO fused kernels swapped in")]
+        assert len(swapped) == 1 and "conv_tp: 2 (" in swapped[0], swapped  # once, at the first Trainer setup
+        # the default fused_kernels also names the symmetric contraction, which NequIP has none of: said
+        assert f"[cfm rank {rank}] WARNING fused: the model" in a.stdout
+        assert "has no module for symmetric_contraction" in a.stdout
         assert f"[cfm rank {rank}] INFO binpack train:" in a.stdout
         assert f"[cfm rank {rank}] INFO plugins enabled: nequip, binpack (from config-file)" in b.stdout
-    assert "enable_CFMFused" not in b.stdout
+    assert "fused kernels swapped in" not in b.stdout
 
 
 def test_every_structure_once_per_epoch_on_every_rank_set(runs):

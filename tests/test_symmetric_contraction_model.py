@@ -1,4 +1,4 @@
-"""patch/unpatch_symmetric_contractions on real MACE and ScaleShiftMACE models (mace's constructors)."""
+"""patch_model/unpatch_model of the symmetric contraction on real MACE and ScaleShiftMACE models (mace's constructors)."""
 from __future__ import annotations
 
 import mace  # noqa: F401  (before e3nn)
@@ -10,8 +10,10 @@ from e3nn import o3
 from mace import data, modules, tools
 from mace.tools import torch_geometric
 
-from cfm_plugins.ops.symmetric_contraction import (FusedSymmetricContraction, patch_symmetric_contractions,
-                                                   unpatch_symmetric_contractions)
+from cfm_plugins.ops.patching import patch_model, unpatch_model
+from cfm_plugins.ops.symmetric_contraction import FusedSymmetricContraction
+
+SC = ("symmetric_contraction",)
 
 
 def build(cls_name: str):
@@ -63,18 +65,18 @@ def test_patch_matches_stock_and_unpatch_restores(cls_name):
     keys = list(model.state_dict())
     e0, f0 = energy_forces(model, b)
     stock = [m for m in model.modules() if type(m).__name__ == "SymmetricContraction"]
-    assert patch_symmetric_contractions(model) == 2 == len(stock)
+    assert patch_model(model, SC).total == 2 == len(stock)
     assert sum(isinstance(m, FusedSymmetricContraction) for m in model.modules()) == 2
     assert list(model.state_dict()) == keys
     e1, f1 = energy_forces(model, b)
     assert torch.allclose(e1, e0, rtol=1e-12, atol=1e-12)
     assert torch.allclose(f1, f0, rtol=1e-10, atol=1e-12)
-    assert patch_symmetric_contractions(model) == 0  # idempotent
+    assert patch_model(model, SC).total == 0  # idempotent
     # a state_dict saved with the plugin loads into a stock model and vice versa
     other = build(cls_name)
     other.load_state_dict(model.state_dict())
     model.load_state_dict(other.state_dict())
-    assert unpatch_symmetric_contractions(model) == 2
+    assert unpatch_model(model, SC).total == 2
     assert [type(m) for m in model.modules() if type(m).__name__ == "SymmetricContraction"] == [type(s) for s in stock]
     assert not any(isinstance(m, FusedSymmetricContraction) for m in model.modules())
     e2, f2 = energy_forces(model, b)

@@ -16,19 +16,6 @@ from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 
-_STATE: dict = {}
-
-
-def _session(config, dist):
-    """The hooks, options and ranks of this run (the one place the adapter reaches them).
-
-    ``trainer`` starts empty: the seams fill in HydraGNN's batch size when its loaders are made.
-    """
-    from cfm_plugins.manager import Session
-
-    return Session(config)
-
-
 def _json_configs(argv) -> list[str]:
     return [a for a in argv[1:] if a.endswith(".json") and os.path.isfile(a)]
 
@@ -74,17 +61,12 @@ def cfm_before_trainer(config, dist, argv):
         log.warning("the hydragnn plugin meets HydraGNN training scripts; %r does not look like one "
                     "(no JSON config with a NeuralNetwork section, no `import hydragnn`), so it does nothing",
                     argv[:2])
-        return
+        return None
+    from cfm_plugins.manager import Session
     from cfm_plugins_adapters.hydragnn import seams
 
-    _STATE["undo"] = seams.install(_session(config, dist))
-
-
-@hookimpl
-def cfm_after_trainer(config, dist, exit_code):
-    undo = _STATE.pop("undo", None)
-    if undo is not None:
-        undo()
+    # the trainer settings start empty: the seams fill in HydraGNN's batch size when its loaders are made
+    return seams.install(Session(config))  # cfm-run calls this undo after the trainer
 
 
 @hookimpl

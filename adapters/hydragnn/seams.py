@@ -12,9 +12,10 @@ HydraGNN function          what the replacement does
                            at 127.0.0.1:8889 and read the scheduler's variables
 ``create_dataloaders``     train/validation/test loaders over the ``cfm_batch_sampler``
                            (binpack) with costs from the PyG graphs (see :mod:`.loader`)
-``get_distributed_model``  with ``fused``: swaps MACE-style modules found by structure, or says
-                           once that the stack has none; then HydraGNN's DDP wrapping; with
-                           ``step_log``: attaches the step timer (see :mod:`.steplog`)
+``get_distributed_model``  ``cfm_patch_model`` (with ``fused``: MACE-style modules found by
+                           their layout are swapped, or the plugin says once that the stack has
+                           none); then HydraGNN's DDP wrapping; with ``step_log``: attaches the
+                           step timer (see :mod:`.steplog`)
 =========================  =====================================================================
 
 With ``step_log=PATH`` a :class:`~.steplog.StepTracer` joins HydraGNN's tracer list.
@@ -26,9 +27,6 @@ import logging
 import sys
 
 log = logging.getLogger("cfm_plugins.hydragnn")
-
-SEAMS = ("setup_ddp", "create_dataloaders", "get_distributed_model")
-
 
 def _holders(name: str, stock) -> list:
     """Every loaded hydragnn module that holds ``stock`` under ``name``."""
@@ -54,28 +52,11 @@ def make_setup_ddp(stock, dist):
     return setup_ddp
 
 
-def describe_stack(model) -> str:
-    return type(model).__name__
-
-
 def make_get_distributed_model(stock, session, tracer):
-    state = {"said": False}
-
     def get_distributed_model(model, *args, **kwargs):
-        config = session.config
-        if config.is_enabled("fused") and not state["said"]:
-            state["said"] = True
-            from cfm_plugins.ops.find import patch_by_structure
-            from cfm_plugins.ops.patching import kernels_option
-
-            report = patch_by_structure(model, kernels_option(config))
-            if report.total == 0:
-                log.warning("fused: the HydraGNN %s has no MACE-style symmetric contraction or uvu tensor-product "
-                            "convolution; nothing was swapped and training goes on with its own layers",
-                            describe_stack(model))
-            else:
-                log.info("fused kernels swapped in (found by structure in the HydraGNN %s): %s",
-                         describe_stack(model), report)
+        # fused: the kernel table finds MACE-style modules by their layout, whatever HydraGNN calls them;
+        # a stack without any is reported once by the fused plugin, and trains with its own layers
+        session.hook.cfm_patch_model(model=model, config=session.config)
         ddp = stock(model, *args, **kwargs)
         if tracer is not None and hasattr(ddp, "register_comm_hook"):
             tracer.attach(ddp)

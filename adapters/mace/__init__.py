@@ -14,7 +14,6 @@ from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.mace")
 
-_STATE: dict = {}
 _PROGRAM = "mace_run_train"
 _MODULE = "mace.cli.run_train"
 
@@ -46,15 +45,8 @@ def cfm_before_trainer(config, dist, argv):
 
     if not cfm_adapter_serves(argv):
         log.warning("the mace plugin meets mace_run_train; %r is another command, so it does nothing", argv[:1])
-        return
-    _STATE["undo"] = seams.install(config)
-
-
-@hookimpl
-def cfm_after_trainer(config, dist, exit_code):
-    undo = _STATE.pop("undo", None)
-    if undo is not None:
-        undo()
+        return None
+    return seams.install(config)  # cfm-run calls this undo after the trainer
 
 
 @hookimpl

@@ -34,10 +34,6 @@ from cfm_plugins.options import TrainerSettings
 log = logging.getLogger("cfm_plugins.mace")
 
 
-def _is_patched(model) -> bool:
-    return any(type(m).__module__.startswith("cfm_plugins.ops") for m in model.modules())
-
-
 def trainer_settings(args) -> TrainerSettings:
     """What the plugins need to know of mace_run_train's parsed arguments."""
     swaps = tuple(name for name in ("cueq", "oeq") if getattr(args, f"enable_{name}", False))
@@ -48,6 +44,8 @@ def trainer_settings(args) -> TrainerSettings:
 def install(config) -> callable:
     """Replace the seams in ``mace.cli.run_train``; return a function that restores them."""
     import mace.cli.run_train as rt
+
+    from cfm_plugins.ops.patching import is_patched
 
     saved = {name: getattr(rt, name) for name in ("init_distributed", "torch_geometric", "configure_model", "DDP", "deepcopy")}
     stock_init, stock_tg, stock_configure, stock_ddp = (
@@ -106,7 +104,7 @@ def install(config) -> callable:
         if hasattr(out, "modules"):
             if step_log is not None:
                 step_log.detach_copy(out)
-            if _is_patched(out):
+            if is_patched(out):
                 hook.cfm_unpatch_model(model=out, config=config)
         return out
 

@@ -16,8 +16,19 @@ from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.nequip")
 
+#: the session of the nequip-train run under way: Hydra builds BinPackDataLoader and the callbacks
+#: from the config, with no argument of ours, so this is where they reach the hooks and options
 _STATE: dict = {}
 PROGRAMS = ("nequip-train",)
+
+
+def running_session(who: str):
+    """The session of the run under way, or a RuntimeError saying how ``who`` must be run."""
+    session = _STATE.get("session")
+    if session is None or not session.config.is_enabled("nequip"):
+        raise RuntimeError(f"{who} runs under `cfm-run --enable nequip,... -- nequip-train ...` (it needs the "
+                           "ranks and options cfm-run sets up)")
+    return session
 
 
 def __getattr__(name):
@@ -60,19 +71,20 @@ def cfm_before_trainer(config, dist, argv):
 
     if not serves(argv):
         log.warning("the nequip plugin meets nequip-train; %r is another command, so it does nothing", argv[:1])
-        return
+        return None
+    if config.is_enabled("fused"):
+        from cfm_plugins_adapters.nequip.modifier import register_form
+
+        register_form()  # the kernel table then fuses TensorProductScatter whole (product + scatter)
     # batch size and seed: from nequip's config, as its loaders are made
-    session = Session(config, TrainerSettings(device=config.get("device")))
-    _STATE["session"] = session  # for BinPackDataLoader, which Hydra builds without our arguments
-    _STATE["undo"] = seams.install(session)
+    _STATE["session"] = session = Session(config, TrainerSettings(device=config.get("device")))
+    undo_seams = seams.install(session)
 
+    def undo():  # cfm-run calls it after the trainer
+        _STATE.pop("session", None)
+        undo_seams()
 
-@hookimpl
-def cfm_after_trainer(config, dist, exit_code):
-    _STATE.pop("session", None)
-    undo = _STATE.pop("undo", None)
-    if undo is not None:
-        undo()
+    return undo
 
 
 @hookimpl

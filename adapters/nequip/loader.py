@@ -112,17 +112,6 @@ class LightningBatchSampler(BatchSamplerWrapper):
         self.sampler = _SetEpoch(batch_sampler)
 
 
-def _session():
-    """The session of the nequip-train run under way (set by the adapter's cfm_before_trainer).
-
-    Hydra instantiates BinPackDataLoader from the config with no argument of ours, so the one
-    place this adapter reaches the hooks is the state its cfm_before_trainer hook keeps.
-    """
-    from cfm_plugins_adapters.nequip import _STATE
-
-    return _STATE.get("session")
-
-
 def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: bool | None = None,
                       cfm_role: str | None = None, sampler=None, batch_sampler=None, drop_last: bool = False,
                       **kwargs) -> DataLoader:
@@ -141,11 +130,9 @@ def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: boo
                          "the dataloader config")
     if _STATS_PASS.get():  # NequIP's dataset statistics: every rank reads the whole set, as stock
         return DataLoader(dataset, batch_size=batch_size, shuffle=False, generator=generator, **kwargs)
-    session = _session()
-    if session is None or not session.config.is_enabled("nequip"):
-        raise RuntimeError("BinPackDataLoader runs under `cfm-run --enable nequip,binpack -- nequip-train ...` "
-                           "(it needs the ranks cfm-run sets up); for a plain nequip-train use "
-                           "torch.utils.data.DataLoader")
+    from cfm_plugins_adapters.nequip import running_session
+
+    session = running_session("BinPackDataLoader (for a plain nequip-train use torch.utils.data.DataLoader)")
     hook, config, dist = session.hook, session.config, session.dist
     if role == "train":
         session.trainer = dataclasses.replace(session.trainer, batch_size=int(batch_size))

@@ -109,65 +109,58 @@ def fused_class():
 _FUSED_CLS = None
 
 
-def _tp_scatters(model: torch.nn.Module):
+def form():
+    """The kernel table's form for nequip's ``TensorProductScatter`` (kernel ``conv_tp``): the whole
+    module (product and scatter) becomes :func:`fused_class`; all of a model's or none."""
     from nequip.nn._tp_scatter_base import TensorProductScatter
 
-    return [m for m in model.modules() if isinstance(m, TensorProductScatter)]
+    from cfm_plugins.ops.kernel_table import Form
+
+    cls = fused_class()
+
+    def make(old, parent, attr):
+        if type(old) is not TensorProductScatter:
+            raise ValueError(f"it is already a {type(old).__name__} (another modifier)")
+        return cls(old)  # FusedConvTP raises ValueError for a product it cannot fuse
+
+    return Form("nequip TensorProductScatter",
+                recognise=lambda m, parent, attr: isinstance(m, TensorProductScatter) and not isinstance(m, cls),
+                make=make,
+                is_fused=lambda m, parent, attr: isinstance(m, cls),
+                restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_stock()),
+                all_or_none=True)  # nequip refuses models that mix two subclasses carrying one modifier
+
+
+def register_form() -> None:
+    """Put :func:`form` first in the ``conv_tp`` kernel's forms (idempotent), so that every route to
+    the swap (the ``fused`` plugin's ``cfm_patch_model``, this modifier) fuses the whole module."""
+    from cfm_plugins.ops.kernel_table import add_form
+
+    add_form("conv_tp", form())
 
 
 def fuse(model: torch.nn.Module) -> int:
-    """Swap every ``TensorProductScatter`` of ``model`` (in place) for the fused one.
+    """Swap every ``TensorProductScatter`` of ``model`` (in place) for the fused one, with the kernel
+    table. Returns the number swapped: 0 (with a warning saying why) when the model has none, or
+    when one of them cannot be fused (then none is: the model runs stock)."""
+    from cfm_plugins.ops.patching import patch_model
 
-    Returns the number swapped: 0 (with a warning saying why) when the model has none, or when
-    one of them cannot be fused (then none is: the model runs stock).
-    """
-    from nequip.nn.model_modifier_utils import replace_submodules
-    from nequip.nn._tp_scatter_base import TensorProductScatter
-
-    cls = fused_class()
-    found = _tp_scatters(model)
-    todo = [m for m in found if not isinstance(m, cls)]
-    if not found:
+    register_form()
+    report = patch_model(model, ("conv_tp",))
+    if report.missing:
         log.warning("%s: the model (%s) has no nequip TensorProductScatter module, the module this modifier "
                     "replaces; it runs stock", MODIFIER, type(model).__name__)
-        return 0
-    if not todo:
-        return 0  # already fused
-    other = [type(m).__name__ for m in todo if type(m) is not TensorProductScatter]
-    if other:
-        log.warning("%s: the model's tensor products are already %s (another modifier); left as they are",
-                    MODIFIER, ", ".join(sorted(set(other))))
-        return 0
-    from cfm_plugins.ops.descriptors.conv_tp import from_e3nn
-
-    for m in todo:  # check all before swapping any: all or none
-        try:
-            from_e3nn(m.tp)
-        except ValueError as exc:
-            log.warning("%s: %s cannot be fused (%s); the model runs stock", MODIFIER, m.tp, exc)
-            return 0
-    replace_submodules(model, TensorProductScatter,
-                       lambda old: old if isinstance(old, cls) else cls(old))
-    log.info("%s: %d TensorProductScatter module(s) fused", MODIFIER, len(todo))
-    return len(todo)
+    elif report.total:
+        log.info("%s: %d TensorProductScatter module(s) fused", MODIFIER, report.total)
+    return report.total
 
 
 def unfuse(model: torch.nn.Module) -> int:
     """Undo :func:`fuse` (in place). Returns the number of modules restored."""
-    cls = fused_class()
-    n = 0
+    from cfm_plugins.ops.patching import unpatch_model
 
-    def walk(mod):
-        nonlocal n
-        for name, child in list(mod.named_children()):
-            if isinstance(child, cls):
-                mod._modules[name] = child.to_stock()
-                n += 1
-            else:
-                walk(child)
-
-    walk(model)
-    return n
+    register_form()
+    return unpatch_model(model, ("conv_tp",)).total
 
 
 def enable_CFMFused(cls, model):

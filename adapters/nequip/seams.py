@@ -68,7 +68,7 @@ def trainer_config(cfg: dict, config, dist) -> dict:
     cfg = copy.deepcopy(cfg)
     if config.is_enabled("binpack"):
         cfg["use_distributed_sampler"] = False
-    if config.is_enabled("fused") and "conv_tp" in _fused_kernels(config):
+    if config.is_enabled("fused"):
         cfg["callbacks"] = list(cfg.get("callbacks") or []) + [
             {"_target_": "cfm_plugins_adapters.nequip.callbacks.FuseOnSetup"}]
     if config.get("step_log"):
@@ -132,9 +132,3 @@ def install(session) -> callable:
         NequIPDataModule.get_statistics = stock_stats
 
     return undo
-
-
-def _fused_kernels(config) -> tuple[str, ...]:
-    from cfm_plugins.ops.patching import kernels_option
-
-    return kernels_option(config)

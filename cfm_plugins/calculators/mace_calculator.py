@@ -72,7 +72,7 @@ class CFMCalculator(MACECalculator):
         architecture=None,
         **kwargs,
     ):
-        from cfm_plugins.ops.patching import check_kernels
+        from cfm_plugins.ops.kernel_table import check_kernels
         from cfm_plugins.plugins.fused import refuse_other_kernels
 
         kernels = check_kernels(kernels, "CFMCalculator kernels") if fused else ()
@@ -120,10 +120,9 @@ class CFMCalculator(MACECalculator):
         report = patch_model(model, self.kernels)
         for p in model.parameters():  # as MACECalculator leaves them: inference only
             p.requires_grad = False
-        missing = [k for k, n in report.counts.items() if n == 0]
-        if missing:
-            warnings.warn(f"fused kernels {missing}: no matching module found in the model; those parts run "
-                          "mace's own code", stacklevel=3)
+        if report.missing:
+            warnings.warn(f"fused kernels {list(report.missing)}: no matching module found in the model; those "
+                          "parts run mace's own code", stacklevel=3)
         log.info("CFMCalculator: fused kernels swapped in: %s", report)
         return report
 

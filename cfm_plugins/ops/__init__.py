@@ -4,7 +4,8 @@
 - :class:`FusedConvTP` (channelwise tensor product + scatter) in ``conv_tp.py``
 
 The sparse coefficient lists (*what* is computed) live in ``descriptors/``; the compiled kernels
-(*how* it runs) come from ``cuda/`` through ``_extension.py``.
+(*how* it runs) are torch operators built from ``cuda/`` and loaded by ``_backend.py``. The kernel
+table (``kernel_table.py``) says which modules each kernel replaces; ``patching.py`` swaps them.
 """
 from __future__ import annotations
 

@@ -20,8 +20,9 @@ operators. The descriptor tables are module buffers (they follow ``.to()``). Wit
 library a pure-torch implementation of the same tables runs (index_add based; autograd does the
 derivatives); :mod:`cfm_plugins.ops._backend` chooses.
 
-``patch_conv_tps(model)`` / ``unpatch_conv_tps(model)`` swap the ``conv_tp`` of mace interaction
-blocks in place (the blocks' ``conv_fusion`` seam selects the fused call form).
+:data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`): the
+``conv_tp`` of MACE interaction blocks (their ``conv_fusion`` seam selects the fused call form),
+then any other uvu tensor product with per-edge weights, whatever its class.
 """
 import inspect
 import logging
@@ -35,13 +36,14 @@ import torch
 
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops.descriptors import conv_tp as _desc
+from cfm_plugins.ops.kernel_table import Form, Kernel
 
 log = logging.getLogger("cfm_plugins.ops")
 
 # the cfm:: operators must exist before a model holding these modules is scripted or exported
 _backend.declare_operators()
 
-__all__ = ["FusedConvTP", "patch_conv_tps", "unpatch_conv_tps", "edge_csr", "EdgeCSR"]
+__all__ = ["FusedConvTP", "KERNEL", "is_uvu_conv_tp", "edge_csr", "EdgeCSR"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,9 +332,12 @@ class FusedConvTP(torch.nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Model patching (mace interaction blocks).
+# The kernel table entry: MACE's interaction blocks (fused scatter), then any uvu tensor product.
 # ----------------------------------------------------------------------------------------------
 _SEAM_CACHE: dict[type, bool] = {}
+
+#: the value of a block's ``conv_fusion`` attribute when this module set it
+CONV_FUSION = "cfm_plugins"
 
 
 def _reads_conv_fusion(block: torch.nn.Module) -> bool:
@@ -347,51 +352,61 @@ def _reads_conv_fusion(block: torch.nn.Module) -> bool:
     return _SEAM_CACHE[cls]
 
 
-def _is_e3nn_tp(m) -> bool:
-    try:
-        from e3nn import o3
-    except ImportError:  # pragma: no cover - e3nn comes with every trainer we patch
+def is_uvu_conv_tp(m) -> bool:
+    """An e3nn-interface tensor product (``irreps_in1``, ``irreps_in2``, ``irreps_out``,
+    ``instructions``, ``weight_numel``) with only "uvu" paths and per-edge weights (neither
+    internal nor shared), whatever its class: what :class:`FusedConvTP` reads."""
+    if isinstance(m, FusedConvTP) or not isinstance(m, torch.nn.Module):
         return False
-    return isinstance(m, o3.TensorProduct)
+    if not all(hasattr(m, a) for a in ("irreps_in1", "irreps_in2", "irreps_out", "instructions", "weight_numel")):
+        return False
+    ins = list(getattr(m, "instructions") or [])
+    if not ins or any(getattr(i, "connection_mode", None) != "uvu" for i in ins):
+        return False
+    return not getattr(m, "internal_weights", True) and not getattr(m, "shared_weights", True)
 
 
-def patch_conv_tps(model: torch.nn.Module) -> int:
-    """Swap (in place) every interaction block's e3nn ``conv_tp`` for :class:`FusedConvTP` and set
-    the block's ``conv_fusion`` attribute so it calls ``conv_tp(node_feats, edge_attrs, tp_weights,
-    edge_index)``. state_dict keys and values are unchanged. Returns the number of swaps."""
-    n = 0
-    for block in model.modules():
-        tp = getattr(block, "conv_tp", None)
-        if not isinstance(block, torch.nn.Module) or not _is_e3nn_tp(tp):
-            continue
-        if hasattr(block, "conv_fusion"):
-            log.warning("%s already has conv_fusion=%r but an e3nn conv_tp; left as is",
-                        type(block).__name__, block.conv_fusion)
-            continue
-        if not _reads_conv_fusion(block):
-            log.warning("%s.forward does not read conv_fusion; its conv_tp is left unfused", type(block).__name__)
-            continue
-        try:  # on the block's device: patching a model already on a GPU keeps everything there
-            fused = FusedConvTP.from_e3nn(tp, device=_module_device(block))
-        except ValueError as exc:
-            log.warning("%s.conv_tp not fused: %s", type(block).__name__, exc)
-            continue
-        fused.train(tp.training)
-        block.conv_tp = fused
-        block.conv_fusion = "cfm_plugins"
-        n += 1
-    return n
+def _is_block_conv_tp(m, parent, attr) -> bool:
+    return attr == "conv_tp" and parent is not None and is_uvu_conv_tp(m) and _reads_conv_fusion(parent)
 
 
-def unpatch_conv_tps(model: torch.nn.Module) -> int:
-    """Undo :func:`patch_conv_tps` (in place). Returns the number of modules restored."""
-    n = 0
-    for block in model.modules():
-        fused = getattr(block, "conv_tp", None)
-        if not isinstance(fused, FusedConvTP):
-            continue
-        block.conv_tp = fused.to_e3nn()
-        if getattr(block, "conv_fusion", None) == "cfm_plugins":
-            del block.conv_fusion
-        n += 1
-    return n
+def _make_for_block(tp, block, attr) -> FusedConvTP:
+    if hasattr(block, "conv_fusion"):
+        raise ValueError(f"{type(block).__name__} already has conv_fusion={block.conv_fusion!r} beside an e3nn "
+                         "conv_tp (another kernel swap?)")
+    # on the block's device: patching a model already on a GPU keeps everything there
+    return FusedConvTP.from_e3nn(tp, device=_module_device(block))
+
+
+def _install_in_block(block, attr, fused) -> None:
+    setattr(block, attr, fused)
+    block.conv_fusion = CONV_FUSION  # the block now calls conv_tp(node_feats, edge_attrs, tp_weights, edge_index)
+
+
+def _restore_in_block(fused, block, attr) -> None:
+    setattr(block, attr, fused.to_e3nn())
+    if getattr(block, "conv_fusion", None) == CONV_FUSION:
+        del block.conv_fusion
+
+
+KERNEL = Kernel(
+    "conv_tp",
+    "the channelwise (uvu) conv tensor product with its scatter to the receivers",
+    (
+        # MACE interaction blocks (and vendored copies) whose forward reads conv_fusion: one fused
+        # gather + product + scatter, no per-edge message tensor
+        Form("block conv_tp with the conv_fusion seam",
+             recognise=_is_block_conv_tp,
+             make=_make_for_block,
+             install=_install_in_block,
+             is_fused=lambda m, parent, attr: isinstance(m, FusedConvTP)
+             and getattr(parent, "conv_fusion", None) == CONV_FUSION,
+             restore=_restore_in_block),
+        # any other uvu tensor product with per-edge weights: e3nn's call form (no scatter)
+        Form("e3nn uvu tensor product",
+             recognise=lambda m, parent, attr: is_uvu_conv_tp(m),
+             make=lambda m, parent, attr: FusedConvTP.from_e3nn(m),
+             is_fused=lambda m, parent, attr: isinstance(m, FusedConvTP),
+             restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_e3nn())),
+    ),
+)

@@ -16,8 +16,8 @@ AOTInductor and torch.compile see ordinary operators and forces need no Python. 
 compiled library is missing (or ``CFM_PLUGINS_FORCE_TORCH=1``) a pure-torch evaluation of the same
 descriptor runs (:mod:`cfm_plugins.ops._backend` chooses).
 
-``patch_symmetric_contractions(model)`` / ``unpatch_symmetric_contractions(model)`` swap every
-mace ``SymmetricContraction`` in a built model in place (and back).
+:data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`):
+it recognises MACE's layout whatever the class, so vendored copies are fused too.
 """
 
 import logging
@@ -28,19 +28,15 @@ import torch
 
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops.descriptors.symmetric_contraction import SCDescriptor, build_descriptor
+from cfm_plugins.ops.kernel_table import Form, Kernel
 
-__all__ = [
-    "FusedSymmetricContraction",
-    "patch_symmetric_contractions",
-    "unpatch_symmetric_contractions",
-]
+__all__ = ["FusedSymmetricContraction", "KERNEL", "is_symmetric_contraction"]
 
 log = logging.getLogger("cfm_plugins.ops")
 
 # the cfm:: operators must exist before a model holding these modules is scripted or exported
 _backend.declare_operators()
 
-KERNEL = "symmetric_contraction"
 CHANNEL_TILE = 16  # coefficient tensors are padded to a multiple of this many channels
 CHUNK = 128  # nodes per kernel work unit (all of one element)
 
@@ -292,32 +288,42 @@ class FusedSymmetricContraction(torch.nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Model patching
+# The kernel table entry: recognised by MACE's layout, whatever the class
 # ----------------------------------------------------------------------------------------------
 
-def _swap(model: torch.nn.Module, match, make) -> int:
-    targets = [(name, mod) for name, mod in model.named_modules() if match(mod)]
-    count = 0
-    for name, mod in targets:
-        if not name:
-            raise ValueError("the model itself is the module to swap; wrap it directly instead")
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, make(mod))
-        count += 1
-    return count
+def is_symmetric_contraction(m) -> bool:
+    """MACE's symmetric-contraction layout, whatever the class (trainers vendor it: HydraGNN's
+    ``MACEStack``): ``.contractions``, a non-empty module list whose items each have an integer
+    ``correlation``, a 3-D ``weights_max`` parameter, ``correlation - 1`` further ``weights``,
+    buffers ``U_matrix_1 .. U_matrix_<correlation>`` and ``U_tensors(nu)``: what
+    :class:`FusedSymmetricContraction` reads."""
+    if isinstance(m, FusedSymmetricContraction) or not isinstance(m, torch.nn.Module):
+        return False
+    contractions = getattr(m, "contractions", None)
+    if not isinstance(contractions, torch.nn.ModuleList) or len(contractions) == 0:
+        return False
+    for c in contractions:
+        nu = getattr(c, "correlation", None)
+        w = getattr(c, "weights_max", None)
+        if not isinstance(nu, int) or nu < 1 or not isinstance(w, torch.Tensor) or w.dim() != 3:
+            return False
+        if len(getattr(c, "weights", ())) != nu - 1 or not callable(getattr(c, "U_tensors", None)):
+            return False
+        if any(not isinstance(getattr(c, f"U_matrix_{k}", None), torch.Tensor) for k in range(1, nu + 1)):
+            return False
+    return True
 
 
-def patch_symmetric_contractions(model: torch.nn.Module, use_kernel: bool = True) -> int:
-    """Replace every mace ``SymmetricContraction`` in ``model`` by a fused one, in place.
-
-    Parameters and buffers are shared (state_dict keys unchanged). Returns the number swapped.
-    """
-    cls = _mace_symmetric_contraction_class()
-    return _swap(model, lambda m: isinstance(m, cls) and not isinstance(m, FusedSymmetricContraction),
-                 lambda m: FusedSymmetricContraction.from_mace(m, use_kernel=use_kernel))
+def _restore(fused: "FusedSymmetricContraction", parent: torch.nn.Module, attr: str) -> None:
+    setattr(parent, attr, fused.to_mace())
 
 
-def unpatch_symmetric_contractions(model: torch.nn.Module) -> int:
-    """Put the original mace modules back (in place). Returns the number swapped back."""
-    return _swap(model, lambda m: isinstance(m, FusedSymmetricContraction), lambda m: m.to_mace())
+KERNEL = Kernel(
+    "symmetric_contraction",
+    "MACE's symmetric contraction (product basis), by its layout",
+    (Form("mace-layout symmetric contraction",
+          recognise=lambda m, parent, attr: is_symmetric_contraction(m),
+          make=lambda m, parent, attr: FusedSymmetricContraction.from_mace(m),
+          is_fused=lambda m, parent, attr: isinstance(m, FusedSymmetricContraction),
+          restore=_restore),),
+)

@@ -2,15 +2,20 @@
 
 Replaces the symmetric contractions (MACE product basis) and the conv tensor products with
 scatter (message construction) by :mod:`cfm_plugins.ops` kernels, in place and state_dict
-compatible. Option ``fused_kernels`` (declared in :func:`cfm_declare_options`): which kernels.
+compatible. Every trainer adapter asks for the swap through the ``cfm_patch_model`` hook, which
+walks the model with the kernel table (:mod:`cfm_plugins.ops.kernel_table`). Option
+``fused_kernels`` (declared here, read only here): which kernels.
 """
 from __future__ import annotations
 
 import logging
+import weakref
 
 from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.fused")
+
+_REPORTED = weakref.WeakSet()  # models reported once: nequip patches its model at every Trainer setup
 
 
 @hookimpl
@@ -18,7 +23,7 @@ def cfm_declare_options():
     from cfm_plugins.options import Option
 
     return [Option("fused_kernels", str, "symmetric_contraction,conv_tp",
-                   "comma list of the kernels to swap in: symmetric_contraction, conv_tp")]
+                   "comma list of the kernels to swap in: symmetric_contraction, conv_tp (or a registered one)")]
 
 
 @hookimpl
@@ -37,35 +42,53 @@ def refuse_other_kernels(kernels, enable_cueq=False, enable_oeq=False,
         raise ValueError(f"the fused kernels and mace's enable_cueq/enable_oeq replace the same modules: {remedy}")
 
 
-def kernels(config) -> tuple[str, ...]:
-    from cfm_plugins.ops.patching import kernels_option
+def kernels_option(config) -> tuple[str, ...]:
+    """The kernels named by the ``fused_kernels`` option, validated against the kernel table."""
+    from cfm_plugins.config import split_names
+    from cfm_plugins.ops.kernel_table import check_kernels
 
-    return kernels_option(config)
+    return check_kernels(split_names(config.get("fused_kernels")), "option fused_kernels")
 
 
 @hookimpl
 def cfm_configure(config):
-    kernels(config)
+    kernels_option(config)
 
 
 @hookimpl
 def cfm_trainer_settings(config, trainer):
     swaps = set(trainer.kernel_swaps)
-    refuse_other_kernels(kernels(config), "cueq" in swaps, "oeq" in swaps)
+    refuse_other_kernels(kernels_option(config), "cueq" in swaps, "oeq" in swaps)
+
+
+def _report(model, report, kernels) -> None:
+    """Once per model: what was swapped (by module name), and every kernel asked for that found no
+    module in it (never dropped silently)."""
+    if model in _REPORTED:
+        return
+    _REPORTED.add(model)
+    name = type(model).__name__
+    if report.total:
+        log.info("fused kernels swapped in %s: %s", name, report.describe())
+    if report.missing:
+        what = "nothing was swapped and training goes on with its own layers" if report.total == 0 else \
+            "those stay stock"
+        log.warning("fused: the model (%s) has no module for %s of fused_kernels=%s; %s", name,
+                    ", ".join(report.missing), ",".join(kernels), what)
 
 
 @hookimpl
 def cfm_patch_model(model, config):
     from cfm_plugins.ops.patching import patch_model
 
-    report = patch_model(model, kernels(config))
-    log.info("fused kernels swapped in: %s", report)
-    if report.total == 0:
-        log.warning("fused: no module of a known kind was found in the model; nothing was swapped")
+    kernels = kernels_option(config)
+    report = patch_model(model, kernels)
+    _report(model, report, kernels)
+    return report
 
 
 @hookimpl
 def cfm_unpatch_model(model, config):
     from cfm_plugins.ops.patching import unpatch_model
 
-    unpatch_model(model, kernels(config))
+    return unpatch_model(model, kernels_option(config))

@@ -109,12 +109,14 @@ def balance_report(packing: Packing, costs, capacity, world_size: int | None = N
 
 def plot_batches(packing: Packing, costs, world_size: int | None, path, steps=range(4),
                  baseline: Packing | None = None, capacity: float | None = None,
-                 titles=("fixed-count batches", "bin packing"), cost_label: str = "atoms") -> str:
+                 titles=("fixed-count batches", "bin packing"), cost_label: str = "atoms",
+                 rank_label: str = "rank") -> str:
     """Draw a few steps like the MACE paper's Figure 12 and save a PNG at ``path``.
 
     One row per rank and step, each graph a rectangle of length proportional to its cost;
     with ``baseline`` the baseline packing is drawn on the left, ``packing`` on the right.
-    ``cost_label`` names the cost on the x axis (``atoms``, ``edges``, ...).
+    ``cost_label`` names the cost on the x axis (``atoms``, ``edges``, ...); ``rank_label`` names
+    a row's rank (``"rank"``, or ``"GPU"`` where each rank runs on a GPU).
     """
     import matplotlib
 
@@ -144,7 +146,7 @@ def plot_batches(packing: Packing, costs, world_size: int | None, path, steps=ra
         if capacity is not None:
             ax.axvline(capacity, color="red", linestyle="--", linewidth=1)
         ax.set_yticks(range(y))
-        ax.set_yticklabels([f"step {s} GPU {r}" for s in steps if s < pk.num_steps(w) for r in range(w)], fontsize=7)
+        ax.set_yticklabels([f"step {s} {rank_label} {r}" for s in steps if s < pk.num_steps(w) for r in range(w)], fontsize=7)
         ax.invert_yaxis()
         ax.set_xlim(0, max(xmax, capacity or 0) * 1.02)
         ax.set_xlabel(f"cost ({cost_label})")

@@ -1,4 +1,4 @@
-// The CPU kernels compiled for AVX2 (x86-64 only; bindings_cpu.cpp picks them at run time when the
+// The CPU kernels compiled for AVX2 (x86-64 only; sc_ops.cpp picks them at run time when the
 // CPU has AVX2). sc_math.h's inline code goes to its own namespace (CFM_SC_ISA) and the drivers are
 // internal to this file, so the linker never mixes AVX2 code into the baseline build.
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -7,7 +7,7 @@
 // element's nodes span several chunks).
 //
 // Included by sc_generic_cpu.cpp and sc_avx2_cpu.cpp inside a namespace of their own (one
-// instruction set each; bindings_cpu.cpp picks at run time), so no inline symbol is shared.
+// instruction set each; sc_ops.cpp picks at run time), so no inline symbol is shared.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
