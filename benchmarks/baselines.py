@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .packing import Packing, offsets_from_counts, packing_from_bins, validate_costs
+from cfm_plugins.sampler.packing import Packing, offsets_from_counts, packing_from_bins, validate_costs
 
 
 def _from_bins(bins: list, world_size: int, pad_empty: bool = True) -> Packing:

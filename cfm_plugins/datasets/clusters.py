@@ -2,29 +2,29 @@
 
 What HydraGNN trains on in its own examples is a list of ``torch_geometric.data.Data`` graphs
 (node features ``x``, positions ``pos``, a radius graph ``edge_index``, graph targets ``y``).
-This script makes such a list with ASE alone (no download):
+This module makes such a list with ASE alone (no download):
 
 - small molecules of the G2 set made only of H, C, N, O (3 to ~20 atoms, ``ase.build.molecule``);
 - metal clusters of Cu, Ni, Ag, Au, Pd, Pt or a random binary mix: icosahedra, octahedra and
-  random spherical cuts of fcc bulk, 13 to ``--max-atoms`` atoms, sizes drawn log-uniformly so
+  random spherical cuts of fcc bulk, 13 to ``max_atoms`` atoms, sizes drawn log-uniformly so
   that small and large graphs are both common (the spread the HydraGNN paper blames for its
   load imbalance).
 
 Every structure is rattled and labelled with ASE's EMT calculator (it has parameters for H, C,
 N, O and these metals). Targets: the EMT energy per atom (graph head, eV/atom). Node features:
-the atomic number. Edges: every neighbour within ``--radius`` (ASE's neighbour list), at most
-``--max-neighbours`` nearest per atom, as HydraGNN's ``RadiusGraph`` does; edges are computed
+the atomic number. Edges: every neighbour within ``radius`` (ASE's neighbour list), at most
+``max_neighbours`` nearest per atom, as HydraGNN's ``RadiusGraph`` does; edges are computed
 here because PyG's ``radius_graph`` needs torch-cluster, which has no wheels for every torch.
 
-    python examples/hydragnn/make_dataset.py --out examples/hydragnn/dataset/clusters.pt -n 400
+Deterministic for a seed. Needs ASE, torch and torch_geometric (the ``[hydragnn]`` extra). The
+command line, which writes the list with ``torch.save`` and prints a size summary, is
+``examples/hydragnn/make_dataset.py``::
 
-Deterministic for a seed. Writes the list with ``torch.save`` and prints a size summary.
+    python examples/hydragnn/make_dataset.py --out examples/hydragnn/dataset/clusters.pt -n 400
 """
 from __future__ import annotations
 
-import argparse
 import math
-from pathlib import Path
 
 import numpy as np
 
@@ -136,32 +136,6 @@ def make_structures(n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 
 
 def make_dataset(n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 300, radius: float = 5.0,
                  max_neighbours: int = 20) -> list:
+    """``n`` labelled PyG graphs (:func:`make_structures`, then :func:`to_graph`); the same list for the same arguments."""
     return [to_graph(a, radius, max_neighbours) for a in make_structures(n, seed, min_atoms, max_atoms)]
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="output file (torch.save of a list of PyG Data)")
-    p.add_argument("-n", "--num", type=int, default=400, help="number of structures")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-atoms", type=int, default=3)
-    p.add_argument("--max-atoms", type=int, default=300)
-    p.add_argument("--radius", type=float, default=5.0, help="edge cutoff (A), as HydraGNN's Architecture.radius")
-    p.add_argument("--max-neighbours", type=int, default=20)
-    args = p.parse_args(argv)
-    import torch
-
-    graphs = make_dataset(args.num, args.seed, args.min_atoms, args.max_atoms, args.radius, args.max_neighbours)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(graphs, out)
-    atoms = np.array([g.num_nodes for g in graphs])
-    edges = np.array([g.edge_index.shape[1] for g in graphs])
-    print(f"{len(graphs)} graphs -> {out}: atoms {atoms.min()}..{atoms.max()} (mean {atoms.mean():.1f}), "
-          f"edges {edges.min()}..{edges.max()} (mean {edges.mean():.1f}), "
-          f"energy/atom {min(float(g.y) for g in graphs):.3f}..{max(float(g.y) for g in graphs):.3f} eV")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -14,19 +14,16 @@ mace-torch 0.3.16 reads by default: ``REF_energy`` (info), ``REF_forces`` (array
 ``config_type=IsolatedAtom`` entry per element, from which ``--E0s=isolated`` (or the default
 E0s extraction) takes the atomic reference energies.
 
-Script::
+:func:`make_dataset` writes ``train.xyz``, ``valid.xyz``, ``test.xyz`` and ``cell512.xyz`` (a
+512-atom CuNi cell for MD timings, :func:`make_cell512`) into a folder; :func:`make_structures`
+returns labelled ``Atoms``. Deterministic for a seed. Needs ASE (the ``[mace]``, ``[nequip]`` or
+``[test]`` extra). The command line is ``examples/make_dataset.py``::
 
     python examples/make_dataset.py --out DIR --n-train 200 --n-valid 20 --seed 0 [--max-atoms 500]
-
-writes ``DIR/train.xyz``, ``valid.xyz``, ``test.xyz`` and ``cell512.xyz`` (a 512-atom CuNi cell for
-the MD benchmark, see ``examples/md.py``), and prints a summary. Deterministic for a seed.
 """
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -215,6 +212,7 @@ def make_structures(n: int, seed: int, max_atoms: int = 500, progress=None) -> l
 
 
 def size_histogram(frames, edges=HIST_EDGES) -> list[tuple[str, int]]:
+    """``("lo-hi", count)`` of the structures whose atom count falls in each range of ``edges``."""
     sizes = np.array([len(a) for a in frames])
     return [(f"{lo}-{hi - 1}", int(((sizes >= lo) & (sizes < hi)).sum())) for lo, hi in zip(edges[:-1], edges[1:])]
 
@@ -250,6 +248,7 @@ def make_dataset(out, n_train: int = 200, n_valid: int = 20, n_test: int | None 
 
 
 def summary(paths: dict[str, Path]) -> str:
+    """A few lines per file of :func:`make_dataset`: frames, atom counts, kinds, a size histogram."""
     lines = []
     for name, path in paths.items():
         frames = read(path, index=":")
@@ -265,25 +264,3 @@ def summary(paths: dict[str, Path]) -> str:
                 [a for a in frames if a.info.get("config_type") != "IsolatedAtom"]) if c))
     return "\n".join(lines)
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--n-train", type=int, default=200)
-    p.add_argument("--n-valid", type=int, default=20)
-    p.add_argument("--n-test", type=int, default=None, help="default: same as --n-valid")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-atoms", type=int, default=500)
-    args = p.parse_args(argv)
-    if args.max_atoms < 4:
-        p.error("--max-atoms must be at least 4")
-    t0 = time.perf_counter()
-    print(f"making CuNi set in {args.out} (seed {args.seed}, up to {args.max_atoms} atoms)", flush=True)
-    paths = make_dataset(args.out, args.n_train, args.n_valid, args.n_test, args.seed, args.max_atoms, verbose=True)
-    print(summary(paths))
-    print(f"done in {time.perf_counter() - t0:.1f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

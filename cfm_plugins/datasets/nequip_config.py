@@ -1,20 +1,19 @@
-"""A nequip-train (NequIP 0.19) config for the example CuNi set (examples/make_dataset.py).
-
-    python examples/nequip_config.py --train DIR/train.xyz --valid DIR/valid.xyz --out cfg.yaml \
-        [--epochs 2] [--features 16] [--l-max 1] [--layers 2] [--batch-size 4] [--fused] [--cfm mace,...]
+"""A nequip-train (NequIP 0.19) config for the example CuNi set (:mod:`cfm_plugins.datasets.cuni`).
 
 The config reads the extended XYZ files with ``nequip.data.dataset.ASEDataset`` (``REF_energy``
 and ``REF_forces`` mapped to NequIP's ``total_energy`` and ``forces``), trains a NequIP GNN
 (float64) with an energy + forces loss, logs every step's loss to ``metrics.csv`` (Lightning's
-CSVLogger) and keeps ``last.ckpt``. ``--fused`` writes the config form of the fused kernel
-(``nequip.model.modify`` with ``enable_CFMFused``); ``--cfm NAMES`` adds a ``cfm_plugins:`` key
-that enables plugins when run under ``cfm-run`` (the flag ``cfm-run --enable`` does the same).
-Run it with ``nequip-train -cp DIR -cn NAME hydra.run.dir=OUT``.
+CSVLogger) and keeps ``last.ckpt``. ``fused=True`` writes the config form of the fused kernel
+(``nequip.model.modify`` with ``enable_CFMFused``); ``cfm_plugins=...`` adds a ``cfm_plugins:``
+key that enables plugins when run under ``cfm-run`` (the flag ``cfm-run --enable`` does the same).
+Run it with ``nequip-train -cp DIR -cn NAME hydra.run.dir=OUT``. Needs only PyYAML; the command
+line is ``examples/nequip_config.py``::
+
+    python examples/nequip_config.py --train DIR/train.xyz --valid DIR/valid.xyz --out cfg.yaml \
+        [--epochs 2] [--features 16] [--l-max 1] [--layers 2] [--batch-size 4] [--fused] [--cfm mace,...]
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import yaml
@@ -23,7 +22,9 @@ import yaml
 def nequip_config(train: str, valid: str, epochs: int = 2, features: int = 16, l_max: int = 1, layers: int = 2,
                   batch_size: int = 4, r_max: float = 4.0, seed: int = 1, lr: float = 0.005, fused: bool = False,
                   cfm_plugins=None, test: str | None = None) -> dict:
-    """The config as a dict (see the module docstring)."""
+    """The config as a dict (see the module docstring): ``train``/``valid``/``test`` are extended XYZ
+    files of :func:`cfm_plugins.datasets.cuni.make_dataset`; ``cfm_plugins`` becomes the config's
+    ``cfm_plugins:`` key."""
     transforms = [
         {"_target_": "nequip.data.transforms.ChemicalSpeciesToAtomTypeMapper",
          "model_type_names": ["Cu", "Ni"],
@@ -86,32 +87,9 @@ def nequip_config(train: str, valid: str, epochs: int = 2, features: int = 16, l
 
 
 def write_config(path, **kwargs) -> Path:
+    """Write :func:`nequip_config` ``(**kwargs)`` as YAML to ``path`` (folders made as needed); return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(nequip_config(**kwargs), sort_keys=False))
     return path
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--train", required=True)
-    p.add_argument("--valid", required=True)
-    p.add_argument("--test")
-    p.add_argument("--out", required=True, help="the YAML file to write")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--features", type=int, default=16)
-    p.add_argument("--l-max", type=int, default=1)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--fused", action="store_true", help="config form of the fused kernel (enable_CFMFused)")
-    p.add_argument("--cfm", help="comma-separated plugins for a cfm_plugins: key")
-    a = p.parse_args(argv)
-    write_config(a.out, train=a.train, valid=a.valid, test=a.test, epochs=a.epochs, features=a.features,
-                 l_max=a.l_max, layers=a.layers, batch_size=a.batch_size, fused=a.fused,
-                 cfm_plugins={"enable": a.cfm.split(",")} if a.cfm else None)
-    print(a.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
