@@ -6,15 +6,11 @@ ways it cannot run, and reads mace's epoch times correctly.
 """
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
-from conftest import ROOT, clean_env
-
-_spec = importlib.util.spec_from_file_location("cfm_bench_gpu_mace", ROOT / "benchmarks" / "gpu_mace.py")
-gpu_mace = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu_mace)
+from benchmarks import gpu_mace
+from tests.helpers import ROOT, clean_env
 
 LOG = """\
 2026-11-22 10:00:00.000 INFO: Started training, reporting errors on validation set

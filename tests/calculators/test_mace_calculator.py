@@ -1,7 +1,6 @@
 """CFMCalculator against mace's own MACECalculator, on a real (small, randomized) MACE model file."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import warnings
@@ -11,67 +10,16 @@ import pytest
 
 import mace  # noqa: F401  (before e3nn)
 import torch
-from ase.build import bulk
-from mace import modules
 from mace.calculators import MACECalculator
 
 from cfm_plugins.calculators import CFMCalculator
 from cfm_plugins.ops.patching import KERNELS
-from conftest import ROOT, clean_env
+from tests.helpers import ROOT, clean_env
+from tests.helpers.mace_models import build_model, structures
 
 #: the fused kernels of this checkout
 AVAILABLE = tuple(KERNELS)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-_spec = importlib.util.spec_from_file_location("cfm_make_dataset", ROOT / "examples" / "make_dataset.py")
-make_dataset = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make_dataset)
-
-
-def build_model(seed: int, dtype=torch.float64) -> torch.nn.Module:
-    """A small ScaleShiftMACE (16x0e+16x1o, correlation 3, r_max 5, 2 interactions), weights perturbed."""
-    from e3nn import o3
-
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-        model = modules.ScaleShiftMACE(
-            r_max=5.0, num_bessel=8, num_polynomial_cutoff=5, max_ell=3, interaction_cls=block,
-            interaction_cls_first=block, num_interactions=2, num_elements=2,
-            hidden_irreps=o3.Irreps("16x0e+16x1o"), MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=np.array([-4.4, -3.5]), avg_num_neighbors=12.0, atomic_numbers=[28, 29],
-            correlation=3, gate=torch.nn.functional.silu, atomic_inter_scale=0.8, atomic_inter_shift=0.1)
-    finally:
-        torch.set_default_dtype(previous)
-    with torch.no_grad():  # random init leaves some blocks at exact zeros/ones: perturb everything
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model
-
-
-@pytest.fixture(scope="module")
-def model_files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("models")
-    files = {}
-    for name, seed, dtype in (("m64", 0, torch.float64), ("m64b", 1, torch.float64), ("m32", 0, torch.float32)):
-        files[name] = folder / f"{name}.model"
-        torch.save(build_model(seed, dtype), files[name])
-    return files
-
-
-def structures():
-    """Periodic CuNi cells (cubic and primitive repeats, strained), a slab and a non-periodic cluster."""
-    rng = np.random.default_rng(11)
-    out = [make_dataset.make_bulk(rng, 40, cubic=True), make_dataset.make_bulk(rng, 30, cubic=False),
-           make_dataset.make_slab(rng, 36), make_dataset.make_cluster(rng, 40)]
-    odd = bulk("Ni", "fcc", a=3.55).repeat((2, 2, 2))  # a hand-made periodic cell too
-    odd.symbols[::3] = "Cu"
-    odd.rattle(0.08, seed=2)
-    out.append(odd)
-    assert not out[3].pbc.any() and out[0].pbc.all()
-    return out
 
 
 def evaluate(calc, atoms):
@@ -85,16 +33,6 @@ def assert_same(a, b, atol, rtol=0.0):
     assert abs(ea - eb) <= atol + rtol * abs(eb), (ea, eb)
     np.testing.assert_allclose(fa, fb, atol=atol, rtol=rtol)
     np.testing.assert_allclose(sa, sb, atol=atol, rtol=rtol)
-
-
-@pytest.fixture(scope="module")
-def fused64(model_files):
-    return CFMCalculator(str(model_files["m64"]), device="cpu", default_dtype="float64", kernels=AVAILABLE)
-
-
-@pytest.fixture(scope="module")
-def stock64(model_files):
-    return MACECalculator(model_paths=str(model_files["m64"]), device="cpu", default_dtype="float64")
 
 
 def test_float64_matches_mace_calculator(fused64, stock64):
@@ -255,18 +193,6 @@ def test_package_import_does_not_import_mace():
     out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=60, env=clean_env(), cwd=ROOT)
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout
-
-
-def test_md_example_time_md(fused64):
-    spec = importlib.util.spec_from_file_location("cfm_md_example", ROOT / "examples" / "md.py")
-    md = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(md)
-    atoms = structures()[0]
-    before = atoms.positions.copy()
-    seconds = md.time_md(fused64, atoms, steps=2, warmup=0)
-    assert seconds > 0 and np.isfinite(seconds)
-    np.testing.assert_array_equal(atoms.positions, before)  # time_md moves a copy
-    assert fused64.atoms is not None and not np.allclose(fused64.atoms.positions, before)  # it did move
 
 
 def test_weights_only_loads_state_dicts_and_checkpoints(tmp_path, model_files, stock64):

@@ -1,34 +1,18 @@
-"""examples/make_dataset.py: real EMT labels under MACE's keys, size diversity, determinism."""
+"""cfm_plugins.datasets.cuni: real EMT labels under MACE's keys, size diversity, determinism."""
 from __future__ import annotations
-
-import importlib.util
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from ase.calculators.emt import EMT
 from ase.io import read
 
-from conftest import ROOT, clean_env
-
-SCRIPT = ROOT / "examples" / "make_dataset.py"
-
-
-def _load_module():
-    spec = importlib.util.spec_from_file_location("cfm_make_dataset", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-md = _load_module()
+from cfm_plugins.datasets import cuni
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     out = tmp_path_factory.mktemp("cuni")
-    paths = md.make_dataset(out, n_train=40, n_valid=6, n_test=5, seed=3, max_atoms=300)
+    paths = cuni.make_dataset(out, n_train=40, n_valid=6, n_test=5, seed=3, max_atoms=300)
     return paths
 
 
@@ -82,22 +66,8 @@ def test_deterministic_for_a_seed():
     def fingerprint(frames):
         return [(a.get_chemical_formula(), a.positions.round(10).tobytes(), a.info["REF_energy"]) for a in frames]
 
-    a = fingerprint(md.make_structures(12, seed=5, max_atoms=200))
-    b = fingerprint(md.make_structures(12, seed=5, max_atoms=200))
-    c = fingerprint(md.make_structures(12, seed=6, max_atoms=200))
+    a = fingerprint(cuni.make_structures(12, seed=5, max_atoms=200))
+    b = fingerprint(cuni.make_structures(12, seed=5, max_atoms=200))
+    c = fingerprint(cuni.make_structures(12, seed=6, max_atoms=200))
     assert a == b
     assert a != c
-
-
-def test_cli_writes_files_and_summary(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--n-train", "8", "--n-valid", "2",
-                          "--seed", "1", "--max-atoms", "64"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, timeout=120, env=clean_env(), cwd=ROOT)
-    assert out.returncode == 0, out.stdout
-    assert "train: 10 frames" in out.stdout and "atoms histogram" in out.stdout
-    for name in ("train", "valid", "test", "cell512"):
-        assert (tmp_path / f"{name}.xyz").exists()
-    assert max(len(a) for a in read(tmp_path / "train.xyz", index=":")) <= 64
-    bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--max-atoms", "2"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60, env=clean_env())
-    assert bad.returncode == 2 and "--max-atoms" in bad.stdout

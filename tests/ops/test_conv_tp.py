@@ -19,27 +19,11 @@ from mace.tools.scatter import scatter_sum
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops import conv_tp as ctp
 from cfm_plugins.ops.conv_tp import FusedConvTP
-from cfm_plugins.ops.descriptors import conv_tp as desc_mod
-from conftest import ROOT
+from tests.helpers import ROOT
+from tests.helpers.mace_models import mace_tp
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_ext = pytest.mark.skipif(_backend.choose(torch.device("cpu")) != "cpu", reason="compiled CPU kernel not built")
-
-
-def mace_tp(hidden: str, lmax: int, channels: int, dtype=torch.float64) -> o3.TensorProduct:
-    """The conv_tp of a mace RealAgnostic*InteractionBlock: node irreps `channels`x(hidden), edge
-    attributes = spherical harmonics up to lmax, target = `channels`x(each sh irrep)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        irreps_in = o3.Irreps([(channels, ir) for _, ir in o3.Irreps(hidden)])
-        sh = o3.Irreps.spherical_harmonics(lmax)
-        target = o3.Irreps([(channels, ir) for _, ir in sh])
-        mid, instructions = tp_out_irreps_with_instructions(irreps_in, sh, target)
-        return o3.TensorProduct(irreps_in, sh, mid, instructions=instructions, shared_weights=False,
-                                internal_weights=False)
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def graph(num_nodes: int, num_edges: int, seed: int = 0, isolated=()):
@@ -222,31 +206,6 @@ def test_state_dict_identical_and_to_e3nn_restores():
     assert fused.instructions == tp.instructions
     back = fused.to_e3nn()
     assert back is tp and list(back.state_dict()) == list(sd_tp)
-
-
-def test_descriptor_tables_and_transpose():
-    tp = mace_tp("0e+1o", 3, 128)
-    d, paths = desc_mod.from_e3nn(tp)
-    assert d.num_paths == len(tp.instructions) == 10 and d.weight_numel == tp.weight_numel == 1280
-    assert d.dim_in == tp.irreps_in1.dim and d.dim_out == tp.irreps_out.dim and d.dim_edge == 16
-    # every CG entry is a nonzero of e3nn's wigner_3j times the path weight
-    for p, ins in zip(paths, tp.instructions):
-        w3j = o3.wigner_3j(p.l_in1, p.l_in2, p.l_out, dtype=torch.float64) * ins.path_weight
-        assert len(p.entries) == int((w3j.abs() > 1e-12).sum())
-        for i, j, k, c in p.entries:
-            assert abs(w3j[int(i), int(j), int(k)].item() - c) < 1e-15
-    t = d.transpose()
-    assert (t.dim_in, t.dim_out) == (d.dim_out, d.dim_in) and t.transpose().key() == d.key()
-    assert (t.pair_in == d.pair_out).all() and t.key() != d.key()
-
-
-def test_channel_last_permutation_round_trip():
-    irreps = [(3, 1), (2, 5), (4, 3)]
-    perm = torch.as_tensor(desc_mod.channel_last_permutation(irreps))
-    x = torch.arange(sum(m * d for m, d in irreps))
-    assert torch.equal(x[perm][torch.argsort(perm)], x)
-    # block 2 (2x l=2): channel-last row m holds component m of both channels
-    assert x[perm][3:5].tolist() == [3, 8]
 
 
 @needs_ext

@@ -16,10 +16,11 @@ from e3nn.util import jit
 from mace import data as mace_data
 from mace.tools import torch_geometric, utils
 
+from cfm_plugins.datasets import cuni
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops.patching import patch_model
-from conftest import clean_env
-from test_calculator import build_model, make_dataset
+from tests.helpers import clean_env
+from tests.helpers.mace_models import build_model
 
 pytestmark = pytest.mark.skipif(not _backend.operators_available(),
                                 reason="the compiled cfm:: operator library is not built")
@@ -34,7 +35,7 @@ def rel_err(a, b) -> float:
 def batch(seed: int = 3, cluster: bool = True) -> dict:
     """Small CuNi structures (a periodic cell, and a cluster) as mace's batch dict, float64."""
     rng = np.random.default_rng(seed)
-    atoms = [make_dataset.make_bulk(rng, 12, cubic=True)] + ([make_dataset.make_cluster(rng, 9)] if cluster else [])
+    atoms = [cuni.make_bulk(rng, 12, cubic=True)] + ([cuni.make_cluster(rng, 9)] if cluster else [])
     table = utils.AtomicNumberTable(ZS)
     graphs = [mace_data.AtomicData.from_config(mace_data.config_from_atoms(a), z_table=table, cutoff=5.0)
               for a in atoms]

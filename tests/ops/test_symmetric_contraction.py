@@ -5,47 +5,16 @@ some at structured values). The compiled CPU kernel and the pure-torch fallback 
 """
 from __future__ import annotations
 
-import functools
-
 import mace  # noqa: F401  (before e3nn: sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD)
 import pytest
 import torch
-from e3nn import o3
-from mace.modules.symmetric_contraction import SymmetricContraction
 
 from cfm_plugins.ops import _backend
-from cfm_plugins.ops.descriptors.symmetric_contraction import derivative_terms
 from cfm_plugins.ops.symmetric_contraction import FusedSymmetricContraction
+from tests.helpers.mace_models import mace_module
 
 HAVE_EXT = _backend.choose(torch.device("cpu")) == "cpu"
 needs_ext = pytest.mark.skipif(not HAVE_EXT, reason="CPU extension not built (python setup.py build_ext --inplace)")
-
-SH = "0e+1o+2e+3o"  # MACE's node features before the product: (lmax+1)^2 = 16 components per channel
-
-
-@functools.lru_cache(maxsize=None)
-def _mace_module(hidden: str, mul: int, corr: int, elements: int, reduced: bool, seed: int = 0):
-    torch.manual_seed(seed)
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        irreps_in = o3.Irreps("+".join(f"{mul}x{ir}" for ir in SH.split("+")))
-        irreps_out = o3.Irreps("+".join(f"{mul}x{ir}" for ir in hidden.split("+")))
-        sc = SymmetricContraction(irreps_in, irreps_out, corr, num_elements=elements, use_reduced_cg=reduced)
-    finally:
-        torch.set_default_dtype(prev)
-    with torch.no_grad():
-        for p in sc.parameters():
-            if p.requires_grad:
-                p.copy_(torch.randn_like(p))
-    return sc
-
-
-def mace_module(hidden, mul, corr, elements, reduced, dtype=torch.float64):
-    """A fresh copy (tests may change dtype/weights) of a cached mace module."""
-    import copy
-
-    return copy.deepcopy(_mace_module(hidden, mul, corr, elements, reduced)).to(dtype)
 
 
 def inputs(n, mul, elements, dtype, seed=1):
@@ -179,16 +148,6 @@ def test_state_dict_shared_and_interchangeable():
     x, _, y = inputs(10, 8, 3, torch.float64)
     assert rel_err(fused(x, y), other(x, y)) < 1e-10
     assert fused.to_mace() is sc
-
-
-def test_descriptor_folds_symmetric_tuples():
-    sc = mace_module("0e+1o", 8, 3, 3, False)
-    d = FusedSymmetricContraction.from_mace(sc).descriptor
-    assert all(list(m) == sorted(m) for m in d.monomials)  # one monomial per multiset
-    assert len(set(d.monomials)) == len(d.monomials)
-    assert d.max_degree == 3 and d.num_rows < sum(u.numel() for n, u in sc.named_buffers() if "U_matrix" in n)
-    for j, l, lower, mult in derivative_terms(d):  # derivative form: multiplicity times a lower monomial
-        assert mult == d.monomials[j].count(l) and lower != -2 or len(d.monomials[j]) == 3
 
 
 def test_bad_inputs_raise_clear_errors():

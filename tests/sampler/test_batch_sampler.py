@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from benchmarks.workload import paper_mix
 from cfm_plugins.sampler import BinPackBatchSampler
-from cfm_plugins.sampler.workload import paper_mix
 
 
 class Graphs(Dataset):

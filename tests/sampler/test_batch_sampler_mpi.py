@@ -1,20 +1,21 @@
-"""Real `mpirun -np 2` runs of tests/scripts/sampler_shards.py: sharded costs, one agreed plan."""
+"""BinPackBatchSampler across real `mpirun -np 2` ranks (tests/scripts/sampler_shards.py): sharded
+costs, one agreed plan."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from conftest import ROOT
-
-SCRIPT = str(ROOT / "tests" / "scripts" / "sampler_shards.py")
+# run as a module from the repository root (run_mpi's working directory), which puts the root on
+# the script's path: it imports benchmarks.workload
+SCRIPT = "tests.scripts.sampler_shards"
 pytestmark = pytest.mark.mpi
 
 
 def _run(mpi, mode):
     import sys
 
-    proc = mpi([sys.executable, SCRIPT, mode], np=2, timeout=180)
+    proc = mpi([sys.executable, "-m", SCRIPT, mode], np=2, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return proc.stdout
 
@@ -24,7 +25,7 @@ def test_shards_agree_and_cover_every_sample(mpi):
     line = next(ln for ln in out.splitlines() if ln.startswith("OK "))
     info = json.loads(line[3:])
     assert len(info["steps"]) == 1 and info["steps"][0] > 0  # same number of steps on both ranks
-    from cfm_plugins.sampler.workload import paper_mix
+    from benchmarks.workload import paper_mix
 
     assert info["samples"] == len(paper_mix(20_000, seed=7))
     assert info["imbalance"] < 1.01

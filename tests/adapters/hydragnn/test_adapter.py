@@ -1,7 +1,6 @@
 """The hydragnn adapter inside real HydraGNN 3.0 training (examples/hydragnn/train.py) under real mpirun."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -9,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BIN, ROOT, run_mpi
+from tests.helpers import BIN, ROOT, run_mpi
 
 pytest.importorskip("hydragnn", reason="HydraGNN is not installed here (`make venv` installs HydraGNN==3.0)")
 pytest.importorskip("torch_geometric", reason="torch_geometric is not installed (the [hydragnn] extra)")
@@ -25,19 +24,13 @@ EXAMPLE = ROOT / "examples" / "hydragnn"
 EPOCHS = 2
 
 
-def _load_example(name):
-    spec = importlib.util.spec_from_file_location(f"hydragnn_example_{name}", EXAMPLE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     """A small size-diverse set (3..120 atoms, every graph tagged with its index) and a tiny EGNN."""
+    from cfm_plugins.datasets.clusters import make_dataset
+
     folder = tmp_path_factory.mktemp("hydragnn")
-    make = _load_example("make_dataset")
-    graphs = make.make_dataset(60, seed=1, max_atoms=120)
+    graphs = make_dataset(60, seed=1, max_atoms=120)
     for i, g in enumerate(graphs):
         g.idx = torch.tensor([i])
     (folder / "dataset").mkdir()
@@ -131,22 +124,6 @@ def test_reference_run_steps_match_and_fused_says_once_that_nothing_fits(work, b
     assert len(s) == len(b) == EPOCHS and 0.5 < b[0] / s[0] < 2.0, (s, b)
 
 
-def test_example_set_is_size_diverse_with_emt_labels(work):
-    from ase import Atoms
-    from ase.calculators.emt import EMT
-
-    graphs = torch.load(work / "dataset" / "clusters.pt", weights_only=False)
-    atoms = np.array([g.num_nodes for g in graphs])
-    assert atoms.min() <= 5 and atoms.max() >= 60, (atoms.min(), atoms.max())
-    for g in (graphs[int(np.argmin(atoms))], graphs[int(np.argmax(atoms))]):
-        at = Atoms(numbers=g.x.view(-1).long().numpy(), positions=g.pos.double().numpy())
-        at.calc = EMT()
-        assert abs(at.get_potential_energy() / len(at) - float(g.y)) < 1e-5
-        src, dst = g.edge_index
-        assert (g.pos[src] - g.pos[dst]).norm(dim=1).max() <= 5.0 + 1e-5  # radius graph
-        assert torch.bincount(dst, minlength=g.num_nodes).max() <= 20  # max_neighbours
-
-
 def test_serves_hydragnn_commands(work, tmp_path):
     cfg = str(work / "config.json")
     assert serves(["python", str(EXAMPLE / "train.py"), cfg])
@@ -180,19 +157,6 @@ def test_json_config_copy_keeps_json_numbers(tmp_path):
     assert lr == 1e-3 and isinstance(lr, float)
 
 
-def test_epoch_forwarder_reaches_the_batch_sampler():
-    from cfm_plugins.sampler import BinPackBatchSampler
-    from cfm_plugins_adapters.hydragnn.loader import EpochForwarder
-
-    costs = np.arange(1, 41, dtype=float)
-    bs = BinPackBatchSampler(costs, 60, rank=0, world_size=1, seed=3)
-    fwd = EpochForwarder(bs, len(costs))
-    first = list(bs)
-    fwd.set_epoch(1)
-    assert bs.epoch == 1 and list(bs) != first
-    assert list(fwd) == list(range(40)) and len(fwd) == 40
-
-
 def test_the_options_the_adapter_reads_are_declared_once_elsewhere():
     """step_log (every adapter's) is the core's, fused_kernels the fused feature's: the adapter
     declares none of its own, so no default lives twice."""
@@ -202,32 +166,3 @@ def test_the_options_the_adapter_reads_are_declared_once_elsewhere():
     options = catalog().options()
     assert options["step_log"].plugin == "core" and options["fused_kernels"].plugin == "fused"
     assert not hasattr(adapter, "cfm_declare_options")
-
-
-def _write_steps(path: Path, records: list[dict]) -> str:
-    """Two ranks' step logs (the tracer's format) holding ``records`` split between them."""
-    for rank in range(2):
-        Path(f"{path}.rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[rank::2]))
-    return str(path)
-
-
-def test_demo_calibration_fits_the_step_times_with_nonnegative_coefficients(tmp_path, capsys):
-    """demo.py --cost calibrated: time = c0 + a*atoms + b*edges fitted on the stock run's steps,
-    used as atoms + (b/a)*edges; a count that does not add time is dropped instead of getting a
-    negative weight."""
-    demo = _load_example("demo")
-    rng = np.random.default_rng(0)
-    atoms = rng.integers(50, 600, 80)
-    edges = atoms * 16 + rng.integers(-2000, 2000, 80)  # nearly collinear, as in random batches
-    both = [{"atoms": int(a), "edges": int(e), "compute_cpu_s": 2e-3 + 4e-5 * a + 2e-6 * e}
-            for a, e in zip(atoms, edges)]
-    opts = demo.cost_options("calibrated", _write_steps(tmp_path / "both", [{}] * 6 + both))
-    assert opts[:4] == ["-o", "cost=linear", "-o", "cost_a=1"]
-    assert float(opts[5].split("=")[1]) == pytest.approx(2e-6 / 4e-5, rel=1e-6)
-
-    # an unconstrained fit gives atoms a negative weight here (time falls with atoms at fixed edges)
-    edges_only = [{**r, "compute_cpu_s": 3e-6 * r["edges"] - 1e-6 * r["atoms"]} for r in both]
-    assert demo.cost_options("calibrated", _write_steps(tmp_path / "edges", [{}] * 6 + edges_only)) == \
-        ["-o", "cost=edges"]
-    assert "s/edge" in capsys.readouterr().out
-    assert demo.cost_options("atoms", "unused") == ["-o", "cost=atoms"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BIN, clean_env, run_mpi
+from tests.helpers import BIN, clean_env, run_mpi
 
 CFM_RUN = str(BIN / "cfm-run")
 MACE_RUN_TRAIN = str(BIN / "mace_run_train")
@@ -195,3 +195,17 @@ def test_restart_latest_continues_at_the_epoch_mace_resumes(tmp_path):
     log, resumed = train(2, "resumed", "--restart_latest")  # mace restarts at epoch 1
     assert re.search(r"Loading checkpoint: .*_epoch-1\.pt", log), log[-3000:]
     assert resumed == epoch1
+
+
+@pytest.mark.mpi
+def test_the_adapter_serving_the_command_is_enabled_so_ranks_train_one_model(tmp_path):
+    """`CFM_PLUGINS=',,,'` enables nothing; the mace adapter still serves mace_run_train, so the two
+    ranks train one model together (mace's --distributed) instead of two into one directory."""
+    make_tiny_set(tmp_path, n_train=6, n_valid=2)
+    out = run_mpi([CFM_RUN, "--", "mace_run_train", *mace_args(tmp_path, "served", epochs=1)], timeout=600,
+                  env=clean_env(CFM_PLUGINS=",,,"))
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert out.stdout.count("turning on mace's --distributed") == 2, out.stdout[-4000:]
+    assert out.stdout.count("the mace adapter serves `mace_run_train") == 2  # every rank
+    assert "the environment (CFM_PLUGINS) is ',,,': it names no plugin" in out.stdout
+    assert (tmp_path / "served.model").is_file()

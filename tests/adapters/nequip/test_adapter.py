@@ -6,7 +6,6 @@ part of `make test`); in the main .venv they skip, saying so.
 from __future__ import annotations
 
 import csv
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -17,102 +16,10 @@ import pytest
 pytest.importorskip("nequip", reason="nequip is not installed in this environment: the NequIP tests run in "
                                       ".venv-nequip (`make test-nequip`)")
 
-import torch  # noqa: E402
+from tests.helpers import BIN, clean_env, run_mpi  # noqa: E402
+from tests.helpers.nequip_models import rel, tiny_batch  # noqa: E402
 
-from conftest import BIN, ROOT, clean_env, run_mpi  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "examples"))
 CFM_RUN = str(BIN / "cfm-run")
-
-
-# ------------------------------------------------------------------------------------ helpers
-def tiny_model(l_max: int = 2, layers: int = 2, features: int = 8):
-    from nequip.model import NequIPGNNModel
-    from nequip.utils.global_state import set_global_state
-
-    set_global_state()
-    return NequIPGNNModel(seed=3, model_dtype="float64", type_names=["Cu", "Ni"], r_max=4.0, l_max=l_max,
-                          num_layers=layers, num_features=features, radial_mlp_depth=1, radial_mlp_width=16,
-                          avg_num_neighbors=12.0, per_type_energy_shifts={"Cu": -3.0, "Ni": -4.0},
-                          per_type_energy_scales={"Cu": 1.0, "Ni": 1.2})
-
-
-def tiny_batch(seed: int = 0):
-    from ase.build import bulk
-    from nequip.data import AtomicDataDict
-    from nequip.data.ase import from_ase
-    from nequip.data.transforms import ChemicalSpeciesToAtomTypeMapper, NeighborListTransform
-
-    rng = np.random.default_rng(seed)
-    frames = []
-    for reps in ((2, 1, 1), (2, 2, 1)):
-        a = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(reps)
-        sym = np.array(a.get_chemical_symbols())
-        sym[rng.random(len(a)) < 0.4] = "Ni"
-        a.set_chemical_symbols(sym)
-        a.rattle(0.1, seed=int(rng.integers(1000)))
-        d = from_ase(a)
-        d = ChemicalSpeciesToAtomTypeMapper(model_type_names=["Cu", "Ni"],
-                                            chemical_species_to_atom_type_map={"Cu": "Cu", "Ni": "Ni"})(d)
-        frames.append(NeighborListTransform(r_max=4.0)(d))
-    return AtomicDataDict.batched_from_list(frames)
-
-
-def run_model(model, batch):
-    out = model(dict(batch))
-    e, f = out["total_energy"], out["forces"]
-    loss = e.square().sum() + f.square().sum()  # forces inside the loss: a double backward
-    grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
-    return e.detach(), f.detach(), grads
-
-
-def rel(a, b) -> float:
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
-
-
-# ------------------------------------------------------------------------------------ the modifier
-def test_modifier_matches_stock_and_keeps_the_state_dict():
-    from nequip.model import modify
-    from nequip.nn._tp_scatter_base import TensorProductScatter
-
-    from cfm_plugins_adapters.nequip.modifier import fused_class, unfuse
-
-    assert hasattr(TensorProductScatter, "enable_CFMFused"), "the nequip.extension entry point did not register it"
-    stock, fused = tiny_model(), tiny_model()
-    fused = modify(fused, [{"modifier": "enable_CFMFused"}])  # the config form, as nequip applies it
-    n_fused = sum(isinstance(m, fused_class()) for m in fused.modules())
-    assert n_fused == 2
-    sd_s, sd_f = stock.state_dict(), fused.state_dict()
-    assert list(sd_s) == list(sd_f)
-    assert all(torch.equal(sd_s[k], sd_f[k]) for k in sd_s)
-
-    batch = tiny_batch()
-    e0, f0, g0 = run_model(stock, batch)
-    e1, f1, g1 = run_model(fused, batch)
-    assert rel(e1, e0) < 1e-10 and rel(f1, f0) < 1e-10
-    for a, b in zip(g1, g0):
-        assert (a is None) == (b is None)
-        if a is not None and b.abs().max() > 0:
-            assert rel(a, b) < 1e-10
-
-    # a stock checkpoint loads into the fused model, and unfusing gives stock modules back
-    fused.load_state_dict(stock.state_dict(), strict=True)
-    assert unfuse(fused) == 2
-    assert not any(isinstance(m, fused_class()) for m in fused.modules())
-    e2, f2, _ = run_model(fused, batch)
-    assert rel(e2, e0) < 1e-12 and rel(f2, f0) < 1e-12
-
-
-def test_model_without_the_module_says_so_and_runs_stock(caplog):
-    from cfm_plugins_adapters.nequip.modifier import fuse
-
-    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    with caplog.at_level(logging.WARNING, logger="cfm_plugins.nequip"):
-        assert fuse(model) == 0
-    assert "no nequip TensorProductScatter" in caplog.text and "runs stock" in caplog.text
-    assert isinstance(model[0], torch.nn.Linear)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_adapter_serves_nequip_train_only():
@@ -140,8 +47,8 @@ def step_losses(run: Path) -> list[float]:
 def runs(tmp_path_factory):
     """Two real 2-rank nequip-train runs on the same data: (A) the flag form with binpack and the
     fused kernel, (B) the config-key form (`cfm_plugins:` in the Hydra YAML) with binpack only."""
-    from make_dataset import make_dataset
-    from nequip_config import write_config
+    from cfm_plugins.datasets.cuni import make_dataset
+    from cfm_plugins.datasets.nequip_config import write_config
 
     tmp = tmp_path_factory.mktemp("nequip")
     files = make_dataset(tmp / "data", n_train=10, n_valid=4, n_test=1, seed=3, max_atoms=40)
@@ -212,7 +119,7 @@ print('LOADED', type(m).__name__)
 """
 
 
-def test_checkpoint_of_a_fused_run_loads_without_and_with_the_plugin(runs):
+def test_checkpoint_of_a_fused_run_loads_without_and_with_the_plugin(runs, nequip_global_state):
     ckpt = runs["tmp"] / "a" / "last.ckpt"
     assert ckpt.is_file()
     res = subprocess.run([sys.executable, "-c", LOAD_STOCK, str(ckpt)], stdout=subprocess.PIPE,
