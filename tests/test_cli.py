@@ -94,8 +94,6 @@ def test_conflicts_are_logged_and_temporary_files_removed_on_every_rank(tmp_path
 
 
 def test_features_without_an_adapter_for_the_command_stop_at_start():
-    import subprocess
-
     out = subprocess.run([CFM_RUN, "--enable", "binpack,fused", "--", "python", PROBE], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=120, env=clean_env())
     assert out.returncode == 2, out.stdout
