@@ -5,13 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.cfm-installed
-SOURCES := pyproject.toml setup.py $(shell find cuda -name '*.cpp' -o -name '*.h' -o -name '*.cuh' -o -name '*.cu' 2>/dev/null)
+SOURCES := pyproject.toml setup.py $(shell find cuda -name '*.cpp' -o -name '*.h' -o -name '*.cu' 2>/dev/null)
 TORCH_VERSION ?= 2.13.0
 # HydraGNN 3.0 shares .venv with mace (no pin conflicts); --no-deps: its metadata asks for
 # torch-scatter/torch-sparse, which the stacks we use do not import and which have no torch 2.13 wheels.
 HYDRAGNN_VERSION ?= 3.0
 
-.PHONY: venv demo test test-fast cuda-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn test-hydragnn
+.PHONY: venv demo test cuda-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn test-hydragnn
 
 venv: $(STAMP)
 
@@ -28,13 +28,16 @@ $(STAMP): $(SOURCES)
 demo: venv
 	$(PY) examples/demo.py
 
+# the main suite in .venv (the NequIP tests skip there, saying so), then the NequIP suite in .venv-nequip
 test: venv
 	$(PY) -m pytest -q -rs
 	$(MAKE) test-nequip
 
-# HydraGNN adapter only (its tests also run in `make test`: HydraGNN lives in .venv)
+# the HydraGNN tests: the adapter, the structural finder on a HydraGNN model, the example's data set
+# and demo (they also run in `make test`: HydraGNN lives in .venv)
 test-hydragnn: venv
-	$(PY) -m pytest -q -rs tests/test_hydragnn_*.py
+	$(PY) -m pytest -q -rs tests/adapters/hydragnn tests/ops/test_patching.py tests/datasets/test_clusters.py \
+	    tests/examples/hydragnn
 
 # HydraGNN on 2 MPI ranks with and without binpack: LIF of both from HydraGNN's step timings, PNG
 demo-hydragnn: venv
@@ -47,11 +50,17 @@ cuda-check: venv
 	    --build-lib build/cuda-check --build-temp build/cuda-check-tmp && \
 	ls build/cuda-check/cfm_plugins/ | grep -q _C_cuda && echo "CUDA kernels compiled and registered for sm_80 and sm_90"
 
-bench: venv
-	$(PIP) install -q cuequivariance-torch==0.13.0 cuequivariance==0.13.0
-	OMP_NUM_THREADS=1 $(PY) benchmarks/sampler.py
-	$(PY) benchmarks/kernels.py
-	OMP_NUM_THREADS=1 $(PY) benchmarks/mace_train.py
+# the [bench] extra (cuEquivariance, the kernels' peer) of the checkout installed in .venv, without rebuilding it
+BENCH_STAMP := $(VENV)/.cfm-bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install -q 'cfm-plugins[bench]'
+	@touch $@
+
+bench: $(BENCH_STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.sampler
+	$(PY) -m benchmarks.kernels
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.mace_train
 
 # NequIP needs e3nn 0.6 and mace-torch pins 0.4.4: NequIP gets its own environment, .venv-nequip/
 # (torch pinned first, then the [nequip] extra, which does not pull mace; the CPU kernels build there too).
@@ -71,13 +80,13 @@ $(STAMP_NEQUIP): $(SOURCES)
 
 # the NequIP tests (real nequip-train under real mpirun -np 2); `make test` runs them too
 test-nequip: venv-nequip
-	$(PY_NEQUIP) -m pytest -q -rs tests/test_nequip_*.py
+	$(PY_NEQUIP) -m pytest -q -rs tests/adapters/nequip
 
 demo-nequip: venv-nequip
 	$(PY_NEQUIP) examples/demo_nequip.py
 
 bench-nequip: venv-nequip
-	OMP_NUM_THREADS=1 $(PY_NEQUIP) benchmarks/nequip_train.py
+	OMP_NUM_THREADS=1 $(PY_NEQUIP) -m benchmarks.nequip_train
 
 clean:
 	rm -rf build examples/out *.egg-info cfm_plugins/*.so

@@ -21,7 +21,7 @@ captured once and replayed on padded static shapes; reported as not built until 
 it, never silently replaced by another way).
 
 Then, unless ``--no-epoch``, the epoch time of ``mace_run_train`` on the example data set
-(examples/make_dataset.py, ``--epoch-structures`` CuNi structures of 4..500 atoms) three ways:
+(cfm_plugins.datasets.cuni, ``--epoch-structures`` CuNi structures of 4..500 atoms) three ways:
 stock, ``--enable_cueq=True``, and ``mpirun -np 1 cfm-run --enable mace,binpack,fused``; the time of
 the second epoch (train + validation) is read from the timestamps of mace's own "Epoch N" lines.
 
@@ -240,15 +240,13 @@ def epoch_seconds(log_text: str, epoch: int) -> float | None:
 
 
 def epoch_table(args, device) -> list[str]:
-    sys.path.insert(0, str(ROOT / "examples"))
-    from make_dataset import make_dataset
+    from cfm_plugins.datasets.cuni import make_dataset
+    from cfm_plugins.testing import mpirun_command
 
     out = Path(args.out)
     files = make_dataset(out / "data", n_train=args.epoch_structures, n_valid=max(4, args.epoch_structures // 10),
                          n_test=2, seed=0, max_atoms=500)
-    mpirun = [str(BIN / "mpirun") if (BIN / "mpirun").exists() else "mpirun", "-np", "1"]
-    if os.geteuid() == 0:
-        mpirun.append("--allow-run-as-root")
+    mpirun = mpirun_command(1)
     common = ["--model=MACE", f"--hidden_irreps={args.hidden}", "--r_max=6.0", "--max_L=1", "--correlation=3",
               "--num_interactions=2", "--max_num_epochs=2", "--batch_size=8", "--valid_batch_size=8",
               f"--device={device.type}", "--default_dtype=float32", f"--train_file={files['train']}",

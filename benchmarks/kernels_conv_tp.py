@@ -186,7 +186,7 @@ Expected standing: memory like the CPU path (no E x irreps_out message tensor, w
 materializes, plus its einsum intermediates); speed bounded by reading the per-edge weight rows,
 so well ahead of e3nn+scatter but likely behind hand-tuned kernels (cuEquivariance's
 `channelwise_tensor_product` with `uniform_1d`, OpenEquivariance) that also fuse the radial MLP or
-use warp-level tiling. To verify on a GPU: `pytest tests/test_conv_tp.py -k cuda` (CUDA vs CPU
+use warp-level tiling. To verify on a GPU: `pytest tests/ops/test_conv_tp.py -k cuda` (CUDA vs CPU
 results, gradients, gradgradcheck), then time it against e3nn+scatter and cuEquivariance with this
 script on CUDA tensors (not yet wired: `--device cuda` is future work), and profile occupancy of
 the segment kernel for the 512-atom (about 22k edges) and 4096-atom cases."""

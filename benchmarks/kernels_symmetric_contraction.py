@@ -213,7 +213,7 @@ GPU kernel (`cuda/symmetric_contraction/sc_cuda.cu`): compiled for sm_80 and sm_
 element per block, monomials in shared memory and coefficient gradients by `atomicAdd`. Expected
 standing: far ahead of mace-torch's einsum chain (no dense U contraction per node), behind
 cuEquivariance's closed GPU kernels (its scratch of ~150 monomial rows per thread limits occupancy,
-especially the float64 double backward). To verify on a GPU: `pytest tests/test_symmetric_contraction.py
+especially the float64 double backward). To verify on a GPU: `pytest tests/ops/test_symmetric_contraction.py
 -k cuda` (values and derivatives vs mace on CUDA), then timings and occupancy (Nsight Compute).
 """
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     python benchmarks/mace_train.py [--n-train 40] [--epochs 2] [--hidden 32x0e+32x1o]
 
-Workload: the example CuNi set (examples/make_dataset.py: bulk, slabs, clusters, up to
+Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters, up to
 --max-atoms atoms, EMT labels), a real MACE model (hidden irreps --hidden, correlation 3, max_L 1,
 r_max 4.5, 2 interactions, float64), `mpirun -np 2 cfm-run --enable mace[,binpack][,fused] --
 mace_run_train`. "stock" is `--enable mace` alone (mace's DistributedSampler with fixed
@@ -21,9 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cfm_plugins.testing import mpirun_command
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(ROOT / "examples"))
 
 CONFIGS = {"stock": "mace", "binpack": "mace,binpack", "fused": "mace,fused", "both": "mace,binpack,fused"}
 
@@ -40,11 +41,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from make_dataset import make_dataset
+    from cfm_plugins.datasets.cuni import make_dataset
 
     files = make_dataset(out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms)
     print(f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}", flush=True)
-    mpirun = [str(BIN / "mpirun"), "-np", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    mpirun = mpirun_command(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     from cfm_plugins.steplog import load_imbalance, read_step_logs
 
@@ -75,9 +76,9 @@ def main(argv=None) -> int:
               f"(atoms {rows[label]['lif_atoms']:.3f})", flush=True)
 
     from ase.io import read
-    from md import time_md
 
     from cfm_plugins.calculators import CFMCalculator
+    from cfm_plugins.calculators.md import time_md
     from mace.calculators import MACECalculator
 
     model = str(out / "stock" / "stock.model")

@@ -2,8 +2,8 @@
 
     .venv-nequip/bin/python benchmarks/nequip_train.py [--n-train 40] [--epochs 2] [--features 32]
 
-Workload: the example CuNi set (examples/make_dataset.py: bulk, slabs, clusters up to --max-atoms
-atoms, EMT labels), a NequIP GNN (examples/nequip_config.py: --features channels, l_max 1,
+Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters up to --max-atoms
+atoms, EMT labels), a NequIP GNN (cfm_plugins.datasets.nequip_config: --features channels, l_max 1,
 --layers layers, r_max 4.0, float64, energy + forces loss), an unmodified `nequip-train` under
 `mpirun -np 2 cfm-run --enable nequip[,binpack][,fused]`. "stock" is `--enable nequip` alone
 (Lightning's DistributedSampler over torch's DataLoader with `batch_size` structures, e3nn
@@ -20,9 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cfm_plugins.testing import mpirun_command
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(ROOT / "examples"))
 
 CONFIGS = {"stock": "nequip", "binpack": "nequip,binpack", "fused": "nequip,fused", "both": "nequip,binpack,fused"}
 
@@ -39,16 +40,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from make_dataset import make_dataset
-    from nequip_config import write_config
-
+    from cfm_plugins.datasets.cuni import make_dataset
+    from cfm_plugins.datasets.nequip_config import write_config
     from cfm_plugins.steplog import load_imbalance, read_step_logs
 
     files = make_dataset(out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms)
     write_config(out / "cfg" / "bench.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,
                  features=args.features, l_max=1, layers=args.layers, batch_size=args.batch_size)
     print(f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}", flush=True)
-    mpirun = [str(BIN / "mpirun"), "-np", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    mpirun = mpirun_command(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
     rows = {}

@@ -1,9 +1,9 @@
 """Benchmark of the bin-packing sampler against the usual batchers on the MACE paper's 2.65M-graph mix.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sampler.py            # full run, writes docs/_fragments/sampler.md
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sampler.py --quick    # 100k graphs smoke test (no file written)
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler            # full run, writes docs/_fragments/sampler.md
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler --quick    # 100k graphs smoke test (no file written)
 
-Workload: atom counts of Table 3 of the MACE paper (see cfm_plugins/sampler/workload.py for the
+Workload: atom counts of Table 3 of the MACE paper (see benchmarks/workload.py for the
 distribution inside each range), capacity 3072 atoms, world sizes 8, 64, 740. Per packer and world
 size: pack time (one core), bins / lower bound, padding, mean per-step imbalance (max/mean bin
 cost), straggler-bound epoch cost / ideal (sum over steps of the max bin cost, / (total / W)),
@@ -29,13 +29,12 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from benchmarks.baselines import BASELINES  # noqa: E402
+from benchmarks.workload import MPTRJ_MEDIAN, MPTRJ_SIGMA, PAPER_MIX, paper_mix  # noqa: E402
 from cfm_plugins.sampler import balance_report, pack  # noqa: E402
-from cfm_plugins.sampler.baselines import BASELINES  # noqa: E402
 from cfm_plugins.sampler.report import repeated_pairs  # noqa: E402
-from cfm_plugins.sampler.workload import MPTRJ_MEDIAN, MPTRJ_SIGMA, PAPER_MIX, paper_mix  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CAPACITY = 3072
 OURS = "bin packing (Alg. 1, ours)"
@@ -104,7 +103,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     n_req = args.graphs or (100_000 if args.quick else None)
     worlds = [int(x) for x in args.worlds.split(",")]
-    cmd = "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sampler.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    cmd = "OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
     atoms = paper_mix(n_req, seed=0)
     n = len(atoms)
     workload = (f"{n:,} graphs, {int(atoms.sum()):,} atoms (MACE paper Table 3 mix"
@@ -143,7 +142,7 @@ def main(argv=None):
         " padding = 1 - total / (bins x max(capacity, largest bin)); mean step imbalance = mean over steps"
         " of max/mean bin cost; straggler epoch / ideal = sum over steps of the largest bin cost / (total / W);"
         " repeated pairs = exact fraction of the pairs co-batched in epoch 0 (seed 0) co-batched again in"
-        " epoch 1 (seed 1). Baselines: see cfm_plugins/sampler/baselines.py (fixed counts use 8 graphs per rank).",
+        " epoch 1 (seed 1). Baselines: see benchmarks/baselines.py (fixed counts use 8 graphs per rank).",
         "",
         table(rows),
         "",

@@ -18,20 +18,14 @@ import sys
 import time
 from pathlib import Path
 
+from cfm_plugins.testing import mpirun_command
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(HERE))
 
 
 def stage(n, text):
     print(f"\n[{n}/4] {text}", flush=True)
-
-
-def mpirun(np_: int) -> list[str]:
-    cmd = [str(BIN / "mpirun"), "-np", str(np_), "--oversubscribe"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    return cmd
 
 
 def main(argv=None) -> int:
@@ -48,14 +42,15 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     stage(1, f"making {args.n_train} CuNi structures with EMT labels")
-    from make_dataset import make_dataset
+    from cfm_plugins.datasets.cuni import make_dataset
 
     files = make_dataset(out / "data", n_train=args.n_train, n_valid=10, n_test=4, seed=0, max_atoms=args.max_atoms)
 
     stage(2, f"training MACE on {args.np} MPI ranks with binpack + fused kernels")
     run_dir = out / "run"
     run_dir.mkdir(exist_ok=True)
-    cmd = mpirun(args.np) + [
+    mpirun = mpirun_command(args.np)
+    cmd = mpirun + [
         str(BIN / "cfm-run"), "--enable", "mace,binpack,fused", "--", "mace_run_train",
         "--name=demo", f"--train_file={files['train']}", f"--valid_file={files['valid']}", "--E0s=isolated",
         "--model=MACE", "--hidden_irreps=16x0e+16x1o", "--r_max=4.5", "--max_L=1", "--correlation=3",
@@ -66,7 +61,7 @@ def main(argv=None) -> int:
         f"--cfm-step-log={run_dir / 'steps'}",
     ] + ([f"--cfm-max-tokens={args.max_tokens}"] if args.max_tokens else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    print("  $ " + " ".join(cmd[len(mpirun(args.np)):]), flush=True)
+    print("  $ " + " ".join(cmd[len(mpirun):]), flush=True)
     start = time.monotonic()
     keep = re.compile(r"(Epoch \d+|binpack|fused kernels|process group|Error|error|Done)")
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc, \
@@ -82,9 +77,9 @@ def main(argv=None) -> int:
 
     stage(3, "20 MD steps on the 512-atom cell with CFMCalculator (fused kernels)")
     from ase.io import read
-    from md import time_md
 
     from cfm_plugins.calculators import CFMCalculator
+    from cfm_plugins.calculators.md import time_md
 
     calc = CFMCalculator(str(run_dir / "demo.model"), device="cpu", default_dtype="float64")
     atoms = read(files["cell512"])

@@ -1,9 +1,9 @@
 """The NequIP demo, end to end (`make demo-nequip`, in .venv-nequip):
 
-1. make a size-diverse CuNi training set with ASE + EMT (examples/make_dataset.py);
+1. make a size-diverse CuNi training set with ASE + EMT (cfm_plugins.datasets.cuni);
 2. train a small NequIP model with
    `mpirun -np 2 cfm-run --enable nequip,binpack,fused -- nequip-train -cp DIR -cn cuni`
-   (an unmodified nequip-train; the config is examples/nequip_config.py's);
+   (an unmodified nequip-train; the config is cfm_plugins.datasets.nequip_config's);
 3. run MD on a 512-atom cell through NequIP's own ASE calculator (NequIPCalculator) with the
    trained checkpoint, stock and with the `enable_CFMFused` model modifier, timed per step;
 4. print a summary: time per epoch, steps, load imbalance (LIF) of the batches, MD times.
@@ -20,11 +20,14 @@ import sys
 import time
 from pathlib import Path
 
+from cfm_plugins.testing import mpirun_command
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(HERE))
 
-from demo import mpirun, stage  # noqa: E402  (the MACE demo's helpers; it imports nothing heavy)
+
+def stage(n, text):
+    print(f"\n[{n}/4] {text}", flush=True)
 
 
 def nequip_calculator(ckpt: str, fused: bool, device: str = "cpu"):
@@ -52,8 +55,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     stage(1, f"making {args.n_train} CuNi structures with EMT labels")
-    from make_dataset import make_dataset
-    from nequip_config import write_config
+    from cfm_plugins.datasets.cuni import make_dataset
+    from cfm_plugins.datasets.nequip_config import write_config
 
     files = make_dataset(out / "data", n_train=args.n_train, n_valid=8, n_test=4, seed=0, max_atoms=args.max_atoms)
 
@@ -61,9 +64,9 @@ def main(argv=None) -> int:
     write_config(out / "cfg" / "cuni.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,
                  features=16, l_max=1, layers=3, batch_size=4)
     run = out / "run"
-    cmd = mpirun(args.np) + [str(BIN / "cfm-run"), "--enable", "nequip,binpack,fused", "-o",
-                             f"step_log={out / 'steps'}", "--", "nequip-train", "-cp", str(out / "cfg"),
-                             "-cn", "cuni", f"hydra.run.dir={run}"]
+    cmd = mpirun_command(args.np) + [str(BIN / "cfm-run"), "--enable", "nequip,binpack,fused", "-o",
+                                     f"step_log={out / 'steps'}", "--", "nequip-train", "-cp", str(out / "cfg"),
+                                     "-cn", "cuni", f"hydra.run.dir={run}"]
     print("$", " ".join(cmd), flush=True)
     for f in out.glob("steps.rank*.jsonl"):
         f.unlink()
@@ -85,7 +88,8 @@ def main(argv=None) -> int:
 
     stage(3, f"MD ({args.md_steps} steps, 512 atoms) through NequIPCalculator with the trained model")
     from ase.io import read
-    from md import time_md
+
+    from cfm_plugins.calculators.md import time_md
 
     atoms = read(files["cell512"])
     ckpt = str(run / "last.ckpt")

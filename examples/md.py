@@ -2,46 +2,17 @@
 
     python examples/md.py --model MODEL.model [--atoms out/cell512.xyz] [--steps 20] [--compare]
 
-``--atoms`` defaults to a fresh 512-atom CuNi cell (``make_dataset.make_cell512``).
+``--atoms`` defaults to a fresh 512-atom CuNi cell (``cfm_plugins.datasets.cuni.make_cell512``).
 ``--compare`` also runs mace's own ``MACECalculator`` on the same start and prints the ratio of
-the times per step (measured in the same run, one after the other).
-``time_md(calc, atoms, steps)`` is importable for benchmarks.
+the times per step (measured in the same run, one after the other). The timing is
+``cfm_plugins.calculators.time_md(calc, atoms, steps)``, which works with any ASE calculator.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
 
-import numpy as np
-from ase import units
-from ase.md.verlet import VelocityVerlet
-
-try:  # ase >= 3.29
-    from ase.md.velocitydistribution import thermalize_momenta
-except ImportError:  # older ase
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution as thermalize_momenta
-
-HERE = Path(__file__).resolve().parent
-
-
-def time_md(calc, atoms, steps: int = 20, timestep_fs: float = 2.0, temperature_K: float = 300.0,
-            seed: int = 0, warmup: int = 1) -> float:
-    """Seconds per VelocityVerlet step of ``atoms`` (a copy) with ``calc``, after ``warmup`` steps.
-
-    Velocities are drawn from a Maxwell-Boltzmann distribution with ``seed``, so two calculators
-    timed with the same arguments run the same trajectory (up to their numerical differences).
-    """
-    atoms = atoms.copy()
-    atoms.calc = calc
-    thermalize_momenta(atoms, temperature_K=temperature_K, rng=np.random.default_rng(seed))
-    dyn = VelocityVerlet(atoms, timestep=timestep_fs * units.fs)
-    if warmup:
-        dyn.run(warmup)  # first evaluation: allocations, one-off set-up
-    t0 = time.perf_counter()
-    dyn.run(steps)
-    return (time.perf_counter() - t0) / max(steps, 1)
+from cfm_plugins.calculators.md import time_md
 
 
 def _load_atoms(path):
@@ -49,8 +20,7 @@ def _load_atoms(path):
         from ase.io import read
 
         return read(path)
-    sys.path.insert(0, str(HERE))
-    from make_dataset import make_cell512
+    from cfm_plugins.datasets.cuni import make_cell512
 
     return make_cell512(0)
 

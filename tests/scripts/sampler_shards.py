@@ -1,4 +1,5 @@
-"""Under `mpirun -np 2`: each rank gives only its shard of the costs; the ranks must agree on one plan.
+"""Under `mpirun -np 2 python -m tests.scripts.sampler_shards MODE` (from the repository root): each
+rank gives only its shard of the costs; the ranks must agree on one plan.
 
 Modes (argv[1]):
   agree    - shards interleaved; every rank prints its batches; rank 0 checks the union and prints OK.
@@ -11,8 +12,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from benchmarks.workload import paper_mix
 from cfm_plugins.sampler import BinPackBatchSampler
-from cfm_plugins.sampler.workload import paper_mix
 
 mode = sys.argv[1]
 comm = MPI.COMM_WORLD

@@ -1,0 +1,170 @@
+"""The hydragnn adapter inside real HydraGNN 3.0 training (examples/hydragnn/train.py) under real mpirun."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import BIN, ROOT, run_mpi
+
+pytest.importorskip("hydragnn", reason="HydraGNN is not installed here (`make venv` installs HydraGNN==3.0)")
+pytest.importorskip("torch_geometric", reason="torch_geometric is not installed (the [hydragnn] extra)")
+
+import torch  # noqa: E402
+
+from cfm_plugins.config import build_config, find_config_file  # noqa: E402
+from cfm_plugins_adapters.hydragnn import serves  # noqa: E402
+from cfm_plugins.steplog import load_imbalance, read_step_logs  # noqa: E402
+
+CFM_RUN = str(BIN / "cfm-run")
+EXAMPLE = ROOT / "examples" / "hydragnn"
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """A small size-diverse set (3..120 atoms, every graph tagged with its index) and a tiny EGNN."""
+    from cfm_plugins.datasets.clusters import make_dataset
+
+    folder = tmp_path_factory.mktemp("hydragnn")
+    graphs = make_dataset(60, seed=1, max_atoms=120)
+    for i, g in enumerate(graphs):
+        g.idx = torch.tensor([i])
+    (folder / "dataset").mkdir()
+    torch.save(graphs, folder / "dataset" / "clusters.pt")
+    config = json.loads((EXAMPLE / "config.json").read_text())
+    arch = config["NeuralNetwork"]["Architecture"]
+    arch.update(hidden_dim=8, num_conv_layers=2)
+    arch["output_heads"]["graph"].update(dim_sharedlayers=8, dim_headlayers=[8, 8])
+    config["NeuralNetwork"]["Training"].update(num_epoch=EPOCHS, batch_size=4)
+    config["cfm_plugins"] = {"enable": ["hydragnn", "binpack"], "step_log": str(folder / "steps" / "binpack")}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def train(work: Path, *cfm_args: str):
+    return run_mpi([CFM_RUN, *cfm_args, "--", "python", str(EXAMPLE / "train.py"), str(work / "config.json")],
+                   timeout=300, cwd=work)
+
+
+def train_losses(log: str) -> list[float]:
+    return [float(x) for x in re.findall(r"Epoch: \d+, Train Loss: ([0-9.eE+-]+)", log)]
+
+
+def n_train(work: Path) -> int:
+    import hydragnn
+
+    graphs = torch.load(work / "dataset" / "clusters.pt", weights_only=False)
+    return len(hydragnn.preprocess.split_dataset(graphs, 0.8, False)[0])
+
+
+@pytest.fixture(scope="module")
+def binpack_run(work):
+    """Enabled by the JSON config's own "cfm_plugins" key (no --enable)."""
+    out = train(work)
+    assert out.returncode == 0, out.stdout[-5000:]
+    return out
+
+
+@pytest.mark.mpi
+def test_hydragnn_uses_cfm_run_ranks_and_binpack_loaders(binpack_run):
+    log = binpack_run.stdout
+    assert "plugins enabled: hydragnn, binpack (from config-file)" in log
+    # HydraGNN's setup_ddp took the process group cfm-run made, on both ranks
+    assert len(re.findall(r"HydraGNN setup_ddp: using cfm-run's process group \(gloo at [0-9.]+:\d+\)", log)) == 2
+    for role in ("train", "valid", "test"):
+        assert len(re.findall(rf"binpack {role}: \d+ steps on each of 2 ranks", log)) == 2, role
+    losses = train_losses(log)
+    assert len(losses) == EPOCHS and all(np.isfinite(losses)), losses
+
+
+@pytest.mark.mpi
+def test_every_graph_once_per_epoch_equal_steps_and_reshuffled(work, binpack_run):
+    ranks = read_step_logs(str(work / "steps" / "binpack"))
+    assert len(ranks) == 2
+    assert len(ranks[0]) == len(ranks[1]) > 0  # equal steps on every rank
+    steps = len(ranks[0]) // EPOCHS
+    assert steps * EPOCHS == len(ranks[0])
+    n = n_train(work)
+    epochs = []
+    for e in range(EPOCHS):
+        ids = [i for r in ranks for rec in r[e * steps:(e + 1) * steps] for i in rec["ids"]]
+        assert sorted(ids) == list(range(n)), f"epoch {e}: not every training graph exactly once"
+        epochs.append([sorted(rec["ids"]) for rec in ranks[0][e * steps:(e + 1) * steps]])
+    assert epochs[0] != epochs[1], "HydraGNN's set_epoch calls did not re-pack the batches"
+    # the plan balances atoms: per-step atom imbalance close to 1
+    atoms = np.array([[rec["atoms"] for rec in r] for r in ranks], dtype=float)
+    assert atoms.max(axis=0).sum() / atoms.mean(axis=0).sum() < 1.1
+    assert load_imbalance(ranks, "compute_cpu_s") >= 1.0  # the timings are there and well-formed
+
+
+@pytest.mark.mpi
+def test_reference_run_steps_match_and_fused_says_once_that_nothing_fits(work, binpack_run):
+    """HydraGNN's own DistributedSampler batches (no binpack) with fused enabled: EGNN has no
+    MACE-style module, so fused says so once per rank and the run trains as stock."""
+    (work / "steps").mkdir(exist_ok=True)
+    out = train(work, "--enable", "hydragnn,fused", "-o", f"step_log={work / 'steps' / 'stock'}")
+    assert out.returncode == 0, out.stdout[-5000:]
+    said = re.findall(r"fused: the model \(EGCLStack\) has no module for symmetric_contraction, conv_tp .*nothing "
+                      r"was swapped", out.stdout)
+    assert len(said) == 2, out.stdout[-3000:]
+    assert "plugins enabled: hydragnn, fused (from cli)" in out.stdout  # --enable overrides the config key
+    assert "binpack not enabled" in out.stdout
+    stock = read_step_logs(str(work / "steps" / "stock"))
+    ours = read_step_logs(str(work / "steps" / "binpack"))
+    assert len(stock[0]) == len(stock[1])
+    # the same optimizer steps per epoch at the same batch size (default capacity), within one
+    assert abs(len(ours[0]) - len(stock[0])) <= EPOCHS, (len(ours[0]), len(stock[0]))
+    # the mean batch is the configured batch size
+    graphs = np.mean([rec["graphs"] for r in ours for rec in r])
+    assert 3.0 <= graphs <= 5.0, graphs
+    # first-epoch losses of the same model on the same data: same scale
+    s, b = train_losses(out.stdout), train_losses(binpack_run.stdout)
+    assert len(s) == len(b) == EPOCHS and 0.5 < b[0] / s[0] < 2.0, (s, b)
+
+
+def test_serves_hydragnn_commands(work, tmp_path):
+    cfg = str(work / "config.json")
+    assert serves(["python", str(EXAMPLE / "train.py"), cfg])
+    assert serves(["python", "other.py", cfg])  # the JSON has HydraGNN's NeuralNetwork section
+    other = tmp_path / "other.json"
+    other.write_text('{"model": "x"}')
+    script = tmp_path / "plain.py"
+    script.write_text("print('hello')\n")
+    assert not serves(["python", str(script), str(other)])
+    assert not serves(["mace_run_train", "--config", "x.yaml"])
+    assert not serves([])
+
+
+def test_json_config_key_enables_plugins_and_is_removed(work):
+    argv = ["python", "train.py", str(work / "config.json")]
+    assert find_config_file(argv) == (2, work / "config.json")
+    config = build_config(None, (), trainer_argv=argv, environ={})
+    assert config.enabled == ["hydragnn", "binpack"] and config.source == "config-file"
+    assert config.get("step_log").endswith("binpack")
+    copy = json.loads(Path(argv[2]).read_text())  # HydraGNN reads a copy without the key
+    assert argv[2] != str(work / "config.json") and "cfm_plugins" not in copy and "NeuralNetwork" in copy
+
+
+def test_json_config_copy_keeps_json_numbers(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"NeuralNetwork": {"Training": {"Optimizer": {"learning_rate": 1e-3}}}, '
+                   '"cfm_plugins": ["hydragnn"]}')
+    argv = ["python", "train.py", str(cfg)]
+    assert build_config(None, (), trainer_argv=argv, environ={}).enabled == ["hydragnn"]
+    lr = json.loads(Path(argv[2]).read_text())["NeuralNetwork"]["Training"]["Optimizer"]["learning_rate"]
+    assert lr == 1e-3 and isinstance(lr, float)
+
+
+def test_the_options_the_adapter_reads_are_declared_once_elsewhere():
+    """step_log (every adapter's) is the core's, fused_kernels the fused feature's: the adapter
+    declares none of its own, so no default lives twice."""
+    import cfm_plugins_adapters.hydragnn as adapter
+    from cfm_plugins.manager import catalog
+
+    options = catalog().options()
+    assert options["step_log"].plugin == "core" and options["fused_kernels"].plugin == "fused"
+    assert not hasattr(adapter, "cfm_declare_options")

@@ -1,0 +1,40 @@
+"""benchmarks/gpu_mace.py: its log parsing and a tiny smoke run of its step table on the CPU.
+
+The GPU figures themselves come from running the script on a GPU machine (docs/benchmarks.md);
+here we check that the script cannot rot: it builds the workload, runs every way it can, names the
+ways it cannot run, and reads mace's epoch times correctly.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from benchmarks import gpu_mace
+from tests.helpers import ROOT, clean_env
+
+LOG = """\
+2026-11-22 10:00:00.000 INFO: Started training, reporting errors on validation set
+2026-11-22 10:00:01.500 INFO: Initial: head: Default, loss=1.0, RMSE_E_per_atom=1.00 meV, RMSE_F=1.00 meV / A
+2026-11-22 10:00:11.750 INFO: Epoch 0: head: Default, loss=0.9, RMSE_E_per_atom=1.00 meV, RMSE_F=1.00 meV / A
+2026-11-22 10:00:11.800 INFO: Epoch 0: head: Other, loss=0.9, RMSE_E_per_atom=1.00 meV, RMSE_F=1.00 meV / A
+2026-11-22 10:00:14.000 INFO: Epoch 1: head: Default, loss=0.8, RMSE_E_per_atom=1.00 meV, RMSE_F=1.00 meV / A
+"""
+
+
+def test_epoch_seconds_reads_mace_validation_lines():
+    assert gpu_mace.epoch_seconds(LOG, 0) == 10.25  # from "Initial" to the first "Epoch 0" line
+    assert gpu_mace.epoch_seconds(LOG, 1) == 2.25   # first line of each epoch (several heads)
+    assert gpu_mace.epoch_seconds(LOG, 2) is None
+
+
+def test_smoke_run_on_cpu_names_what_it_cannot_run():
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_mace.py"), "--device", "cpu", "--quick",
+                          "--dtypes", "float64", "--no-epoch"], capture_output=True, text=True, env=clean_env(),
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {line.split("|")[4].strip(): line for line in res.stdout.splitlines() if line.startswith("| float64 |")}
+    assert set(rows) == {"stock", "cueq", "fused", "fused+capture"}, res.stdout
+    assert "not built yet" in rows["fused+capture"]
+    fused = [c.strip() for c in rows["fused"].split("|")]
+    assert float(fused[5]) > 0 and float(fused[6]) > 0  # inference and train times measured
+    assert float(fused[9]) < 1e-8  # forces of the fused model equal stock's (float64)

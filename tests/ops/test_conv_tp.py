@@ -1,0 +1,331 @@
+"""FusedConvTP against e3nn's TensorProduct + scatter_sum, built exactly as mace's interaction blocks
+build it; gradients (first and second order), empty/isolated graphs, bad input, state_dict, the
+pure-torch fallback, torch.compile, and the CUDA kernel where a GPU exists."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mace  # noqa: F401  (before e3nn)
+import torch
+from e3nn import o3
+from mace.modules.irreps_tools import tp_out_irreps_with_instructions
+from mace.tools.scatter import scatter_sum
+
+from cfm_plugins.ops import _backend
+from cfm_plugins.ops import conv_tp as ctp
+from cfm_plugins.ops.conv_tp import FusedConvTP
+from tests.helpers import ROOT
+from tests.helpers.mace_models import mace_tp
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+needs_ext = pytest.mark.skipif(_backend.choose(torch.device("cpu")) != "cpu", reason="compiled CPU kernel not built")
+
+
+def graph(num_nodes: int, num_edges: int, seed: int = 0, isolated=()):
+    g = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([n for n in range(num_nodes) if n not in set(isolated)])
+    ei = allowed[torch.randint(0, len(allowed), (2, num_edges), generator=g)]
+    return ei
+
+
+def inputs(tp, num_nodes, edge_index, dtype, seed=1, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    E = edge_index.shape[1]
+    x = torch.randn(num_nodes, tp.irreps_in1.dim, generator=g, dtype=dtype)
+    y = torch.randn(E, tp.irreps_in2.dim, generator=g, dtype=dtype)
+    w = torch.randn(E, tp.weight_numel, generator=g, dtype=dtype)
+    return [t.requires_grad_(requires_grad) for t in (x, y, w)]
+
+
+def reference(tp, x, y, w, edge_index):
+    return scatter_sum(tp(x[edge_index[0]], y, w), edge_index[1], dim=0, dim_size=x.shape[0])
+
+
+def rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+CASES = [(h, l, c) for h in ("0e", "0e+1o", "0e+1o+2e") for l in (2, 3) for c in (8, 128)]
+
+
+@pytest.mark.parametrize("hidden,lmax,channels", CASES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_forward_matches_e3nn_scatter(hidden, lmax, channels, dtype, tol):
+    tp = mace_tp(hidden, lmax, channels, dtype)
+    fused = FusedConvTP.from_e3nn(tp)
+    N = 13
+    ei = graph(N, 70 if channels == 8 else 30, isolated=(5,))
+    x, y, w = inputs(tp, N, ei, dtype)
+    ref = reference(tp, x, y, w, ei)
+    out = fused(x, y, w, ei)
+    assert out.dtype == dtype and out.shape == ref.shape == (N, tp.irreps_out.dim)
+    assert rel_err(out, ref) < tol
+    assert torch.all(out[5] == 0)  # the isolated node receives nothing
+    # the e3nn (per-edge, unscattered) call form gives e3nn's output too
+    assert rel_err(fused(x[ei[0]], y, w), tp(x[ei[0]], y, w)) < tol
+
+
+@pytest.mark.parametrize("hidden,lmax", [("0e+1o", 3), ("0e+1o+2e", 2)])
+def test_gradients_and_double_backward_match_e3nn(hidden, lmax):
+    """The MACE training pattern: forces = -dE/d(edge attrs) with create_graph, then a loss on them."""
+    tp = mace_tp(hidden, lmax, 16)
+    fused = FusedConvTP.from_e3nn(tp)
+    N = 11
+    ei = graph(N, 60, seed=3, isolated=(0,))
+    results = []
+    for fn in (lambda x, y, w: reference(tp, x, y, w, ei), lambda x, y, w: fused(x, y, w, ei)):
+        x, y, w = inputs(tp, N, ei, torch.float64, seed=4, requires_grad=True)
+        energy = (fn(x, y, w) ** 2).sum() + fn(x, y, w).sum()
+        gx, gy, gw = torch.autograd.grad(energy, (x, y, w), create_graph=True)
+        second = torch.autograd.grad((gy ** 2).sum() + (gx * gx).sum(), (x, y, w))
+        results.append((gx.detach(), gy.detach(), gw.detach()) + second)
+    for a, b in zip(*results):
+        assert b.abs().max() > 0
+        assert rel_err(a, b) < 1e-10
+
+
+def small_problem(hidden="2x0e+2x1o", lmax=2, N=5, E=9, seed=0):
+    irreps_in = o3.Irreps(hidden)
+    sh = o3.Irreps.spherical_harmonics(lmax)
+    mid, ins = tp_out_irreps_with_instructions(irreps_in, sh, o3.Irreps([(2, ir) for _, ir in sh]))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        tp = o3.TensorProduct(irreps_in, sh, mid, instructions=ins, shared_weights=False, internal_weights=False)
+    finally:
+        torch.set_default_dtype(previous)
+    ei = graph(N, E, seed=seed, isolated=(N - 1,))
+    ei[:, :3] = torch.tensor([[0, 0, 1], [0, 1, 1]])  # self edge and a repeated pair
+    return FusedConvTP.from_e3nn(tp), ei, inputs(tp, N, ei, torch.float64, seed=seed, requires_grad=True)
+
+
+@needs_ext
+def test_gradcheck_and_gradgradcheck_compiled_kernel():
+    fused, ei, xyw = small_problem("2x0e+2x1o+1x2e", 2)
+    fn = lambda x, y, w: fused(x, y, w, ei)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, xyw)
+    assert torch.autograd.gradgradcheck(fn, xyw)
+
+
+def test_gradcheck_and_gradgradcheck_torch_fallback(monkeypatch):
+    monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", "1")
+    assert _backend.choose(torch.device("cpu")) == "torch"
+    fused, ei, xyw = small_problem("1x0e+1x1o", 2, N=4, E=6)
+    fn = lambda x, y, w: fused(x, y, w, ei)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, xyw)
+    assert torch.autograd.gradgradcheck(fn, xyw, fast_mode=True)  # full mode: same code, 10x the time
+
+
+def test_torch_fallback_matches_compiled_and_e3nn(monkeypatch):
+    tp = mace_tp("0e+1o", 3, 8)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = graph(9, 40, seed=5, isolated=(2,))
+    outs = []
+    for force in ("1", "0"):
+        monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", force)
+        x, y, w = inputs(tp, 9, ei, torch.float64, seed=6, requires_grad=True)
+        out = fused(x, y, w, ei)
+        g = torch.autograd.grad((out ** 2).sum(), (x, y, w))
+        outs.append((out.detach(),) + g)
+    x, y, w = inputs(tp, 9, ei, torch.float64, seed=6, requires_grad=True)
+    ref = reference(tp, x, y, w, ei)
+    gref = torch.autograd.grad((ref ** 2).sum(), (x, y, w))
+    for a, b, r in zip(outs[0], outs[1], (ref.detach(),) + gref):
+        assert rel_err(a, r) < 1e-10 and rel_err(b, r) < 1e-10
+
+
+def test_no_edges_and_isolated_nodes_give_zeros():
+    tp = mace_tp("0e+1o", 2, 8)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = torch.zeros(2, 0, dtype=torch.int64)
+    x, y, w = inputs(tp, 6, ei, torch.float64, requires_grad=True)
+    out = fused(x, y, w, ei)
+    assert out.shape == (6, tp.irreps_out.dim) and torch.all(out == 0)
+    gx, gy, gw = torch.autograd.grad(out.sum(), (x, y, w), create_graph=True)
+    assert torch.all(gx == 0) and gy.shape == (0, tp.irreps_in2.dim) and gw.shape == (0, tp.weight_numel)
+    (ggx,) = torch.autograd.grad(gx.sum(), (x,), allow_unused=True)
+    assert ggx is None or torch.all(ggx == 0)
+    # no nodes and no edges
+    x0 = torch.zeros(0, tp.irreps_in1.dim, dtype=torch.float64)
+    assert fused(x0, y.detach(), w.detach(), ei).shape == (0, tp.irreps_out.dim)
+    # isolated atoms: gradient rows of the isolated nodes are zero
+    ei = torch.tensor([[0, 1, 1], [1, 0, 3]])
+    x, y, w = inputs(tp, 6, ei, torch.float64, requires_grad=True)
+    out = fused(x, y, w, ei)
+    (gx,) = torch.autograd.grad((out ** 2).sum(), (x,))
+    assert torch.all(out[[2, 4, 5]] == 0) and torch.all(gx[[2, 3, 4, 5]] == 0) and gx[0].abs().sum() > 0
+
+
+def test_bad_input_raises_value_error():
+    tp = mace_tp("0e+1o", 2, 4)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = graph(5, 7)
+    x, y, w = inputs(tp, 5, ei, torch.float64)
+    bad = {
+        "node_feats shape": (x[:, :-1], y, w, ei),
+        "edge_attrs shape": (x, y[:, :-1], w, ei),
+        "tp_weights shape": (x, y, w[:, :-1], ei),
+        "dtype mismatch": (x.float(), y, w, ei),
+        "out of range": (x, y, w, ei.clone().index_fill_(1, torch.tensor([2]), 5)),
+        "out of range ": (x, y, w, ei.clone().index_fill_(1, torch.tensor([0]), -1)),
+        "edges in edge_index": (x, y[:-1], w[:-1], ei),
+        "edge_index shape": (x, y, w, ei[:1]),
+        "edge_index dtype": (x, y, w, ei.double()),
+        "float32 or float64": (x.half(), y.half(), w.half(), ei),
+    }
+    for what, args in bad.items():
+        with pytest.raises(ValueError, match=what.strip()):
+            fused(*args)
+
+
+def test_rejects_what_the_kernel_does_not_cover():
+    tp = o3.TensorProduct("2x0e+2x1o", "1x1o", "2x1o+2x0e", [(0, 0, 0, "uvw", True), (1, 0, 1, "uvw", True)],
+                          shared_weights=False, internal_weights=False)
+    with pytest.raises(ValueError, match="uvu"):
+        FusedConvTP.from_e3nn(tp)
+    tp = o3.TensorProduct("2x0e", "2x0e", "2x0e", [(0, 0, 0, "uvu", True)], shared_weights=False,
+                          internal_weights=False)
+    with pytest.raises(ValueError, match="multiplicity"):
+        FusedConvTP.from_e3nn(tp)
+
+
+def test_state_dict_identical_and_to_e3nn_restores():
+    tp = mace_tp("0e+1o", 3, 8)
+    fused = FusedConvTP.from_e3nn(tp)
+    sd_tp, sd_f = tp.state_dict(), fused.state_dict()
+    assert list(sd_tp) == list(sd_f) and len(sd_f) > 0
+    assert all(torch.equal(sd_tp[k], sd_f[k]) for k in sd_tp)
+    fused.load_state_dict(sd_tp)
+    assert fused.weight_numel == tp.weight_numel
+    assert (fused.irreps_in1, fused.irreps_in2, fused.irreps_out) == (tp.irreps_in1, tp.irreps_in2, tp.irreps_out)
+    assert fused.instructions == tp.instructions
+    back = fused.to_e3nn()
+    assert back is tp and list(back.state_dict()) == list(sd_tp)
+
+
+@needs_ext
+def test_deterministic_across_runs_and_threads():
+    tp = mace_tp("0e+1o", 3, 128, torch.float32)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = graph(40, 1500, seed=8)
+    x, y, w = inputs(tp, 40, ei, torch.float32, requires_grad=True)
+    runs = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 2):
+            torch.set_num_threads(n)
+            out = fused(x, y, w, ei)
+            runs.append((out,) + torch.autograd.grad((out ** 2).sum(), (x, y, w)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+
+
+def test_csr_cached_per_edge_index_and_version():
+    ei = graph(10, 30, seed=9)
+    a = ctp.edge_csr(ei, 10)
+    assert ctp.edge_csr(ei, 10) is a
+    assert ctp.edge_csr(ei.clone(), 10) is not a
+    ei[0, 0] = (ei[0, 0] + 1) % 10  # in-place change bumps the version: regrouped
+    b = ctp.edge_csr(ei, 10)
+    assert b is not a and torch.equal(b.sender, ei[0])
+    assert torch.equal(b.receiver[b.rperm], torch.sort(ei[1]).values)
+    assert b.rptr.tolist() == torch.searchsorted(torch.sort(ei[1]).values, torch.arange(11)).tolist()
+
+
+def test_pickle_round_trip_in_a_fresh_process(tmp_path):
+    tp = mace_tp("0e+1o", 2, 4)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = graph(6, 12, seed=10)
+    x, y, w = inputs(tp, 6, ei, torch.float64)
+    torch.save({"m": fused, "args": (x, y, w, ei), "out": fused(x, y, w, ei)}, tmp_path / "m.pt")
+    code = ("import mace, torch; d = torch.load(r'%s', weights_only=False); "
+            "assert torch.equal(d['m'](*d['args']), d['out']); print('ok')") % (tmp_path / "m.pt")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_torch_compile_forward_and_backward():
+    tp = mace_tp("0e+1o", 2, 8)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = graph(7, 20, seed=11)
+    x, y, w = inputs(tp, 7, ei, torch.float64, requires_grad=True)
+
+    def loss(x, y, w):
+        return (fused(x, y, w, ei) ** 2).sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    ref = loss(x, y, w)
+    got = compiled(x, y, w)
+    assert torch.allclose(got, ref, rtol=1e-12)
+    g_ref = torch.autograd.grad(ref, (x, y, w))
+    g_got = torch.autograd.grad(got, (x, y, w))
+    assert all(rel_err(a, b) < 1e-12 for a, b in zip(g_got, g_ref))
+
+
+@needs_ext
+def test_opcheck_custom_ops():
+    fused, ei, (x, y, w) = small_problem("2x0e+2x1o", 2)
+    csr = ctp.edge_csr(ei, x.shape[0])
+    xc = x.detach().index_select(1, fused._cl_perm_in).requires_grad_()
+    graph_ = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]
+    desc = ([fused._tp_ints, fused._tp_coef], [fused._tp_ints_t, fused._tp_coef_t], fused._tp_meta)
+    torch.library.opcheck(torch.ops.cfm.conv_tp_fwd.default, (xc, y, w, graph_, *desc))
+    g = torch.randn(x.shape[0], fused.descriptor.dim_out, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.cfm.conv_tp_bwd.default, (g, xc, y, w, graph_, *desc, True, True, True))
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_cuda_matches_cpu(dtype, tol):
+    tp = mace_tp("0e+1o", 3, 128, dtype)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = graph(50, 900, seed=12, isolated=(3,))
+    x, y, w = inputs(tp, 50, ei, dtype, requires_grad=True)
+    out = fused(x, y, w, ei)
+    grads = torch.autograd.grad((out ** 2).sum(), (x, y, w))
+    fused_cuda = FusedConvTP.from_e3nn(tp).cuda()
+    xc, yc, wc = (t.detach().cuda().requires_grad_() for t in (x, y, w))
+    outc = fused_cuda(xc, yc, wc, ei.cuda())
+    gradc = torch.autograd.grad((outc ** 2).sum(), (xc, yc, wc), create_graph=True)
+    assert _backend.choose(xc.device) == "cuda", "CUDA kernels not built (CFM_PLUGINS_CUDA=1)"
+    assert rel_err(outc.cpu(), out.detach()) < tol
+    for a, b in zip(gradc, grads):
+        assert rel_err(a.detach().cpu(), b) < tol
+    (gg,) = torch.autograd.grad(gradc[1].sum(), (wc,))
+    assert torch.isfinite(gg).all()
+
+
+@needs_cuda
+def test_cuda_gradgradcheck():
+    fused, ei, xyw = small_problem("2x0e+2x1o", 2)
+    fused = fused.cuda()
+    ei = ei.cuda()
+    xyw = [t.detach().cuda().requires_grad_() for t in xyw]
+    fn = lambda x, y, w: fused(x, y, w, ei)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, xyw)
+    assert torch.autograd.gradgradcheck(fn, xyw)
+
+
+def test_module_summary_mentions_sparsity():
+    fused = FusedConvTP.from_e3nn(mace_tp("0e+1o", 3, 8))
+    text = repr(fused)
+    assert "10 paths" in text and "CG entries" in text
+    buf = io.StringIO()
+    print(fused.paths[0], file=buf)
+    assert "mul=8" in buf.getvalue()
+
+
+def test_csr_cache_entry_dropped_with_its_edge_index():
+    ei = graph(10, 30, seed=13)
+    ctp.edge_csr(ei, 10)
+    n = len(ctp._CSR_CACHE)
+    del ei
+    assert len(ctp._CSR_CACHE) == n - 1

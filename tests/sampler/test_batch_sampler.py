@@ -1,0 +1,199 @@
+"""BinPackBatchSampler in a real DataLoader: coverage, len, epochs, resume, drop_last, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from benchmarks.workload import paper_mix
+from cfm_plugins.sampler import BinPackBatchSampler
+
+
+class Graphs(Dataset):
+    """Graphs as (index, positions[atoms, 3]) with a collate that concatenates them like PyG."""
+
+    def __init__(self, atoms):
+        self.atoms = np.asarray(atoms)
+
+    def __len__(self):
+        return len(self.atoms)
+
+    def __getitem__(self, i):
+        return i, torch.zeros(int(self.atoms[i]), 3)
+
+
+def collate(items):
+    idx = torch.tensor([i for i, _ in items])
+    pos = torch.cat([p for _, p in items])
+    return idx, pos
+
+
+@pytest.fixture(scope="module")
+def atoms():
+    return paper_mix(3000, seed=3)
+
+
+def epoch_batches(sampler, ds, num_workers=0):
+    dl = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers)
+    return [(idx.tolist(), pos.shape[0]) for idx, pos in dl]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_every_sample_once_over_ranks(atoms, num_workers):
+    ds, w = Graphs(atoms), 4
+    per_rank = []
+    for r in range(w):
+        s = BinPackBatchSampler(atoms, 3072, rank=r, world_size=w, seed=5)
+        b = epoch_batches(s, ds, num_workers)
+        assert len(b) == len(s)  # len() is exact
+        assert all(n_atoms <= 3072 for _, n_atoms in b)
+        per_rank.append(b)
+    assert len({len(b) for b in per_rank}) == 1  # same number of steps on every rank
+    seen = sorted(i for b in per_rank for idx, _ in b for i in idx)
+    assert seen == list(range(len(atoms)))
+    # at each step the ranks carry nearly the same number of atoms
+    step_atoms = np.array([[b[s][1] for b in per_rank] for s in range(len(per_rank[0]))])
+    assert np.mean(step_atoms.max(1) / step_atoms.mean(1)) < 1.01
+
+
+def test_set_epoch_changes_batches_keeps_len(atoms):
+    s = BinPackBatchSampler(atoms, 3072, rank=0, world_size=2, seed=1)
+    e0 = list(s)
+    assert list(s) == e0  # same epoch -> same batches
+    s.set_epoch(1)
+    e1 = list(s)
+    assert e1 != e0
+    assert {frozenset(b) for b in e1} != {frozenset(b) for b in e0}
+    assert len(e1) == len(s)
+    t = BinPackBatchSampler(atoms, 3072, rank=0, world_size=2, seed=1)
+    t.set_epoch(1)
+    assert list(t) == e1  # deterministic from seed + epoch
+
+
+def test_no_shuffle_is_the_same_every_epoch(atoms):
+    s = BinPackBatchSampler(atoms, 3072, rank=1, world_size=2, shuffle=False)
+    a = list(s)
+    s.set_epoch(3)
+    assert list(s) == a
+
+
+def test_state_dict_resume_mid_epoch(atoms):
+    w, r = 2, 1
+    full = BinPackBatchSampler(atoms, 3072, rank=r, world_size=w, seed=9)
+    full.set_epoch(2)
+    want = list(full)
+    s = BinPackBatchSampler(atoms, 3072, rank=r, world_size=w, seed=9)
+    s.set_epoch(2)
+    it = iter(s)
+    got = [next(it) for _ in range(5)]
+    state = s.state_dict()
+    assert state["epoch"] == 2 and state["seed"] == 9 and state["batches_consumed"] == 5
+    # a fresh sampler (a restarted job) continues with the next batch
+    t = BinPackBatchSampler(atoms, 3072, rank=r, world_size=w, seed=0)
+    t.load_state_dict(state)
+    rest = list(t)
+    assert got + rest == want
+    assert len(t) == len(want)
+    # the following epoch starts from its beginning again
+    t.set_epoch(3)
+    assert len(list(t)) == len(t)
+
+
+def test_state_dict_in_dataloader_with_explicit_count(atoms):
+    ds = Graphs(atoms)
+    s = BinPackBatchSampler(atoms, 3072, rank=0, world_size=1, seed=4)
+    want = [b for b, _ in epoch_batches(s, ds)]
+    dl = DataLoader(ds, batch_sampler=s, collate_fn=collate, num_workers=0)
+    got = []
+    for k, (idx, _) in enumerate(dl):
+        got.append(idx.tolist())
+        if k == 6:
+            break
+    state = s.state_dict(batches_consumed=len(got))
+    t = BinPackBatchSampler(atoms, 3072, rank=0, world_size=1, seed=4)
+    t.load_state_dict(state)
+    got += [b for b, _ in epoch_batches(t, ds)]
+    assert got == want
+
+
+def test_load_state_dict_errors(atoms):
+    s = BinPackBatchSampler(atoms, 3072, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="world_size 4"):
+        s.load_state_dict({"epoch": 0, "seed": 0, "batches_consumed": 1, "world_size": 4})
+    with pytest.raises(ValueError, match="batches_consumed"):
+        s.load_state_dict({"epoch": 0, "seed": 0, "batches_consumed": 10 ** 6})
+
+
+def test_drop_last_drops_underfilled_steps():
+    c = np.r_[np.full(6, 100.0), [1.0, 1.0]]  # 8 bins: 6 full, 2 holding a single 1-atom graph
+    keep = BinPackBatchSampler(c, 100, rank=0, world_size=2, shuffle=False)
+    assert len(keep) == 4 and keep.dropped == (0, 0)
+    drop = BinPackBatchSampler(c, 100, rank=0, world_size=2, shuffle=False, drop_last=True)
+    assert len(drop) == 3 and drop.dropped == (1, 2)
+    other = BinPackBatchSampler(c, 100, rank=1, world_size=2, shuffle=False, drop_last=True)
+    seen = sorted(i for s in (drop, other) for b in s for i in b)
+    assert seen == [0, 1, 2, 3, 4, 5]  # the two light graphs are what drop_last dropped
+
+
+def test_oversize_policies_in_sampler():
+    c = np.array([10.0, 20.0, 5000.0, 30.0, 40.0])
+    with pytest.raises(ValueError, match="sample 2 has cost 5000"):
+        BinPackBatchSampler(c, 100, rank=0, world_size=1)
+    s = BinPackBatchSampler(c, 100, rank=0, world_size=1, oversize="solo")
+    assert [2] in list(s)
+    k = BinPackBatchSampler(c, 100, rank=0, world_size=1, oversize="skip")
+    assert sorted(i for b in k for i in b) == [0, 1, 3, 4]
+
+
+def test_constructor_errors():
+    c = np.ones(10)
+    with pytest.raises(ValueError, match="rank 2 is not in 0..1"):
+        BinPackBatchSampler(c, 5, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="world_size"):
+        BinPackBatchSampler(c, 5, rank=0, world_size=0)
+    with pytest.raises(ValueError, match="pass the mpi4py communicator"):
+        BinPackBatchSampler(c[:5], 5, rank=0, world_size=2, local_indices=np.arange(5, 10))
+    with pytest.raises(ValueError, match="cannot give each of 16 ranks"):
+        BinPackBatchSampler(c, 5, rank=0, world_size=16)
+    with pytest.raises(ValueError, match="empty"):
+        BinPackBatchSampler([], 5, rank=0, world_size=1)
+    # a permutation given as local_indices without comm is a global array in another order
+    s = BinPackBatchSampler(np.arange(1.0, 11.0)[::-1], 20, rank=0, world_size=1, local_indices=np.arange(10)[::-1])
+    np.testing.assert_array_equal(s.costs, np.arange(1.0, 11.0))
+
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+@pytest.mark.parametrize("n, capacity", [(5, 40), (7, 40), (40, 40), (9, 30), (13, 29)])
+def test_eval_sampler_yields_every_structure_once_over_the_ranks(world_size, n, capacity):
+    """evaluation=True: a set too small for the ranks and capacity is still evaluated, each once,
+    with a non-empty batch on every rank at every step (mace runs one DDP forward per step)."""
+    costs = np.random.default_rng(n).integers(1, 30, n).astype(float)
+    if n == 13:  # near-capacity structures: one per bin, 13 bins do not split into steps of 2, 3, 5 ranks
+        costs = np.full(n, 29.0)
+        with pytest.raises(ValueError, match="non-empty batch"):
+            BinPackBatchSampler(costs, capacity, rank=0, world_size=world_size, shuffle=False)
+    ds = Graphs(costs)
+    seen, lens = [], set()
+    for rank in range(world_size):
+        s = BinPackBatchSampler(costs, capacity, rank=rank, world_size=world_size, shuffle=False, evaluation=True)
+        batches = epoch_batches(s, ds)
+        lens.add(len(batches))
+        assert len(batches) == len(s) and all(len(idx) > 0 for idx, _ in batches)
+        seen += [i for idx, _ in batches for i in idx]
+    assert len(lens) == 1  # the same number of steps on every rank
+    assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("n, world_size", [(1, 2), (2, 3), (3, 5)])
+def test_eval_set_smaller_than_the_ranks_is_evaluated_whole_on_every_rank(n, world_size):
+    """Fewer structures than ranks: no rank may be empty, so each rank gets the whole set: every
+    structure counted world_size times, which leaves means over the gathered results unchanged."""
+    costs = np.arange(1.0, n + 1)
+    with pytest.raises(ValueError, match=f"cannot give each of {world_size} ranks a non-empty batch"):
+        BinPackBatchSampler(costs, 40, rank=0, world_size=world_size)
+    per_rank = [list(BinPackBatchSampler(costs, 40, rank=r, world_size=world_size, shuffle=False, evaluation=True))
+                for r in range(world_size)]
+    assert all(b == per_rank[0] for b in per_rank)
+    assert sorted(i for b in per_rank[0] for i in b) == list(range(n))

@@ -1,0 +1,48 @@
+"""BinPackBatchSampler across real `mpirun -np 2` ranks (tests/scripts/sampler_shards.py): sharded
+costs, one agreed plan."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+# run as a module from the repository root (run_mpi's working directory), which puts the root on
+# the script's path: it imports benchmarks.workload
+SCRIPT = "tests.scripts.sampler_shards"
+pytestmark = pytest.mark.mpi
+
+
+def _run(mpi, mode):
+    import sys
+
+    proc = mpi([sys.executable, "-m", SCRIPT, mode], np=2, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return proc.stdout
+
+
+def test_shards_agree_and_cover_every_sample(mpi):
+    out = _run(mpi, "agree")
+    line = next(ln for ln in out.splitlines() if ln.startswith("OK "))
+    info = json.loads(line[3:])
+    assert len(info["steps"]) == 1 and info["steps"][0] > 0  # same number of steps on both ranks
+    from benchmarks.workload import paper_mix
+
+    assert info["samples"] == len(paper_mix(20_000, seed=7))
+    assert info["imbalance"] < 1.01
+    assert "RAISED" not in out
+
+
+def test_diverging_rank_raises_checksum_error_on_every_rank(mpi):
+    out = _run(mpi, "diverge")
+    raised = [ln for ln in out.splitlines() if ln.startswith("RAISED")]
+    assert len(raised) == 2, out[-4000:]  # both ranks raised, nobody hung
+    for ln in raised:
+        assert "RuntimeError" in ln and "disagree on the batch plan" in ln and "ranks 1 differ from rank 0" in ln
+
+
+def test_overlapping_shards_raise_on_every_rank(mpi):
+    out = _run(mpi, "overlap")
+    raised = [ln for ln in out.splitlines() if ln.startswith("RAISED")]
+    assert len(raised) == 2, out[-4000:]
+    for ln in raised:
+        assert "ValueError" in ln and "shards overlap" in ln and "sample 0 on ranks 0, 1" in ln
