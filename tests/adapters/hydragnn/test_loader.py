@@ -31,4 +31,4 @@ def test_loader_seam_serves_the_source_keywords_and_names_what_it_cannot():
     assert unserved_arguments((), {"train_sampler_shuffle": False, "batching": {"mode": "node_budget"}}) == []
     assert unserved_arguments((True, True, True, None, False), {}) == []
     assert unserved_arguments((), {"oversampling": True, "group": "g"}) == ["oversampling=True", "group='g'"]
-    assert unserved_arguments((True,) * 8, {"later": 1}) == ["True", "later=1"]
+    assert unserved_arguments((True, True, True, None, False, None, None, 8), {"later": 1}) == ["8", "later=1"]
