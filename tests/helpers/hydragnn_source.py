@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, load_example
 
 #: where the Makefile looks for the source tarball and the torch-scatter wheel (HYDRAGNN_DEPS overrides)
 DEPS = Path(os.environ.get("HYDRAGNN_DEPS", ROOT.parent / "shared" / "deps"))
@@ -80,17 +80,5 @@ def build_model(graphs, **architecture):
 
 
 def energy_forces(model, batch, create_graph=False):
-    """Total energies per graph and forces (-dE/dpos) of a PyG batch, as HydraGNN's interatomic-potential
-    loss computes them (node energies summed per graph), in the model's dtype."""
-    import torch
-
-    dtype = next(model.parameters()).dtype
-    batch = batch.clone()
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and torch.is_floating_point(value):
-            batch[key] = value.to(dtype)
-    batch.pos.requires_grad_(True)
-    node_energy = model(batch)[0].view(-1)
-    energy = torch.zeros(batch.num_graphs, dtype=dtype).index_add(0, batch.batch, node_energy)
-    forces = -torch.autograd.grad(energy.sum(), batch.pos, create_graph=create_graph)[0]
-    return energy, forces
+    """Energies and forces of a batch: ``examples/hydragnn/mace/evaluate.py``'s ``energy_forces``."""
+    return load_example("hydragnn/mace/evaluate.py").energy_forces(model, batch, create_graph)

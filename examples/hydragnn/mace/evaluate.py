@@ -26,20 +26,29 @@ import torch.distributed as dist
 import hydragnn
 
 
+def energy_forces(model, batch, create_graph=False):
+    """Total energies per graph and forces (-dE/dpos) of a PyG batch in the model's dtype, as
+    HydraGNN's interatomic-potential loss computes them (node energies summed per graph);
+    ``create_graph`` keeps the graph of the forces (to train on them)."""
+    dtype = next(model.parameters()).dtype
+    batch = batch.clone()
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and torch.is_floating_point(value):
+            batch[key] = value.to(dtype)
+    batch.pos.requires_grad_(True)
+    node_energy = model(batch)[0].view(-1)
+    energy = torch.zeros(batch.num_graphs, dtype=dtype).index_add(0, batch.batch, node_energy)
+    forces = -torch.autograd.grad(energy.sum(), batch.pos, create_graph=create_graph)[0]
+    return energy, forces
+
+
 def energies_and_forces(model, graphs, batch_size=8):
     """Per-graph energies and per-atom forces of ``graphs`` (in order) as float64 numpy arrays."""
     from torch_geometric.loader import DataLoader
 
-    dtype = next(model.parameters()).dtype
     energies, forces = [], []
     for data in DataLoader(graphs, batch_size=batch_size, shuffle=False):
-        for key, value in data.items():
-            if isinstance(value, torch.Tensor) and torch.is_floating_point(value):
-                data[key] = value.to(dtype)
-        data.pos.requires_grad_(True)
-        node_energy = model(data)[0].view(-1)
-        energy = torch.zeros(data.num_graphs, dtype=dtype).index_add(0, data.batch, node_energy)
-        force = -torch.autograd.grad(energy.sum(), data.pos)[0]
+        energy, force = energy_forces(model, data)
         energies.append(energy.detach().double().numpy())
         forces.append(force.detach().double().numpy())
     return np.concatenate(energies), np.concatenate(forces)
