@@ -106,7 +106,7 @@ PY_HG := $(VENV_HG)/bin/python
 PIP_HG := $(PY_HG) -m pip --disable-pip-version-check
 STAMP_HG := $(VENV_HG)/.cfm-installed
 # the HydraGNN-from-source tests (the MACE stack fused, trained under mpirun, its benchmark's plumbing)
-HG_SRC_TESTS := tests/ops/test_patching_hydragnn_mace.py tests/adapters/hydragnn/test_adapter_mace.py tests/adapters/hydragnn/test_loader.py
+HG_SRC_TESTS := tests/adapters/hydragnn/test_interaction.py tests/adapters/hydragnn/test_adapter_mace.py tests/adapters/hydragnn/test_loader.py
 
 ifeq ($(HYDRAGNN_TARBALL),)
 venv-hydragnn-src test-hydragnn-src bench-hydragnn-src:

@@ -2,7 +2,8 @@
 
 HydraGNN (``hydragnn.preprocess.load_data.create_dataloaders(trainset, valset, testset,
 batch_size)``; the source adds keyword arguments, :data:`SOURCE_KEYWORDS`) builds PyG
-``DataLoader``s over ``DistributedSampler``s when torch.distributed is initialised. :func:`make_create_dataloaders` returns a function of the same form that asks the
+``DataLoader``s over ``DistributedSampler``s when torch.distributed is initialised.
+:func:`make_create_dataloaders` returns a function of the same form that asks the
 ``cfm_batch_sampler`` hook for each split's batch sampler (``train`` shuffled and re-packed every
 epoch, ``valid``/``test`` in a fixed plan) and builds the same PyG loader with it; without a
 sampler from the hooks it calls HydraGNN's own.

@@ -14,7 +14,8 @@ HydraGNN function          what the replacement does
 ``create_dataloaders``     train/validation/test loaders over the ``cfm_batch_sampler``
                            (binpack) with costs from the PyG graphs (see :mod:`.loader`)
 ``get_distributed_model``  ``cfm_patch_model`` (with ``fused``: MACE-style modules found by
-                           their layout are swapped, or the plugin says once that the stack has
+                           their layout are swapped, HydraGNN's MACE interaction blocks whole,
+                           :mod:`.interaction`; or the plugin says once that the stack has
                            none); then HydraGNN's DDP wrapping; with ``step_log``: attaches the
                            step timer (see :mod:`.steplog`). The source's
                            ``distributed_model_wrapper`` calls it too.
@@ -44,6 +45,7 @@ def tracer_module():
             continue
     raise ImportError(f"HydraGNN has none of the tracer modules {', '.join(TRACER_MODULES)}: "
                       "step_log needs HydraGNN's tracer")
+
 
 def _holders(name: str, stock) -> list:
     """Every loaded hydragnn module that holds ``stock`` under ``name``."""
@@ -101,6 +103,10 @@ def install(session) -> callable:
         tracer = StepTracer(config.get("step_log", type=str), dist.rank)
         tr.__tracer_list__["cfm_plugins.StepTracer"] = tracer
 
+    if config.is_enabled("fused"):
+        from cfm_plugins_adapters.hydragnn.interaction import register_form
+
+        register_form()  # HydraGNN's MACE interaction blocks: product and scatter fused (see .interaction)
     replacement = {
         "setup_ddp": make_setup_ddp(stock["setup_ddp"], dist),
         "get_distributed_model": make_get_distributed_model(stock["get_distributed_model"], session, tracer),
