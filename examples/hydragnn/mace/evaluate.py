@@ -11,7 +11,8 @@ HydraGNN's own ``load_existing_model``: a checkpoint written under ``cfm-run --e
 is a stock HydraGNN checkpoint, and this loads it before anything of cfm-plugins is imported (it
 checks). Energies (per graph, node energies summed) and forces (-dE/dpos) are computed for the
 graphs of ``Dataset.path.total`` in the model's precision. ``--fused`` then swaps the fused kernels
-in (``cfm_plugins.ops.patching.patch_model``), computes them again and prints the largest relative
+in as ``cfm-run --enable ...,fused`` does (``cfm_plugins.ops.patching.patch_model`` with the
+hydragnn adapter's interaction-block form), computes them again and prints the largest relative
 difference. Writes ``energy``/``forces`` (and ``energy_fused``/``forces_fused``) to ``--out``.
 """
 import argparse
@@ -84,7 +85,9 @@ def main(argv=None):
     result = {"energy": energy, "forces": forces}
     if args.fused:
         from cfm_plugins.ops.patching import patch_model
+        from cfm_plugins_adapters.hydragnn.interaction import register_form
 
+        register_form()  # as under cfm-run with fused: HydraGNN's interaction blocks whole
         print("fused:", patch_model(model).describe())
         result["energy_fused"], result["forces_fused"] = energies_and_forces(model, graphs)
         for name in ("energy", "forces"):
