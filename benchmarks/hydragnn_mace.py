@@ -72,9 +72,10 @@ def main(argv=None) -> int:
     torch.save(graphs, data)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     atoms = [g.num_nodes for g in graphs]
+    load = os.getloadavg()[0]  # the machine at the start (the fragment reports it with the figures)
     print(f"command: {' '.join(['python -m benchmarks.hydragnn_mace'] + sys.argv[1:])}\nworkload: {args}; "
           f"{len(graphs)} graphs of {min(atoms)}..{max(atoms)} atoms (mean {sum(atoms) / len(atoms):.1f}); "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"load average {load:.1f}", flush=True)
     mpirun = mpirun_command(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
@@ -91,10 +92,12 @@ def main(argv=None) -> int:
         if res.returncode != 0:
             print(res.stdout[-3000:])
             raise SystemExit(f"{label} failed (log: {out / label}.log)")
-        rows[label] = dict(epoch_times(read_step_logs(str(steps)), args.epochs), run_s=time.perf_counter() - t0)
+        rows[label] = dict(epoch_times(read_step_logs(str(steps)), args.epochs), run_s=time.perf_counter() - t0,
+                           load=os.getloadavg()[0])
         r = rows[label]
         print(f"{label:8s} epoch {r['epoch_s']:7.2f} s (cpu {r['cpu_s']:7.2f} s)  steps {r['steps']:3d}  "
-              f"LIF {r['lif']:.3f} (atoms {r['lif_atoms']:.3f})  whole run {r['run_s']:.0f} s", flush=True)
+              f"LIF {r['lif']:.3f} (atoms {r['lif_atoms']:.3f})  whole run {r['run_s']:.0f} s  "
+              f"load average {r['load']:.1f}", flush=True)
 
     lines = ["## HydraGNN MACE-stack training (benchmarks/hydragnn_mace.py)", "",
              f"Command: `flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 .venv-hydragnn/bin/python -m "
@@ -112,7 +115,11 @@ def main(argv=None) -> int:
     base = rows["stock"]["cpu_s"]
     lines += ["", "The same epochs in CPU time of the training threads (per step the slowest rank's, summed: what "
               "the epoch costs without other processes on the machine): " + ", ".join(f"{label} {r['cpu_s']:.2f} s ({r['cpu_s'] / base:.2f}x)"
-                                                          for label, r in rows.items()) + ".", ""]
+                                                          for label, r in rows.items()) + ".",
+              "", f"Load average (1 min) at the start {load:.1f}, after each configuration: "
+              + ", ".join(f"{label} {r['load']:.1f}" for label, r in rows.items())
+              + ". On a loaded machine the wall times include the time a rank waited for a core; the CPU times do "
+              "not.", ""]
     return write_fragment("hydragnn_mace", lines)
 
 if __name__ == "__main__":
