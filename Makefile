@@ -11,7 +11,8 @@ TORCH_VERSION ?= 2.13.0
 # torch-scatter/torch-sparse, which the stacks we use do not import and which have no torch 2.13 wheels.
 HYDRAGNN_VERSION ?= 3.0
 
-.PHONY: venv demo test cuda-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn test-hydragnn
+.PHONY: venv demo test cuda-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn test-hydragnn \
+	venv-hydragnn-src test-hydragnn-src bench-hydragnn-src
 
 venv: $(STAMP)
 
@@ -28,10 +29,12 @@ $(STAMP): $(SOURCES)
 demo: venv
 	$(PY) examples/demo.py
 
-# the main suite in .venv (the NequIP tests skip there, saying so), then the NequIP suite in .venv-nequip
+# the main suite in .venv (the NequIP and HydraGNN-from-source tests skip there, saying so), then the
+# NequIP suite in .venv-nequip and the HydraGNN-from-source suite in .venv-hydragnn (when ../shared/deps is there)
 test: venv
 	$(PY) -m pytest -q -rs
 	$(MAKE) test-nequip
+	$(MAKE) test-hydragnn-src
 
 # the HydraGNN tests: the adapter, the structural finder on a HydraGNN model, the example's data set
 # and demo (they also run in `make test`: HydraGNN lives in .venv)
@@ -87,6 +90,51 @@ demo-nequip: venv-nequip
 
 bench-nequip: venv-nequip
 	OMP_NUM_THREADS=1 $(PY_NEQUIP) -m benchmarks.nequip_train
+
+# HydraGNN from source (its MACE stack, MACEStack): .venv-hydragnn/, beside .venv/ where HydraGNN 3.0 lives
+# (the two cannot share the name `hydragnn`). Made from what no registry serves, in $(HYDRAGNN_DEPS)
+# (../shared/deps beside the checkout, as in CI): HydraGNN's source tarball, unpacked and put on the path
+# with a .pth file (its setup.py leaves subpackages out of a wheel), and a torch-scatter wheel built for
+# torch $(TORCH_VERSION)+cpu / CPython 3.11. Then e3nn 0.5.1 (HydraGNN's pin; mace is not installed
+# here) and vesin from the index. Without $(HYDRAGNN_DEPS) the targets say so and do nothing.
+HYDRAGNN_DEPS ?= ../shared/deps
+HYDRAGNN_TARBALL = $(firstword $(wildcard $(HYDRAGNN_DEPS)/HydraGNN-*.tar.gz))
+TORCH_SCATTER_WHEEL = $(firstword $(wildcard $(HYDRAGNN_DEPS)/torch_scatter-*.whl))
+HYDRAGNN_E3NN ?= 0.5.1
+VENV_HG := .venv-hydragnn
+PY_HG := $(VENV_HG)/bin/python
+PIP_HG := $(PY_HG) -m pip --disable-pip-version-check
+STAMP_HG := $(VENV_HG)/.cfm-installed
+# the HydraGNN-from-source tests (the MACE stack fused, trained under mpirun, its benchmark's plumbing)
+HG_SRC_TESTS := tests/adapters/hydragnn/test_interaction.py tests/adapters/hydragnn/test_adapter_mace.py tests/adapters/hydragnn/test_loader.py
+
+ifeq ($(HYDRAGNN_TARBALL),)
+venv-hydragnn-src test-hydragnn-src bench-hydragnn-src:
+	@echo "$(HYDRAGNN_DEPS) has no HydraGNN-*.tar.gz: HydraGNN from source (MACEStack) is not installed and its tests"
+	@echo "are skipped (set HYDRAGNN_DEPS=DIR to a folder holding the tarball and the torch-scatter wheel)"
+else
+venv-hydragnn-src: $(STAMP_HG)
+
+$(STAMP_HG): $(SOURCES) $(HYDRAGNN_TARBALL) $(TORCH_SCATTER_WHEEL)
+	@test -n "$(TORCH_SCATTER_WHEEL)" || { echo "$(HYDRAGNN_DEPS) has no torch_scatter-*.whl"; exit 1; }
+	@test -x $(PY_HG) || $(PYTHON) -m venv $(VENV_HG)
+	$(PIP_HG) install -q --upgrade pip setuptools wheel
+	$(PIP_HG) install -q torch==$(TORCH_VERSION)
+	$(PIP_HG) install -q --no-build-isolation -e '.[hydragnn,mpi,test]'
+	$(PIP_HG) install -q $(TORCH_SCATTER_WHEEL) vesin e3nn==$(HYDRAGNN_E3NN)
+	rm -rf $(VENV_HG)/src && mkdir -p $(VENV_HG)/src && tar -xzf $(HYDRAGNN_TARBALL) -C $(VENV_HG)/src
+	@src=$$(cd $(VENV_HG)/src/* && pwd); site=$$($(PY_HG) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	    echo "$$src" > "$$site/hydragnn-source.pth" && echo "HydraGNN source on the path: $$src"
+	$(PY_HG) -c 'import hydragnn.models.MACEStack, torch_scatter, vesin'
+	@touch $@
+
+test-hydragnn-src: venv-hydragnn-src
+	$(PY_HG) -m pytest -q -rs $(HG_SRC_TESTS)
+
+# HydraGNN's MACE stack, epoch time on 2 ranks: stock, binpack, fused, both (under the benchmark lock)
+bench-hydragnn-src: venv-hydragnn-src
+	flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 $(PY_HG) -m benchmarks.hydragnn_mace
+endif
 
 clean:
 	rm -rf build examples/out *.egg-info cfm_plugins/*.so

@@ -1,8 +1,9 @@
 """The loader seam: HydraGNN's ``create_dataloaders`` with a cfm-plugins batch sampler.
 
-HydraGNN 3.0 (``hydragnn.preprocess.load_data.create_dataloaders(trainset, valset, testset,
-batch_size)``) builds PyG ``DataLoader``s over ``DistributedSampler``s when torch.distributed is
-initialised. :func:`make_create_dataloaders` returns a function of the same form that asks the
+HydraGNN (``hydragnn.preprocess.load_data.create_dataloaders(trainset, valset, testset,
+batch_size)``; the source adds keyword arguments, :data:`SOURCE_KEYWORDS`) builds PyG
+``DataLoader``s over ``DistributedSampler``s when torch.distributed is initialised.
+:func:`make_create_dataloaders` returns a function of the same form that asks the
 ``cfm_batch_sampler`` hook for each split's batch sampler (``train`` shuffled and re-packed every
 epoch, ``valid``/``test`` in a fixed plan) and builds the same PyG loader with it; without a
 sampler from the hooks it calls HydraGNN's own.
@@ -68,6 +69,27 @@ def balanced_loader(loader_cls, dataset, role: str, session, **loader_kwargs):
     return loader
 
 
+#: keyword arguments of the source's ``create_dataloaders`` (after ``batch_size``) and the values
+#: binpack serves: the shuffle flags (the plan orders the batches: training re-packed every epoch,
+#: evaluation fixed), no process group of HydraGNN's own, no oversampling. ``batching`` (HydraGNN's
+#: own node-budget batching) is replaced by binpack, and said.
+SOURCE_KEYWORDS = ("train_sampler_shuffle", "val_sampler_shuffle", "test_sampler_shuffle", "group",
+                   "oversampling", "num_samples", "batching")
+_SERVED = {"group": (None,), "oversampling": (False,), "num_samples": (None,)}
+
+
+def unserved_arguments(args, kwargs) -> list[str]:
+    """The arguments of a ``create_dataloaders`` call that binpack's loaders cannot honour."""
+    named = dict(zip(SOURCE_KEYWORDS, args))
+    bad = [repr(a) for a in args[len(SOURCE_KEYWORDS):]]
+    for name, value in {**named, **kwargs}.items():
+        if name not in SOURCE_KEYWORDS:
+            bad.append(f"{name}={value!r}")
+        elif name in _SERVED and value not in _SERVED[name]:
+            bad.append(f"{name}={value!r}")
+    return bad
+
+
 def make_create_dataloaders(stock_create, loader_cls, session):
     """A drop-in for HydraGNN's ``create_dataloaders`` that uses the plugins' batch sampler."""
 
@@ -75,10 +97,15 @@ def make_create_dataloaders(stock_create, loader_cls, session):
         import torch.distributed as tdist
 
         session.trainer = dataclasses.replace(session.trainer, batch_size=int(batch_size))
-        if args or kwargs:  # a later HydraGNN with more arguments: keep its own behaviour
-            log.warning("create_dataloaders called with arguments this adapter does not know (%s); "
-                        "HydraGNN's own loaders are used", ", ".join([*map(repr, args), *kwargs]))
+        bad = unserved_arguments(args, kwargs)
+        if bad:  # an argument binpack cannot honour (or a later HydraGNN's): keep HydraGNN's behaviour
+            log.warning("create_dataloaders called with arguments binpack's loaders do not serve (%s); "
+                        "HydraGNN's own loaders are used", ", ".join(bad))
             return stock_create(trainset, valset, testset, batch_size, *args, **kwargs)
+        batching = dict(zip(SOURCE_KEYWORDS, args), **kwargs).get("batching")
+        if batching and batching.get("mode", "fixed") != "fixed":
+            log.warning("HydraGNN's Training.Batching (mode %r) is replaced by binpack's batches: set binpack's "
+                        "max_tokens/cost instead, or leave binpack out to use HydraGNN's", batching.get("mode"))
         if not tdist.is_initialized():
             log.warning("torch.distributed is not initialised: HydraGNN's own (shuffled) loaders are used")
             return stock_create(trainset, valset, testset, batch_size)

@@ -1,8 +1,9 @@
-"""Where cfm-plugins meets HydraGNN 3.0 without forking it.
+"""Where cfm-plugins meets HydraGNN (3.0 from PyPI, or its source with the MACE stack) without forking it.
 
 A HydraGNN training script (HydraGNN's examples, ``hydragnn.run_training``) calls three HydraGNN
 functions that decide what this adapter changes. Each is replaced in every ``hydragnn`` module
-that holds it (``hydragnn.utils`` re-exports them by value), for this run only:
+that holds it (3.0's ``hydragnn.utils`` and the source's ``hydragnn.utils.distributed`` package
+re-export them by value), for this run only:
 
 =========================  =====================================================================
 HydraGNN function          what the replacement does
@@ -13,9 +14,11 @@ HydraGNN function          what the replacement does
 ``create_dataloaders``     train/validation/test loaders over the ``cfm_batch_sampler``
                            (binpack) with costs from the PyG graphs (see :mod:`.loader`)
 ``get_distributed_model``  ``cfm_patch_model`` (with ``fused``: MACE-style modules found by
-                           their layout are swapped, or the plugin says once that the stack has
+                           their layout are swapped, HydraGNN's MACE interaction blocks whole,
+                           :mod:`.interaction`; or the plugin says once that the stack has
                            none); then HydraGNN's DDP wrapping; with ``step_log``: attaches the
-                           step timer (see :mod:`.steplog`)
+                           step timer (see :mod:`.steplog`). The source's
+                           ``distributed_model_wrapper`` calls it too.
 =========================  =====================================================================
 
 With ``step_log=PATH`` a :class:`~.steplog.StepTracer` joins HydraGNN's tracer list.
@@ -23,10 +26,26 @@ With ``step_log=PATH`` a :class:`~.steplog.StepTracer` joins HydraGNN's tracer l
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
 log = logging.getLogger("cfm_plugins.hydragnn")
+
+#: HydraGNN's tracer module: 3.0 has it in ``hydragnn.utils``, the source in ``profiling_and_tracing``
+TRACER_MODULES = ("hydragnn.utils.profiling_and_tracing.tracer", "hydragnn.utils.tracer")
+
+
+def tracer_module():
+    """HydraGNN's tracer module (start/stop regions and ``__tracer_list__``) of the installed version."""
+    for name in TRACER_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError(f"HydraGNN has none of the tracer modules {', '.join(TRACER_MODULES)}: "
+                      "step_log needs HydraGNN's tracer")
+
 
 def _holders(name: str, stock) -> list:
     """Every loaded hydragnn module that holds ``stock`` under ``name``."""
@@ -71,7 +90,6 @@ def install(session) -> callable:
     import hydragnn  # noqa: F401  (loads every module that re-exports the seams)
     import hydragnn.preprocess.load_data as load_data
     import hydragnn.utils.distributed as hdist
-    import hydragnn.utils.tracer as tr
 
     config, dist = session.config, session.dist
     stock = {"setup_ddp": hdist.setup_ddp, "get_distributed_model": hdist.get_distributed_model,
@@ -81,9 +99,14 @@ def install(session) -> callable:
     if config.get("step_log"):
         from cfm_plugins_adapters.hydragnn.steplog import StepTracer
 
+        tr = tracer_module()
         tracer = StepTracer(config.get("step_log", type=str), dist.rank)
         tr.__tracer_list__["cfm_plugins.StepTracer"] = tracer
 
+    if config.is_enabled("fused"):
+        from cfm_plugins_adapters.hydragnn.interaction import register_form
+
+        register_form()  # HydraGNN's MACE interaction blocks: product and scatter fused (see .interaction)
     replacement = {
         "setup_ddp": make_setup_ddp(stock["setup_ddp"], dist),
         "get_distributed_model": make_get_distributed_model(stock["get_distributed_model"], session, tracer),

@@ -1,6 +1,7 @@
 """Per-step timings of HydraGNN training from HydraGNN's own trace regions (option ``step_log=PATH``).
 
-HydraGNN's ``train`` loop marks every step with its tracer (``hydragnn.utils.tracer``):
+HydraGNN's ``train`` loop marks every step with its tracer (``hydragnn.utils.tracer`` in 3.0,
+``hydragnn.utils.profiling_and_tracing.tracer`` in its source):
 ``tr.start("forward")`` / ``tr.stop("forward")`` around data transfer, model and loss,
 ``"backward"`` around ``loss.backward()`` and ``"opt_step"`` around the optimizer step, and
 enables the tracer only while it trains. :class:`StepTracer` is one more tracer in HydraGNN's

@@ -11,8 +11,10 @@ This module makes such a list with ASE alone (no download):
   load imbalance).
 
 Every structure is rattled and labelled with ASE's EMT calculator (it has parameters for H, C,
-N, O and these metals). Targets: the EMT energy per atom (graph head, eV/atom). Node features:
-the atomic number. Edges: every neighbour within ``radius`` (ASE's neighbour list), at most
+N, O and these metals). Targets: the EMT energy per atom (graph head, eV/atom); with
+``forces=True`` (an interatomic potential, HydraGNN's ``enable_interatomic_potential``) the
+total energy (``energy`` and ``y``, eV) and the EMT forces (``forces``, eV/A) instead. Node
+features: the atomic number. Edges: every neighbour within ``radius`` (ASE's neighbour list), at most
 ``max_neighbours`` nearest per atom, as HydraGNN's ``RadiusGraph`` does; edges are computed
 here because PyG's ``radius_graph`` needs torch-cluster, which has no wheels for every torch.
 
@@ -94,8 +96,10 @@ def _edges(atoms, radius: float, max_neighbours: int) -> np.ndarray:
     return np.stack([j[keep], i[keep]]).astype(np.int64)
 
 
-def to_graph(atoms, radius: float, max_neighbours: int):
-    """One PyG graph with the EMT energy per atom as its target."""
+def to_graph(atoms, radius: float, max_neighbours: int, forces: bool = False):
+    """One PyG graph with the EMT energy per atom as its target, or (``forces``) with the total
+    energy and the forces, the fields HydraGNN's interatomic-potential loss reads (``energy``,
+    ``forces``; ``y`` is the total energy too)."""
     import torch
     from ase.calculators.emt import EMT
     from torch_geometric.data import Data
@@ -104,13 +108,18 @@ def to_graph(atoms, radius: float, max_neighbours: int):
     atoms.calc = EMT()
     energy = float(atoms.get_potential_energy())
     z = torch.tensor(atoms.get_atomic_numbers(), dtype=torch.float32).view(-1, 1)
-    return Data(
+    graph = Data(
         x=z,
         pos=torch.tensor(atoms.positions, dtype=torch.float32),
         edge_index=torch.from_numpy(_edges(atoms, radius, max_neighbours)),
         y=torch.tensor([energy / len(atoms)], dtype=torch.float32),
         num_nodes=len(atoms),
     )
+    if forces:
+        graph.y = torch.tensor([energy], dtype=torch.float32)
+        graph.energy = torch.tensor([energy], dtype=torch.float32)
+        graph.forces = torch.tensor(atoms.get_forces(), dtype=torch.float32)
+    return graph
 
 
 def make_structures(n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 300,
@@ -135,7 +144,7 @@ def make_structures(n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 
 
 
 def make_dataset(n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 300, radius: float = 5.0,
-                 max_neighbours: int = 20) -> list:
+                 max_neighbours: int = 20, forces: bool = False) -> list:
     """``n`` labelled PyG graphs (:func:`make_structures`, then :func:`to_graph`); the same list for the same arguments."""
-    return [to_graph(a, radius, max_neighbours) for a in make_structures(n, seed, min_atoms, max_atoms)]
+    return [to_graph(a, radius, max_neighbours, forces) for a in make_structures(n, seed, min_atoms, max_atoms)]
 

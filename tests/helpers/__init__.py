@@ -7,6 +7,8 @@ need that trainer, so that importing this package imports none.
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import subprocess
 from pathlib import Path
 
@@ -16,7 +18,17 @@ from cfm_plugins.testing import BIN, clean_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["ROOT", "BIN", "clean_env", "mpirun_cmd", "run_mpi"]
+__all__ = ["ROOT", "BIN", "clean_env", "load_example", "mpirun_cmd", "run_mpi"]
+
+
+@functools.lru_cache(maxsize=None)
+def load_example(relpath: str):
+    """An example script (``examples/<relpath>``) as a module: examples are run as scripts, not installed."""
+    path = ROOT / "examples" / relpath
+    spec = importlib.util.spec_from_file_location("example_" + relpath.replace("/", "_").removesuffix(".py"), path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def mpirun_cmd(np: int = 2) -> list[str]:

@@ -1,23 +1,13 @@
 """examples/hydragnn/demo.py: its --cost calibrated fit of the stock run's step timings."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT
-
-
-def _load_example(name):
-    """An example script as a module (it is run as a script, not installed)."""
-    path = ROOT / "examples" / "hydragnn" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"hydragnn_example_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.helpers import load_example
 
 
 def _write_steps(path: Path, records: list[dict]) -> str:
@@ -31,7 +21,7 @@ def test_demo_calibration_fits_the_step_times_with_nonnegative_coefficients(tmp_
     """demo.py --cost calibrated: time = c0 + a*atoms + b*edges fitted on the stock run's steps,
     used as atoms + (b/a)*edges; a count that does not add time is dropped instead of getting a
     negative weight."""
-    demo = _load_example("demo")
+    demo = load_example("hydragnn/demo.py")
     rng = np.random.default_rng(0)
     atoms = rng.integers(50, 600, 80)
     edges = atoms * 16 + rng.integers(-2000, 2000, 80)  # nearly collinear, as in random batches
