@@ -11,9 +11,9 @@ it. The hooks are grouped by the phase of a run in which they are called:
 3. **Trainer run** (every rank): :func:`cfm_before_trainer`, :func:`cfm_trainer_settings`,
    :func:`cfm_after_trainer`.
 4. **Data** (called by adapters when the trainer builds its loaders): :func:`cfm_graph_sizes`,
-   :func:`cfm_needs_edges`, :func:`cfm_batch_sampler`.
+   :func:`cfm_needs_edges`, :func:`cfm_batch_sampler`, :func:`cfm_batch_budget`.
 5. **Model** (called by adapters around model construction and saving): :func:`cfm_patch_model`,
-   :func:`cfm_unpatch_model`.
+   :func:`cfm_static_forward`, :func:`cfm_unpatch_model`.
 
 Every hook that gets ``config`` can reach the others through ``config.pm.hook``: the
 configuration carries the plugin manager, there is no process-wide session.
@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the types of the hook arguments, for readers and type check
     from cfm_plugins.distributed import DistInfo
     from cfm_plugins.options import Option, TrainerSettings
     from cfm_plugins.sizes import GraphSizes
+    from cfm_plugins.static.forward import ModelSpec
 
 PROJECT = "cfm_plugins"
 
@@ -162,6 +163,20 @@ def cfm_batch_sampler(dataset, sizes: GraphSizes, config: Config, dist: DistInfo
     """
 
 
+@hookspec(firstresult=True)
+def cfm_batch_budget(batch_sampler, sizes: GraphSizes, config: Config, dist: DistInfo, role: str):
+    """The budget every batch of ``batch_sampler`` is padded to, or ``None`` to leave batches as they are.
+
+    Called by an adapter after :func:`cfm_batch_sampler`, with the same ``sizes`` (edge counts
+    included when a plugin's :func:`cfm_needs_edges` asked for them) and ``role``. The ``static``
+    feature returns a :class:`cfm_plugins.static.budget.BudgetTracker` whose budget (atoms, edges,
+    graphs) covers the bins of the first epochs' plans; the adapter pads each batch to
+    ``tracker.fit(atoms, edges, graphs)`` with inert pad graphs (a batch over the budget raises it,
+    logged, never truncated) and gives the model the real sizes beside the padded batch (see
+    :func:`cfm_static_forward`).
+    """
+
+
 # --- 5. model ------------------------------------------------------------------------------------
 
 @hookspec
@@ -174,6 +189,18 @@ def cfm_patch_model(model, config: Config):
     its ``fused_kernels`` option with the kernel table (:mod:`cfm_plugins.ops.kernel_table`) and
     returns a :class:`cfm_plugins.ops.patching.PatchReport`; a kernel that finds no module in the
     model is reported in the log, never dropped silently.
+    """
+
+
+@hookspec(firstresult=True)
+def cfm_static_forward(model, config: Config, spec: ModelSpec):
+    """Install the forward that runs padded batches and compiles (or ``None`` where no plugin does).
+
+    Every adapter calls this after :func:`cfm_patch_model`, with the
+    :class:`cfm_plugins.static.forward.ModelSpec` of its trainer's models (which outputs are per
+    graph, per atom, per edge; what a model needs around a compiled call). The ``static`` feature
+    installs a :class:`cfm_plugins.static.forward.StaticForward` as ``model.forward``, compiled per
+    its ``compile`` option, and returns it; :func:`cfm_unpatch_model` takes it off (before pickling).
     """
 
 

@@ -5,6 +5,8 @@ sampler=..., shuffle=..., drop_last=...)`` for the per-head, training, validatio
 loaders, looking the name up at call time. :func:`make_dataloader_factory` returns a callable of
 the same form that asks the ``cfm_batch_sampler`` hook for a batch sampler and builds mace's own
 DataLoader with it (same collation), or falls back to the stock call when no plugin offers one.
+Where a plugin gives a ``cfm_batch_budget`` (``static``), the loader's collate function pads every
+batch to it (:class:`cfm_plugins.static.mace.PaddingCollater`).
 """
 from __future__ import annotations
 
@@ -129,8 +131,20 @@ def batch_sampler_for(hook, dataset, sizes, config, dist, role, trainer):
                          f"on {dist.world_size} rank(s): {err} (the capacity is --cfm-max-tokens)") from err
 
 
-def make_dataloader_factory(stock_loader_cls, session):
-    """A drop-in for ``torch_geometric.dataloader.DataLoader`` that uses the plugins' sampler."""
+def pad_batches(loader, hook, batch_sampler, sizes, config, dist, role, pad_distance):
+    """With a ``cfm_batch_budget`` (the ``static`` feature), make ``loader`` pad every batch to it."""
+    tracker = hook.cfm_batch_budget(batch_sampler=batch_sampler, sizes=sizes, config=config, dist=dist, role=role)
+    if tracker is not None:
+        from cfm_plugins.static.mace import PaddingCollater
+
+        loader.collate_fn = PaddingCollater(loader.collate_fn, tracker, pad_distance())
+    return loader
+
+
+def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0):
+    """A drop-in for ``torch_geometric.dataloader.DataLoader`` that uses the plugins' sampler (and
+    pads its batches to a budget where a plugin gives one; ``pad_distance()``: the pad edges' length,
+    more than the model's cutoff)."""
     def DataLoader(dataset, batch_size=1, shuffle=False, sampler=None, drop_last=False, **kwargs):
         hook, config, dist = session.hook, session.config, session.dist
         role = guess_role(dataset, shuffle, sampler, kwargs)
@@ -143,6 +157,9 @@ def make_dataloader_factory(stock_loader_cls, session):
         if sizes is not None:
             batch_sampler = batch_sampler_for(hook, dataset, sizes, config, dist, role, session.trainer)
         if batch_sampler is None:
+            if hook.cfm_batch_budget.get_hookimpls():
+                log.warning("%s loader: no batch sampler for %s, so its batches are not padded to a budget (the "
+                            "compiled model sees their own shapes)", role, type(dataset).__name__)
             return stock_loader_cls(dataset=dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
                                     drop_last=drop_last, **kwargs)
         if drop_last:
@@ -157,6 +174,7 @@ def make_dataloader_factory(stock_loader_cls, session):
 
             sampler.set_epoch = set_epoch
         kwargs.pop("generator", None)
-        return stock_loader_cls(dataset=dataset, batch_sampler=wrapped, **kwargs)
+        loader = stock_loader_cls(dataset=dataset, batch_sampler=wrapped, **kwargs)
+        return pad_batches(loader, hook, batch_sampler, sizes, config, dist, role, pad_distance)
 
     return DataLoader

@@ -11,14 +11,19 @@ name in run_train      what the replacement does
                        several ranks turns ``--distributed`` on if it was not given
 ``torch_geometric``    a stand-in whose ``dataloader.DataLoader`` builds loaders with the
                        ``cfm_batch_sampler`` (binpack) for training, validation and test
-``configure_model``    calls mace's, then ``cfm_patch_model`` (fused kernels) before DDP wraps it
+``configure_model``    calls mace's, then ``cfm_patch_model`` (fused kernels) and
+                       ``cfm_static_forward`` (padded batches, compile) before DDP wraps it
 ``DDP``                DistributedDataParallel with ``device_ids=None`` for CPU models
-``deepcopy``           the copy mace pickles as ``.model`` is un-patched: a stock model file
+``deepcopy``           the copy mace pickles as ``.model`` is un-patched (``cfm_unpatch_model``): a
+                       stock model file
 =====================  =========================================================================
 
 With the option ``step_log=PATH``, ``mace.tools.train.take_step`` is wrapped to record each
 step (see :mod:`.steplog`). With binpack, ``mace.tools.train.train_one_epoch`` is wrapped to
 tell the training sampler which epoch mace trains (resumes included, see :mod:`.loader`).
+With the ``static`` feature (a ``cfm_static_forward`` hook), the loaders pad their batches
+(``cfm_batch_budget``) and the model is built without e3nn's TorchScript code generation (dynamo
+cannot trace TorchScript; see :mod:`cfm_plugins.static.mace`).
 
 :func:`install` puts them in place and returns an undo callable; nothing else is changed.
 """
@@ -46,15 +51,19 @@ def install(config) -> callable:
     import mace.cli.run_train as rt
 
     from cfm_plugins.ops.patching import is_patched
+    from cfm_plugins.static.forward import installed
 
     saved = {name: getattr(rt, name) for name in ("init_distributed", "torch_geometric", "configure_model", "DDP", "deepcopy")}
     stock_init, stock_tg, stock_configure, stock_ddp = (
         saved["init_distributed"], saved["torch_geometric"], saved["configure_model"], saved["DDP"])
     state = Session(config)
     hook, dist = state.hook, state.dist
+    static = bool(hook.cfm_static_forward.get_hookimpls())
+    r_max = []  # mace's --r_max, once parsed: pad edges are twice as long
 
     def init_distributed(args):
         state.trainer = trainer_settings(args)
+        r_max.append(float(args.r_max))
         hook.cfm_trainer_settings(config=config, trainer=state.trainer)
         if dist.world_size == 1:
             return stock_init(args)
@@ -71,7 +80,8 @@ def install(config) -> callable:
     if hook.cfm_batch_sampler.get_hookimpls():  # a feature offers batch samplers (binpack)
         from cfm_plugins_adapters.mace.loader import follow_mace_epochs, make_dataloader_factory
 
-        loader_factory = make_dataloader_factory(stock_tg.dataloader.DataLoader, state)
+        loader_factory = make_dataloader_factory(stock_tg.dataloader.DataLoader, state,
+                                                 pad_distance=lambda: 2.0 * max(r_max[-1], 1.0))
         undo_epochs = follow_mace_epochs()
     tg = types.SimpleNamespace(dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg) \
         if loader_factory else stock_tg
@@ -89,8 +99,17 @@ def install(config) -> callable:
         mace_train.take_step = step_log.wrap_take_step(saved_take_step)
 
     def configure_model(*args, **kwargs):
-        model, output_args = stock_configure(*args, **kwargs)
-        hook.cfm_patch_model(model=model, config=config)
+        if not static:
+            model, output_args = stock_configure(*args, **kwargs)
+            hook.cfm_patch_model(model=model, config=config)
+        else:
+            from cfm_plugins.static import mace as static_mace
+
+            with static_mace.e3nn_codegen_off():
+                model, output_args = stock_configure(*args, **kwargs)
+            model = static_mace.without_torchscript(model)
+            hook.cfm_patch_model(model=model, config=config)
+            hook.cfm_static_forward(model=model, config=config, spec=static_mace.MACE_SPEC)
         if step_log is not None:
             step_log.attach(model)
         return model, output_args
@@ -104,7 +123,7 @@ def install(config) -> callable:
         if hasattr(out, "modules"):
             if step_log is not None:
                 step_log.detach_copy(out)
-            if is_patched(out):
+            if is_patched(out) or installed(out) is not None:
                 hook.cfm_unpatch_model(model=out, config=config)
         return out
 

@@ -1,14 +1,17 @@
 """``CFMCalculator``: mace's ASE calculator with the fused cfm-plugins kernels swapped in.
 
 It is :class:`mace.calculators.MACECalculator` (same arguments, same data conversion, neighbour
-lists, committee and unit handling, same results), with three differences:
+lists, committee and unit handling, same results), with four differences:
 
 - models are loaded by :mod:`cfm_plugins.calculators.loading` (clear errors for a missing file, a
   checkpoint or state_dict, some other module, a CUDA device without CUDA);
 - after mace has moved them to ``device`` and converted them to ``default_dtype``, each model is
   patched in place with :func:`cfm_plugins.ops.patching.patch_model` (``kernels=`` chooses what to
   fuse; ``fused=False`` keeps the stock modules, to compare);
-- :meth:`CFMCalculator.get_properties_batch` evaluates many structures in one model call.
+- :meth:`CFMCalculator.get_properties_batch` evaluates many structures in one model call;
+- ``static_shapes=True`` pads every evaluation to a budget of atoms and edges that grows in steps
+  (each re-budget logged), and ``compile=`` compiles the model's forward with forces once per budget
+  (:mod:`cfm_plugins.static`): in MD the edge count changes every step, the shape does not.
 
 This module imports mace; ``cfm_plugins.calculators`` imports it only when ``CFMCalculator`` is
 first used.
@@ -51,6 +54,15 @@ class CFMCalculator(MACECalculator):
             file runs) into copies of ``architecture``; a whole pickled model is a clear error.
         architecture: with ``weights_only=True``, a MACE model of the same configuration as the
             weights (or a callable returning one); it is copied, not modified.
+        compile: ``"off"`` (default), ``"default"``, ``"max-autotune"`` or ``"reduce-overhead"``
+            (CUDA graphs; GPUs only): ``torch.compile`` of the model's forward with forces, fused
+            kernels inside, one graph per shape (a model holding TorchScript is rebuilt from its
+            configuration first, weights kept). Not mace's ``compile_mode``, which rebuilds the model
+            without the fused kernels. ``compile_backend="aot_eager"`` runs the captured graphs without
+            code generation (tests, debugging).
+        static_shapes: pad every evaluation to a budget of atoms, edges and graphs (default: on
+            when compiling). The budget starts at the first structure's size plus
+            ``budget_headroom`` and grows in steps, with a log line each time.
 
     ``default_dtype`` defaults to ``"float64"``; a model of another dtype is converted to it (as
     MACECalculator does) with a warning. ``default_dtype=""`` keeps the model's dtype.
@@ -70,6 +82,10 @@ class CFMCalculator(MACECalculator):
         compile_mode=None,
         weights_only: bool = False,
         architecture=None,
+        compile: str = "off",
+        compile_backend: str = "inductor",
+        static_shapes: bool | None = None,
+        budget_headroom: float = 0.05,
         **kwargs,
     ):
         from cfm_plugins.ops.kernel_table import check_kernels
@@ -82,7 +98,15 @@ class CFMCalculator(MACECalculator):
         if kernels and compile_mode is not None:
             raise NotImplementedError(
                 "compile_mode with the fused kernels is not supported: mace's compile path rebuilds the model "
-                "from its configuration and would drop the fused modules; use fused=False for mace's compile")
+                "from its configuration and would drop the fused modules; use compile='default' (ours, fused "
+                "kernels inside) or fused=False for mace's compile")
+        from cfm_plugins.static.forward import check_compile_mode
+
+        check_compile_mode(compile, device, compile_backend)
+        if compile != "off" and compile_mode is not None:
+            raise ValueError("give compile= (cfm-plugins) or compile_mode= (mace's), not both")
+        if budget_headroom < 0:
+            raise ValueError(f"budget_headroom={budget_headroom!r} must be >= 0")
         if (model_paths is None) == (models is None):
             raise ValueError("give exactly one of model_paths (MACE model files) or models (loaded modules)")
         check_device(device)
@@ -110,7 +134,31 @@ class CFMCalculator(MACECalculator):
                          compile_mode=compile_mode, **kwargs)
         self.kernels = kernels
         self.fused = bool(kernels)
+        self.compile = compile
+        self.static_shapes = (compile != "off") if static_shapes is None else bool(static_shapes)
+        if compile != "off":
+            self._without_torchscript()
         self.patch_reports = [self._patch(model) for model in self.models]
+        self.budget = None  # the BudgetTracker of the padded evaluations (static_shapes), made at the first one
+        self.budget_headroom = float(budget_headroom)
+        if compile != "off" or self.static_shapes:
+            from cfm_plugins.static import mace as static_mace
+            from cfm_plugins.static.forward import install
+
+            for model in self.models:
+                install(model, static_mace.MACE_SPEC, compile=compile, dynamic=False if self.static_shapes else None,
+                        backend=compile_backend)
+
+    def _without_torchscript(self) -> None:
+        """Compiling needs models without TorchScript (e3nn's code generation): rebuild those that hold it."""
+        from cfm_plugins.static.mace import holds_torchscript, without_torchscript
+
+        for i, model in enumerate(self.models):
+            if holds_torchscript(model):
+                log.info("CFMCalculator: rebuilding model %d without TorchScript modules so it can be compiled", i)
+                self.models[i] = without_torchscript(model)
+                for p in self.models[i].parameters():
+                    p.requires_grad = False
 
     def _patch(self, model):
         from cfm_plugins.ops.patching import PatchReport, patch_model
@@ -128,7 +176,8 @@ class CFMCalculator(MACECalculator):
 
     # ------------------------------------------------------------------------- batches
     def _atoms_list_to_batch(self, atoms_list):
-        """One torch_geometric batch of all structures (mace's own conversion and neighbour list)."""
+        """One torch_geometric batch of all structures (mace's own conversion and neighbour list),
+        padded to the calculator's budget with ``static_shapes``."""
         self.arrays_keys.update({self.charges_key: "charges"})
         keyspec = mace_data.KeySpecification(info_keys=self.info_keys, arrays_keys=self.arrays_keys)
         with torch_tools.default_dtype(self.default_dtype):
@@ -138,7 +187,34 @@ class CFMCalculator(MACECalculator):
                     z_table=self.z_table, cutoff=self.r_max, heads=self.available_heads)
                 for atoms in atoms_list
             ]
-        return torch_geometric.Batch.from_data_list(graphs).to(self.device)
+        if not self.static_shapes:
+            return torch_geometric.Batch.from_data_list(graphs).to(self.device)
+        return self._padded(graphs).to(self.device)
+
+    def _padded(self, graphs):
+        """``graphs`` as one :class:`~cfm_plugins.static.mace.PaddedBatch` in the models' dtype, padded to
+        the budget (made from the first batch, raised in steps by a larger one, logged)."""
+        from cfm_plugins.static.budget import BudgetTracker, budget_for
+        from cfm_plugins.static.mace import PaddingCollater, batch_sizes
+
+        if self.budget is None:
+            self.budget = BudgetTracker(budget_for(*batch_sizes(graphs), self.budget_headroom), self.budget_headroom,
+                                        "CFMCalculator")
+            log.info("CFMCalculator: static shapes, evaluations padded to %s", self.budget.budget)
+        dtype = next(self.models[0].parameters()).dtype
+        collate = PaddingCollater(torch_geometric.Batch.from_data_list, self.budget, 2.0 * max(float(self.r_max), 1.0))
+        batch = collate(graphs)
+        for key in batch.padded.keys:  # mace converts the batch's floats to the model's dtype key by key:
+            value = batch.padded[key]  # do it on the padded tensors, so that conversion finds nothing to do
+            if torch.is_tensor(value) and torch.is_floating_point(value):
+                batch.padded[key] = value.to(dtype)
+        return batch.remake_views()
+
+    def _atoms_to_batch(self, atoms):
+        """mace's conversion of one structure (``calculate``), padded with ``static_shapes``."""
+        if not self.static_shapes:
+            return super()._atoms_to_batch(atoms)
+        return self._atoms_list_to_batch([atoms])
 
     def _evaluate_batch(self, atoms_list) -> list[dict]:
         batch = self._atoms_list_to_batch(atoms_list)

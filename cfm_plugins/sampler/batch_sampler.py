@@ -156,15 +156,20 @@ class BinPackBatchSampler(Sampler):
         self._verified_key = self._plan_key
 
     # -- the plan ------------------------------------------------------------------------------
-    def _pack_seed(self):
-        return self.seed + self.epoch if self.shuffle else None
+    def _pack_seed(self, epoch: int | None = None):
+        return self.seed + (self.epoch if epoch is None else int(epoch)) if self.shuffle else None
+
+    def packing_of_epoch(self, epoch: int) -> Packing:
+        """The (global) packing of epoch ``epoch``, before ``drop_last``, without changing the sampler's
+        epoch: what the epochs ahead will hold (padded batches size their budget from it)."""
+        return pack(self.costs, self.capacity, self.world_size, seed=self._pack_seed(epoch), oversize=self.oversize,
+                    evaluation=self.evaluation)
 
     def plan(self) -> Packing:
         """The (global) packing of the current epoch, after ``drop_last``."""
         key = (self._pack_seed(), self.epoch if self.shuffle else None)
         if self._plan is None or self._plan_key != key:
-            p = pack(self.costs, self.capacity, self.world_size, seed=self._pack_seed(), oversize=self.oversize,
-                     evaluation=self.evaluation)
+            p = self.packing_of_epoch(self.epoch)
             if self.drop_last:
                 p = self._drop_underfilled(p)
             self._plan, self._plan_key = p, key
