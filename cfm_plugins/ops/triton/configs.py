@@ -56,10 +56,10 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
                _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
     "sc_bwd2": {_F32: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
                 _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
-    "tp_segment": {_F32: [TileConfig(16, 64, 4), TileConfig(32, 64, 4), TileConfig(16, 128, 4)],
-                   _F64: [TileConfig(16, 64, 4), TileConfig(8, 64, 4)]},
-    "tp_edge": {_F32: [TileConfig(16, 64, 4), TileConfig(32, 64, 4)],
-                _F64: [TileConfig(8, 64, 4), TileConfig(16, 64, 4)]},
+    "tp_segment": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 64, 4)],
+                   _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
+    "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4)],
+                _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
     "sc_reduce": {_F32: [TileConfig(1, 512, 4)], _F64: [TileConfig(1, 512, 4)]},
 }
 
