@@ -269,6 +269,30 @@ def _weight_grad(w: Writer, value: str, atomic: bool) -> None:
         w(f"tl.store(pp, tl.load(pp, mask=cmask & again, other=0.0) + {tl_sum(value, 0)}, mask=cmask)")
 
 
+def _walk_open(w: Writer, t: SCTables, lay: _Layout, reverse: bool) -> None:
+    """Open the loop of the walk and the visit of monomial ``j``: over the pre-order (forward
+    passes), or over the enter/leave events (passes with adjoints: the caller closes the enter
+    branch with :func:`_leave_header`)."""
+    w(f"for k in range(0, {2 * t.J if reverse else t.J}):")
+    w.indent()
+    if reverse:
+        w(f"code = tl.load(tab_ptr + {lay.EV} + k)")
+        w(f"if code < {t.J}:")
+        w.indent()
+    _visit_header(w, lay, f"{lay.EV} + k" if reverse else f"{lay.PRE} + k")
+
+
+def _leave_header(w: Writer, t: SCTables, lay: _Layout) -> None:
+    """Close the enter branch of the event loop and open the leave branch: monomial ``j`` with its
+    depth ``dm1`` and last factor ``lj``."""
+    w.dedent()
+    w("else:")
+    w.indent()
+    w(f"j = code - {t.J}")
+    w(f"dm1 = tl.load(tab_ptr + {lay.DEPTH} + j) - 1")
+    w(f"lj = tl.load(tab_ptr + {lay.LAST} + j)")
+
+
 def _term_loop(w: Writer, lay: _Layout, body) -> None:
     """Loop over the terms of monomial ``j``: ``r`` (coefficient row) and ``o`` (output component)."""
     w(f"for q in range(tl.load(tab_ptr + {lay.TPTR} + j), tl.load(tab_ptr + {lay.TPTR} + j + 1)):")
@@ -314,9 +338,7 @@ def _gen_fwd(t: SCTables) -> str:
     w.indent()
     _prologue(w, t, [])
     _zeros(w, [f"acc{o}" for o in range(t.O)] + [f"P{d}" for d in range(1, D + 1)])
-    w(f"for k in range(0, {t.J}):")
-    w.indent()
-    _visit_header(w, lay, f"{lay.PRE} + k")
+    _walk_open(w, t, lay, reverse=False)
     _enter_forward(w, D, tangent=False)
 
     def term():
@@ -350,17 +372,7 @@ def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
     _zeros(w, [f"P{d}" for d in range(1, D + 1)] + [f"X{d}" for d in range(1, D + 1)])
     if need_gx:
         _zeros(w, [f"A{d}" for d in range(1, D + 1)] + [f"gx{l}" for l in range(t.L)])
-    steps = 2 * t.J if need_gx else t.J
-    w(f"for k in range(0, {steps}):")
-    w.indent()
-    if need_gx:
-        w(f"code = tl.load(tab_ptr + {lay.EV} + k)")
-        w(f"if code < {t.J}:")
-        w.indent()
-        index = f"{lay.EV} + k"
-    else:
-        index = f"{lay.PRE} + k"
-    _visit_header(w, lay, index)
+    _walk_open(w, t, lay, reverse=need_gx)
     _enter_forward(w, D, tangent=False)
     if need_gx:
         w("seed = zero")
@@ -374,12 +386,7 @@ def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
     _term_loop(w, lay, term)
     if need_gx:
         _depth_chain(w, D, lambda d: w(f"A{d} = seed"))
-        w.dedent()
-        w("else:")
-        w.indent()
-        w(f"j = code - {t.J}")
-        w(f"dm1 = tl.load(tab_ptr + {lay.DEPTH} + j) - 1")
-        w(f"lj = tl.load(tab_ptr + {lay.LAST} + j)")
+        _leave_header(w, t, lay)
 
         def leave(d):
             if d == 1:
@@ -426,17 +433,7 @@ def _gen_bwd2(t: SCTables, need_gg: bool, need_gx: bool, need_gc: bool, has_dx: 
         names += [f"AT{d}" for d in range(1, D + 1)] + [f"AP{d}" for d in range(1, D + 1)]
         names += [f"xb{l}" for l in range(t.L)]
     _zeros(w, names)
-    steps = 2 * t.J if need_gx else t.J
-    w(f"for k in range(0, {steps}):")
-    w.indent()
-    if need_gx:
-        w(f"code = tl.load(tab_ptr + {lay.EV} + k)")
-        w(f"if code < {t.J}:")
-        w.indent()
-        index = f"{lay.EV} + k"
-    else:
-        index = f"{lay.PRE} + k"
-    _visit_header(w, lay, index)
+    _walk_open(w, t, lay, reverse=need_gx)
     if has_dx:
         w(f"dl = tl.load(db + tl.load(tab_ptr + {lay.LAST} + j) * s_dl, mask=m, other=0.0)")
     _enter_forward(w, D, tangent=has_dx)
@@ -465,12 +462,7 @@ def _gen_bwd2(t: SCTables, need_gg: bool, need_gx: bool, need_gc: bool, has_dx: 
             w(f"AT{d} = st")
             w(f"AP{d} = sp")
         _depth_chain(w, D, seed)
-        w.dedent()
-        w("else:")
-        w.indent()
-        w(f"j = code - {t.J}")
-        w(f"dm1 = tl.load(tab_ptr + {lay.DEPTH} + j) - 1")
-        w(f"lj = tl.load(tab_ptr + {lay.LAST} + j)")
+        _leave_header(w, t, lay)
 
         def leave(d):
             if d == 1:  # P = x[l]; T = dx[l] has no x in it
