@@ -138,20 +138,22 @@ def _gen_segment(t: TPTables) -> str:
     w("xrow = x_ptr + src[:, None] * s_xn")
     w("wrow = w_ptr + e[:, None] * s_we")
     loaded_x = set()
-    terms: dict[int, list[str]] = {k: [] for k in outs}
     for p, pairs in enumerate(t.path_pairs):
         if not pairs:
             continue
         mask = masks[t.path_mul[p]]
         w(f"w{p} = tl.load(wrow + ({t.path_woff[p]} + cols[None, :]) * s_wd, mask={mask}, other=0.0)")
+        terms: dict[int, list[str]] = {}
         for q, (i, k, ents) in enumerate(pairs):
             if i not in loaded_x:
                 w(f"x{i} = tl.load(xrow + ({i} + cols[None, :]) * s_xd, mask={mask}, other=0.0)")
                 loaded_x.add(i)
             w(f"r{p}_{q} = ({_pair_coef(ents)})[:, None]")
-            terms[k].append(f"r{p}_{q} * x{i} * w{p}")
-    for k in outs:
-        w(f"acc{k} += {tl_sum(' + '.join(terms[k]), 0)}")
+            terms.setdefault(k, []).append(f"r{p}_{q} * x{i} * w{p}")
+        # the path's output rows take their sums here, so that its weights and CG factors die
+        # before the next path's load (all paths' live at once spilled in float64)
+        for k, parts in terms.items():
+            w(f"acc{k} += {tl_sum(' + '.join(parts), 0)}")
     w.dedent()
     w("orow = out_ptr + n * " + str(t.dim_out))
     mul_of = {k: t.path_mul[p] for p, pairs in enumerate(t.path_pairs) for _, k, _ in pairs}
