@@ -14,7 +14,8 @@ autotuning alternative (``cfm_plugins/ops/triton/configs.py``), is compiled with
 launch would specialise it (:mod:`cfm_plugins.ops.triton.aot`).
 
 Prints one row per (kernel, dtype, config, target): registers per thread (VGPRs on AMD), spill
-bytes, compile seconds. Fails (exit 1) on any compile error, or on spills above the budget in a
+bytes (to memory; on AMD the SGPRs spilled into VGPR lanes are shown apart: no memory traffic),
+compile seconds. Fails (exit 1) on any compile error, or on spills or scratch above the budget in a
 default config (``--spill-budget``, 0 bytes): alternatives may spill (autotuning on the GPU decides)
 and are reported. Writes docs/_fragments/triton_check.md unless ``--quick`` or ``--no-write``.
 """
@@ -146,11 +147,13 @@ def main(argv=None) -> int:
             reports.append((job, rep))
             status = "ok" if rep.ok else f"ERROR {rep.error}"
             print(f"{rep.kernel:28s} {rep.dtype:8s} {rep.config:20s} {rep.target:7s} regs {rep.registers!s:>4} "
-                  f"spills {rep.spill_bytes!s:>6} B  {rep.seconds:6.1f} s  {status}", flush=True)
+                  f"spills {rep.spill_bytes!s:>6} B  sgpr->vgpr {rep.sgpr_spills:>3}  {rep.seconds:6.1f} s  {status}",
+                  flush=True)
     order = {j: i for i, j in enumerate(todo)}
     reports.sort(key=lambda jr: order[jr[0]])
     errors = [r for _, r in reports if not r.ok]
-    over = [r for j, r in reports if r.ok and j.default and (r.spill_bytes or 0) > args.spill_budget]
+    over = [r for j, r in reports
+            if r.ok and j.default and max(r.spill_bytes or 0, r.scratch_bytes or 0) > args.spill_budget]
     table = _table(reports, args, time.perf_counter() - t0)
     print(table)
     if not (args.quick or args.no_write):
@@ -160,7 +163,8 @@ def main(argv=None) -> int:
     for r in errors:
         print(f"FAILED: {r.kernel} {r.dtype} {r.config} on {r.target}: {r.error}", file=sys.stderr)
     for r in over:
-        print(f"FAILED: {r.kernel} {r.dtype} {r.config} on {r.target} spills {r.spill_bytes} B (budget "
+        print(f"FAILED: {r.kernel} {r.dtype} {r.config} on {r.target} spills {r.spill_bytes} B, scratch "
+              f"{r.scratch_bytes} B (budget "
               f"{args.spill_budget} B in a default config)", file=sys.stderr)
     return 1 if errors or over else 0
 
@@ -170,13 +174,15 @@ def _table(reports, args, seconds: float) -> str:
     lines = [f"Command: `{COMMAND}` ({dt.date.today().isoformat()}, triton "
              f"{__import__('triton').__version__}, {platform.machine()}, {seconds / 60:.1f} min on a shared "
              f"{os.cpu_count()}-core machine)", "",
-             "Registers per thread (VGPRs on AMD) / spill bytes; `(alt)` = an autotuning alternative, allowed to spill.", "",
+             "Registers per thread (VGPRs on AMD) / spill bytes to memory; `+sN`: N SGPRs spilled into VGPR lanes "
+             "(AMD; no memory traffic); `(alt)` = an autotuning alternative, allowed to spill.", "",
              "| kernel | dtype | config | " + " | ".join(targets) + " |",
              "|---|---|---|" + "---|" * len(targets)]
     rows: dict = {}
     for job, rep in reports:
         key = (rep.kernel, rep.dtype, rep.config)
-        cell = f"{rep.registers} / {rep.spill_bytes}" if rep.ok else "compile error"
+        cell = (f"{rep.registers} / {rep.spill_bytes}" + (f" +s{rep.sgpr_spills}" if rep.sgpr_spills else "")
+                if rep.ok else "compile error")
         rows.setdefault(key, {})[rep.target] = cell
     for (kernel, dtype, config), cells in rows.items():
         lines.append(f"| {kernel} | {dtype} | {config} | " + " | ".join(cells.get(t, "") for t in targets) + " |")

@@ -4,7 +4,10 @@
 TTGIR, LLVM, PTX and ``ptxas`` to a cubin for NVIDIA; AMDGCN and an hsaco for AMD) without a
 driver. What it catches that the interpreter cannot: compile errors of the real code generator,
 and the register budget: ``ptxas -v`` (bundled with the triton wheel) reports registers and spill
-bytes per kernel, the AMDGCN metadata ``.vgpr_count`` and ``.vgpr_spill_count``/``.sgpr_spill_count``.
+bytes per kernel, the AMDGCN metadata ``.vgpr_count``, ``.vgpr_spill_count`` and the scratch size.
+On AMD only VGPR spills go to memory (scratch); SGPR spills go to lanes of a VGPR
+(``v_writelane``), cost a few instructions and no memory traffic: they are counted apart
+(``sgpr_spills``) and are not spills in the budget's sense.
 
 A kernel is compiled as a launch would specialise it: integer arguments equal to 1 (unit strides
 of contiguous tensors) become constants, pointers and integers divisible by 16 carry Triton's
@@ -36,8 +39,9 @@ TARGETS = {
 
 @dataclass
 class CompileReport:
-    """One compiled variant: registers per thread (VGPRs on AMD), spill bytes (stores + loads on
-    NVIDIA, spilled VGPRs+SGPRs x 4 bytes on AMD), scratch bytes, compile seconds, or the error."""
+    """One compiled variant: registers per thread (VGPRs on AMD), spill bytes to memory (stores +
+    loads on NVIDIA, spilled VGPRs x 4 bytes on AMD), scratch bytes, SGPRs spilled into VGPR lanes
+    (AMD), compile seconds, or the error."""
 
     kernel: str
     target: str
@@ -46,6 +50,7 @@ class CompileReport:
     registers: int | None = None
     spill_bytes: int | None = None
     scratch_bytes: int | None = None
+    sgpr_spills: int = 0
     seconds: float = 0.0
     error: str | None = None
 
@@ -95,14 +100,15 @@ def _nvidia_usage(log: str) -> tuple[int, int]:
     return int(regs[-1]), sum(int(a) + int(b) for a, b in spills[-1:])
 
 
-def _amd_usage(asm: str) -> tuple[int, int, int]:
+def _amd_usage(asm: str) -> tuple[int, int, int, int]:
+    """(VGPRs, VGPR spill bytes, scratch bytes, SGPRs spilled into VGPR lanes) of an AMDGCN listing."""
     def field(name):
         m = re.findall(rf"\.{name}:\s+(\d+)", asm)
         return int(m[-1]) if m else 0
 
     scratch = re.findall(r"ScratchSize:\s+(\d+)", asm)
-    return (field("vgpr_count"), 4 * (field("vgpr_spill_count") + field("sgpr_spill_count")),
-            int(scratch[-1]) if scratch else 0)
+    return (field("vgpr_count"), 4 * field("vgpr_spill_count"), int(scratch[-1]) if scratch else 0,
+            field("sgpr_spill_count"))
 
 
 def _one_line(exc: Exception) -> str:
@@ -140,7 +146,8 @@ def compile_kernel(fn, specimen: dict, blocks: dict, target: str, num_warps: int
             report.scratch_bytes = report.spill_bytes
         else:
             compiled = triton.compile(src, target=GPUTarget(backend, arch, warp), options=options)
-            report.registers, report.spill_bytes, report.scratch_bytes = _amd_usage(compiled.asm["amdgcn"])
+            (report.registers, report.spill_bytes, report.scratch_bytes,
+             report.sgpr_spills) = _amd_usage(compiled.asm["amdgcn"])
     except Exception as exc:  # the report carries it; the caller decides
         report.error = _one_line(exc)
     report.seconds = time.perf_counter() - t0
