@@ -60,7 +60,7 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
                    _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
     "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4)],
                 _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
-    "sc_reduce": {_F32: [TileConfig(1, 512, 4)], _F64: [TileConfig(1, 512, 4)]},
+    "sc_reduce": {_F32: [TileConfig(1, 512, 4)], _F64: [TileConfig(1, 512, 8)]},  # f64 w4 spilled 24 B on sm_90
 }
 
 #: Under the interpreter: one program covers as much as possible (rows up to 128, all channels

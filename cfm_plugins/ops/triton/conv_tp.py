@@ -176,19 +176,18 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool) -> str:
     w("xrow = x_ptr + snd[:, None] * s_xn")
     w("grow = g_ptr + rcv[:, None] * s_gn")
     w("wrow = w_ptr + eid[:, None] * s_we")
-    if need_w:
-        for j in t.edge_components():
-            w(f"y{j} = tl.load(y_ptr + eid * s_ye + {j} * s_yd, mask=em, other=0.0)")
-        for p, pairs in enumerate(t.path_pairs):
-            for q, (_, _, ents) in enumerate(pairs):
-                w(f"r{p}_{q} = ({_pair_coef(ents)})[:, None]")
-    gy_terms: dict[int, list[str]] = {}
+    gy_seen: set[int] = set()
     if need_y:  # edge-attribute gradients: sums over every channel tile
         for j in t.edge_components():
             w(f"gy{j} = tl.full([BLOCK_E], 0, gy_ptr.dtype.element_ty)")
     w(f"for c0 in range(0, {t.max_mul}, BLOCK_C):  # a runtime loop: one copy of the body to compile")
     w.indent()
     w("cols = c0 + tl.arange(0, BLOCK_C)")
+    if need_w:
+        # loaded per channel tile on purpose: loads after the gw stores of the previous tile cannot be
+        # hoisted out of the loop, so neither can the ~100 R_q built from them (hoisted, they spilled)
+        for j in t.edge_components():
+            w(f"y{j} = tl.load(y_ptr + eid * s_ye + {j} * s_yd, mask=em, other=0.0)")
     masks = _mask_names(w, t, "em")
     loaded = set()
     for p, pairs in enumerate(t.path_pairs):
@@ -205,19 +204,19 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool) -> str:
             if ("g", k) not in loaded:
                 w(f"g{k} = tl.load(grow + ({k} + cols[None, :]) * s_gd, mask={mask}, other=0.0)")
                 loaded.add(("g", k))
-            if need_w:
+            if need_w:  # R_q per channel tile: a few flops, no registers held across the loop
+                w(f"r{p}_{q} = ({_pair_coef(ents)})[:, None]")
                 gw_terms.append(f"r{p}_{q} * x{i} * g{k}")
-            if need_y:
+            if need_y:  # added at once: no per-pair sum stays live to the end of the tile
                 w(f"d{p}_{q} = {tl_sum(f'x{i} * g{k} * w{p}', 1)}")
                 for j, c in ents:
-                    gy_terms.setdefault(j, []).append(f"{fmt_float(c)} * d{p}_{q}")
+                    w(f"gy{j} += {fmt_float(c)} * d{p}_{q}")
+                    gy_seen.add(j)
         if need_w:
             w(f"tl.store(gw_ptr + eid[:, None] * s_gwe + {t.path_woff[p]} + cols[None, :], "
               f"{' + '.join(gw_terms)}, mask={mask})")
-    for j, parts in sorted(gy_terms.items()):
-        w(f"gy{j} += {' + '.join(parts)}")
     w.dedent()
-    for j in sorted(gy_terms):
+    for j in sorted(gy_seen):
         w(f"tl.store(gy_ptr + eid * s_gye + {j}, gy{j}, mask=em)")
     return w.text()
 
