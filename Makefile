@@ -11,8 +11,8 @@ TORCH_VERSION ?= 2.13.0
 # torch-scatter/torch-sparse, which the stacks we use do not import and which have no torch 2.13 wheels.
 HYDRAGNN_VERSION ?= 3.0
 
-.PHONY: venv demo test cuda-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn test-hydragnn \
-	venv-hydragnn-src test-hydragnn-src bench-hydragnn-src
+.PHONY: venv demo test cuda-check triton-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn \
+	test-hydragnn venv-hydragnn-src test-hydragnn-src bench-hydragnn-src
 
 venv: $(STAMP)
 
@@ -52,6 +52,12 @@ cuda-check: venv
 	CFM_PLUGINS_CUDA=1 CFM_PLUGINS_CUDA_ARCH="80;90" $(PY) setup.py -q build_ext \
 	    --build-lib build/cuda-check --build-temp build/cuda-check-tmp && \
 	ls build/cuda-check/cfm_plugins/ | grep -q _C_cuda && echo "CUDA kernels compiled and registered for sm_80 and sm_90"
+
+# Triton kernels compile ahead of time (no GPU needed) for sm_80, sm_90, gfx90a and gfx942: every generated
+# kernel of the MACE-MP-medium layer in every tile config, registers and spills printed; fails on a compile
+# error or on spills in a default config. Writes docs/_fragments/triton_check.md (~20 min on 2 busy cores).
+triton-check: venv
+	$(PY) -m benchmarks.triton_check --jobs 2
 
 # the [bench] extra (cuEquivariance, the kernels' peer) of the checkout installed in .venv, without rebuilding it
 BENCH_STAMP := $(VENV)/.cfm-bench-installed

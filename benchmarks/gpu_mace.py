@@ -25,6 +25,11 @@ Then, unless ``--no-epoch``, the epoch time of ``mace_run_train`` on the example
 stock, ``--enable_cueq=True``, and ``mpirun -np 1 cfm-run --enable mace,binpack,fused``; the time of
 the second epoch (train + validation) is read from the timestamps of mace's own "Epoch N" lines.
 
+``--backend cuda triton`` runs the ``fused`` ways once per kernel backend of the ``cfm::`` operators on
+CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Triton kernels generated
+from the same descriptors, ``cfm_plugins.ops.triton``; the epoch run passes ``-o fused_backend=...``).
+The Triton kernels have not been timed on a GPU yet: this is the command that will time them.
+
 Results go to stdout as a markdown table naming the device; with ``--device cuda`` also to
 docs/_fragments/gpu_mace.md (the figures of docs/benchmarks.md's GPU section).
 """
@@ -161,9 +166,22 @@ def measure(model, batch, e_ref, f_ref, reps: int, warmup: int, device) -> dict:
     return row
 
 
+def expand_ways(ways, backends, device) -> list[tuple[str, str | None]]:
+    """(way label, kernel backend) pairs: the fused ways once per backend on CUDA."""
+    out = []
+    for way in ways:
+        if way == "fused" and device.type == "cuda":
+            out += [(f"{way}[{b}]", b) for b in backends]
+        else:
+            out.append((way, None))
+    return out
+
+
 def step_table(args, device) -> list[str]:
     import mace  # noqa: F401
     import torch
+
+    from cfm_plugins.ops import _backend
 
     lines = ["| dtype | atoms | edges | way | inference ms | train ms | train vs stock | peak GiB (train) "
              "| max abs dF vs stock |", "|---|---|---|---|---|---|---|---|---|"]
@@ -177,9 +195,12 @@ def step_table(args, device) -> list[str]:
             f_ref = torch.as_tensor(f, dtype=dtype, device=device)
             n_edges = batch["edge_index"].shape[1]
             base = None
-            for way in args.ways:
+            for label_way, backend in expand_ways(args.ways, args.backends, device):
+                way = label_way.split("[")[0]
+                if backend is not None:
+                    _backend.set_gpu_backend(backend)
                 model = prepare(way, stock, device)
-                label = f"| {dtype_name} | {len(atoms)} | {n_edges} | {way} |"
+                label = f"| {dtype_name} | {len(atoms)} | {n_edges} | {label_way} |"
                 if isinstance(model, str):
                     lines.append(f"{label} - | - | - | - | {model} |")
                     print(lines[-1], flush=True)
@@ -236,8 +257,11 @@ def epoch_table(args, device) -> list[str]:
               f"--valid_file={files['valid']}", "--E0s=isolated", "--energy_key=REF_energy",
               "--forces_key=REF_forces", "--stress_key=REF_stress", "--seed=1", "--eval_interval=1",
               "--num_workers=0"]
-    ways = {"stock": ["mace_run_train"], "cueq": ["mace_run_train", "--enable_cueq=True"],
-            "fused+binpack": mpirun + ["cfm-run", "--enable", "mace,binpack,fused", "--", "mace_run_train"]}
+    ways = {"stock": ["mace_run_train"], "cueq": ["mace_run_train", "--enable_cueq=True"]}
+    for backend in (args.backends if device.type == "cuda" else ["cuda"]):
+        label = "fused+binpack" + (f"[{backend}]" if device.type == "cuda" else "")
+        ways[label] = mpirun + ["cfm-run", "--enable", "mace,binpack,fused", "-o", f"fused_backend={backend}", "--",
+                                "mace_run_train"]
     lines = ["| way | epoch 2 (train + validation) s | vs stock |", "|---|---|---|"]
     base = None
     env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -246,7 +270,7 @@ def epoch_table(args, device) -> list[str]:
             lines.append(f"| {way} | cuequivariance-torch not installed: pip install 'cfm-plugins[bench]' | - |")
             print(lines[-1], flush=True)
             continue
-        run = out / way.replace("+", "_")
+        run = out / way.replace("+", "_").replace("[", "_").replace("]", "")
         run.mkdir(parents=True, exist_ok=True)
         full = cmd + common + [f"--name={run.name}", f"--work_dir={run}", f"--model_dir={run}"]
         print("$", " ".join(full), flush=True)
@@ -279,6 +303,9 @@ def main(argv=None) -> int:
     p.add_argument("--atoms", type=int, nargs="+", default=[500, 4000])
     p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
     p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
+    p.add_argument("--backend", dest="backends", nargs="+", default=["cuda"], choices=["cuda", "triton"],
+                   help="kernel backends of the fused ways on CUDA: cuda (C++ CUDA kernels), triton (generated "
+                        "Triton kernels, opt-in); several give one row each")
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)

@@ -1,4 +1,4 @@
-"""The one backend chooser of the fused kernels: compiled CPU, compiled CUDA, or pure torch.
+"""The one backend chooser of the fused kernels: compiled CPU, compiled CUDA (C++ or Triton), or pure torch.
 
 The compiled kernels are torch operators ``cfm::<kernel>_<pass>`` declared in C++ (``cuda/``):
 the library ``cfm_plugins/_C*.so`` registers every operator with its CPU and Meta kernels and its
@@ -10,6 +10,13 @@ files serve a C++ program (LAMMPS) that loads them: :func:`library_paths` lists 
 (not built, built against another torch, or ``CFM_PLUGINS_FORCE_TORCH=1``) the modules run their
 pure-torch evaluation of the same descriptor; the first time that happens for a device kind, one
 warning says why and how to build.
+
+On CUDA tensors the operators' kernels are the C++ CUDA ones (``auto``, the default) or the Triton
+kernels generated from the same descriptors (``triton``: :mod:`cfm_plugins.ops.triton`, registered
+as the operators' CUDA kernels, so the modules, autograd and compiled graphs do not change). The GPU
+backend is chosen with :func:`set_gpu_backend` (the ``fused`` plugin's ``fused_backend`` option
+calls it) or ``CFM_PLUGINS_GPU_BACKEND=triton`` for any Python host. Triton is opt-in until a GPU
+has measured it; asking for it where it cannot run is an error, never a silent fallback.
 """
 from __future__ import annotations
 
@@ -39,6 +46,45 @@ _WARNED: set[str] = set()
 def disabled() -> bool:
     """``CFM_PLUGINS_FORCE_TORCH=1`` forces the pure-torch fallback (for debugging and tests)."""
     return os.environ.get("CFM_PLUGINS_FORCE_TORCH", "") == "1"
+
+
+#: GPU backends: ``auto`` (the C++ CUDA kernels where built), ``cuda`` (the same, said explicitly),
+#: ``triton`` (the generated Triton kernels as the operators' CUDA kernels)
+GPU_BACKENDS = ("auto", "cuda", "triton")
+_GPU_BACKEND: list = [None]  # set_gpu_backend's choice (None: the environment decides)
+
+
+def gpu_backend() -> str:
+    """The GPU backend in force: :func:`set_gpu_backend`'s choice, else ``CFM_PLUGINS_GPU_BACKEND``,
+    else ``auto``."""
+    name = _GPU_BACKEND[0] or os.environ.get("CFM_PLUGINS_GPU_BACKEND", "").strip().lower() or "auto"
+    if name not in GPU_BACKENDS:
+        raise ValueError(f"cfm_plugins: unknown GPU backend {name!r} (CFM_PLUGINS_GPU_BACKEND or fused_backend); "
+                         f"choose one of {', '.join(GPU_BACKENDS)}")
+    return name
+
+
+def set_gpu_backend(name: str | None) -> None:
+    """Choose the kernels of the ``cfm::`` operators on CUDA tensors for this process (``None``:
+    back to the environment). Leaving ``triton`` restores the C++ CUDA kernels."""
+    if name is not None and name not in GPU_BACKENDS:
+        raise ValueError(f"cfm_plugins: unknown GPU backend {name!r}; choose one of {', '.join(GPU_BACKENDS)}")
+    _GPU_BACKEND[0] = name
+    effective = name or os.environ.get("CFM_PLUGINS_GPU_BACKEND", "").strip().lower()  # checked when used
+    if effective != "triton":
+        from cfm_plugins.ops import triton as triton_kernels
+
+        triton_kernels.unregister("CUDA")
+
+
+def _triton_on_cuda() -> None:
+    """Register the Triton kernels as the operators' CUDA kernels (once); an error says why not."""
+    from cfm_plugins.ops import triton as triton_kernels
+
+    if not triton_kernels.registered("CUDA"):
+        triton_kernels.register("CUDA")
+        log.info("cfm_plugins: the cfm:: operators run their Triton kernels on CUDA tensors (opt-in; "
+                 "untimed on GPUs so far)")
 
 
 def _library_file(kind: str) -> Path | None:
@@ -97,6 +143,9 @@ def choose(device: torch.device) -> str:
     kind = device.type
     if kind not in _LIBS or disabled():
         return "torch"
+    if kind == "cuda" and gpu_backend() == "triton":
+        _triton_on_cuda()
+        return kind
     if load(kind):
         return kind
     if kind not in _WARNED:

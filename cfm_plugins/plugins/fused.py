@@ -3,8 +3,10 @@
 Replaces the symmetric contractions (MACE product basis) and the conv tensor products with
 scatter (message construction) by :mod:`cfm_plugins.ops` kernels, in place and state_dict
 compatible. Every trainer adapter asks for the swap through the ``cfm_patch_model`` hook, which
-walks the model with the kernel table (:mod:`cfm_plugins.ops.kernel_table`). Option
-``fused_kernels`` (declared here, read only here): which kernels.
+walks the model with the kernel table (:mod:`cfm_plugins.ops.kernel_table`). Options (declared here,
+read only here): ``fused_kernels``, which kernels; ``fused_backend``, which kernels the operators
+run on CUDA tensors (the C++ CUDA ones, or the Triton ones generated from the same descriptors:
+opt-in, untimed on GPUs so far), handed to :func:`cfm_plugins.ops._backend.set_gpu_backend`.
 """
 from __future__ import annotations
 
@@ -23,7 +25,12 @@ def cfm_declare_options():
     from cfm_plugins.options import Option
 
     return [Option("fused_kernels", str, "symmetric_contraction,conv_tp",
-                   "comma list of the kernels to swap in: symmetric_contraction, conv_tp (or a registered one)")]
+                   "comma list of the kernels to swap in: symmetric_contraction, conv_tp (or a registered one)"),
+            Option("fused_backend", str, None,
+                   "kernels of the fused operators on CUDA tensors: auto (the C++ CUDA kernels; default, or "
+                   "CFM_PLUGINS_GPU_BACKEND), cuda (the same), triton (Triton kernels generated from the same "
+                   "descriptors, NVIDIA and AMD; opt-in, not yet timed on a GPU). CPU tensors always run the "
+                   "C++ CPU kernels", ("auto", "cuda", "triton"))]
 
 
 @hookimpl
@@ -77,10 +84,20 @@ def _report(model, report, kernels) -> None:
                     ", ".join(report.missing), ",".join(kernels), what)
 
 
+def apply_backend_option(config) -> None:
+    """Hand ``fused_backend`` (when set) to the backend chooser of this process."""
+    name = config.get("fused_backend")
+    if name is not None:
+        from cfm_plugins.ops import _backend
+
+        _backend.set_gpu_backend(name)
+
+
 @hookimpl
 def cfm_patch_model(model, config):
     from cfm_plugins.ops.patching import patch_model
 
+    apply_backend_option(config)  # in the process that runs the model (every rank)
     kernels = kernels_option(config)
     report = patch_model(model, kernels)
     _report(model, report, kernels)

@@ -38,3 +38,12 @@ def test_smoke_run_on_cpu_names_what_it_cannot_run():
     fused = [c.strip() for c in rows["fused"].split("|")]
     assert float(fused[5]) > 0 and float(fused[6]) > 0  # inference and train times measured
     assert float(fused[9]) < 1e-8  # forces of the fused model equal stock's (float64)
+
+
+def test_backends_give_one_fused_row_each_on_cuda():
+    import torch
+
+    ways = gpu_mace.expand_ways(["stock", "fused", "fused+capture"], ["cuda", "triton"], torch.device("cuda"))
+    assert ways == [("stock", None), ("fused[cuda]", "cuda"), ("fused[triton]", "triton"), ("fused+capture", None)]
+    # on the CPU the backend of CUDA tensors changes nothing: one fused row
+    assert gpu_mace.expand_ways(["fused"], ["cuda", "triton"], torch.device("cpu")) == [("fused", None)]

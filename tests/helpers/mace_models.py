@@ -101,3 +101,24 @@ def run_mace(model, b):
     b = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()}
     out = model(b, training=True, compute_force=True, compute_stress=True)
     return out["energy"].detach(), out["forces"].detach(), out["stress"].detach()
+
+
+def mace_cluster_batch(n_atoms: int = 5, seed: int = 0, cutoff: float = 4.5):
+    """A small non-periodic CuNi cluster (atoms ~2.5 A apart, every pair within ``cutoff``) as a
+    mace batch dict (float64): few nodes and edges, for the Triton interpreter (~1 ms per tile
+    operation per program)."""
+    from ase import Atoms
+
+    rng = np.random.default_rng(seed)
+    base = np.array([[0, 0, 0], [2.5, 0, 0], [0, 2.5, 0], [0, 0, 2.5], [2.5, 2.5, 0], [2.5, 0, 2.5],
+                     [0, 2.5, 2.5], [2.5, 2.5, 2.5]], dtype=float)[:n_atoms]
+    atoms = Atoms(["Cu" if i % 3 else "Ni" for i in range(n_atoms)], positions=base + rng.normal(0, 0.1, base.shape))
+    z_table = tools.AtomicNumberTable([28, 29])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        item = data.AtomicData.from_config(data.config_from_atoms(atoms), z_table=z_table, cutoff=cutoff)
+    finally:
+        torch.set_default_dtype(previous)
+    loader = tools.torch_geometric.dataloader.DataLoader([item], batch_size=1, shuffle=False)
+    return next(iter(loader)).to_dict()

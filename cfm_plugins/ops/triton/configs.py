@@ -1,0 +1,131 @@
+"""Tile sizes of the Triton kernels: a default per (kernel, dtype), alternatives for autotuning.
+
+Every default config compiles without register spills for sm_80, sm_90, gfx90a and gfx942 at the
+MACE-MP-medium sizes (``make triton-check`` checks it and prints the registers: docs/benchmarks.md).
+The alternatives are what autotuning may pick on the user's GPU; they are allowed to spill (a
+spilling config that is still the fastest on a GPU is the GPU's call) and are compiled by the
+same check, which reports their spills without failing on them.
+
+Choice at a launch (:func:`pick`):
+
+- under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the interpreter config: few,
+  large tiles, since the interpreter costs ~2 ms per program plus ~0.14 ms per operation whatever
+  the tile size;
+- inside :func:`override` (tests: small tiles, so that sizes are not multiples of the tiles and
+  several programs share one element) the given config;
+- on a GPU the default, or with ``CFM_PLUGINS_TRITON_AUTOTUNE=1`` the fastest of the default and
+  its alternatives, timed once per kernel, dtype and size class (power-of-two bucket of the rows)
+  in the process. Kernels that accumulate with atomics are never autotuned (a timing run would
+  add twice).
+
+No GPU has timed these kernels yet: the defaults are chosen for registers (no spills) and
+occupancy (enough programs for 132 SMs at 500 nodes), not measured speed.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+__all__ = ["TileConfig", "DEFAULTS", "INTERPRETER", "pick", "override", "autotuning", "configs_for"]
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile of one program: ``block_rows`` nodes (contraction) or edges (conv TP) by
+    ``block_c`` channels, with ``num_warps`` warps (wavefronts on AMD)."""
+
+    block_rows: int
+    block_c: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def label(self) -> str:
+        return f"{self.block_rows}x{self.block_c}/w{self.num_warps}"
+
+
+_F32, _F64 = "float32", "float64"
+
+#: kernel -> dtype -> [default, alternatives...]. Kernels: ``sc_fwd``, ``sc_bwd``, ``sc_bwd2``
+#: (nodes x channels), ``tp_segment`` (edges of one node x channels), ``tp_edge`` (edges x channels),
+#: ``sc_reduce`` (rows: unused, block_c: flat width of the weight-gradient reduction).
+DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
+    "sc_fwd": {_F32: [TileConfig(16, 32, 4), TileConfig(32, 32, 4), TileConfig(16, 64, 4)],
+               _F64: [TileConfig(16, 32, 4), TileConfig(8, 32, 4)]},
+    "sc_bwd": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 64, 4)],
+               _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
+    "sc_bwd2": {_F32: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
+                _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
+    "tp_segment": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 64, 4)],
+                   _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
+    "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4)],
+                _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
+    "sc_reduce": {_F32: [TileConfig(1, 512, 4)], _F64: [TileConfig(1, 512, 8)]},  # f64 w4 spilled 24 B on sm_90
+}
+
+#: Under the interpreter: one program covers as much as possible (rows up to 128, all channels
+#: up to 128).
+INTERPRETER: dict[str, TileConfig] = {
+    "sc_fwd": TileConfig(128, 128), "sc_bwd": TileConfig(128, 128), "sc_bwd2": TileConfig(128, 128),
+    "tp_segment": TileConfig(64, 128), "tp_edge": TileConfig(256, 128), "sc_reduce": TileConfig(1, 4096),
+}
+
+_OVERRIDE: dict[str, TileConfig] = {}
+_TUNED: dict[tuple, TileConfig] = {}
+
+
+def configs_for(kernel: str, dtype_name: str) -> list[TileConfig]:
+    """The default config of ``kernel`` for ``dtype_name`` ("float32"/"float64"), then its alternatives."""
+    return DEFAULTS[kernel][dtype_name]
+
+
+def autotuning() -> bool:
+    """Whether a GPU launch times the alternatives (``CFM_PLUGINS_TRITON_AUTOTUNE=1``)."""
+    return os.environ.get("CFM_PLUGINS_TRITON_AUTOTUNE", "") == "1"
+
+
+@contextlib.contextmanager
+def override(**configs: TileConfig):
+    """Use the given configs (``sc_fwd=TileConfig(4, 8)``, ...) inside the block, also under the
+    interpreter: tests make tiles smaller than the problem with it."""
+    unknown = set(configs) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown Triton kernels {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    saved = dict(_OVERRIDE)
+    _OVERRIDE.update(configs)
+    try:
+        yield
+    finally:
+        _OVERRIDE.clear()
+        _OVERRIDE.update(saved)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def pick(kernel: str, dtype_name: str, rows: int, run=None, idempotent: bool = True,
+         fit: tuple[int, int] | None = None) -> TileConfig:
+    """The config of one launch (see the module docstring). ``run(config)`` launches the kernel
+    with a config; it is called only when autotuning, to time the candidates. ``fit`` (rows and
+    channels of the problem) shrinks the interpreter's tile to the next powers of two."""
+    from cfm_plugins.ops.triton._codegen import interpreting
+
+    if kernel in _OVERRIDE:
+        return _OVERRIDE[kernel]
+    if interpreting():
+        cap = INTERPRETER[kernel]
+        if fit is None:
+            return cap
+        return TileConfig(min(cap.block_rows, _pow2(fit[0])), min(cap.block_c, _pow2(fit[1])), cap.num_warps)
+    candidates = configs_for(kernel, dtype_name)
+    if run is None or not idempotent or len(candidates) == 1 or not autotuning():
+        return candidates[0]
+    key = (kernel, dtype_name, max(1, rows - 1).bit_length())
+    best = _TUNED.get(key)
+    if best is None:
+        from triton.testing import do_bench
+
+        times = [(do_bench(lambda c=c: run(c), warmup=5, rep=20), i) for i, c in enumerate(candidates)]
+        best = _TUNED[key] = candidates[min(times)[1]]
+    return best

@@ -1,0 +1,84 @@
+"""The backend chooser's GPU backend (``cfm_plugins.ops._backend``): C++ CUDA kernels by default,
+the Triton kernels when asked (``CFM_PLUGINS_GPU_BACKEND``, ``set_gpu_backend``, the ``fused``
+plugin's ``fused_backend`` option), registered as the operators' CUDA kernels and removed again.
+
+Registering a CUDA kernel is a dispatcher entry: it needs no GPU, so this runs on any machine;
+what it registers runs only on a GPU (tests/ops/triton run the same launchers on CPU tensors in the
+Triton interpreter).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cfm_plugins.config import Config
+from cfm_plugins.manager import create_manager
+from cfm_plugins.ops import _backend
+from cfm_plugins.ops import triton as triton_kernels
+
+OPS = ("symmetric_contraction_fwd", "symmetric_contraction_bwd", "symmetric_contraction_bwd2", "conv_tp_fwd",
+       "conv_tp_bwd")
+needs_ops = pytest.mark.skipif(not _backend.operators_available(), reason="the compiled cfm:: operator library is not built")
+
+
+def cuda_kernel_is_triton(op: str) -> bool:
+    """Whether the CUDA kernel of cfm::<op> is registered from cfm_plugins/ops/triton."""
+    dump = torch._C._dispatch_dump(f"cfm::{op}")
+    line = next((ln for ln in dump.splitlines() if ln.startswith("CUDA")), "")
+    return "cfm_plugins/ops/triton" in line
+
+
+@pytest.fixture
+def clean_backend(monkeypatch):
+    monkeypatch.delenv("CFM_PLUGINS_GPU_BACKEND", raising=False)
+    _backend.set_gpu_backend(None)
+    yield
+    _backend.set_gpu_backend(None)
+    triton_kernels.unregister("CUDA")
+
+
+def test_gpu_backend_from_the_environment_and_the_setter(clean_backend, monkeypatch):
+    assert _backend.gpu_backend() == "auto"
+    monkeypatch.setenv("CFM_PLUGINS_GPU_BACKEND", "Triton")
+    assert _backend.gpu_backend() == "triton"
+    _backend.set_gpu_backend("cuda")  # the setter wins over the environment
+    assert _backend.gpu_backend() == "cuda"
+    with pytest.raises(ValueError, match="auto, cuda, triton"):
+        _backend.set_gpu_backend("rocm")
+    monkeypatch.setenv("CFM_PLUGINS_GPU_BACKEND", "hip")
+    _backend.set_gpu_backend(None)
+    with pytest.raises(ValueError, match="unknown GPU backend 'hip'"):
+        _backend.gpu_backend()
+
+
+@needs_ops
+def test_triton_backend_becomes_the_operators_cuda_kernels_and_goes_away(clean_backend):
+    pytest.importorskip("triton", reason="triton is not installed (the [test] extra pins triton==3.7.1 on Linux)")
+    _backend.set_gpu_backend("triton")
+    assert _backend.choose(torch.device("cuda")) == "cuda"
+    assert all(cuda_kernel_is_triton(op) for op in OPS)
+    assert _backend.choose(torch.device("cpu")) == "cpu"  # CPU tensors keep the C++ CPU kernels
+    assert "cfm_plugins/ops/triton" not in next(ln for ln in torch._C._dispatch_dump("cfm::conv_tp_fwd").splitlines()
+                                                if ln.startswith("CPU"))
+    _backend.set_gpu_backend("auto")  # leaving triton restores whatever CUDA kernels were there
+    assert not any(cuda_kernel_is_triton(op) for op in OPS)
+
+
+@needs_ops
+def test_triton_asked_for_but_unusable_is_an_error_not_a_fallback(clean_backend, monkeypatch):
+    monkeypatch.setattr(triton_kernels, "available", lambda: (False, "triton is not installed (test)"))
+    _backend.set_gpu_backend("triton")
+    with pytest.raises(RuntimeError, match="Triton kernels cannot be used: triton is not installed"):
+        _backend.choose(torch.device("cuda"))
+
+
+@needs_ops
+def test_fused_backend_option_reaches_the_chooser_through_cfm_patch_model(clean_backend):
+    pytest.importorskip("triton", reason="triton is not installed (the [test] extra pins triton==3.7.1 on Linux)")
+    with pytest.raises(ValueError, match="fused_backend"):
+        create_manager(Config(enabled=["fused"], options={"fused_backend": "opencl"}))
+    config = Config(enabled=["fused"], options={"fused_backend": "triton", "fused_kernels": "conv_tp"})
+    pm = create_manager(config)
+    pm.hook.cfm_patch_model(model=torch.nn.Linear(2, 2), config=config)
+    assert _backend.gpu_backend() == "triton"
+    assert _backend.choose(torch.device("cuda")) == "cuda" and cuda_kernel_is_triton("conv_tp_fwd")

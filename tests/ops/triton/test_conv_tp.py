@@ -1,0 +1,202 @@
+"""The Triton conv TP + scatter (``cfm_plugins.ops.triton.conv_tp``) in the interpreter on CPU,
+registered as the ``cfm::conv_tp_*`` operators' CPU kernels: against e3nn's TensorProduct +
+scatter_sum (forward, gradients, double backward, float64 and float32), against the C++ kernels
+(every gradient subset), gradcheck/gradgradcheck, opcheck, torch.compile, non-contiguous and
+expanded inputs, tiles smaller than the problem, isolated nodes and an empty graph.
+"""
+from __future__ import annotations
+
+import mace  # noqa: F401  (before e3nn)
+import pytest
+import torch
+from mace.tools.scatter import scatter_sum
+
+from cfm_plugins.ops.conv_tp import FusedConvTP, edge_csr
+from cfm_plugins.ops.triton import conv_tp as ttp
+from cfm_plugins.ops.triton.configs import TileConfig, override
+from tests.helpers.mace_models import mace_tp
+
+pytestmark = pytest.mark.usefixtures("triton_cpu")
+
+#: float32 tolerance: no tl.dot (TF32 never enters on a GPU); float32 round-off of the sums
+F32_TOL = 2e-5
+
+
+def graph(num_nodes, num_edges, seed=0, isolated=()):
+    g = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([n for n in range(num_nodes) if n not in set(isolated)])
+    return allowed[torch.randint(0, len(allowed), (2, num_edges), generator=g)]
+
+
+def inputs(tp, num_nodes, num_edges, dtype, seed=1, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_nodes, tp.irreps_in1.dim, generator=g, dtype=dtype)
+    y = torch.randn(num_edges, tp.irreps_in2.dim, generator=g, dtype=dtype)
+    w = torch.randn(num_edges, tp.weight_numel, generator=g, dtype=dtype)
+    return [t.requires_grad_(requires_grad) for t in (x, y, w)]
+
+
+def reference(tp, x, y, w, ei):
+    return scatter_sum(tp(x[ei[0]], y, w), ei[1], dim=0, dim_size=x.shape[0])
+
+
+def rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+def op_args(fused, x, ei):
+    """The operator arguments the module builds (channel-last x, CSR graph, tables)."""
+    csr = edge_csr(ei, x.shape[0])
+    graph_t = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]
+    xc = x if fused._identity_in else x.index_select(1, fused._cl_perm_in)
+    return xc.detach().contiguous(), graph_t, [fused._tp_ints, fused._tp_coef], [fused._tp_ints_t, fused._tp_coef_t], \
+        fused._tp_meta
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, F32_TOL)], ids=["f64", "f32"])
+@pytest.mark.parametrize("hidden,lmax,channels", [("0e+1o", 3, 5), ("0e+1o+2e", 2, 3)])
+def test_forward_gradients_and_double_backward_match_e3nn(hidden, lmax, channels, dtype, tol):
+    """MACE's training pattern through the cfm:: operators (C++ autograd calling the Triton
+    kernels): receiver sums, d/d(x, y, w) with create_graph, then the gradient of a loss on them."""
+    tp = mace_tp(hidden, lmax, channels, dtype)
+    fused = FusedConvTP.from_e3nn(tp)
+    N, E = 7, 20
+    ei = graph(N, E, seed=3, isolated=(4,))
+    results = []
+    for fn in (lambda x, y, w: reference(tp, x, y, w, ei), lambda x, y, w: fused(x, y, w, ei)):
+        x, y, w = inputs(tp, N, E, dtype, seed=4, requires_grad=True)
+        out = fn(x, y, w)
+        energy = (out ** 2).sum() + out.sum()
+        gx, gy, gw = torch.autograd.grad(energy, (x, y, w), create_graph=True)
+        second = torch.autograd.grad((gy ** 2).sum() + (gx * gx).sum(), (x, y, w))
+        results.append((out.detach(), gx.detach(), gy.detach(), gw.detach()) + second)
+    assert torch.all(results[1][0][4] == 0)  # the isolated node receives nothing
+    for a, b in zip(*results[::-1]):
+        assert b.abs().max() > 0 and rel_err(a, b) < tol
+
+
+@pytest.mark.parametrize("need", [(True, True, True), (True, False, False), (False, True, False), (False, False, True),
+                                  (False, True, True)], ids=["all", "x", "y", "w", "yw"])
+def test_every_gradient_subset_matches_the_cpp_kernel(triton_cpu, need):
+    tp = mace_tp("0e+1o", 2, 4)
+    fused = FusedConvTP.from_e3nn(tp)
+    x, y, w = inputs(tp, 6, 15, torch.float64)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(6, 15))
+    g = torch.randn(6, meta[1], dtype=torch.float64)
+    got = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need)
+    with triton_cpu():
+        ref = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need)
+    for a, b, wanted in zip(got, ref, need):
+        assert a.shape == b.shape
+        if wanted:
+            assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
+
+
+def test_gradcheck_and_gradgradcheck():
+    tp = mace_tp("0e+1o", 1, 2)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = graph(4, 6, seed=5, isolated=(3,))
+    ei[:, :2] = torch.tensor([[0, 0], [0, 1]])  # a self edge
+    xyw = inputs(tp, 4, 6, torch.float64, requires_grad=True)
+    fn = lambda x, y, w: fused(x, y, w, ei)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, xyw, fast_mode=True)
+    assert torch.autograd.gradgradcheck(fn, xyw, fast_mode=True)
+
+
+def test_opcheck_operators():
+    tp = mace_tp("0e+1o", 1, 3)
+    fused = FusedConvTP.from_e3nn(tp)
+    x, y, w = inputs(tp, 5, 9, torch.float64)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(5, 9))
+    xc, y, w = (t.requires_grad_() for t in (xc, y, w))
+    torch.library.opcheck(torch.ops.cfm.conv_tp_fwd.default, (xc, y, w, g_t, desc, desc_t, meta))
+    g = torch.randn(5, meta[1], dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.cfm.conv_tp_bwd.default, (g, xc, y, w, g_t, desc, desc_t, meta, True, False, True))
+
+
+def test_torch_compile_forward_and_backward():
+    tp = mace_tp("0e+1o", 2, 3)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = graph(5, 12)
+    x, y, w = inputs(tp, 5, 12, torch.float64, requires_grad=True)
+
+    def loss(x, y, w):
+        return (fused(x, y, w, ei) ** 2).sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    got = compiled(x, y, w)
+    g_got = torch.autograd.grad(got, (x, y, w))
+    ref = (reference(tp, x, y, w, ei) ** 2).sum()
+    g_ref = torch.autograd.grad(ref, (x, y, w))
+    assert rel_err(got.detach(), ref.detach()) < 1e-10
+    assert all(rel_err(a, b) < 1e-10 for a, b in zip(g_got, g_ref))
+
+
+def test_noncontiguous_and_expanded_inputs():
+    """Strides are passed: a column-sliced x, an expanded (stride 0) y and a transposed-storage w
+    give what their contiguous copies give."""
+    tp = mace_tp("0e+1o", 2, 4)
+    fused = FusedConvTP.from_e3nn(tp)
+    x, y, w = inputs(tp, 6, 14, torch.float64)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(6, 14))
+    x_s = torch.cat([xc, xc], dim=1)[:, ::2]
+    x_s.copy_(xc)
+    y_e = y[:1].expand(14, y.shape[1])
+    w_t = w.t().contiguous().t()
+    g = torch.randn(6, 2 * meta[1], dtype=torch.float64)[:, ::2]
+    assert not x_s.is_contiguous() and y_e.stride(0) == 0 and not w_t.is_contiguous() and not g.is_contiguous()
+    ref = (ttp.fwd(xc, y_e.contiguous(), w, g_t, desc, desc_t, meta),
+           ttp.bwd(g.contiguous(), xc, y_e.contiguous(), w, g_t, desc, desc_t, meta, True, True, True))
+    got = (ttp.fwd(x_s, y_e, w_t, g_t, desc, desc_t, meta),
+           ttp.bwd(g, x_s, y_e, w_t, g_t, desc, desc_t, meta, True, True, True))
+    assert torch.equal(got[0], ref[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], ref[1]))
+
+
+def test_tiles_smaller_than_the_problem(triton_cpu):
+    """7 channels in tiles of 4, nodes with up to ~10 edges in blocks of 2, edges in blocks of 4."""
+    tp = mace_tp("0e+1o", 2, 7)
+    fused = FusedConvTP.from_e3nn(tp)
+    x, y, w = inputs(tp, 5, 23, torch.float64)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(5, 23))
+    g = torch.randn(5, meta[1], dtype=torch.float64)
+
+    def passes():
+        return (torch.ops.cfm.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta),
+                *torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, True, True, True))
+
+    with override(tp_segment=TileConfig(2, 4), tp_edge=TileConfig(4, 4)):
+        got = passes()
+    with triton_cpu():
+        ref = passes()
+    for a, b in zip(got, ref):
+        assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
+
+
+def test_empty_graph_and_bad_input():
+    tp = mace_tp("0e+1o", 1, 2)
+    fused = FusedConvTP.from_e3nn(tp)
+    x, y, w = inputs(tp, 3, 0, torch.float64)
+    out = fused(x, y, w, torch.zeros(2, 0, dtype=torch.int64))
+    assert out.shape == (3, tp.irreps_out.dim) and torch.all(out == 0)
+    x, y, w = inputs(tp, 3, 4, torch.float64)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(3, 4))
+    with pytest.raises(RuntimeError, match=r"x must be \[N, 8\]"):
+        ttp.fwd(xc[:, :5], y, w, g_t, desc, desc_t, meta)
+    with pytest.raises(RuntimeError, match="w is torch.float32"):
+        ttp.fwd(xc, y, w.float(), g_t, desc, desc_t, meta)
+
+
+def test_tables_and_source():
+    """The tables read back from the operator's packed tensors equal the descriptor's (plain and
+    transposed); CG entries appear as exact float literals."""
+    fused = FusedConvTP.from_e3nn(mace_tp("0e+1o", 2, 3))
+    d = fused.descriptor
+    assert ttp.TPTables.from_operator([fused._tp_ints, fused._tp_coef], fused._tp_meta) == ttp.TPTables.from_descriptor(d)
+    meta_t = [fused._tp_meta[1], fused._tp_meta[0], *fused._tp_meta[2:]]
+    t_t = ttp.TPTables.from_operator([fused._tp_ints_t, fused._tp_coef_t], meta_t)
+    assert t_t == ttp.TPTables.from_descriptor(d.transpose())
+    src = ttp.source(t_t, "segment")
+    assert all(repr(float(c)) in src for c in d.ent_coef)
+    edge = ttp.source(ttp.TPTables.from_descriptor(d), "edge", need_y=True, need_w=False)
+    assert "gw_ptr + eid" not in edge and "gy_ptr + eid" in edge

@@ -1,0 +1,83 @@
+"""The Triton kernels inside patched MACE models (``cfm_plugins.ops.triton.register``: the
+launchers as the ``cfm::`` operators' kernels, here the CPU ones under the interpreter): energy,
+forces, stress and the parameter gradients of a force loss (double backward through both kernels)
+against the stock model in float64 and float32, and torch.compile of a patched model.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import mace  # noqa: F401  (before e3nn)
+import torch
+
+from cfm_plugins.ops.patching import patch_model
+from tests.helpers.mace_models import BLOCKS, mace_cluster_batch, tiny_mace
+
+pytestmark = pytest.mark.usefixtures("triton_cpu")
+
+
+def rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+def clone(b, dtype):
+    return {k: (v.to(dtype) if torch.is_floating_point(v) else v.clone()) if torch.is_tensor(v) else v
+            for k, v in b.items()}
+
+
+def train_step(model, b):
+    """Energy, forces, stress and the parameter gradients of a loss on energy and forces."""
+    model.zero_grad()
+    out = model(b, training=True, compute_force=True, compute_stress=True)
+    ((out["forces"] ** 2).sum() + out["energy"].sum()).backward()
+    grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    return [out["energy"].detach(), out["forces"].detach(), out["stress"].detach()] + grads
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)], ids=["f64", "f32"])
+def test_patched_mace_training_step_matches_stock(dtype, tol):
+    stock = tiny_mace("ScaleShiftMACE", BLOCKS[0], BLOCKS[0]).to(dtype)
+    patched = copy.deepcopy(stock)
+    assert patch_model(patched).counts == {"symmetric_contraction": 2, "conv_tp": 2}
+    b = mace_cluster_batch(5)
+    ref = train_step(stock, clone(b, dtype))
+    got = train_step(patched, clone(b, dtype))
+    assert len(got) == len(ref) and ref[1].abs().max() > 1e-3
+    for a, r in zip(got, ref):
+        assert rel_err(a, r) < tol
+
+
+def test_torch_compile_of_a_patched_model():
+    """The energy of a patched model compiled whole (fullgraph: the cfm:: operators trace through
+    their Meta kernels), forces by autograd through the compiled graph: the Triton forward and
+    backward kernels run inside it, equal to the stock model. Prepared as mace prepares a model
+    for torch.compile (``mace.tools.compile``: e3nn without TorchScript, irreps loops traced)."""
+    import e3nn
+    from mace.tools.compile import simplify
+
+    defaults = dict(e3nn.get_optimization_defaults())
+    e3nn.set_optimization_defaults(jit_script_fx=False)  # plain fx modules, which dynamo traces
+    try:
+        stock = tiny_mace("MACE", BLOCKS[1], BLOCKS[1])
+        patched = tiny_mace("MACE", BLOCKS[1], BLOCKS[1])  # the same weights (seeded); a deepcopy
+        # would hold TorchScript again (e3nn's modules unpickle their code scripted)
+    finally:
+        e3nn.set_optimization_defaults(**defaults)
+    assert patch_model(patched).total == 4
+    patched = simplify(patched)
+    b = mace_cluster_batch(4, seed=1)
+
+    def energy(model, positions):
+        data = dict(b, positions=positions)
+        return model(data, training=False, compute_force=False)["energy"].sum()
+
+    compiled = torch.compile(lambda pos: energy(patched, pos), backend="aot_eager", fullgraph=True)
+    results = []
+    for fn in (lambda pos: energy(stock, pos), compiled):
+        pos = b["positions"].clone().requires_grad_(True)
+        e = fn(pos)
+        results.append((e.detach(), torch.autograd.grad(e, pos)[0]))
+    for a, r in zip(results[1], results[0]):
+        assert rel_err(a, r) < 1e-10
