@@ -28,9 +28,12 @@ class StepLogWriter:
         self._events = 0
 
     def write(self, record: dict, sampler=None) -> None:
-        """Append one step's record; with a ``cost=auto`` sampler first the fits it made since the
-        last record, then the record with the cost its batch was planned with."""
+        """Append one step's record (with the ``epoch`` of the training ``sampler`` if it has none);
+        with a ``cost=auto`` sampler first the fits it made since the last record, then the record
+        with the cost its batch was planned with."""
         lines = []
+        if getattr(sampler, "epoch", None) is not None and "epoch" not in record:
+            record = {**record, "epoch": sampler.epoch}
         calibrations = getattr(sampler, "calibrations", None)
         if calibrations is not None:
             for cal in calibrations[self._events:]:

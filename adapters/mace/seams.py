@@ -16,9 +16,11 @@ name in run_train      what the replacement does
 ``deepcopy``           the copy mace pickles as ``.model`` is un-patched: a stock model file
 =====================  =========================================================================
 
-With the option ``step_log=PATH``, ``mace.tools.train.take_step`` is wrapped to record each
-step (see :mod:`.steplog`). With binpack, ``mace.tools.train.train_one_epoch`` is wrapped to
-tell the training sampler which epoch mace trains (resumes included, see :mod:`.loader`).
+With the option ``step_log=PATH``, or when a feature needs step times (binpack's ``cost=auto``),
+``mace.tools.train.take_step`` is wrapped to time each step (see :mod:`.steplog`). With binpack,
+``mace.tools.train.train_one_epoch`` is wrapped to tell the training sampler which epoch mace
+trains (resumes included) and to keep its resume state (the ``cost=auto`` fits) in
+``<checkpoints_dir>/<name>_run-<seed>.cfm-binpack.json`` beside mace's checkpoints (see :mod:`.loader`).
 
 :func:`install` puts them in place and returns an undo callable; nothing else is changed.
 """
@@ -26,10 +28,16 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import types
 
 from cfm_plugins.manager import Session
 from cfm_plugins.options import TrainerSettings
+from cfm_plugins.steptime import SamplerStateFile, wants_step_times
+
+#: the file beside mace's checkpoints (``<checkpoints_dir>/<name>_run-<seed><suffix>``) that keeps the
+#: training sampler's resume state; mace's checkpoint names end in ``_epoch-<n>.pt``, so it never reads it
+STATE_SUFFIX = ".cfm-binpack.json"
 
 log = logging.getLogger("cfm_plugins.mace")
 
@@ -52,9 +60,12 @@ def install(config) -> callable:
         saved["init_distributed"], saved["torch_geometric"], saved["configure_model"], saved["DDP"])
     state = Session(config)
     hook, dist = state.hook, state.dist
+    resume = {}  # the sampler state file beside mace's checkpoints, known once mace's arguments are
 
     def init_distributed(args):
         state.trainer = trainer_settings(args)
+        resume["file"] = SamplerStateFile(os.path.join(args.checkpoints_dir, f"{args.name}_run-{args.seed}"
+                                                       f"{STATE_SUFFIX}"), dist.rank)
         hook.cfm_trainer_settings(config=config, trainer=state.trainer)
         if dist.world_size == 1:
             return stock_init(args)
@@ -72,38 +83,41 @@ def install(config) -> callable:
         from cfm_plugins_adapters.mace.loader import follow_mace_epochs, make_dataloader_factory
 
         loader_factory = make_dataloader_factory(stock_tg.dataloader.DataLoader, state)
-        undo_epochs = follow_mace_epochs()
+        undo_epochs = follow_mace_epochs(state, lambda: resume.get("file"))
     tg = types.SimpleNamespace(dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg) \
         if loader_factory else stock_tg
 
-    step_log = None
-    if config.get("step_log"):
+    recorder = None
+    if config.get("step_log") or wants_step_times(config):
         import importlib
 
         mace_train = importlib.import_module("mace.tools.train")  # the module (mace.tools.train is also a function)
 
-        from cfm_plugins_adapters.mace.steplog import StepLog
+        from cfm_plugins_adapters.mace.steplog import StepRecorder
 
-        step_log = StepLog(config.get("step_log", type=str), dist.rank)
+        recorder = StepRecorder(state, config.get("step_log", type=str) if config.get("step_log") else None)
         saved_take_step = mace_train.take_step
-        mace_train.take_step = step_log.wrap_take_step(saved_take_step)
+        mace_train.take_step = recorder.wrap_take_step(saved_take_step)
 
     def configure_model(*args, **kwargs):
         model, output_args = stock_configure(*args, **kwargs)
         hook.cfm_patch_model(model=model, config=config)
-        if step_log is not None:
-            step_log.attach(model)
+        if recorder is not None:
+            recorder.attach(model)
         return model, output_args
 
     def DDP(module, device_ids=None, **kwargs):
         on_cpu = next(module.parameters()).device.type == "cpu"
-        return stock_ddp(module, device_ids=None if on_cpu else device_ids, **kwargs)
+        ddp = stock_ddp(module, device_ids=None if on_cpu else device_ids, **kwargs)
+        if recorder is not None:
+            recorder.attach_ddp(ddp)
+        return ddp
 
     def deepcopy(obj, memo=None):
         out = copy.deepcopy(obj, memo)
         if hasattr(out, "modules"):
-            if step_log is not None:
-                step_log.detach_copy(out)
+            if recorder is not None:
+                recorder.detach_copy(out)
             if is_patched(out):
                 hook.cfm_unpatch_model(model=out, config=config)
         return out
@@ -115,7 +129,7 @@ def install(config) -> callable:
     def undo():
         for name, value in saved.items():
             setattr(rt, name, value)
-        if step_log is not None:
+        if recorder is not None:
             mace_train.take_step = saved_take_step
         if undo_epochs is not None:
             undo_epochs()

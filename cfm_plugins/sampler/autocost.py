@@ -64,7 +64,8 @@ MIN_COST_FRACTION = 1e-3
 class StepCost:
     """A fitted step time ``c0 + a*atoms + b*edges + g*graphs`` (seconds) and how it was chosen.
 
-    ``terms``: the counts of the model kept; ``r2``: its coefficient of determination on every
+    ``terms``: the counts of the model kept (a count's coefficient may still come out 0: the
+    fit is non-negative); ``r2``: its coefficient of determination on every
     record; ``cv_rms``: its cross-validated RMS error of the per-step maximum over ranks;
     ``cv_table``: ``(terms, cv_rms)`` of every candidate, best first; ``clock``: which time was
     fitted (``cpu``: thread CPU time, ``wall``: wall-clock time).
@@ -182,7 +183,7 @@ def fit_step_times(times, atoms, edges, graphs, folds: int = 5, clock: str = "cp
     coef, c0, r2 = _fit_terms(t.ravel(), na.ravel(), ne.ravel(), ng.ravel(), terms)
     table = tuple((s[0], float(np.sqrt(s[1]))) for s in sorted(scored, key=lambda s: s[1]))
     return StepCost(c0=c0, a=coef.get("atoms", 0.0), b=coef.get("edges", 0.0), g=coef.get("graphs", 0.0),
-                    terms=tuple(x for x in terms if coef[x] > 0), r2=r2, cv_rms=float(np.sqrt(mse)), steps=steps,
+                    terms=terms, r2=r2, cv_rms=float(np.sqrt(mse)), steps=steps,
                     ranks=ranks, clock=clock, cv_table=table)
 
 
@@ -307,7 +308,8 @@ class CostCalibration:
     warmup_steps: int = 3
     history: list[Calibration] = field(default_factory=list)
     records: list[StepRecord] = field(default_factory=list)
-    planned: int = 0  # steps planned since the records started (the same on every rank)
+    #: steps planned per epoch since the records started (the same on every rank)
+    planned: dict = field(default_factory=dict)
     _started: bool = False  # records of this process exist (the first ones are warm-up)
     _warmup_left: int = 0
     _gave_up: bool = False
@@ -338,17 +340,21 @@ class CostCalibration:
         """Whether step times are wanted now (calibrating, or recalibration is on)."""
         return not self._gave_up and (not self.history or self.recalibrate_every > 0)
 
-    def epoch_planned(self, steps: int) -> None:
-        """An epoch of ``steps`` steps starts (counted only while collecting)."""
+    def epoch_planned(self, epoch: int, steps: int) -> None:
+        """Epoch ``epoch`` of ``steps`` steps is iterated (counted only while collecting)."""
         if self.collecting:
-            self.planned += int(steps)
+            self.planned[int(epoch)] = int(steps)
 
     def due(self, epoch: int) -> bool:
-        """Whether a fit is to be made before planning ``epoch`` (the same answer on every rank)."""
-        if not self.collecting or self.planned == 0:
+        """Whether a fit is to be made before planning ``epoch`` (the same answer on every rank).
+
+        Only epochs before ``epoch`` count: a trainer may iterate the loader of ``epoch`` once
+        before it trains it (HydraGNN's ``update_config`` reads a batch)."""
+        done = sum(n for e, n in self.planned.items() if e < epoch)
+        if not self.collecting or done == 0:
             return False
         if not self.history:
-            return self.planned >= max(int(self.calibrate_steps), 1)
+            return done >= max(int(self.calibrate_steps), 1)
         return epoch >= self.history[-1].from_epoch + self.recalibrate_every
 
     def record(self, epoch: int, atoms: int, edges: int, graphs: int, wall_s=None, cpu_s=None) -> None:
@@ -368,13 +374,13 @@ class CostCalibration:
 
     def take_records(self) -> list[StepRecord]:
         """This rank's records since the last fit (handed to the gather), and forget them."""
-        out, self.records, self.planned = self.records, [], 0
+        out, self.records, self.planned = self.records, [], {}
         return out
 
     def give_up(self) -> None:
         """No usable step times: keep the current cost and stop collecting."""
         self._gave_up = True
-        self.records, self.planned = [], 0
+        self.records, self.planned = [], {}
 
     # -- resume ---------------------------------------------------------------------------------
     def state(self, digest: str) -> dict:
@@ -405,7 +411,7 @@ class CostCalibration:
         elif epoch is not None:
             history = [c for c in history if c.from_epoch <= epoch]
         self.history = history
-        self.records, self.planned, self._gave_up = [], 0, False
+        self.records, self.planned, self._gave_up = [], {}, False
         return bool(history)
 
 

@@ -306,7 +306,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         self.calibration = calibration
         self._digest = data_digest(self.atoms, self.edges)
         self._applied = None  # the Calibration whose costs are in use (None: initial costs)
-        self._counted_epoch = None
+        self._said_untimed = False
         super().__init__(initial, capacity, rank=rank, world_size=world_size, seed=seed, comm=comm, **kwargs)
 
     # -- what adapters call ---------------------------------------------------------------------
@@ -354,9 +354,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
 
     def __iter__(self):
         self._prepare(self.epoch)
-        if self._counted_epoch != self.epoch:
-            self._counted_epoch = self.epoch
-            self.calibration.epoch_planned(len(self))
+        self.calibration.epoch_planned(self.epoch, len(self))
         yield from super().__iter__()
 
     def _prepare(self, epoch: int) -> None:
@@ -379,6 +377,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
 
     def _calibrate(self, epoch: int) -> None:
         """Gather every rank's records, fit on rank 0, take rank 0's verdict everywhere (collective)."""
+        planned = dict(self.calibration.planned)
         local = self.calibration.take_records()
         multi = self.comm is not None and self.world_size > 1
         parts = self.comm.allgather(local) if multi else [local]
@@ -388,7 +387,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         kind, payload = verdict
         if kind == "more":  # too few steps yet: keep this rank's records and time the next epoch too
             self.calibration.records = local + self.calibration.records
-            self.calibration.planned = payload
+            self.calibration.planned = planned
             return
         if kind == "none":
             self.calibration.give_up()
@@ -409,20 +408,25 @@ class AutoCostBatchSampler(BinPackBatchSampler):
                      cal.lif_predicted, self.capacity)
 
     def _fit(self, parts, epoch: int):
-        """Rank 0's verdict on the gathered records: ("fit", calibration), ("more", planned) or ("none", reason)."""
+        """Rank 0's verdict on the gathered records: ("fit", calibration), ("more", None) or ("none", reason)."""
         first = not self.calibration.history
+        if not any(parts):  # the loader was iterated without training (a trainer's set-up pass), or
+            if not self._said_untimed:  # the adapter does not time steps: wait for timed steps
+                self._said_untimed = True
+                log.info("binpack cost=auto: no timed training step in the epochs so far (a pass over the loader "
+                         "without training, or an adapter that does not time steps); the plans keep %s until there "
+                         "are", "the initial cost" if first else "the last fit")
+            return ("more", None)
         aligned = align_records(parts, self.calibration.clock)
         if aligned is None:
-            why = ("no step times were recorded (the trainer's adapter does not time steps, or no step ran)"
-                   if not any(parts) else "the ranks share no timed step")
-            log.warning("binpack cost=auto: %s; keeping %s", why,
+            log.warning("binpack cost=auto: the ranks share no timed step; keeping %s",
                         "the initial cost" if first else "the last fit")
-            return ("none", why)
+            return ("none", "the ranks share no timed step")
         times, atoms, edges, graphs, clock = aligned
         if len(times) < 4:
             if first:
                 log.info("binpack cost=auto: %d timed steps are too few to fit; timing the next epoch too", len(times))
-                return ("more", self.calibration.planned)
+                return ("more", None)
             log.info("binpack cost=auto: %d timed steps are too few to refit; keeping the last fit", len(times))
             return ("none", "too few steps")
         fit = fit_step_times(times, atoms, edges, graphs, clock=clock)

@@ -154,14 +154,15 @@ def test_align_records_drops_warmup_and_uses_the_steps_every_rank_has():
 def test_schedule_calibrate_steps_and_recalibration():
     cal = CostCalibration(calibrate_steps=0, recalibrate_every=2)
     assert cal.collecting and not cal.due(0)
-    cal.epoch_planned(12)
+    cal.epoch_planned(0, 12)
+    assert not cal.due(0)  # epoch 0 iterated before it trains: only epochs before count
     assert cal.due(1)  # one epoch planned
     one = CostCalibration(calibrate_steps=30)
-    one.epoch_planned(12)
+    one.epoch_planned(0, 12)
     assert not one.due(1)
-    one.epoch_planned(12)
+    one.epoch_planned(1, 12)
     assert not one.due(2)
-    one.epoch_planned(12)
+    one.epoch_planned(2, 12)
     assert one.due(3) and one.collecting
     with pytest.raises(ValueError, match="calibrate_steps"):
         CostCalibration(calibrate_steps=-1)

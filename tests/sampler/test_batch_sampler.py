@@ -276,14 +276,20 @@ def test_auto_cost_resume_plans_the_same_batches(tmp_path):
     assert done + list(other) == plans[1]
 
 
-def test_auto_cost_without_step_times_keeps_the_initial_cost(caplog):
+def test_auto_cost_waits_for_timed_steps(caplog):
+    """Passes over the loader without training (mace reads the training set for its statistics
+    before it trains) time nothing: the plans keep the initial cost and the next timed epoch fits."""
     s, atoms, edges = auto_sampler()
     first = list(s)
-    with caplog.at_level("WARNING", logger="cfm_plugins.sampler"):
+    with caplog.at_level("INFO", logger="cfm_plugins.sampler"):
         s.set_epoch(1)
-    assert "no step times were recorded" in caplog.text and "keeping the initial cost" in caplog.text
-    assert s.cost_label == "initial" and not s.needs_step_times and s.resume_state() is None
+    assert "no timed training step in the epochs so far" in caplog.text
+    assert s.cost_label == "initial" and s.needs_step_times and s.resume_state() is None
     assert len(first) == len(s)
+    s.set_epoch(0)  # the trainer starts its own epochs
+    time_epoch(s, atoms, edges)
+    s.set_epoch(1)
+    assert s.cost_label == "auto-1" and s.calibrations[0].from_epoch == 1
 
 
 def test_auto_cost_too_few_steps_times_the_next_epoch_too():
