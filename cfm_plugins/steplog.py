@@ -63,6 +63,12 @@ def read_step_events(path: str, kind: str = "calibration") -> list[list[dict]]:
     return [[r for r in rank if r.get("event") == kind] for rank in _read(path)]
 
 
+def records_from_epoch(ranks: list[list[dict]], epoch: int) -> list[list[dict]]:
+    """Every rank's records of ``epoch`` and later (``cost=auto`` plans with its fit from the epoch
+    after the calibration on: its LIF is that of these steps)."""
+    return [[r for r in rank if r.get("epoch", 0) >= epoch] for rank in ranks]
+
+
 def load_imbalance(ranks: list[list[dict]], key: str = "forward_s", skip: int = 0) -> float:
     """LIF of ``key`` over the steps every rank ran, after the first ``skip`` (warm-up) steps."""
     steps = min((len(r) for r in ranks), default=0)
