@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from cfm_plugins.testing import mpirun_command
+from cfm_plugins.testing import demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -56,10 +56,7 @@ def main(argv=None) -> int:
     p.add_argument("--cost", default="atoms",
                    help="binpack costs to train with, comma-separated, one run each (atoms, edges, auto)")
     args = p.parse_args(argv)
-    costs = [c.strip() for c in args.cost.split(",") if c.strip()]
-    for c in costs:
-        if c not in ("atoms", "edges", "auto"):
-            p.error(f"--cost {c!r}: expected atoms, edges or auto")
+    costs = demo_costs(p, args.cost)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 

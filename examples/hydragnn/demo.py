@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cfm_plugins.testing import clean_env, mpirun_command
+from cfm_plugins.testing import clean_env, demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -177,10 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--default-malloc", action="store_true",
                    help=f"leave glibc's malloc as it is (default: GLIBC_TUNABLES={STEADY_MALLOC}, for every run)")
     args = p.parse_args(argv)
-    kinds = ["linear"] if args.cost_b is not None else [k.strip() for k in args.cost.split(",") if k.strip()]
-    for kind in kinds:
-        if kind not in ("edges", "atoms", "auto", "calibrated", "linear"):
-            p.error(f"--cost {kind!r}: expected edges, atoms, auto or calibrated")
+    kinds = ["linear"] if args.cost_b is not None else demo_costs(p, args.cost, ("edges", "atoms", "auto", "calibrated"))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 

@@ -24,17 +24,22 @@ EXAMPLE = ROOT / "examples" / "hydragnn"
 EPOCHS = 2
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    """A small size-diverse set (3..120 atoms, every graph tagged with its index) and a tiny EGNN."""
+def tagged_clusters(folder, n: int, seed: int):
+    """``n`` graphs of 3..120 atoms, each tagged with its index (``idx``), as folder/dataset/clusters.pt."""
     from cfm_plugins.datasets.clusters import make_dataset
 
-    folder = tmp_path_factory.mktemp("hydragnn")
-    graphs = make_dataset(60, seed=1, max_atoms=120)
+    graphs = make_dataset(n, seed=seed, max_atoms=120)
     for i, g in enumerate(graphs):
         g.idx = torch.tensor([i])
     (folder / "dataset").mkdir()
     torch.save(graphs, folder / "dataset" / "clusters.pt")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """A small size-diverse set (3..120 atoms, every graph tagged with its index) and a tiny EGNN."""
+    folder = tagged_clusters(tmp_path_factory.mktemp("hydragnn"), 60, seed=1)
     config = json.loads((EXAMPLE / "config.json").read_text())
     arch = config["NeuralNetwork"]["Architecture"]
     arch.update(hidden_dim=8, num_conv_layers=2)
@@ -179,14 +184,7 @@ def epoch_ids(ranks, epoch):
 @pytest.fixture(scope="module")
 def auto_work(work, tmp_path_factory):
     """The tiny EGNN on a larger set (200 graphs: about 20 steps per rank and epoch, enough to fit)."""
-    from cfm_plugins.datasets.clusters import make_dataset
-
-    folder = tmp_path_factory.mktemp("hydragnn_auto")
-    graphs = make_dataset(200, seed=2, max_atoms=120)
-    for i, g in enumerate(graphs):
-        g.idx = torch.tensor([i])
-    (folder / "dataset").mkdir()
-    torch.save(graphs, folder / "dataset" / "clusters.pt")
+    folder = tagged_clusters(tmp_path_factory.mktemp("hydragnn_auto"), 200, seed=2)
     config = json.loads((work / "config.json").read_text())
     config.pop("cfm_plugins")
     config["NeuralNetwork"]["Training"]["num_epoch"] = 3
