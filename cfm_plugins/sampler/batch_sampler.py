@@ -307,6 +307,8 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         self._digest = data_digest(self.atoms, self.edges)
         self._applied = None  # the Calibration whose costs are in use (None: initial costs)
         self._said_untimed = False
+        self._waiting = None  # (epoch, passes over the loader) of the last "too few steps" verdict
+        self._passes = 0  # iterations of this sampler (the same count on every rank)
         super().__init__(initial, capacity, rank=rank, world_size=world_size, seed=seed, comm=comm, **kwargs)
 
     # -- what adapters call ---------------------------------------------------------------------
@@ -354,6 +356,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
 
     def __iter__(self):
         self._prepare(self.epoch)
+        self._passes += 1
         self.calibration.epoch_planned(self.epoch, len(self))
         yield from super().__iter__()
 
@@ -378,6 +381,9 @@ class AutoCostBatchSampler(BinPackBatchSampler):
     def _calibrate(self, epoch: int) -> None:
         """Gather every rank's records, fit on rank 0, take rank 0's verdict everywhere (collective)."""
         planned = dict(self.calibration.planned)
+        waiting = (epoch, self._passes)  # the same on every rank
+        if waiting == self._waiting:  # asked again for the same epoch without a pass over the loader since
+            return  # (mace calls set_epoch twice, then iterates): the verdict stands
         local = self.calibration.take_records()
         multi = self.comm is not None and self.world_size > 1
         parts = self.comm.allgather(local) if multi else [local]
@@ -388,6 +394,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         if kind == "more":  # too few steps yet: keep this rank's records and time the next epoch too
             self.calibration.records = local + self.calibration.records
             self.calibration.planned = planned
+            self._waiting = waiting
             return
         if kind == "none":
             self.calibration.give_up()

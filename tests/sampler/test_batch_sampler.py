@@ -1,6 +1,8 @@
 """BinPackBatchSampler in a real DataLoader: coverage, len, epochs, resume, drop_last, errors."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -292,14 +294,18 @@ def test_auto_cost_waits_for_timed_steps(caplog):
     assert s.cost_label == "auto-1" and s.calibrations[0].from_epoch == 1
 
 
-def test_auto_cost_too_few_steps_times_the_next_epoch_too():
+def test_auto_cost_too_few_steps_times_the_next_epoch_too(caplog):
     s, atoms, edges = auto_sampler(warmup_steps=0)
     ds = Graphs(atoms)
     for k, (idx, pos) in enumerate(DataLoader(ds, batch_sampler=s, collate_fn=collate)):
         if k < 2:  # an adapter that timed only 2 steps of the epoch
             s.record_step(atoms=int(pos.shape[0]), edges=int(edges[idx.numpy()].sum()), graphs=len(idx), cpu_s=0.01)
-    s.set_epoch(1)
+    with caplog.at_level(logging.INFO, logger="cfm_plugins"):
+        s.set_epoch(1)
+        s.set_epoch(1)  # mace: its DistributedSampler's set_epoch, ours, then the iteration
+        list(s)
     assert s.cost_label == "initial" and s.needs_step_times and len(s.calibration.records) == 2
+    assert caplog.text.count("2 timed steps are too few to fit") == 1, caplog.text
     time_epoch(s, atoms, edges)
     s.set_epoch(2)
     assert s.cost_label == "auto-1" and s.calibrations[0].fit.steps >= 4
