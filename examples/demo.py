@@ -110,19 +110,23 @@ def main(argv=None) -> int:
     from cfm_plugins.steplog import load_imbalance, read_step_events, read_step_logs, records_from_epoch
 
     summary = {}
+    fits = {cost: read_step_events(str(run["dir"] / "steps"))[0] for cost, run in runs.items()}
+    # every run's LIF also over the epochs planned with the first cost=auto fit (same epochs for all)
+    fitted = min((f["from_epoch"] for of in fits.values() for f in of), default=1)
     for cost, run in runs.items():
         ranks = read_step_logs(str(run["dir"] / "steps"))
         epoch_s = [max(sum(r["wall_s"] for r in rank if r["epoch"] == e) for rank in ranks) for e in range(args.epochs)]
-        later = records_from_epoch(ranks, 1)
+        later = records_from_epoch(ranks, fitted)
         summary[cost] = {"epoch_s": epoch_s, "train_s": run["train_s"], "lif": load_imbalance(ranks),
-                         "lif_cpu": load_imbalance(ranks, "compute_cpu_s"),
-                         "lif_cpu_after_epoch0": load_imbalance(later, "compute_cpu_s") if args.epochs > 1 else None,
-                         "fits": read_step_events(str(run["dir"] / "steps"))[0]}
+                         "lif_cpu": load_imbalance(ranks, "compute_cpu_s"), "fitted_from_epoch": fitted,
+                         "lif_cpu_fitted_epochs": load_imbalance(later, "compute_cpu_s") if fitted < args.epochs else None,
+                         "fits": fits[cost]}
         print(f"  cost={cost}: training wall time {run['train_s']:.0f} s (start-up and evaluation included)")
         print("    time per epoch (optimizer steps, slowest rank): " + ", ".join(f"{t:.1f} s" for t in epoch_s))
         print(f"    load imbalance (LIF over ranks, per step) of the forward time {summary[cost]['lif']:.3f}, of the "
               f"thread CPU time of forward + backward {summary[cost]['lif_cpu']:.3f}"
-              + (f", the same over epochs 1+ {summary[cost]['lif_cpu_after_epoch0']:.3f}" if args.epochs > 1 else ""))
+              + (f", the same over epochs {fitted}+ {summary[cost]['lif_cpu_fitted_epochs']:.3f}"
+                 if fitted < args.epochs else ""))
     import numpy as np
 
     from cfm_plugins.plugins.binpack import default_capacity

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     stage(2, f"training NequIP on {args.np} MPI ranks with binpack + fused kernels")
     write_config(out / "cfg" / "cuni.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,
                  features=16, l_max=1, layers=3, batch_size=4)
-    from cfm_plugins.steplog import load_imbalance, read_step_logs, records_from_epoch
+    from cfm_plugins.steplog import load_imbalance, read_step_events, read_step_logs, records_from_epoch
 
     results = {}
     for cost in costs:
@@ -92,14 +92,19 @@ def main(argv=None) -> int:
         print("\n".join(line for line in res.stdout.splitlines() if "[cfm rank 0]" in line))
         ranks = [[r for r in rank if r["stage"] == "train"] for rank in read_step_logs(str(steps))]
         last = [[r for r in rank if r["epoch"] == args.epochs - 1] for rank in ranks]
-        later = records_from_epoch(ranks, 1)
         results[cost] = {
             "train_wall_s": round(train_s, 1),
             "last_epoch_s": round(max(sum(r["wall_s"] for r in rank) for rank in last), 3),
             "steps_per_epoch": len(last[0]), "lif_forward_time": round(load_imbalance(last), 3),
-            "lif_atoms": round(load_imbalance(last, "atoms"), 3),
-            "lif_cpu_after_epoch0": round(load_imbalance(later, "compute_cpu_s"), 3) if args.epochs > 1 else None,
+            "lif_atoms": round(load_imbalance(last, "atoms"), 3), "ranks": ranks,
+            "fits": [f["fit"] | {"from_epoch": f["from_epoch"]} for f in read_step_events(str(steps))[0]],
         }
+    # every run's LIF also over the epochs planned with the first cost=auto fit (same epochs for all)
+    fitted = min((f["from_epoch"] for r in results.values() for f in r["fits"]), default=1)
+    for r in results.values():
+        later = records_from_epoch(r.pop("ranks"), fitted)
+        r["lif_cpu_fitted_epochs"] = round(load_imbalance(later, "compute_cpu_s"), 3) if fitted < args.epochs else None
+        r["fitted_from_epoch"] = fitted
     run = out / "run"
 
     stage(3, f"MD ({args.md_steps} steps, 512 atoms) through NequIPCalculator with the trained model")
