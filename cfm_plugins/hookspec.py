@@ -11,7 +11,7 @@ it. The hooks are grouped by the phase of a run in which they are called:
 3. **Trainer run** (every rank): :func:`cfm_before_trainer`, :func:`cfm_trainer_settings`,
    :func:`cfm_after_trainer`.
 4. **Data** (called by adapters when the trainer builds its loaders): :func:`cfm_graph_sizes`,
-   :func:`cfm_needs_edges`, :func:`cfm_batch_sampler`, :func:`cfm_batch_budget`.
+   :func:`cfm_needs_edges`, :func:`cfm_needs_step_times`, :func:`cfm_batch_sampler`, :func:`cfm_batch_budget`.
 5. **Model** (called by adapters around model construction and saving): :func:`cfm_patch_model`,
    :func:`cfm_static_forward`, :func:`cfm_unpatch_model`.
 
@@ -146,6 +146,23 @@ def cfm_needs_edges(config: Config) -> bool:
 
     Adapters pass ``any(config.pm.hook.cfm_needs_edges(config=config))`` as ``need_edges`` to
     :func:`cfm_graph_sizes`, so they never read a feature's options themselves.
+    """
+
+
+@hookspec
+def cfm_needs_step_times(config: Config) -> bool:
+    """True when this feature's training batch sampler needs each training step's compute time.
+
+    ``binpack`` with ``cost=auto`` fits its cost on them. An adapter that can time its trainer's
+    steps asks ``any(config.pm.hook.cfm_needs_step_times(config=config))`` when it installs its
+    seams; if true it times every training step (forward + backward of this rank, without the
+    waits for other ranks: up to the last gradient bucket handed to DDP's all-reduce, and/or the
+    training thread's CPU time) and hands it to the training loader's batch sampler as
+    ``batch_sampler.record_step(atoms=, edges=, graphs=, wall_s=, cpu_s=)`` (totals of the batch it
+    trained; a clock it cannot take is ``None``), in step order, every step of every rank.
+    An adapter also keeps what ``batch_sampler.resume_state()`` returns beside the trainer's
+    checkpoints (or in them) and gives it back with ``batch_sampler.load_resume_state(state,
+    epoch=...)`` when the trainer resumes, so a resumed run plans the same batches.
     """
 
 

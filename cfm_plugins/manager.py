@@ -198,11 +198,13 @@ class Session:
     """What an adapter carries through the trainer's seams: the configuration (which carries the
     hooks and the ranks as ``config.pm`` and ``config.dist``) and ``trainer``, what the adapter has
     read from the trainer's own arguments so far (batch size, seed, ...), passed on to
-    ``cfm_batch_sampler(trainer=...)``.
+    ``cfm_batch_sampler(trainer=...)``; ``train_sampler``, the batch sampler of the training
+    loader the trainer iterates (where timed steps are handed over, whose resume state is kept).
     """
 
     config: Config
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
+    train_sampler: object = None
 
     @property
     def pm(self) -> pluggy.PluginManager:

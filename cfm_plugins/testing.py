@@ -44,6 +44,16 @@ def mpirun_command(np: int = 2) -> list[str]:
     return cmd
 
 
+def demo_costs(parser, text: str, allowed=("atoms", "edges", "auto")) -> list[str]:
+    """The demos' ``--cost a,b,...`` (one training run per binpack cost), checked against ``allowed``
+    (an unknown name is a usage error through ``parser``)."""
+    costs = [c.strip() for c in text.split(",") if c.strip()]
+    for c in costs:
+        if c not in allowed:
+            parser.error(f"--cost {c!r}: expected one of {', '.join(allowed)}")
+    return costs
+
+
 def clean_env(**extra) -> dict[str, str]:
     """``os.environ`` without MPI, rendezvous and ``CFM_*`` variables; one thread, unbuffered output.
 

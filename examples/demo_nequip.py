@@ -3,12 +3,15 @@
 1. make a size-diverse CuNi training set with ASE + EMT (cfm_plugins.datasets.cuni);
 2. train a small NequIP model with
    `mpirun -np 2 cfm-run --enable nequip,binpack,fused -- nequip-train -cp DIR -cn cuni`
-   (an unmodified nequip-train; the config is cfm_plugins.datasets.nequip_config's);
+   (an unmodified nequip-train; the config is cfm_plugins.datasets.nequip_config's), once per
+   binpack ``--cost`` (default ``atoms``; ``--cost atoms,auto`` compares the atom count with the
+   cost fitted on the run's own first epoch);
 3. run MD on a 512-atom cell through NequIP's own ASE calculator (NequIPCalculator) with the
-   trained checkpoint, stock and with the `enable_CFMFused` model modifier, timed per step;
-4. print a summary: time per epoch, steps, load imbalance (LIF) of the batches, MD times.
+   (first) trained checkpoint, stock and with the `enable_CFMFused` model modifier, timed per step;
+4. print a summary: time per epoch, steps, load imbalance (LIF) of the batches of each run (of
+   the last epoch, and of the epochs after the first: those ``cost=auto`` plans with its fit), MD times.
 
-Everything goes to examples/out/nequip/. Options: --epochs, --n-train, --np, --md-steps.
+Everything goes to examples/out/nequip/. Options: --epochs, --n-train, --np, --md-steps, --cost.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from cfm_plugins.testing import mpirun_command
+from cfm_plugins.testing import demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -50,7 +53,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-atoms", type=int, default=150)
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--md-steps", type=int, default=5)
+    p.add_argument("--cost", default="atoms",
+                   help="binpack costs to train with, comma-separated, one run each (atoms, edges, auto)")
     args = p.parse_args(argv)
+    costs = demo_costs(p, args.cost)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
@@ -63,28 +69,43 @@ def main(argv=None) -> int:
     stage(2, f"training NequIP on {args.np} MPI ranks with binpack + fused kernels")
     write_config(out / "cfg" / "cuni.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,
                  features=16, l_max=1, layers=3, batch_size=4)
+    from cfm_plugins.steplog import load_imbalance, read_step_events, read_step_logs, records_from_epoch
+
+    results = {}
+    for cost in costs:
+        tag = "" if cost == costs[0] else f"_{cost}"
+        run, steps = out / f"run{tag}", out / f"steps{tag}"
+        cmd = mpirun_command(args.np) + [str(BIN / "cfm-run"), "--enable", "nequip,binpack,fused", "-o",
+                                         f"step_log={steps}", "-o", f"cost={cost}", "--", "nequip-train", "-cp",
+                                         str(out / "cfg"), "-cn", "cuni", f"hydra.run.dir={run}"]
+        print("$", " ".join(cmd), flush=True)
+        for f in out.glob(f"{steps.name}.rank*.jsonl"):
+            f.unlink()
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        (out / f"train{tag}.log").write_text(res.stdout)
+        if res.returncode != 0:
+            print(res.stdout[-4000:])
+            raise SystemExit(f"training failed (log: {out / f'train{tag}.log'})")
+        train_s = time.perf_counter() - t0
+        print("\n".join(line for line in res.stdout.splitlines() if "[cfm rank 0]" in line))
+        ranks = [[r for r in rank if r["stage"] == "train"] for rank in read_step_logs(str(steps))]
+        last = [[r for r in rank if r["epoch"] == args.epochs - 1] for rank in ranks]
+        results[cost] = {
+            "train_wall_s": round(train_s, 1),
+            "last_epoch_s": round(max(sum(r["wall_s"] for r in rank) for rank in last), 3),
+            "steps_per_epoch": len(last[0]), "lif_forward_time": round(load_imbalance(last), 3),
+            "lif_atoms": round(load_imbalance(last, "atoms"), 3), "ranks": ranks,
+            "fits": [f["fit"] | {"from_epoch": f["from_epoch"]} for f in read_step_events(str(steps))[0]],
+        }
+    # every run's LIF also over the epochs planned with the first cost=auto fit (same epochs for all)
+    fitted = min((f["from_epoch"] for r in results.values() for f in r["fits"]), default=1)
+    for r in results.values():
+        later = records_from_epoch(r.pop("ranks"), fitted)
+        r["lif_cpu_fitted_epochs"] = round(load_imbalance(later, "compute_cpu_s"), 3) if fitted < args.epochs else None
+        r["fitted_from_epoch"] = fitted
     run = out / "run"
-    cmd = mpirun_command(args.np) + [str(BIN / "cfm-run"), "--enable", "nequip,binpack,fused", "-o",
-                                     f"step_log={out / 'steps'}", "--", "nequip-train", "-cp", str(out / "cfg"),
-                                     "-cn", "cuni", f"hydra.run.dir={run}"]
-    print("$", " ".join(cmd), flush=True)
-    for f in out.glob("steps.rank*.jsonl"):
-        f.unlink()
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    (out / "train.log").write_text(res.stdout)
-    if res.returncode != 0:
-        print(res.stdout[-4000:])
-        raise SystemExit(f"training failed (log: {out / 'train.log'})")
-    train_s = time.perf_counter() - t0
-    print("\n".join(line for line in res.stdout.splitlines() if "[cfm rank 0]" in line))
-
-    from cfm_plugins.steplog import load_imbalance, read_step_logs
-
-    ranks = [[r for r in rank if r["stage"] == "train"] for rank in read_step_logs(str(out / "steps"))]
-    last = [[r for r in rank if r["epoch"] == args.epochs - 1] for rank in ranks]
-    epoch_s = max(sum(r["wall_s"] for r in rank) for rank in last)
 
     stage(3, f"MD ({args.md_steps} steps, 512 atoms) through NequIPCalculator with the trained model")
     from ase.io import read
@@ -98,8 +119,7 @@ def main(argv=None) -> int:
 
     stage(4, "summary")
     summary = {
-        "train_wall_s": round(train_s, 1), "last_epoch_s": round(epoch_s, 3), "steps_per_epoch": len(last[0]),
-        "lif_forward_time": round(load_imbalance(last), 3), "lif_atoms": round(load_imbalance(last, "atoms"), 3),
+        **(results[costs[0]] if len(costs) == 1 else {f"cost={c}": r for c, r in results.items()}),
         "md_ms_per_step_stock": round(md_stock * 1e3, 1), "md_ms_per_step_fused": round(md_fused * 1e3, 1),
         "checkpoint": ckpt,
     }

@@ -63,6 +63,8 @@ def balanced_loader(loader_cls, dataset, role: str, session, **loader_kwargs):
                                            trainer=session.trainer)
     if batch_sampler is None:
         return None
+    if role == "train":
+        session.train_sampler = batch_sampler  # timed steps and the resume state go there
     loader = loader_cls(dataset, batch_sampler=batch_sampler, **loader_kwargs)
     # DataLoader forbids assigning `sampler` after construction; HydraGNN calls set_epoch on it
     object.__setattr__(loader, "sampler", EpochForwarder(batch_sampler, n))

@@ -16,19 +16,28 @@ HydraGNN function          what the replacement does
 ``get_distributed_model``  ``cfm_patch_model`` (with ``fused``: MACE-style modules found by
                            their layout are swapped, HydraGNN's MACE interaction blocks whole,
                            :mod:`.interaction`; or the plugin says once that the stack has
-                           none); then HydraGNN's DDP wrapping; with ``step_log``: attaches the
-                           step timer (see :mod:`.steplog`). The source's
+                           none); then HydraGNN's DDP wrapping; with ``step_log`` or ``cost=auto``:
+                           attaches the step timer (see :mod:`.steplog`). The source's
                            ``distributed_model_wrapper`` calls it too.
+``save_model``             binpack: HydraGNN's checkpoint (``logs/NAME/NAME.pk``), then the
+                           training sampler's resume state beside it (``NAME.cfm-binpack.json``:
+                           the ``cost=auto`` fits)
+``load_existing_model``    binpack: HydraGNN's ``Training.continue``/``startfrom``, then the saved
+                           fits of the run continued from: HydraGNN 3.0 counts epochs from 0 again,
+                           so the last fit plans from epoch 0 (no new calibration epoch)
 =========================  =====================================================================
 
-With ``step_log=PATH`` a :class:`~.steplog.StepTracer` joins HydraGNN's tracer list.
-:func:`install` puts everything in place and returns an undo callable.
+With ``step_log=PATH`` or ``cost=auto`` a :class:`~.steplog.StepTracer` joins HydraGNN's tracer
+list. :func:`install` puts everything in place and returns an undo callable.
 """
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
+
+from cfm_plugins.steptime import SamplerStateFile, wants_step_times
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 
@@ -85,22 +94,63 @@ def make_get_distributed_model(stock, session, tracer):
     return get_distributed_model
 
 
+STATE_SUFFIX = ".cfm-binpack.json"
+
+
+def make_save_model(stock, session, files):
+    """HydraGNN's ``save_model(model, optimizer, name, path="./logs/")`` that also keeps the training
+    sampler's resume state beside the checkpoint (rank 0, when it changed)."""
+    def save_model(model, optimizer, name, path="./logs/", *args, **kwargs):
+        out = stock(model, optimizer, name, path, *args, **kwargs)
+        if session.train_sampler is not None:
+            keeper = files.setdefault(state_path(path, name), SamplerStateFile(state_path(path, name),
+                                                                               session.dist.rank))
+            keeper.save(session.train_sampler)
+        return out
+
+    save_model.__wrapped__ = stock
+    return save_model
+
+
+def make_load_existing_model(stock, session):
+    """HydraGNN's ``load_existing_model(model, model_name, path="./logs/", optimizer=None)`` that also
+    gives the training sampler the fits saved with that checkpoint, applying from epoch 0."""
+    def load_existing_model(model, model_name, path="./logs/", *args, **kwargs):
+        out = stock(model, model_name, path, *args, **kwargs)
+        sampler = session.train_sampler
+        if sampler is not None:
+            SamplerStateFile(state_path(path, model_name), session.dist.rank).load(sampler, restart_at_zero=True)
+        elif os.path.exists(state_path(path, model_name)):
+            log.warning("load_existing_model(%r) before the loaders were made: the saved cost=auto fits are not "
+                        "used (make the loaders first, as hydragnn.run_training does)", model_name)
+        return out
+
+    load_existing_model.__wrapped__ = stock
+    return load_existing_model
+
+
+def state_path(path: str, name: str) -> str:
+    return os.path.join(path, name, name + STATE_SUFFIX)
+
+
 def install(session) -> callable:
     """Replace the seams in the hydragnn modules; return a function that restores them."""
     import hydragnn  # noqa: F401  (loads every module that re-exports the seams)
     import hydragnn.preprocess.load_data as load_data
     import hydragnn.utils.distributed as hdist
+    import hydragnn.utils.model as hmodel
 
     config, dist = session.config, session.dist
     stock = {"setup_ddp": hdist.setup_ddp, "get_distributed_model": hdist.get_distributed_model,
-             "create_dataloaders": load_data.create_dataloaders}
+             "create_dataloaders": load_data.create_dataloaders, "save_model": hmodel.save_model,
+             "load_existing_model": hmodel.load_existing_model}
 
     tracer = None
-    if config.get("step_log"):
+    if config.get("step_log") or wants_step_times(config):
         from cfm_plugins_adapters.hydragnn.steplog import StepTracer
 
         tr = tracer_module()
-        tracer = StepTracer(config.get("step_log", type=str), dist.rank)
+        tracer = StepTracer(config.get("step_log", type=str) if config.get("step_log") else None, dist.rank, session)
         tr.__tracer_list__["cfm_plugins.StepTracer"] = tracer
 
     if config.is_enabled("fused"):
@@ -116,6 +166,8 @@ def install(session) -> callable:
 
         replacement["create_dataloaders"] = make_create_dataloaders(stock["create_dataloaders"],
                                                                     load_data.DataLoader, session)
+        replacement["save_model"] = make_save_model(stock["save_model"], session, {})
+        replacement["load_existing_model"] = make_load_existing_model(stock["load_existing_model"], session)
     done = []
     for name, new in replacement.items():
         for module in _holders(name, stock[name]):

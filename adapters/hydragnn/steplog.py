@@ -1,23 +1,27 @@
-"""Per-step timings of HydraGNN training from HydraGNN's own trace regions (option ``step_log=PATH``).
+"""Per-step timings of HydraGNN training from HydraGNN's own trace regions (option ``step_log=PATH``,
+and ``cost=auto``).
 
 HydraGNN's ``train`` loop marks every step with its tracer (``hydragnn.utils.tracer`` in 3.0,
 ``hydragnn.utils.profiling_and_tracing.tracer`` in its source):
 ``tr.start("forward")`` / ``tr.stop("forward")`` around data transfer, model and loss,
 ``"backward"`` around ``loss.backward()`` and ``"opt_step"`` around the optimizer step, and
 enables the tracer only while it trains. :class:`StepTracer` is one more tracer in HydraGNN's
-tracer list: it records those regions per step and writes one JSON line per step to
-``PATH.rank<r>.jsonl``.
+tracer list: it records those regions per step, hands each step's compute time (below) with the
+batch's atoms, edges and graphs to the training sampler when that wants step times
+(``cost=auto``), and with ``step_log`` writes one JSON line per step to ``PATH.rank<r>.jsonl``.
 
 The ``backward`` region of a rank includes DDP's gradient all-reduce, where a rank that finished
 early waits for the slowest: those times are equal on all ranks whatever the imbalance. The
 HydraGNN paper measures load imbalance without synchronisation waits, so the tracer also times
 the backward *compute*: from the start of ``backward`` to the moment the last gradient bucket is
 handed to the all-reduce (a DDP communication hook, :meth:`StepTracer.attach`). The compute time
-of a step is ``forward + backward_compute``.
+of a step (``compute_s``) runs from the start of ``forward`` to that moment
+(:class:`cfm_plugins.steptime.StepTimer`).
 
-Each region is also timed in CPU time of the training thread (``*_cpu_s``; CPU autograd runs on
-the calling thread and a rank blocked in a collective uses none): the work of a rank, unaffected by
-other processes sharing its cores. On a dedicated node the two agree; on a shared machine the
+Each region is also timed in CPU time of the training thread (``*_cpu_s``, and ``compute_cpu_s``
+from the start of ``forward`` to the end of ``backward``; CPU autograd runs on the calling thread
+and a rank blocked in a collective uses none): the work of a rank, unaffected by other processes
+sharing its cores. On a dedicated node the two agree; on a shared machine the
 wall-clock figures carry the other processes' noise and the CPU figures do not.
 
 :func:`cfm_plugins.steplog.load_imbalance`: LIF = sum over steps of (max over ranks) / sum over steps of (mean over
@@ -25,24 +29,28 @@ ranks), the per-step form of the paper's T_max / T_avg (synchronous training wai
 """
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
+
+from cfm_plugins.steplog import StepLogWriter
+from cfm_plugins.steptime import StepTimer, batch_totals, hand_over
 
 
 class StepTracer:
-    """A HydraGNN tracer (start/stop/enable/disable/reset) that logs each training step."""
+    """A HydraGNN tracer (start/stop/enable/disable/reset) that times each training step.
+
+    ``path``: the step log (None: no file); ``session``: where the training sampler is
+    (``session.train_sampler``, given the step times when it wants them).
+    """
 
     REGIONS = ("forward", "backward", "opt_step", "dataload")
 
-    def __init__(self, path: str, rank: int):
-        self.path = Path(f"{path}.rank{rank}.jsonl")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
+    def __init__(self, path: str | None, rank: int, session=None):
+        self.writer = StepLogWriter(path, rank) if path else None
+        self.session = session
         self.enabled = False
+        self.timer = StepTimer()
         self._open: dict[str, tuple[float, float]] = {}
         self._step: dict = {}
-        self._last_bucket = None
         self._batch = (None, None, None)
         self._ids = None
         self.steps = 0
@@ -51,8 +59,8 @@ class StepTracer:
     def start(self, name):
         if self.enabled and name in self.REGIONS:
             self._open[name] = (time.perf_counter(), time.thread_time())
-            if name == "backward":
-                self._last_bucket = None
+            if name == "forward":
+                self.timer.start()
 
     def stop(self, name):
         opened = self._open.pop(name, None) if self.enabled else None
@@ -63,7 +71,8 @@ class StepTracer:
         self._step[name + "_s"] = now - t0
         self._step[name + "_cpu_s"] = cpu - opened[1]
         if name == "backward":
-            ready = self._last_bucket if self._last_bucket is not None and self._last_bucket >= t0 else now
+            self._step["compute_s"], self._step["compute_cpu_s"] = self.timer.stop()
+            ready = self.timer.gradients_ready_at or now
             self._step["backward_compute_s"] = ready - t0
         elif name == "opt_step":
             self._write()
@@ -82,19 +91,12 @@ class StepTracer:
     def attach(self, ddp_model) -> None:
         """Mark when the last gradient bucket is ready (comm hook) and read each batch's size
         (graphs, atoms, edges; and the graphs' ``idx`` when they carry one, as PyG's QM9 does)."""
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        def timed_allreduce(state, bucket):
-            self._last_bucket = time.perf_counter()
-            return allreduce_hook(state, bucket)
-
-        ddp_model.register_comm_hook(None, timed_allreduce)
+        self.timer.attach(ddp_model)
 
         def read_batch(_module, inputs):
             data = inputs[0] if inputs else None
             if data is not None and hasattr(data, "num_graphs"):
-                edges = data.edge_index.shape[1] if getattr(data, "edge_index", None) is not None else None
-                self._batch = (int(data.num_graphs), int(data.num_nodes), edges and int(edges))
+                self._batch = batch_totals(data)
                 ids = getattr(data, "idx", None)  # graphs that carry their index (PyG's QM9 does)
                 self._ids = ids.view(-1).tolist() if hasattr(ids, "view") else None
 
@@ -102,12 +104,14 @@ class StepTracer:
 
     def _write(self):
         rec = {"step": self.steps, **self._step}
-        rec["graphs"], rec["atoms"], rec["edges"] = self._batch
+        rec["atoms"], rec["edges"], rec["graphs"] = self._batch
+        sampler = self.session.train_sampler if self.session is not None else None
+        if rec["atoms"] is not None and "compute_s" in rec:
+            hand_over(sampler, rec["atoms"], rec["edges"], rec["graphs"], wall_s=rec["compute_s"],
+                      cpu_s=rec["compute_cpu_s"])
         if self._ids is not None:
             rec["ids"] = self._ids
-        rec["compute_s"] = rec.get("forward_s", 0.0) + rec.get("backward_compute_s", 0.0)
-        rec["compute_cpu_s"] = rec.get("forward_cpu_s", 0.0) + rec.get("backward_cpu_s", 0.0)
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(rec) + "\n")
+        if self.writer is not None:
+            self.writer.write(rec, sampler)
         self.steps += 1
         self._step = {}

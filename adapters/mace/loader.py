@@ -48,6 +48,7 @@ class EpochAdvancing(BatchSamplerWrapper):
             return  # keep the restored position inside that epoch
         self._resuming = False
         self._next_epoch = epoch
+        self.batch_sampler.set_epoch(epoch)  # now: a cost=auto fit is made here, before mace's checkpoint
 
     def __iter__(self):
         if self._resuming:  # the restored epoch and batch (load_state_dict)
@@ -64,25 +65,43 @@ class EpochAdvancing(BatchSamplerWrapper):
         self._next_epoch = self.batch_sampler.epoch
 
 
-def follow_mace_epochs():
+def follow_mace_epochs(session=None, state_file=None):
     """Make the training sampler pack the epoch mace trains (also after ``--restart_latest``).
 
     ``mace.tools.train.train`` looks ``train_one_epoch`` up in its module at call time, with
     ``epoch=`` and ``data_loader=``; the wrapper calls ``set_epoch(epoch)`` on an
     :class:`EpochAdvancing` batch sampler first. Under ``--distributed`` mace also calls
     ``set_epoch`` on its DistributedSampler (forwarded here too); on one rank nothing else tells
-    the sampler which epoch a resumed run starts at. Returns a function that undoes the wrap.
+    the sampler which epoch a resumed run starts at.
+
+    ``session`` learns which sampler trains (``session.train_sampler``: timed steps go there).
+    ``state_file`` (a callable giving a :class:`~cfm_plugins.steptime.SamplerStateFile` or None)
+    keeps the sampler's resume state: saved after every ``set_epoch`` that changed it (a
+    ``cost=auto`` fit, made at the start of an epoch, so before the checkpoint at that epoch's
+    end), and given back when the first epoch mace trains is not 0 (mace resumed from a
+    checkpoint; fits made after that checkpoint are dropped, that part of the run is redone).
+    Returns a function that undoes the wrap.
     """
     import importlib
 
     mace_train = importlib.import_module("mace.tools.train")  # the module (mace.tools.train is also a function)
     stock = mace_train.train_one_epoch
+    first = [True]
 
     def train_one_epoch(*args, **kwargs):
         loader, epoch = kwargs.get("data_loader"), kwargs.get("epoch")
         batch_sampler = getattr(loader, "batch_sampler", None)
         if isinstance(batch_sampler, EpochAdvancing) and epoch is not None:
+            sampler = batch_sampler.batch_sampler
+            if session is not None:
+                session.train_sampler = sampler
+            keeper = state_file() if state_file is not None else None
+            if keeper is not None and first[0] and epoch > 0:
+                keeper.load(sampler, epoch=epoch)
+            first[0] = False
             batch_sampler.set_epoch(epoch)
+            if keeper is not None:
+                keeper.save(sampler)
         return stock(*args, **kwargs)
 
     mace_train.train_one_epoch = train_one_epoch

@@ -18,9 +18,11 @@ name in run_train      what the replacement does
                        stock model file
 =====================  =========================================================================
 
-With the option ``step_log=PATH``, ``mace.tools.train.take_step`` is wrapped to record each
-step (see :mod:`.steplog`). With binpack, ``mace.tools.train.train_one_epoch`` is wrapped to
-tell the training sampler which epoch mace trains (resumes included, see :mod:`.loader`).
+With the option ``step_log=PATH``, or when a feature needs step times (binpack's ``cost=auto``),
+``mace.tools.train.take_step`` is wrapped to time each step (see :mod:`.steplog`). With binpack,
+``mace.tools.train.train_one_epoch`` is wrapped to tell the training sampler which epoch mace
+trains (resumes included) and to keep its resume state (the ``cost=auto`` fits) in
+``<checkpoints_dir>/<name>_run-<seed>.cfm-binpack.json`` beside mace's checkpoints (see :mod:`.loader`).
 With the ``static`` feature (a ``cfm_static_forward`` hook), the loaders pad their batches
 (``cfm_batch_budget``) and the model is built without e3nn's TorchScript code generation (dynamo
 cannot trace TorchScript; see :mod:`cfm_plugins.static.mace`).
@@ -31,10 +33,16 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import types
 
 from cfm_plugins.manager import Session
 from cfm_plugins.options import TrainerSettings
+from cfm_plugins.steptime import SamplerStateFile, wants_step_times
+
+#: the file beside mace's checkpoints (``<checkpoints_dir>/<name>_run-<seed><suffix>``) that keeps the
+#: training sampler's resume state; mace's checkpoint names end in ``_epoch-<n>.pt``, so it never reads it
+STATE_SUFFIX = ".cfm-binpack.json"
 
 log = logging.getLogger("cfm_plugins.mace")
 
@@ -60,10 +68,13 @@ def install(config) -> callable:
     hook, dist = state.hook, state.dist
     static = bool(hook.cfm_static_forward.get_hookimpls())
     r_max = []  # mace's --r_max, once parsed: pad edges are twice as long
+    resume = {}  # the sampler state file beside mace's checkpoints, known once mace's arguments are
 
     def init_distributed(args):
         state.trainer = trainer_settings(args)
         r_max.append(float(args.r_max))
+        resume["file"] = SamplerStateFile(os.path.join(args.checkpoints_dir, f"{args.name}_run-{args.seed}"
+                                                       f"{STATE_SUFFIX}"), dist.rank)
         hook.cfm_trainer_settings(config=config, trainer=state.trainer)
         if dist.world_size == 1:
             return stock_init(args)
@@ -82,21 +93,21 @@ def install(config) -> callable:
 
         loader_factory = make_dataloader_factory(stock_tg.dataloader.DataLoader, state,
                                                  pad_distance=lambda: 2.0 * max(r_max[-1], 1.0))
-        undo_epochs = follow_mace_epochs()
+        undo_epochs = follow_mace_epochs(state, lambda: resume.get("file"))
     tg = types.SimpleNamespace(dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg) \
         if loader_factory else stock_tg
 
-    step_log = None
-    if config.get("step_log"):
+    recorder = None
+    if config.get("step_log") or wants_step_times(config):
         import importlib
 
         mace_train = importlib.import_module("mace.tools.train")  # the module (mace.tools.train is also a function)
 
-        from cfm_plugins_adapters.mace.steplog import StepLog
+        from cfm_plugins_adapters.mace.steplog import StepRecorder
 
-        step_log = StepLog(config.get("step_log", type=str), dist.rank)
+        recorder = StepRecorder(state, config.get("step_log", type=str) if config.get("step_log") else None)
         saved_take_step = mace_train.take_step
-        mace_train.take_step = step_log.wrap_take_step(saved_take_step)
+        mace_train.take_step = recorder.wrap_take_step(saved_take_step)
 
     def configure_model(*args, **kwargs):
         if not static:
@@ -110,19 +121,22 @@ def install(config) -> callable:
             model = static_mace.without_torchscript(model)
             hook.cfm_patch_model(model=model, config=config)
             hook.cfm_static_forward(model=model, config=config, spec=static_mace.MACE_SPEC)
-        if step_log is not None:
-            step_log.attach(model)
+        if recorder is not None:
+            recorder.attach(model)
         return model, output_args
 
     def DDP(module, device_ids=None, **kwargs):
         on_cpu = next(module.parameters()).device.type == "cpu"
-        return stock_ddp(module, device_ids=None if on_cpu else device_ids, **kwargs)
+        ddp = stock_ddp(module, device_ids=None if on_cpu else device_ids, **kwargs)
+        if recorder is not None:
+            recorder.attach_ddp(ddp)
+        return ddp
 
     def deepcopy(obj, memo=None):
         out = copy.deepcopy(obj, memo)
         if hasattr(out, "modules"):
-            if step_log is not None:
-                step_log.detach_copy(out)
+            if recorder is not None:
+                recorder.detach_copy(out)
             if is_patched(out) or installed(out) is not None:
                 hook.cfm_unpatch_model(model=out, config=config)
         return out
@@ -134,7 +148,7 @@ def install(config) -> callable:
     def undo():
         for name, value in saved.items():
             setattr(rt, name, value)
-        if step_log is not None:
+        if recorder is not None:
             mace_train.take_step = saved_take_step
         if undo_epochs is not None:
             undo_epochs()

@@ -150,6 +150,12 @@ def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: boo
     if batch_sampler is None:
         raise RuntimeError("BinPackDataLoader: no batch sampler was offered; enable the binpack plugin "
                            "(`cfm-run --enable nequip,binpack`)")
+    if role == "train":  # timed steps go there; a restored checkpoint's sampler state comes here
+        session.train_sampler = batch_sampler
+        pending = getattr(session, "pending_resume", None)
+        if pending is not None and hasattr(batch_sampler, "load_resume_state"):
+            batch_sampler.load_resume_state(pending)
+            session.pending_resume = None
     if drop_last:
         log.info("%s loader: drop_last is not needed with balanced batches; every structure is used", role)
     return DataLoader(dataset, batch_sampler=LightningBatchSampler(batch_sampler), generator=generator, **kwargs)

@@ -15,7 +15,10 @@ object built               what the replacement does
                            fused: the callback :class:`.callbacks.FuseOnSetup`, which fuses the
                            LightningModule's ``TensorProductScatter`` in place at every setup
                            (fresh runs, ``ckpt_path`` restarts, val/test runs); the state_dict
-                           is unchanged; step_log: the callback :class:`.steplog.StepLog`
+                           is unchanged; step_log (or a feature that needs step times, binpack's
+                           ``cost=auto``): the callback :class:`.steplog.StepLog`; binpack: the
+                           callback :class:`.callbacks.BinPackState` (the sampler's resume state
+                           in Lightning's checkpoints)
 =========================  =====================================================================
 
 ``NequIPDataModule.get_statistics`` is wrapped so that NequIP's dataset statistics (energy
@@ -29,6 +32,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+
+from cfm_plugins.steptime import wants_step_times
 
 log = logging.getLogger("cfm_plugins.nequip")
 
@@ -66,14 +71,17 @@ def data_config(cfg: dict, session) -> dict:
 def trainer_config(cfg: dict, config, dist) -> dict:
     """A copy of the ``trainer`` config that runs on cfm-run's ranks."""
     cfg = copy.deepcopy(cfg)
+    callbacks = []
     if config.is_enabled("binpack"):
         cfg["use_distributed_sampler"] = False
+        callbacks.append({"_target_": "cfm_plugins_adapters.nequip.callbacks.BinPackState"})
     if config.is_enabled("fused"):
-        cfg["callbacks"] = list(cfg.get("callbacks") or []) + [
-            {"_target_": "cfm_plugins_adapters.nequip.callbacks.FuseOnSetup"}]
-    if config.get("step_log"):
-        cfg["callbacks"] = list(cfg.get("callbacks") or []) + [
-            {"_target_": "cfm_plugins_adapters.nequip.steplog.StepLog", "path": config.get("step_log", type=str)}]
+        callbacks.append({"_target_": "cfm_plugins_adapters.nequip.callbacks.FuseOnSetup"})
+    if config.get("step_log") or wants_step_times(config):
+        callbacks.append({"_target_": "cfm_plugins_adapters.nequip.steplog.StepLog",
+                          "path": config.get("step_log", type=str) if config.get("step_log") else None})
+    if callbacks:
+        cfg["callbacks"] = list(cfg.get("callbacks") or []) + callbacks
     if dist.world_size > 1:
         if cfg.get("strategy") in (None, "auto"):
             cfg["strategy"] = "ddp"

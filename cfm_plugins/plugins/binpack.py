@@ -1,11 +1,20 @@
 """binpack: balanced bin-packing batches (Algorithm 1 of the MACE paper) on every rank.
 
-Its options (``max_tokens``, ``cost``, ``cost_a``, ``cost_b``, ``oversize``, ``seed``) are declared
-in :func:`cfm_declare_options` (``cfm-run --list`` shows them). The default capacity is the
+Its options (``max_tokens``, ``cost``, ``cost_a``, ``cost_b``, ``calibrate_steps``,
+``recalibrate_every``, ``oversize``, ``seed``) are declared in :func:`cfm_declare_options`
+(``cfm-run --list`` shows them). The default capacity is the
 trainer's batch size times the mean graph cost, so an epoch has about as many steps as with the
 trainer's own batches, at least the largest graph; on GPUs it is clamped to the paper's section 5.5
 range (800..4000 atoms in float32, 400..2000 in float64: enough to saturate an A100, below its
 memory ceiling). Each epoch is re-packed from ``seed + epoch``.
+
+``cost=auto`` (:class:`~cfm_plugins.sampler.AutoCostBatchSampler`): the training plans of the first
+epoch (or ``calibrate_steps`` steps) use ``cost_a*atoms + cost_b*edges`` (atoms by default), the
+adapters hand every step's compute time to the sampler (:func:`cfm_needs_step_times` tells them
+to), and from the next epoch on the plans use a cost fitted on those times (see
+:mod:`cfm_plugins.sampler.autocost`). Evaluation loaders keep the initial cost (their steps run
+forward only). The clock is the training thread's CPU time on CPU ranks with one intra-op
+thread (unaffected by other processes sharing the cores), wall-clock time otherwise.
 """
 from __future__ import annotations
 
@@ -34,17 +43,20 @@ def default_capacity(mean_cost: float, max_cost: float, batch_size: int, device:
 @hookimpl
 def cfm_declare_options():
     from cfm_plugins.options import Option
-    from cfm_plugins.sampler.costs import COST_KINDS
     from cfm_plugins.sampler.packing import OVERSIZE_POLICIES
 
     return [
         Option("max_tokens", float, None, "bin capacity in cost units (default: the trainer's batch size x the "
                "mean graph cost, at least the largest graph; on GPUs clamped to 800..4000 atoms in float32, "
                "400..2000 in float64)"),
-        Option("cost", str, "atoms", "cost of a graph: atoms, edges, or linear (cost_a*atoms + cost_b*edges)",
-               COST_KINDS),
-        Option("cost_a", float, 1.0, "atom weight of the linear cost"),
-        Option("cost_b", float, 0.0, "edge weight of the linear cost"),
+        Option("cost", str, "atoms", "cost of a graph: atoms, edges, linear (cost_a*atoms + cost_b*edges), or "
+               "auto (fitted on the run's own step times after calibrate_steps steps)", COST_OPTIONS),
+        Option("cost_a", float, 1.0, "atom weight of the linear cost (with cost=auto: of the calibration plans)"),
+        Option("cost_b", float, 0.0, "edge weight of the linear cost (with cost=auto: of the calibration plans)"),
+        Option("calibrate_steps", int, 0, "cost=auto: training steps timed before the first fit (0: one epoch); "
+               "the fitted cost plans from the next epoch on"),
+        Option("recalibrate_every", int, 0, "cost=auto: refit every this many epochs on the steps since the last "
+               "fit (0: never), for runs whose step cost changes (GPU warm-up, compilation)"),
         Option("oversize", str, "error", "a graph costlier than max_tokens: error, solo (a batch of its own) "
                "or skip", OVERSIZE_POLICIES),
         Option("seed", int, None, "packing seed (default: the trainer's seed, else 0); epoch e packs from seed+e"),
@@ -56,16 +68,39 @@ def cfm_needs_adapter():
     return True  # the sampler is used only where an adapter builds the trainer's loaders
 
 
+COST_OPTIONS = ("atoms", "edges", "linear", "auto")
+
+
 @hookimpl
 def cfm_needs_edges(config):
     return config.get("cost") != "atoms"
 
 
+@hookimpl
+def cfm_needs_step_times(config):
+    return config.get("cost") == "auto"
+
+
 def costs_from_sizes(sizes, config) -> np.ndarray:
+    """Per-graph costs; under ``cost=auto`` those of the calibration plans (the linear cost)."""
     from cfm_plugins.sampler import graph_costs
 
-    return graph_costs(sizes.atoms, sizes.edges, kind=config.get("cost"), a=config.get("cost_a"),
+    kind = config.get("cost")
+    return graph_costs(sizes.atoms, sizes.edges, kind="linear" if kind == "auto" else kind, a=config.get("cost_a"),
                        b=config.get("cost_b"))
+
+
+def step_clock(dist) -> str:
+    """``cpu`` (thread CPU time) on CPU ranks with one intra-op thread, else ``wall``.
+
+    On CPU the training thread runs forward and backward itself and uses no CPU while it waits for
+    other ranks, so its CPU time is the rank's work whatever else shares the cores; with several
+    intra-op threads it misses their share, and on GPUs the work is not on the thread at all.
+    """
+    import torch
+
+    on_cpu = getattr(dist, "device_type", dist.device) == "cpu"
+    return "cpu" if on_cpu and torch.get_num_threads() == 1 else "wall"
 
 
 def global_stats(costs: np.ndarray, dist) -> tuple[float, float]:
@@ -88,6 +123,12 @@ def cfm_configure(config):
     max_tokens = config.get("max_tokens")
     if max_tokens is not None and max_tokens <= 0:
         raise ValueError(f"binpack option max_tokens={config.options.get('max_tokens')!r} must be positive")
+    for name in ("calibrate_steps", "recalibrate_every"):
+        if config.get(name) < 0:
+            raise ValueError(f"binpack option {name}={config.options.get(name)!r} must be >= 0 (0: "
+                             f"{'one epoch' if name == 'calibrate_steps' else 'never'})")
+        if config.get(name) and config.get("cost") != "auto":
+            log.warning("binpack option %s is read only with cost=auto (cost=%s here)", name, config.get("cost"))
 
 
 @hookimpl
@@ -101,12 +142,32 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
         capacity = default_capacity(mean, peak, trainer.batch_size or 8, getattr(dist, "device_type", dist.device),
                                     trainer.dtype or "float64")
     seed = config.get("seed")
-    sampler = BinPackBatchSampler(
-        costs, capacity, rank=dist.rank, world_size=dist.world_size,
-        seed=seed if seed is not None else (trainer.seed or 0), comm=dist.comm if dist.world_size > 1 else None,
-        local_indices=sizes.indices, oversize=config.get("oversize"),
-        shuffle=(role == "train"), evaluation=(role != "train"),
-    )
-    log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)",
-             role, len(sampler), dist.world_size, capacity, config.get("cost"))
+    common = dict(rank=dist.rank, world_size=dist.world_size, seed=seed if seed is not None else (trainer.seed or 0),
+                  comm=dist.comm if dist.world_size > 1 else None, local_indices=sizes.indices,
+                  oversize=config.get("oversize"), shuffle=(role == "train"), evaluation=(role != "train"))
+    cost = config.get("cost")
+    if cost == "auto" and role == "train":
+        from cfm_plugins.sampler import AutoCostBatchSampler, CostCalibration
+
+        if sizes.edges is None:
+            raise ValueError(f"cost=auto needs the edge count of every graph, and the sizes of this "
+                             f"{type(dataset).__name__} came without them; use cost=atoms, or a dataset whose "
+                             "graphs carry their edges")
+        clock = step_clock(dist)
+        calibration = CostCalibration(calibrate_steps=config.get("calibrate_steps"),
+                                      recalibrate_every=config.get("recalibrate_every"), clock=clock)
+        sampler = AutoCostBatchSampler(sizes.atoms, sizes.edges, costs, capacity, calibration=calibration, **common)
+        cost = (f"auto: calibrating on {'one epoch' if not calibration.calibrate_steps else f'{calibration.calibrate_steps} steps'}"
+                f" planned with {initial_cost_label(config)}, {'thread CPU' if clock == 'cpu' else 'wall-clock'} time")
+    else:
+        sampler = BinPackBatchSampler(costs, capacity, **common)
+        if cost == "auto":
+            cost = f"{initial_cost_label(config)}: evaluation loaders keep the initial cost under cost=auto"
+    log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)", role, len(sampler), dist.world_size,
+             capacity, cost)
     return sampler
+
+
+def initial_cost_label(config) -> str:
+    a, b = config.get("cost_a"), config.get("cost_b")
+    return "atoms" if (a, b) == (1.0, 0.0) else f"{a:g}*atoms + {b:g}*edges"

@@ -14,7 +14,9 @@ import logging
 import numpy as np
 from torch.utils.data import Sampler
 
+from .autocost import Calibration, align_records, data_digest, fit_step_times, fitted_costs, predicted_lif
 from .packing import Packing, check_capacity, check_world_size, pack, packing_from_bins, validate_costs
+from .report import load_imbalance_factor
 
 log = logging.getLogger("cfm_plugins.sampler")
 
@@ -26,10 +28,12 @@ def _rank_list(ranks) -> str:
 def gather_shards(costs: np.ndarray, local_indices, comm) -> np.ndarray:
     """Global cost array from every rank's ``(local_indices, costs)`` shard (a collective call).
 
+    ``costs`` may have further columns (``(n, k)``: several values per sample, gathered alike).
+
     Raises ``ValueError`` (on every rank) if the shards overlap or leave gaps.
     """
     idx = np.asarray(local_indices, dtype=np.int64)
-    if idx.ndim != 1 or idx.shape != costs.shape:
+    if idx.ndim != 1 or idx.shape != costs.shape[:1]:
         raise ValueError(f"local_indices has shape {idx.shape} but costs has shape {costs.shape}: "
                          "give one global dataset index per local cost")
     parts = comm.allgather((idx, costs))
@@ -51,7 +55,7 @@ def gather_shards(costs: np.ndarray, local_indices, comm) -> np.ndarray:
         gap = np.flatnonzero(seen == 0)
         raise ValueError(f"shards leave gaps: {len(gap)} sample(s) of 0..{n - 1} are on no rank, e.g. "
                          f"{gap[:5].tolist()}; every global index must belong to one rank")
-    out = np.empty(n, dtype=np.float64)
+    out = np.empty((n,) + all_cost.shape[1:], dtype=np.float64)
     out[all_idx] = all_cost
     return out
 
@@ -120,6 +124,7 @@ class BinPackBatchSampler(Sampler):
         self._plan_key = None
         self._dropped: tuple[int, int] = (0, 0)
         self._verified_key = None
+        self._cost_version = 0  # bumped when the costs change (cost=auto), part of the plan's key
         self.plan()  # errors (oversize, too many ranks) surface at construction
 
     # -- MPI checks ----------------------------------------------------------------------------
@@ -167,7 +172,7 @@ class BinPackBatchSampler(Sampler):
 
     def plan(self) -> Packing:
         """The (global) packing of the current epoch, after ``drop_last``."""
-        key = (self._pack_seed(), self.epoch if self.shuffle else None)
+        key = (self._pack_seed(), self.epoch if self.shuffle else None, self._cost_version)
         if self._plan is None or self._plan_key != key:
             p = self.packing_of_epoch(self.epoch)
             if self.drop_last:
@@ -273,3 +278,187 @@ class BatchSamplerWrapper(Sampler):
 
     def load_state_dict(self, state):
         self.batch_sampler.load_state_dict(state)
+
+
+class AutoCostBatchSampler(BinPackBatchSampler):
+    """A :class:`BinPackBatchSampler` whose costs are fitted on the run's own step times (``cost=auto``).
+
+    The first epoch (or the first ``calibration.calibrate_steps`` steps) is planned with
+    ``initial_costs``; the adapter hands every training step's compute time to
+    :meth:`record_step`; at the start of the next epoch the records of all ranks are gathered
+    once (``comm.allgather``), rank 0 fits them (:func:`~cfm_plugins.sampler.autocost.fit_step_times`)
+    and every rank takes rank 0's fit, so every rank computes the same costs and the same plan
+    (the checksum still holds). The fits are the state a resume needs (:meth:`resume_state`,
+    :meth:`load_resume_state`): step times cannot be measured again, so a resumed run must be
+    given the fits of the interrupted one to plan the same batches.
+
+    Args (beyond :class:`BinPackBatchSampler`'s): ``atoms``, ``edges``: per-sample counts (global,
+    or this rank's shard with ``local_indices``); ``initial_costs``: the costs of the calibration
+    plans, in the units of ``capacity`` (fitted costs are scaled to the same total);
+    ``calibration``: a :class:`~cfm_plugins.sampler.autocost.CostCalibration` (schedule, clock).
+    """
+
+    def __init__(self, atoms, edges, initial_costs, capacity, *, calibration, rank: int, world_size: int,
+                 seed: int = 0, comm=None, local_indices=None, **kwargs):
+        cols = np.stack([np.asarray(x, dtype=np.float64).reshape(-1) for x in (atoms, edges, initial_costs)], axis=1)
+        if local_indices is not None:
+            if comm is None:
+                raise ValueError("local_indices hold a shard but comm is None: pass the mpi4py communicator")
+            cols = gather_shards(cols, local_indices, comm)
+        self.atoms, self.edges, initial = cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy()
+        self.initial_costs = initial
+        self.initial_capacity = check_capacity(capacity)
+        self.calibration = calibration
+        self._digest = data_digest(self.atoms, self.edges)
+        self._applied = None  # the Calibration whose costs are in use (None: initial costs)
+        self._said_untimed = False
+        self._waiting = None  # (epoch, passes over the loader) of the last "too few steps" verdict
+        self._passes = 0  # iterations of this sampler (the same count on every rank)
+        super().__init__(initial, capacity, rank=rank, world_size=world_size, seed=seed, comm=comm, **kwargs)
+
+    # -- what adapters call ---------------------------------------------------------------------
+    @property
+    def needs_step_times(self) -> bool:
+        """Whether :meth:`record_step` is wanted now (while calibrating, or with recalibration)."""
+        return self.calibration.collecting
+
+    def record_step(self, atoms: int, edges: int, graphs: int, wall_s: float | None = None,
+                    cpu_s: float | None = None) -> None:
+        """One training step of this rank: the batch's totals and its compute time (forward +
+        backward, without waits for other ranks), in wall-clock and/or thread CPU seconds."""
+        self.calibration.record(self.epoch, atoms, edges, graphs, wall_s, cpu_s)
+
+    @property
+    def cost_label(self) -> str:
+        """The cost of the current epoch's plan, for step logs: ``initial`` or ``auto-<k>`` (k-th fit)."""
+        cal = self.calibration.fit_for(self.epoch)
+        return "initial" if cal is None else f"auto-{self.calibration.history.index(cal) + 1}"
+
+    @property
+    def calibrations(self) -> list:
+        """The fits made so far (:class:`~cfm_plugins.sampler.autocost.Calibration`), oldest first."""
+        return list(self.calibration.history)
+
+    def resume_state(self) -> dict | None:
+        """What a resume needs to plan the same batches (JSON-able), or None before any fit."""
+        return self.calibration.state(self._digest) if self.calibration.history else None
+
+    def load_resume_state(self, state: dict | None, epoch: int | None = None, restart_at_zero: bool = False) -> bool:
+        """Take the fits of an interrupted run (see :meth:`CostCalibration.load_state`); the
+        plans of ``epoch`` on use them. Returns whether any fit applies."""
+        ok = self.calibration.load_state(state, self._digest, epoch=epoch, restart_at_zero=restart_at_zero)
+        if ok and self.rank == 0:
+            cal = self.calibration.current
+            log.info("cost=auto: resuming with the saved fit from epoch %d: step time = %s", cal.from_epoch,
+                     cal.fit.formula())
+        self._use_costs_of(self.epoch)
+        return ok
+
+    # -- epochs ---------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self._prepare(self.epoch)
+
+    def __iter__(self):
+        self._prepare(self.epoch)
+        self._passes += 1
+        self.calibration.epoch_planned(self.epoch, len(self))
+        yield from super().__iter__()
+
+    def _prepare(self, epoch: int) -> None:
+        if self.calibration.due(epoch):
+            self._calibrate(epoch)
+        self._use_costs_of(epoch)
+
+    def _use_costs_of(self, epoch: int) -> None:
+        cal = self.calibration.fit_for(epoch)
+        if cal is self._applied:
+            return
+        if cal is None:
+            costs, capacity = self.initial_costs, self.initial_capacity
+        else:
+            costs = fitted_costs(cal.fit, self.atoms, self.edges, self.initial_costs)
+            capacity = max(self.initial_capacity, float(costs.max()))
+        self.costs, self.capacity, self._applied = validate_costs(costs), capacity, cal
+        self._cost_version += 1
+        self._plan = None
+
+    def _calibrate(self, epoch: int) -> None:
+        """Gather every rank's records, fit on rank 0, take rank 0's verdict everywhere (collective)."""
+        planned = dict(self.calibration.planned)
+        waiting = (epoch, self._passes)  # the same on every rank
+        if waiting == self._waiting:  # asked again for the same epoch without a pass over the loader since
+            return  # (mace calls set_epoch twice, then iterates): the verdict stands
+        local = self.calibration.take_records()
+        multi = self.comm is not None and self.world_size > 1
+        parts = self.comm.allgather(local) if multi else [local]
+        verdict = self._fit(parts, epoch) if self.rank == 0 else None
+        if multi:
+            verdict = self.comm.allgather(verdict)[0]
+        kind, payload = verdict
+        if kind == "more":  # too few steps yet: keep this rank's records and time the next epoch too
+            self.calibration.records = local + self.calibration.records
+            self.calibration.planned = planned
+            self._waiting = waiting
+            return
+        if kind == "none":
+            self.calibration.give_up()
+            return
+        cal = Calibration.from_dict(payload)
+        self.calibration.history.append(cal)
+        self._use_costs_of(epoch)
+        cal.lif_predicted = predicted_lif(cal.fit, self.plan(), self.atoms, self.edges, self.world_size)
+        if self.rank == 0:
+            f = cal.fit
+            cands = ", ".join(f"{'+'.join(t)} {e * 1e3:.3g} ms" for t, e in f.cv_table[:4])
+            clock = "thread CPU time" if f.clock == "cpu" else "wall-clock time"
+            log.info("binpack cost=auto from epoch %d: step time = %s (%s of forward+backward, %d steps x %d ranks, "
+                     "R^2 %.3f; model %s chosen by cross-validated error of the per-step max over ranks: %s); "
+                     "LIF measured in the calibration %.3f (the fit predicts %.3f there), predicted for the new plan "
+                     "%.3f; capacity %g", epoch, f.formula(), clock, f.steps, f.ranks, f.r2,
+                     "+".join(f.terms) or "(none)", cands, cal.lif_measured, cal.lif_predicted_before,
+                     cal.lif_predicted, self.capacity)
+
+    def _fit(self, parts, epoch: int):
+        """Rank 0's verdict on the gathered records: ("fit", calibration), ("more", None) or ("none", reason)."""
+        first = not self.calibration.history
+        if not any(parts):  # the loader was iterated without training (a trainer's set-up pass), or
+            if not self._said_untimed:  # the adapter does not time steps: wait for timed steps
+                self._said_untimed = True
+                log.info("binpack cost=auto: no timed training step in the epochs so far (a pass over the loader "
+                         "without training, or an adapter that does not time steps); the plans keep %s until there "
+                         "are", "the initial cost" if first else "the last fit")
+            return ("more", None)
+        aligned = align_records(parts, self.calibration.clock)
+        if aligned is None:
+            log.warning("binpack cost=auto: the ranks share no timed step; keeping %s",
+                        "the initial cost" if first else "the last fit")
+            return ("none", "the ranks share no timed step")
+        times, atoms, edges, graphs, clock = aligned
+        if len(times) < 4:
+            if first:
+                log.info("binpack cost=auto: %d timed steps are too few to fit; timing the next epoch too", len(times))
+                return ("more", None)
+            log.info("binpack cost=auto: %d timed steps are too few to refit; keeping the last fit", len(times))
+            return ("none", "too few steps")
+        fit = fit_step_times(times, atoms, edges, graphs, clock=clock)
+        if not fit.explains:
+            log.warning("binpack cost=auto: the step times do not grow with atoms, edges or graphs (R^2 %.3f over %d "
+                        "steps); keeping %s", fit.r2, fit.steps, "the initial cost" if first else "the last fit")
+            return ("none", "nothing explains the step times")
+        before = load_imbalance_factor(fit.predict(atoms, edges, graphs))
+        cal = Calibration(epoch, fit, load_imbalance_factor(times), float("nan"), before)
+        return ("fit", cal.to_dict())
+
+    # -- mid-epoch resume (state_dict) carries the fits too -------------------------------------
+    def state_dict(self, batches_consumed: int | None = None) -> dict:
+        state = super().state_dict(batches_consumed)
+        state["cost_state"] = self.resume_state()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("cost_state"):
+            self.calibration.load_state(state["cost_state"], self._digest, epoch=int(state["epoch"]))
+        self.epoch = int(state["epoch"])
+        self._use_costs_of(self.epoch)
+        super().load_state_dict(state)

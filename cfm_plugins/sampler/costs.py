@@ -49,13 +49,13 @@ def graph_costs(num_atoms, num_edges=None, kind: str = "atoms", a: float = 1.0, 
 
 
 class LinearCostFit(tuple):
-    """``(a, b)`` of ``time ~ c0 + a*atoms + b*edges``; also ``.c0`` (0 without an intercept),
-    ``.r2``, ``.times``, ``.predicted``."""
+    """``(a, b)`` of ``time ~ c0 + a*atoms + b*edges [+ g*graphs]``; also ``.c0`` (0 without an
+    intercept), ``.g`` (0 without graph counts), ``.r2``, ``.times``, ``.predicted``."""
 
-    def __new__(cls, a, b, r2, times, predicted, c0=0.0):
+    def __new__(cls, a, b, r2, times, predicted, c0=0.0, g=0.0):
         self = super().__new__(cls, (float(a), float(b)))
         self.r2, self.times, self.predicted = float(r2), np.asarray(times), np.asarray(predicted)
-        self.c0 = float(c0)
+        self.c0, self.g = float(c0), float(g)
         return self
 
     a = property(lambda self: self[0])
@@ -63,7 +63,8 @@ class LinearCostFit(tuple):
 
     def __repr__(self):
         c0 = f"c0={self.c0:.4g}, " if self.c0 else ""
-        return f"LinearCostFit({c0}a={self[0]:.4g}, b={self[1]:.4g}, r2={self.r2:.4f})"
+        g = f", g={self.g:.4g}" if self.g else ""
+        return f"LinearCostFit({c0}a={self[0]:.4g}, b={self[1]:.4g}{g}, r2={self.r2:.4f})"
 
 
 def _fit_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -84,23 +85,23 @@ def _fit_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_linear_cost(num_atoms, num_edges, times, intercept: bool = False) -> LinearCostFit:
-    """Fit ``times ~ c0 + a*atoms + b*edges`` (``c0`` only with ``intercept``), all >= 0.
+def fit_counts(counts, times, intercept: bool = False) -> tuple[np.ndarray, float, np.ndarray, float]:
+    """Non-negative least squares of ``times ~ c0 + sum_k coef_k * counts[k]``.
 
-    ``num_atoms``, ``num_edges``: totals of each measured batch; ``times``: its measured time.
-    The columns are scaled to unit mean before the fit so that neither count is favoured.
+    ``counts``: a list of 1-D arrays (atoms, edges, graphs, ... of each timed batch), one per
+    coefficient. Returns ``(coef, c0, predicted, r2)``, every coefficient and ``c0`` >= 0 (``c0``
+    is 0 without ``intercept``). The columns are scaled to unit mean before the fit so that no
+    count is favoured by its magnitude.
     """
-    atoms = np.asarray(num_atoms, dtype=np.float64)
-    edges = np.asarray(num_edges, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
-    if not (atoms.ndim == edges.ndim == t.ndim == 1 and len(atoms) == len(edges) == len(t)):
-        raise ValueError(f"fit_linear_cost needs 1-D atoms, edges and times of one length "
-                         f"(got shapes {atoms.shape}, {edges.shape}, {t.shape})")
-    if len(t) < 2 + intercept:
-        raise ValueError(f"fit_linear_cost needs at least {2 + intercept} timed batches, got {len(t)}")
+    cols = [np.asarray(c, dtype=np.float64) for c in counts] + ([np.ones_like(t)] if intercept else [])
+    if t.ndim != 1 or any(c.shape != t.shape for c in cols):
+        raise ValueError(f"fit_counts needs 1-D counts and times of one length (got shapes "
+                         f"{[c.shape for c in cols]} and {t.shape})")
+    if len(t) < len(cols):
+        raise ValueError(f"a fit of {len(cols)} coefficients needs at least {len(cols)} timed batches, got {len(t)}")
     if not np.all(np.isfinite(t)):
-        raise ValueError("fit_linear_cost: the times hold NaN or inf")
-    cols = [atoms, edges] + ([np.ones_like(t)] if intercept else [])
+        raise ValueError("the times hold NaN or inf")
     x = np.stack(cols, axis=1)
     scale = np.abs(x).mean(axis=0)
     scale[scale == 0] = 1.0
@@ -109,7 +110,30 @@ def fit_linear_cost(num_atoms, num_edges, times, intercept: bool = False) -> Lin
     ss_res = float(np.sum((t - pred) ** 2))
     ss_tot = float(np.sum((t - t.mean()) ** 2))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
-    return LinearCostFit(coef[0], coef[1], r2, t, pred, c0=coef[2] if intercept else 0.0)
+    n = len(counts)
+    return coef[:n], float(coef[n]) if intercept else 0.0, pred, r2
+
+
+def fit_linear_cost(num_atoms, num_edges, times, intercept: bool = False, num_graphs=None) -> LinearCostFit:
+    """Fit ``times ~ c0 + a*atoms + b*edges [+ g*graphs]`` (``c0`` only with ``intercept``), all >= 0.
+
+    ``num_atoms``, ``num_edges`` (and ``num_graphs``): totals of each measured batch; ``times``:
+    its measured time. ``g`` (on the result) is the cost of a graph beyond its atoms and edges
+    (per-graph readout, padding of the batch); 0 without ``num_graphs``.
+    """
+    atoms = np.asarray(num_atoms, dtype=np.float64)
+    edges = np.asarray(num_edges, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if not (atoms.ndim == edges.ndim == t.ndim == 1 and len(atoms) == len(edges) == len(t)):
+        raise ValueError(f"fit_linear_cost needs 1-D atoms, edges and times of one length "
+                         f"(got shapes {atoms.shape}, {edges.shape}, {t.shape})")
+    counts = [atoms, edges] + ([num_graphs] if num_graphs is not None else [])
+    if len(t) < len(counts) + intercept:
+        raise ValueError(f"fit_linear_cost needs at least {len(counts) + intercept} timed batches, got {len(t)}")
+    if not np.all(np.isfinite(t)):
+        raise ValueError("fit_linear_cost: the times hold NaN or inf")
+    coef, c0, pred, r2 = fit_counts(counts, t, intercept)
+    return LinearCostFit(coef[0], coef[1], r2, t, pred, c0=c0, g=coef[2] if num_graphs is not None else 0.0)
 
 
 def calibrate_linear_cost(run_batch: Callable[[object], object], batches: Sequence, num_atoms, num_edges,

@@ -1,18 +1,22 @@
-"""HydraGNN on 2 MPI ranks with and without binpack: the load imbalance factor of both (`make demo-hydragnn`).
+"""HydraGNN on 2 MPI ranks with and without binpack: the load imbalance factor of each (`make demo-hydragnn`).
 
 1. make the EMT set of molecules and metal clusters (3-300 atoms) when it is missing;
-2. train HydraGNN (``examples/hydragnn/train.py``, the JSON config beside it) twice under
+2. train HydraGNN (``examples/hydragnn/train.py``, the JSON config beside it) under
    ``mpirun -np 2 cfm-run``: ``--enable hydragnn`` (HydraGNN's own DistributedSampler batches)
-   and ``--enable hydragnn,binpack``, both with ``step_log`` (HydraGNN's own trace regions);
-3. print, for both, the LIF of the compute time per step (forward + backward up to the gradient
-   all-reduce; max over ranks / mean, summed over steps), the LIF of the forward alone and of
+   and ``--enable hydragnn,binpack`` once per ``--cost`` (default ``edges,auto``: the edge count,
+   and the cost fitted on the run's own step times after its first epoch), all with ``step_log``
+   (HydraGNN's own trace regions);
+3. print, for each run, the LIF of the compute time per step (forward + backward up to the gradient
+   all-reduce; max over ranks / mean, summed over steps), over all steps and over the epochs after
+   the first (the ones ``cost=auto`` plans with its fit), the LIF of the forward alone and of
    HydraGNN's whole backward region (which contains the all-reduce wait), steps per rank per
-   epoch, graphs per step, the epoch losses; and draw the first steps of both as batches.png.
+   epoch, graphs per step, the epoch losses, the ``cost=auto`` fits; and draw the first steps of
+   the stock and the first binpack run as batches.png.
 
 Outputs in examples/hydragnn/out/ (``summary.json``, ``batches.png``, the step logs, HydraGNN's
-logs/). Options: --epochs, --np, --cost (edges/atoms/calibrated), --max-tokens, --num (structures), --seeds
-(repeat both runs with other training-set orders and packing seeds, for the spread of the LIF and
-the losses), --default-malloc (see STEADY_MALLOC).
+logs/). Options: --epochs, --np, --cost (comma-separated: edges/atoms/auto/calibrated), --max-tokens,
+--num (structures), --seeds (repeat every run with other training-set orders and packing seeds,
+for the spread of the LIF and the losses), --default-malloc (see STEADY_MALLOC).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cfm_plugins.testing import clean_env, mpirun_command
+from cfm_plugins.testing import clean_env, demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -75,10 +79,13 @@ def summarize(ranks: list[list[dict]], epochs: int) -> dict:
     skip = min(per_epoch, 3)  # the first steps pay one-off costs (allocation, DDP bucket rebuild)
     graphs = np.array([s["graphs"] for r in ranks for s in r])
     atoms = np.array([[s["atoms"] for s in r[: min(per_rank)]] for r in ranks])
+    # binpack's records name their epoch; HydraGNN's own batches are the same count every epoch
+    later = [[s for k, s in enumerate(r) if s.get("epoch", k // max(per_epoch, 1)) >= 1] for r in ranks]
     return {
         "steps_per_rank": per_rank, "steps_per_epoch": per_epoch,
         "lif_compute": load_imbalance(ranks, "compute_s", skip),
         "lif_compute_cpu": load_imbalance(ranks, "compute_cpu_s", skip),
+        "lif_compute_cpu_after_epoch0": load_imbalance(later, "compute_cpu_s") if epochs > 1 else float("nan"),
         "lif_forward": load_imbalance(ranks, "forward_s", skip),
         "lif_backward_region": load_imbalance(ranks, "backward_s", skip),
         "lif_epoch_compute": epoch_imbalance(ranks, "compute_s", skip),
@@ -88,8 +95,15 @@ def summarize(ranks: list[list[dict]], epochs: int) -> dict:
     }
 
 
+def auto_fits(steps_path: str) -> list[dict]:
+    """The cost=auto fits of a run, as its step log recorded them (rank 0's)."""
+    from cfm_plugins.steplog import read_step_events
+
+    return read_step_events(steps_path)[0]
+
+
 def cost_options(kind: str, stock_steps: str) -> list[str]:
-    """binpack's cost options; ``calibrated`` fits the stock run's own step timings (HydraGNN's
+    """binpack's cost options (``auto``: fitted by binpack on the run's own first epoch); ``calibrated`` fits the stock run's own step timings (HydraGNN's
     trace regions, thread CPU time of forward + backward) as c0 + a*atoms + b*edges with all three
     coefficients >= 0 (:func:`cfm_plugins.sampler.fit_linear_cost`: the atoms and edges of random
     batches are nearly collinear, and an unconstrained fit can give a negative coefficient), then uses
@@ -150,18 +164,20 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--num", type=int, default=400, help="structures in the data set")
-    p.add_argument("--cost", default="edges", choices=["edges", "atoms", "calibrated"],
-                   help="binpack cost per graph (edges: EGNN's forward grows with the edge count; calibrated: "
-                        "atoms + b*edges with a, b >= 0 fitted on the stock run's own step timings)")
+    p.add_argument("--cost", default="edges,auto",
+                   help="binpack costs to run, comma-separated, each against the same stock run (edges: EGNN's "
+                        "forward grows with the edge count; auto: fitted by binpack on the run's own first epoch; "
+                        "calibrated: atoms + b*edges with a, b >= 0 fitted offline on the stock run's step timings)")
     p.add_argument("--seeds", type=int, default=1,
-                   help="repeat both runs with this many training-set orders (and binpack packing seeds): "
+                   help="repeat every run with this many training-set orders (and binpack packing seeds): "
                         "spread of the LIF and of the losses")
     p.add_argument("--cost-b", type=float, default=None,
                    help="use cost = atoms + COST_B * edges (binpack's linear cost) instead of --cost")
     p.add_argument("--max-tokens", type=float, default=None, help="bin capacity (default: batch size x mean cost)")
     p.add_argument("--default-malloc", action="store_true",
-                   help=f"leave glibc's malloc as it is (default: GLIBC_TUNABLES={STEADY_MALLOC}, for both runs)")
+                   help=f"leave glibc's malloc as it is (default: GLIBC_TUNABLES={STEADY_MALLOC}, for every run)")
     args = p.parse_args(argv)
+    kinds = ["linear"] if args.cost_b is not None else demo_costs(p, args.cost, ("edges", "atoms", "auto", "calibrated"))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
@@ -184,46 +200,61 @@ def main(argv=None) -> int:
 
     env = run_env(steady_malloc=not args.default_malloc)
     print(f"[2/3] HydraGNN ({config['NeuralNetwork']['Architecture']['model_type']}) on {args.np} ranks, "
-          f"{args.epochs} epochs, with and without binpack; GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '(unset)')}",
-          flush=True)
-    options = ["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else []
-    runs = {}
+          f"{args.epochs} epochs, stock and binpack with cost {', '.join(kinds)}; "
+          f"GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '(unset)')}", flush=True)
+    common = ["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else []
+    runs, options = {}, {}
     for seed in range(args.seeds):
         tag = "" if seed == 0 else f"_seed{seed}"
         runs["stock" + tag] = train(out, "stock" + tag, "hydragnn", cfg_path, args.np, [], seed, env)
-        if seed == 0:
-            options += (["-o", "cost=linear", "-o", "cost_a=1", "-o", f"cost_b={args.cost_b}"]
-                        if args.cost_b is not None else cost_options(args.cost, runs["stock"]["steps_path"]))
-            print("binpack cost:", " ".join(options[1::2]), flush=True)
-        runs["binpack" + tag] = train(out, "binpack" + tag, "hydragnn,binpack", cfg_path, args.np,
-                                      options + ["-o", f"seed={seed}"], seed, env)
+        for kind in kinds:
+            if kind not in options:
+                options[kind] = (["-o", "cost=linear", "-o", "cost_a=1", "-o", f"cost_b={args.cost_b}"]
+                                 if kind == "linear" else cost_options(kind, runs["stock"]["steps_path"]))
+                print(f"binpack {kind}:", " ".join(options[kind][1::2]), flush=True)
+            runs[kind + tag] = train(out, kind + tag, "hydragnn,binpack", cfg_path, args.np,
+                                     common + options[kind] + ["-o", f"seed={seed}"], seed, env)
 
     from cfm_plugins.steplog import read_step_logs
 
     for label, run in runs.items():
         run.update(summarize(read_step_logs(run["steps_path"]), args.epochs))
+        if label.split("_")[0] == "auto":
+            run["fits"] = auto_fits(run["steps_path"])
     print("[3/3] results (LIF: max over ranks / mean, per step, summed over steps; cpu = thread CPU time of "
-          "forward + backward, compute = wall time of forward + backward up to the all-reduce)", flush=True)
-    print(f"{'':10s} {'LIF cpu':>8s} {'LIF compute':>12s} {'LIF forward':>12s} {'LIF bwd region':>15s} "
-          f"{'LIF atoms':>10s} {'steps/epoch':>12s} {'graphs/step':>12s}  train loss per epoch")
+          "forward + backward, compute = wall time of forward + backward up to the all-reduce; 'cpu e1+' = "
+          "the epochs after the first, those cost=auto plans with its fit)", flush=True)
+    print(f"{'':16s} {'LIF cpu':>8s} {'cpu e1+':>8s} {'LIF compute':>12s} {'LIF forward':>12s} "
+          f"{'LIF bwd region':>15s} {'LIF atoms':>10s} {'steps/epoch':>12s} {'graphs/step':>12s}  train loss per epoch")
     for label, r in runs.items():
-        print(f"{label:10s} {r['lif_compute_cpu']:8.3f} {r['lif_compute']:12.3f} {r['lif_forward']:12.3f} "
-              f"{r['lif_backward_region']:15.3f} "
+        print(f"{label:16s} {r['lif_compute_cpu']:8.3f} {r['lif_compute_cpu_after_epoch0']:8.3f} {r['lif_compute']:12.3f} "
+              f"{r['lif_forward']:12.3f} {r['lif_backward_region']:15.3f} "
               f"{r['lif_atoms']:10.3f} {r['steps_per_epoch']:12d} {r['mean_graphs_per_step']:12.2f}  "
               f"{', '.join(f'{x:.4f}' for x in r['train_losses'])}")
+    for label, r in runs.items():
+        for fit in r.get("fits", []):
+            f = fit["fit"]
+            terms = " + ".join(f"{v:.3g} s/{n}" for n, v in (("atom", f["a"]), ("edge", f["b"]), ("graph", f["g"])) if v)
+            print(f"{label} fit from epoch {fit['from_epoch']}: {f['c0']:.3g} s + {terms} ({f['clock']}, "
+                  f"{f['steps']} steps, R^2 {f['r2']:.3f}); LIF measured {fit['lif_measured']:.3f}, predicted for "
+                  f"the new plan {fit['lif_predicted']:.3f}")
     if args.seeds > 1:
-        for kind in ("stock", "binpack"):
+        for kind in ["stock"] + kinds:
             of_kind = [r for k, r in runs.items() if k.split("_")[0] == kind]
             last = [r["train_losses"][-1] for r in of_kind]
             lif = [r["lif_compute_cpu"] for r in of_kind]
+            later = [r["lif_compute_cpu_after_epoch0"] for r in of_kind]
             print(f"{kind} over {args.seeds} seeds: LIF cpu median {np.median(lif):.3f} (min {min(lif):.3f}, "
-                  f"max {max(lif):.3f}); final train loss mean {np.mean(last):.4f} (min {min(last):.4f}, "
+                  f"max {max(lif):.3f}); epochs 1+ median {np.median(later):.3f} (min {min(later):.3f}, "
+                  f"max {max(later):.3f}); final train loss mean {np.mean(last):.4f} (min {min(last):.4f}, "
                   f"max {max(last):.4f})")
-    opts = dict(o.split("=", 1) for o in options[1::2])
-    cost = {"kind": opts.get("cost", "atoms"), "a": float(opts.get("cost_a", 1)), "b": float(opts.get("cost_b", 0))}
-    png = draw_batches(out, config, data_path, args.np, runs["binpack"]["capacity"], cost)
-    runs["binpack"]["cost"] = cost
-    print(f"batches: {png}")
+    first = next((k for k in kinds if k != "auto"), None)
+    if first is not None:
+        opts = dict(o.split("=", 1) for o in options[first][1::2])
+        cost = {"kind": opts.get("cost", "atoms"), "a": float(opts.get("cost_a", 1)), "b": float(opts.get("cost_b", 0))}
+        png = draw_batches(out, config, data_path, args.np, runs[first]["capacity"], cost)
+        runs[first]["cost"] = cost
+        print(f"batches: {png}")
     (out / "summary.json").write_text(json.dumps(runs, indent=2))
     print(f"summary: {out / 'summary.json'}")
     return 0

@@ -81,6 +81,8 @@ def main(config_file, log_dir=None, seed=0):
 
     writer = hydragnn.utils.get_summary_writer(log_name)
     hydragnn.utils.save_config(config, log_name)
+    # "Training": {"continue": 1, "startfrom": NAME} loads logs/NAME/NAME.pk, as hydragnn.run_training does
+    hydragnn.utils.load_existing_model_config(model, config["NeuralNetwork"]["Training"], optimizer=optimizer)
 
     tr.initialize()
     tr.disable()

@@ -1,6 +1,8 @@
 """BinPackBatchSampler in a real DataLoader: coverage, len, epochs, resume, drop_last, errors."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -197,3 +199,123 @@ def test_eval_set_smaller_than_the_ranks_is_evaluated_whole_on_every_rank(n, wor
                 for r in range(world_size)]
     assert all(b == per_rank[0] for b in per_rank)
     assert sorted(i for b in per_rank[0] for i in b) == list(range(n))
+
+
+# ------------------------------------------------------------------------------------- cost=auto
+def auto_sampler(rank=0, world_size=1, **kwargs):
+    """600 graphs of 3..300 atoms with 4, 12 or 24 edges per atom, calibrated on one epoch."""
+    from cfm_plugins.sampler import AutoCostBatchSampler, CostCalibration
+
+    rng = np.random.default_rng(11)
+    atoms = rng.integers(3, 300, 600)
+    edges = atoms * rng.choice([4, 12, 24], 600)
+    cal = CostCalibration(warmup_steps=kwargs.pop("warmup_steps", 1), **kwargs)
+    return AutoCostBatchSampler(atoms, edges, atoms.astype(float), 2000, rank=rank, world_size=world_size, seed=5,
+                                calibration=cal), atoms, edges
+
+
+def time_epoch(sampler, atoms, edges, model=(2e-3, 1e-5, 2e-6)):
+    """Iterate one epoch through a DataLoader and hand each batch's time to the sampler, as adapters do."""
+    ds = Graphs(atoms)
+    batches = []
+    for idx, pos in DataLoader(ds, batch_sampler=sampler, collate_fn=collate):
+        a, e = int(pos.shape[0]), int(edges[idx.numpy()].sum())
+        sampler.record_step(atoms=a, edges=e, graphs=len(idx), cpu_s=model[0] + model[1] * a + model[2] * e)
+        batches.append(sorted(idx.tolist()))
+    return batches
+
+
+def test_auto_cost_plans_the_first_epoch_with_the_initial_cost_then_with_the_fit(caplog):
+    from cfm_plugins.sampler.autocost import fitted_costs
+
+    s, atoms, edges = auto_sampler()
+    assert s.needs_step_times and s.cost_label == "initial"
+    stock = BinPackBatchSampler(atoms.astype(float), 2000, rank=0, world_size=1, seed=5)
+    assert s.plan().checksum() == stock.plan().checksum()  # calibration epoch: the atoms plan
+    first = time_epoch(s, atoms, edges)
+    with caplog.at_level("INFO", logger="cfm_plugins.sampler"):
+        s.set_epoch(1)
+    assert "binpack cost=auto from epoch 1: step time = 2 ms + 10 us/atom + 2 us/edge" in caplog.text
+    assert s.cost_label == "auto-1" and len(s.calibrations) == 1 and not s.needs_step_times
+    fit = s.calibrations[0].fit
+    assert (fit.c0, fit.a, fit.b) == pytest.approx((2e-3, 1e-5, 2e-6), rel=1e-6)  # exact times: exact fit
+    costs = fitted_costs(fit, atoms, edges, atoms.astype(float))
+    np.testing.assert_array_equal(s.costs, costs)
+    refit = BinPackBatchSampler(costs, max(2000, costs.max()), rank=0, world_size=1, seed=5)
+    refit.set_epoch(1)
+    assert s.plan().checksum() == refit.plan().checksum()
+    second = time_epoch(s, atoms, edges)
+    assert sorted(i for b in second for i in b) == list(range(600)) and second != first
+
+
+def test_auto_cost_resume_plans_the_same_batches(tmp_path):
+    from cfm_plugins.sampler.autocost import read_state, write_state
+
+    s, atoms, edges = auto_sampler()
+    time_epoch(s, atoms, edges)
+    s.set_epoch(1)
+    plans = {1: list(s)}
+    s.set_epoch(2)
+    plans[2] = list(s)
+    write_state(tmp_path / "state.json", s.resume_state())  # through JSON, as the adapters keep it
+
+    resumed, _, _ = auto_sampler()
+    assert resumed.load_resume_state(read_state(tmp_path / "state.json"), epoch=1)
+    for epoch in (1, 2):
+        resumed.set_epoch(epoch)
+        assert list(resumed) == plans[epoch], epoch
+    assert not resumed.needs_step_times  # nothing to calibrate again
+    fresh, _, _ = auto_sampler()  # resumed at epoch 0: the fit was made after it, calibrate anew
+    assert not fresh.load_resume_state(read_state(tmp_path / "state.json"), epoch=0) and fresh.needs_step_times
+
+    # mid-epoch: state_dict carries the fits too
+    s.set_epoch(1)
+    it = iter(s)
+    done = [next(it) for _ in range(3)]
+    state = s.state_dict()
+    other, _, _ = auto_sampler()
+    other.load_state_dict(state)
+    assert done + list(other) == plans[1]
+
+
+def test_auto_cost_waits_for_timed_steps(caplog):
+    """Passes over the loader without training (mace reads the training set for its statistics
+    before it trains) time nothing: the plans keep the initial cost and the next timed epoch fits."""
+    s, atoms, edges = auto_sampler()
+    first = list(s)
+    with caplog.at_level("INFO", logger="cfm_plugins.sampler"):
+        s.set_epoch(1)
+    assert "no timed training step in the epochs so far" in caplog.text
+    assert s.cost_label == "initial" and s.needs_step_times and s.resume_state() is None
+    assert len(first) == len(s)
+    s.set_epoch(0)  # the trainer starts its own epochs
+    time_epoch(s, atoms, edges)
+    s.set_epoch(1)
+    assert s.cost_label == "auto-1" and s.calibrations[0].from_epoch == 1
+
+
+def test_auto_cost_too_few_steps_times_the_next_epoch_too(caplog):
+    s, atoms, edges = auto_sampler(warmup_steps=0)
+    ds = Graphs(atoms)
+    for k, (idx, pos) in enumerate(DataLoader(ds, batch_sampler=s, collate_fn=collate)):
+        if k < 2:  # an adapter that timed only 2 steps of the epoch
+            s.record_step(atoms=int(pos.shape[0]), edges=int(edges[idx.numpy()].sum()), graphs=len(idx), cpu_s=0.01)
+    with caplog.at_level(logging.INFO, logger="cfm_plugins"):
+        s.set_epoch(1)
+        s.set_epoch(1)  # mace: its DistributedSampler's set_epoch, ours, then the iteration
+        list(s)
+    assert s.cost_label == "initial" and s.needs_step_times and len(s.calibration.records) == 2
+    assert caplog.text.count("2 timed steps are too few to fit") == 1, caplog.text
+    time_epoch(s, atoms, edges)
+    s.set_epoch(2)
+    assert s.cost_label == "auto-1" and s.calibrations[0].fit.steps >= 4
+
+
+def test_auto_cost_recalibrates_every_k_epochs():
+    s, atoms, edges = auto_sampler(recalibrate_every=2)
+    for epoch in range(5):
+        s.set_epoch(epoch)
+        # the step cost changes after the first fit (a GPU warming up, a compiled model)
+        time_epoch(s, atoms, edges, model=(2e-3, 1e-5, 2e-6) if epoch < 1 else (1e-3, 3e-5, 1e-6))
+    assert [c.from_epoch for c in s.calibrations] == [1, 3]
+    assert s.calibrations[1].fit.a == pytest.approx(3e-5, rel=1e-3) and s.needs_step_times

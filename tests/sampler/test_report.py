@@ -71,3 +71,15 @@ def test_measured_and_planned_lif_are_one_definition():
     assert math.isnan(load_imbalance_factor([[0.0, 0.0]]))
     with pytest.raises(ValueError, match="0 steps were logged"):
         load_imbalance([[], [{"forward_s": 1.0}]])
+
+
+def test_lif_of_the_epochs_after_the_calibration():
+    """The demos' cost=auto figure: the LIF of the steps from epoch 1 on (the fitted plans)."""
+    from cfm_plugins.steplog import load_imbalance, records_from_epoch
+
+    ranks = [[{"epoch": 0, "t": 1.0}, {"epoch": 1, "t": 2.0}, {"epoch": 2, "t": 2.0}],
+             [{"epoch": 0, "t": 3.0}, {"epoch": 1, "t": 2.0}, {"epoch": 2, "t": 1.0}]]
+    later = records_from_epoch(ranks, 1)
+    assert [[r["t"] for r in rank] for rank in later] == [[2.0, 2.0], [2.0, 1.0]]
+    assert math.isclose(load_imbalance(later, "t"), (2 + 2) / (2 + 1.5))
+    assert math.isclose(load_imbalance(ranks, "t"), (3 + 2 + 2) / (2 + 2 + 1.5))

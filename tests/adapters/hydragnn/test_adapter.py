@@ -26,17 +26,22 @@ EXAMPLE = ROOT / "examples" / "hydragnn"
 EPOCHS = 2
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    """A small size-diverse set (3..120 atoms, every graph tagged with its index) and a tiny EGNN."""
+def tagged_clusters(folder, n: int, seed: int):
+    """``n`` graphs of 3..120 atoms, each tagged with its index (``idx``), as folder/dataset/clusters.pt."""
     from cfm_plugins.datasets.clusters import make_dataset
 
-    folder = tmp_path_factory.mktemp("hydragnn")
-    graphs = make_dataset(60, seed=1, max_atoms=120)
+    graphs = make_dataset(n, seed=seed, max_atoms=120)
     for i, g in enumerate(graphs):
         g.idx = torch.tensor([i])
     (folder / "dataset").mkdir()
     torch.save(graphs, folder / "dataset" / "clusters.pt")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """A small size-diverse set (3..120 atoms, every graph tagged with its index) and a tiny EGNN."""
+    folder = tagged_clusters(tmp_path_factory.mktemp("hydragnn"), 60, seed=1)
     config = json.loads((EXAMPLE / "config.json").read_text())
     arch = config["NeuralNetwork"]["Architecture"]
     arch.update(hidden_dim=8, num_conv_layers=2)
@@ -170,3 +175,71 @@ def test_the_options_the_adapter_reads_are_declared_once_elsewhere():
     options = catalog().options()
     assert options["step_log"].plugin == "core" and options["fused_kernels"].plugin == "fused"
     assert not hasattr(adapter, "cfm_declare_options")
+
+
+# ------------------------------------------------------------------------------------- cost=auto
+def epoch_ids(ranks, epoch):
+    """Per rank, the sorted graph ids of every step of ``epoch``."""
+    return [[sorted(rec["ids"]) for rec in r if rec["epoch"] == epoch] for r in ranks]
+
+
+@pytest.fixture(scope="module")
+def auto_work(work, tmp_path_factory):
+    """The tiny EGNN on a larger set (200 graphs: about 20 steps per rank and epoch, enough to fit)."""
+    folder = tagged_clusters(tmp_path_factory.mktemp("hydragnn_auto"), 200, seed=2)
+    config = json.loads((work / "config.json").read_text())
+    config.pop("cfm_plugins")
+    config["NeuralNetwork"]["Training"]["num_epoch"] = 3
+    (folder / "auto.json").write_text(json.dumps(config))
+    config["NeuralNetwork"]["Training"].update(num_epoch=2, **{"continue": 1, "startfrom": "auto"})
+    (folder / "continued.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def auto_runs(auto_work):
+    """cost=auto for 3 epochs (epoch 0 calibrates), then a run that continues from its model file
+    (HydraGNN's Training.continue/startfrom) for 2 epochs."""
+    runs = {}
+    for name in ("auto", "continued"):
+        out = run_mpi([CFM_RUN, "--enable", "hydragnn,binpack", "-o", "cost=auto", "-o",
+                       f"step_log={auto_work / 'steps' / name}", "--", "python", str(EXAMPLE / "train.py"),
+                       str(auto_work / f"{name}.json"), "--log", name], timeout=300, cwd=auto_work)
+        assert out.returncode == 0, out.stdout[-5000:]
+        runs[name] = out.stdout
+    return runs
+
+
+@pytest.mark.mpi
+def test_cost_auto_calibrates_on_epoch_0_and_every_rank_plans_with_one_fit(auto_work, auto_runs):
+    from cfm_plugins.steplog import read_step_events
+
+    fits = re.findall(r"binpack cost=auto from epoch 1: step time = .*", auto_runs["auto"])
+    assert len(fits) == 1, auto_runs["auto"][-4000:]  # one line, from rank 0
+    assert "thread CPU time of forward+backward" in fits[0] and "LIF measured in the calibration" in fits[0]
+    ranks = read_step_logs(str(auto_work / "steps" / "auto"))
+    n = n_train(auto_work)
+    for epoch, label in ((0, "initial"), (1, "auto-1"), (2, "auto-1")):
+        recs = [[rec for rec in r if rec["epoch"] == epoch] for r in ranks]
+        assert len(recs[0]) == len(recs[1]) > 0, epoch  # both ranks ran the same steps
+        assert {rec["cost"] for r in recs for rec in r} == {label}
+        assert sorted(i for r in recs for rec in r for i in rec["ids"]) == list(range(n)), epoch
+    events = read_step_events(str(auto_work / "steps" / "auto"))
+    assert len(events[0]) == 1 and events[0] == events[1]  # the same fit on both ranks, logged once each
+    assert events[0][0]["from_epoch"] == 1 and events[0][0]["fit"]["ranks"] == 2
+    saved = json.loads((auto_work / "logs" / "auto" / "auto.cfm-binpack.json").read_text())  # beside auto.pk
+    assert saved["calibrations"][0]["fit"] == events[0][0]["fit"]
+
+
+@pytest.mark.mpi
+def test_cost_auto_continued_run_plans_with_the_saved_fit(auto_work, auto_runs):
+    """A run continued from the model file (HydraGNN 3.0 counts epochs from 0 again) takes the saved
+    fit from epoch 0 on: no calibration epoch, and its epoch 1 packs the batches the first run packed
+    with that fit at epoch 1 (same costs, same seed + epoch)."""
+    log = auto_runs["continued"]
+    assert "Load existing model" in log and "cost=auto: resuming with the saved fit from epoch 0" in log
+    assert "binpack cost=auto from epoch" not in log  # nothing calibrated again
+    first = read_step_logs(str(auto_work / "steps" / "auto"))
+    continued = read_step_logs(str(auto_work / "steps" / "continued"))
+    assert {rec["cost"] for r in continued for rec in r} == {"auto-1"}
+    assert epoch_ids(continued, 1) == epoch_ids(first, 1)

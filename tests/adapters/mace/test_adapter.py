@@ -1,6 +1,7 @@
 """The plugins inside a real, unmodified mace_run_train (mace-torch from PyPI), under real mpirun."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -146,10 +147,10 @@ def test_structure_larger_than_the_token_budget_is_a_clear_error_on_every_rank(d
 TINY_MODEL = ["--hidden_irreps=8x0e", "--max_L=0", "--correlation=2", "--num_interactions=1"]
 
 
-def tiny_args(folder: Path, name: str, epochs: int) -> list[str]:
+def tiny_args(folder: Path, name: str, epochs: int, batch_size: int = 4) -> list[str]:
     """mace_args with the smallest model (these tests check loaders and resuming, not accuracy)."""
     drop = ("--hidden_irreps", "--max_L", "--correlation", "--num_interactions")
-    return [a for a in mace_args(folder, name, epochs=epochs) if not a.startswith(drop)] + TINY_MODEL
+    return [a for a in mace_args(folder, name, epochs=epochs, batch_size=batch_size) if not a.startswith(drop)] + TINY_MODEL
 
 
 @pytest.mark.mpi
@@ -209,3 +210,42 @@ def test_the_adapter_serving_the_command_is_enabled_so_ranks_train_one_model(tmp
     assert out.stdout.count("the mace adapter serves `mace_run_train") == 2  # every rank
     assert "the environment (CFM_PLUGINS) is ',,,': it names no plugin" in out.stdout
     assert (tmp_path / "served.model").is_file()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_cost_auto_fits_after_epoch_0_and_restart_latest_plans_the_same_batches(tmp_path):
+    """cost=auto on 2 ranks: epoch 0 is planned by atoms and timed, epoch 1 with the fit (one log
+    line, the same fit in both ranks' step logs, kept beside mace's checkpoints); a --restart_latest
+    run resumes at epoch 1 with the saved fit and packs epoch 1's batches as the first run did."""
+    from cfm_plugins.datasets.cuni import make_dataset
+    from cfm_plugins.steplog import read_step_events, read_step_logs
+
+    # bulk cells, slabs and clusters of 4..60 atoms (edges per atom differ): about 20 steps per rank
+    make_dataset(tmp_path, n_train=80, n_valid=2, seed=1, max_atoms=60)
+
+    def train(log, *extra):
+        out = run_mpi([CFM_RUN, "--enable", "mace,binpack", "-o", "cost=auto", "--", "mace_run_train",
+                       *tiny_args(tmp_path, "auto", 2, batch_size=2),
+                       "--save_all_checkpoints", f"--cfm-step-log={tmp_path / log}", *extra], timeout=600, cwd=tmp_path)
+        assert out.returncode == 0, out.stdout[-4000:]
+        return out.stdout, read_step_logs(str(tmp_path / log))
+
+    log, first = train("first")
+    fits = re.findall(r"binpack cost=auto from epoch 1: step time = .*", log)
+    assert len(fits) == 1, log[-4000:]
+    assert len(first[0]) == len(first[1])  # every rank the same steps
+    assert {r["cost"] for r in first[0] if r["epoch"] == 0} == {"initial"}
+    assert {r["cost"] for r in first[0] if r["epoch"] == 1} == {"auto-1"}
+    events = read_step_events(str(tmp_path / "first"))
+    assert len(events[0]) == 1 and events[0] == events[1]
+    saved = json.loads((tmp_path / "checkpoints" / "auto_run-7.cfm-binpack.json").read_text())
+    assert saved["calibrations"][0]["fit"] == events[0][0]["fit"]
+
+    log, resumed = train("resumed", "--restart_latest")  # mace restarts at epoch 1
+    assert re.search(r"Loading checkpoint: .*_epoch-1\.pt", log), log[-3000:]
+    assert "cost=auto: resuming with the saved fit from epoch 1" in log
+    assert "binpack cost=auto from epoch" not in log
+    for rank in (0, 1):
+        epoch1 = [(r["graphs"], r["atoms"]) for r in first[rank] if r["epoch"] == 1]
+        assert [(r["graphs"], r["atoms"]) for r in resumed[rank]] == epoch1

@@ -6,6 +6,7 @@ part of `make test`); in the main .venv they skip, saying so.
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -185,3 +186,59 @@ def test_nequip_compile_aotinductor_with_the_fused_modifier(runs):
     assert len(rows) == 2 and rows[0][1] != rows[1][1]
     for _, _, e_rel, f_rel in rows:
         assert float(e_rel) < 1e-10 and float(f_rel) < 1e-10, rows
+
+
+# ------------------------------------------------------------------------------------- cost=auto
+@pytest.fixture(scope="module")
+def auto_runs(tmp_path_factory):
+    """cost=auto on 2 ranks for 2 epochs (epoch 0 calibrates), then a restart from its last.ckpt
+    (nequip's ckpt_path) that trains epoch 2."""
+    from cfm_plugins.datasets.cuni import make_dataset
+    from cfm_plugins.datasets.nequip_config import write_config
+
+    tmp = tmp_path_factory.mktemp("nequip_auto")
+    files = make_dataset(tmp / "data", n_train=36, n_valid=2, n_test=1, seed=4, max_atoms=40)
+    write_config(tmp / "cfg" / "auto.yaml", train=files["train"], valid=files["valid"], epochs=2, features=8, l_max=1,
+                 layers=2, batch_size=2)
+    runs = {"files": files, "tmp": tmp}
+    for name, extra in (("first", []), ("restarted", [f"++ckpt_path={tmp / 'first' / 'last.ckpt'}",
+                                                      "trainer.max_epochs=3"])):
+        runs[name] = run_mpi([CFM_RUN, "--enable", "nequip,binpack", "-o", "cost=auto", "-o",
+                              f"step_log={tmp / (name + '_steps')}", "--", "nequip-train", "-cp", str(tmp / "cfg"),
+                              "-cn", "auto", f"hydra.run.dir={tmp / name}", *extra], timeout=600)
+        assert runs[name].returncode == 0, runs[name].stdout[-4000:]
+    return runs
+
+
+def test_cost_auto_fits_after_epoch_0_and_every_structure_is_seen_each_epoch(auto_runs):
+    from cfm_plugins.steplog import read_step_events, read_step_logs
+
+    log = auto_runs["first"].stdout
+    assert len(re.findall(r"binpack cost=auto from epoch 1: step time = ", log)) == 1, log[-4000:]
+    ranks = read_step_logs(str(auto_runs["tmp"] / "first_steps"))
+    train = energies(auto_runs["files"]["train"])
+    for epoch, label in ((0, "initial"), (1, "auto-1")):
+        recs = [[r for r in rank if r["stage"] == "train" and r["epoch"] == epoch] for rank in ranks]
+        assert len(recs[0]) == len(recs[1]) > 0 and {r["cost"] for rank in recs for r in rank} == {label}
+        seen = sorted(e for rank in recs for r in rank for e in r["energies"])  # Lightning ran the whole plan
+        np.testing.assert_allclose(seen, train, rtol=0, atol=1e-9, err_msg=f"epoch {epoch}")
+    events = read_step_events(str(auto_runs["tmp"] / "first_steps"))
+    assert len(events[0]) == 1 and events[0] == events[1]
+
+
+def test_cost_auto_restart_from_the_checkpoint_plans_with_the_saved_fit(auto_runs):
+    """Lightning keeps the fit in the checkpoint (callback state); the restart plans epoch 2 with it."""
+    from cfm_plugins.steplog import read_step_events, read_step_logs
+
+    log = auto_runs["restarted"].stdout
+    assert "Continuing training with checkpoint file" in log
+    assert "cost=auto: resuming with the saved fit from epoch 1" in log
+    assert "binpack cost=auto from epoch" not in log  # nothing calibrated again
+    ranks = read_step_logs(str(auto_runs["tmp"] / "restarted_steps"))
+    recs = [[r for r in rank if r["stage"] == "train"] for rank in ranks]
+    assert {r["epoch"] for rank in recs for r in rank} == {2} and len(recs[0]) == len(recs[1]) > 0
+    assert {r["cost"] for rank in recs for r in rank} == {"auto-1"}
+    seen = sorted(e for rank in recs for r in rank for e in r["energies"])
+    np.testing.assert_allclose(seen, energies(auto_runs["files"]["train"]), rtol=0, atol=1e-9)
+    first = read_step_events(str(auto_runs["tmp"] / "first_steps"))[0]
+    assert read_step_events(str(auto_runs["tmp"] / "restarted_steps"))[0] == first  # the same fit
