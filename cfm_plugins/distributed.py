@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import socket
 import sys
@@ -60,7 +61,7 @@ def cfm_declare_options():
                "use when the ranks span several nodes (default: the interface of the default route); on one "
                "node everything stays on the loopback interface"),
         Option("collective_timeout", float, DEFAULT_TIMEOUT_S, "seconds a collective waits for a stalled rank "
-               "before the run ends with the stalled rank named"),
+               "before the run ends with the stalled rank named", positive=True),
         # read by every trainer adapter (each writes what its trainer exposes); declared once here
         Option("step_log", str, None, "write each rank's per-step records (sizes, compute times; losses where "
                "the trainer gives them) to PATH.rank<r>.jsonl; cfm_plugins.steplog reads them and computes "
@@ -208,7 +209,9 @@ def init_distributed(config=None) -> DistInfo:
     import torch.distributed as tdist
 
     get = config.get if config is not None else (lambda k, d=None, t=None: d)
-    timeout_s = float(get("collective_timeout", DEFAULT_TIMEOUT_S, float) or DEFAULT_TIMEOUT_S)
+    timeout_s = get("collective_timeout", DEFAULT_TIMEOUT_S, float)
+    if not 0 < timeout_s < math.inf:  # cfm-run checked it at start; this guards direct callers
+        raise ValueError(f"collective_timeout={timeout_s!r}: must be a positive number of seconds")
     comm = get_comm()
     if comm is None or comm.Get_size() == 1:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))

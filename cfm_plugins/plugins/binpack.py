@@ -40,7 +40,7 @@ def cfm_declare_options():
     return [
         Option("max_tokens", float, None, "bin capacity in cost units (default: the trainer's batch size x the "
                "mean graph cost, at least the largest graph; on GPUs clamped to 800..4000 atoms in float32, "
-               "400..2000 in float64)"),
+               "400..2000 in float64)", positive=True),
         Option("cost", str, "atoms", "cost of a graph: atoms, edges, or linear (cost_a*atoms + cost_b*edges)",
                COST_KINDS),
         Option("cost_a", float, 1.0, "atom weight of the linear cost"),
@@ -81,13 +81,6 @@ def _mpi_max():
     from mpi4py import MPI
 
     return MPI.MAX
-
-
-@hookimpl
-def cfm_configure(config):
-    max_tokens = config.get("max_tokens")
-    if max_tokens is not None and max_tokens <= 0:
-        raise ValueError(f"binpack option max_tokens={config.options.get('max_tokens')!r} must be positive")
 
 
 @hookimpl
