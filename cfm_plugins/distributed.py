@@ -104,8 +104,39 @@ def launched_by_mpi(environ=os.environ) -> bool:
     return any(k in environ for k in keys)
 
 
+#: Open MPI's transports (BTLs) for ranks that all run on one node: the loopback "self" and shared
+#: memory ("sm" since Open MPI 5, "vader" before; 5 still takes "vader" but 4 has no "sm", and a
+#: component named but absent is fatal). Open MPI would otherwise also start its TCP transport,
+#: whose sockets listen on every interface (0.0.0.0 and ::) while the job runs, though on one node
+#: no byte goes over them.
+SINGLE_NODE_BTL = {"prrte": "self,sm", "orte": "self,vader"}
+
+
+def keep_mpi_off_the_network(environ=os.environ) -> str | None:
+    """On one node under Open MPI, select its shared-memory transports before MPI starts.
+
+    Open MPI reads ``OMPI_MCA_*`` variables when MPI is initialised (``from mpi4py import MPI``),
+    and its launcher tells each rank how many ranks share its node before that
+    (``OMPI_COMM_WORLD_LOCAL_SIZE``). When every rank is on this node and the user did not choose
+    the transports (``OMPI_MCA_btl``), ``OMPI_MCA_btl=self,sm`` (``self,vader`` under Open MPI 4)
+    is set, so that no rank listens on a network interface. Returns the value set, or None. Across nodes nothing is changed (Open MPI
+    needs a network transport there; docs/ranks.md says how to restrict it).
+    """
+    size, local = environ.get("OMPI_COMM_WORLD_SIZE"), environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if "OMPI_MCA_btl" in environ or not size or size != local:
+        return None
+    # Open MPI <= 4 launches through ORTE, which hands its ranks OMPI_MCA_orte_* variables; 5 uses PRRTE
+    launcher = "orte" if any(k.startswith("OMPI_MCA_orte_") for k in environ) else "prrte"
+    environ["OMPI_MCA_btl"] = SINGLE_NODE_BTL[launcher]
+    return environ["OMPI_MCA_btl"]
+
+
 def get_comm():
     """mpi4py's COMM_WORLD, or None when not under MPI. Clear error if mpi4py is missing."""
+    chosen = keep_mpi_off_the_network()
+    if chosen:
+        log.debug("all ranks on one node: Open MPI transports OMPI_MCA_btl=%s (set OMPI_MCA_btl to choose others)",
+                  chosen)
     try:
         from mpi4py import MPI
     except ImportError as exc:
