@@ -76,5 +76,5 @@ def cfm_graph_sizes(dataset, indices, need_edges):
 
     if not is_pyg_dataset(dataset):
         return None
-    atoms, edges = local_sizes(dataset, indices)
-    return GraphSizes(atoms, edges, indices)
+    atoms, edges = local_sizes(dataset, indices, need_edges)
+    return GraphSizes(atoms, None if (edges < 0).any() else edges, indices)
