@@ -98,8 +98,12 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
         costs, capacity, rank=dist.rank, world_size=dist.world_size,
         seed=seed if seed is not None else (trainer.seed or 0), comm=dist.comm if dist.world_size > 1 else None,
         local_indices=sizes.indices, oversize=config.get("oversize"),
-        shuffle=(role == "train"), evaluation=(role != "train"),
+        shuffle=(role == "train"), evaluation=(role != "train"), repeat=(role == "train"),
     )
     log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)",
              role, len(sampler), dist.world_size, capacity, config.get("cost"))
+    if sampler.repeated:
+        log.warning("binpack %s: %d sample(s) do not give each of %d ranks a batch at every step: %d of them "
+                    "repeated in epoch %d (others in later epochs), as torch's DistributedSampler pads",
+                    role, len(sampler.costs), dist.world_size, sampler.repeated, sampler.epoch)
     return sampler
