@@ -52,30 +52,13 @@ WAYS = ("stock", "cueq", "fused", "fused+capture")
 # ---------------------------------------------------------------------------- the workload
 def build_model(dtype, hidden: str, seed: int = 0):
     """The MACE-MP-medium-like model of the module docstring, in ``dtype``, weights perturbed."""
-    import mace  # noqa: F401  (before e3nn)
-    import torch
-    from e3nn import o3
-    from mace import modules
+    import numpy as np
 
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-        model = modules.ScaleShiftMACE(
-            r_max=6.0, num_bessel=10, num_polynomial_cutoff=5, max_ell=3, interaction_cls=block,
-            interaction_cls_first=block, num_interactions=2, num_elements=89,
-            hidden_irreps=o3.Irreps(hidden), MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=np.linspace(-5.0, -1.0, 89), avg_num_neighbors=40.0,
-            atomic_numbers=list(range(1, 90)), correlation=3, gate=torch.nn.functional.silu,
-            radial_MLP=[64, 64, 64], atomic_inter_scale=1.0, atomic_inter_shift=0.0)
-    finally:
-        torch.set_default_dtype(previous)
-    with torch.no_grad():  # random init leaves blocks at exact zeros: perturb like a trained model
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
+    from cfm_plugins.testing import mace_model
 
+    return mace_model(hidden, atomic_numbers=range(1, 90), atomic_energies=np.linspace(-5.0, -1.0, 89),
+                      r_max=6.0, num_bessel=10, avg_num_neighbors=40.0, radial_mlp=[64, 64, 64], scale=1.0,
+                      shift=0.0, dtype=dtype, seed=seed, perturb=0.05)
 
 def cuni_cell(n_atoms: int, seed: int = 0):
     """A rattled CuNi fcc cell (30 % Ni) of about ``n_atoms`` atoms with EMT energy and forces."""

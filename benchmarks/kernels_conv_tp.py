@@ -49,22 +49,9 @@ def make_graph(repeat, seed=0):
 
 
 def build_tp(dtype):
-    import mace  # noqa: F401  (before e3nn)
-    import torch
-    from e3nn import o3
-    from mace.modules.irreps_tools import tp_out_irreps_with_instructions
+    from cfm_plugins.testing import mace_conv_tp
 
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        irreps_in = o3.Irreps([(CHANNELS, ir) for _, ir in o3.Irreps(HIDDEN)])
-        sh = o3.Irreps.spherical_harmonics(LMAX)
-        target = o3.Irreps([(CHANNELS, ir) for _, ir in sh])
-        mid, ins = tp_out_irreps_with_instructions(irreps_in, sh, target)
-        return o3.TensorProduct(irreps_in, sh, mid, instructions=ins, shared_weights=False, internal_weights=False)
-    finally:
-        torch.set_default_dtype(previous)
-
+    return mace_conv_tp(HIDDEN, LMAX, CHANNELS, dtype)
 
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:

@@ -15,29 +15,21 @@ Writes docs/_fragments/mace_train.md.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from cfm_plugins.testing import mpirun_command
+from benchmarks.training import config_table, parser, plugin_configs, write_fragment
+from cfm_plugins.testing import BIN, mpirun_command
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-CONFIGS = {"stock": "mace", "binpack": "mace,binpack", "fused": "mace,fused", "both": "mace,binpack,fused"}
+CONFIGS = plugin_configs("mace")
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n-train", type=int, default=40)
-    p.add_argument("--max-atoms", type=int, default=300)
-    p.add_argument("--epochs", type=int, default=2)
+    p = parser(__doc__, max_atoms=300, out="/tmp/cfm_bench_mace")
     p.add_argument("--hidden", default="32x0e+32x1o")
-    p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--md-steps", type=int, default=3)
-    p.add_argument("--out", default="/tmp/cfm_bench_mace")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,24 +78,17 @@ def main(argv=None) -> int:
     md_stock = time_md(MACECalculator(model_paths=model, device="cpu", default_dtype="float64"), atoms, args.md_steps)
     md_fused = time_md(CFMCalculator(model, device="cpu", default_dtype="float64"), atoms, args.md_steps)
 
-    base = rows["stock"]["epoch_s"]
     lines = ["## MACE training and MD (benchmarks/mace_train.py)", "",
              f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/mace_train.py "
              f"--n-train {args.n_train} --epochs {args.epochs} --hidden {args.hidden}`", "",
              f"Workload: {args.n_train} CuNi structures (4..{args.max_atoms} atoms, EMT), MACE {args.hidden}, "
              "correlation 3, max_L 1, r_max 4.5, 2 interactions, float64, `--batch_size "
-             f"{args.batch_size}`, 2 MPI ranks x 1 thread on a shared 2-core CPU; last of {args.epochs} epochs.", "",
-             "| configuration | optimizer steps per epoch (s, slowest rank) | speed-up vs stock | steps | LIF (forward time) | LIF (atoms) |",
-             "|---|---|---|---|---|---|"]
-    for label, r in rows.items():
-        lines.append(f"| {label} | {r['epoch_s']:.2f} | {base / r['epoch_s']:.2f}x | {r['steps']} | {r['lif']:.3f} | {r['lif_atoms']:.3f} |")
+             f"{args.batch_size}`, 2 MPI ranks x 1 thread on a shared 2-core CPU; last of {args.epochs} epochs.", ""]
+    lines += config_table(rows, "optimizer steps per epoch (s, slowest rank)", "speed-up vs stock", speedup=True)
     lines += ["", f"MD, 512-atom CuNi cell, {args.md_steps} steps, same trained model: MACECalculator "
               f"{md_stock * 1e3:.0f} ms/step, CFMCalculator {md_fused * 1e3:.0f} ms/step, "
               f"speed-up {md_stock / md_fused:.2f}x.", ""]
-    text = "\n".join(lines)
-    print(text)
-    (ROOT / "docs" / "_fragments" / "mace_train.md").write_text(text)
-    return 0
+    return write_fragment("mace_train", lines)
 
 
 if __name__ == "__main__":

@@ -14,29 +14,21 @@ forward (energy + forces) time and of the atoms. Writes docs/_fragments/nequip_t
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from cfm_plugins.testing import mpirun_command
+from benchmarks.training import config_table, parser, plugin_configs, write_fragment
+from cfm_plugins.testing import BIN, mpirun_command
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-CONFIGS = {"stock": "nequip", "binpack": "nequip,binpack", "fused": "nequip,fused", "both": "nequip,binpack,fused"}
+CONFIGS = plugin_configs("nequip")
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n-train", type=int, default=40)
-    p.add_argument("--max-atoms", type=int, default=200)
-    p.add_argument("--epochs", type=int, default=2)
+    p = parser(__doc__, max_atoms=200, out="/tmp/cfm_bench_nequip")
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--out", default="/tmp/cfm_bench_nequip")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -71,7 +63,6 @@ def main(argv=None) -> int:
         print(f"{label:8s} epoch {epoch_s:7.2f} s  steps {len(last[0]):3d}  LIF {rows[label]['lif']:.3f} "
               f"(atoms {rows[label]['lif_atoms']:.3f})", flush=True)
 
-    base = rows["stock"]["epoch_s"]
     lines = ["## NequIP training (benchmarks/nequip_train.py)", "",
              f"Command: `OMP_NUM_THREADS=1 .venv-nequip/bin/python benchmarks/nequip_train.py --n-train {args.n_train} "
              f"--max-atoms {args.max_atoms} --epochs {args.epochs} --features {args.features} --layers {args.layers} "
@@ -79,18 +70,10 @@ def main(argv=None) -> int:
              f"Workload: {args.n_train} CuNi structures (up to {args.max_atoms} atoms, EMT), NequIP GNN "
              f"{args.features} features, l_max 1, {args.layers} layers, r_max 4.0, float64, energy + forces loss, "
              f"`batch_size: {args.batch_size}`; unmodified nequip-train 0.19.1 under `mpirun -np 2 cfm-run`, "
-             f"2 MPI ranks x 1 thread (gloo) on a shared 2-core CPU; last of {args.epochs} epochs.", "",
-             "| configuration | training steps per epoch (s, slowest rank) | ratio to stock | steps | LIF (forward time) | LIF (atoms) |",
-             "|---|---|---|---|---|---|"]
-    for label, r in rows.items():
-        lines.append(f"| {label} | {r['epoch_s']:.2f} | {r['epoch_s'] / base:.2f}x | {r['steps']} | "
-                     f"{r['lif']:.3f} | {r['lif_atoms']:.3f} |")
+             f"2 MPI ranks x 1 thread (gloo) on a shared 2-core CPU; last of {args.epochs} epochs.", ""]
+    lines += config_table(rows, "training steps per epoch (s, slowest rank)", "ratio to stock", speedup=False)
     lines.append("")
-    text = "\n".join(lines)
-    print(text)
-    (ROOT / "docs" / "_fragments").mkdir(parents=True, exist_ok=True)
-    (ROOT / "docs" / "_fragments" / "nequip_train.md").write_text(text)
-    return 0
+    return write_fragment("nequip_train", lines)
 
 
 if __name__ == "__main__":

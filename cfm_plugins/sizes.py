@@ -12,7 +12,8 @@ class GraphSizes:
 
     ``indices`` are the global dataset indices these counts belong to (one rank's shard under
     MPI; the sampler gathers the shards); ``None`` means all samples, in order. ``edges`` may be
-    ``None`` when only atoms were read (edges cost a neighbour list on some datasets).
+    ``None`` when only atoms were read (edges cost a neighbour list on some datasets); counts that
+    readers mark as not read (negative) make it ``None`` too.
     """
 
     atoms: np.ndarray
@@ -23,6 +24,9 @@ class GraphSizes:
         self.atoms = np.asarray(self.atoms, dtype=np.int64)
         if self.edges is not None:
             self.edges = np.asarray(self.edges, dtype=np.int64)
+            if (self.edges < 0).any():
+                self.edges = None
+        if self.edges is not None:
             if self.edges.shape != self.atoms.shape:
                 raise ValueError(f"GraphSizes: {self.atoms.shape[0]} atom counts but {self.edges.shape[0]} edge counts")
         if self.indices is not None:

@@ -1,4 +1,4 @@
-"""Running real multi-rank jobs on one machine: what the tests, the demos and the benchmarks share.
+"""What the tests, the demos and the benchmarks share: real multi-rank jobs on one machine, small MACE pieces.
 
 Nothing here is needed to use the plugins. It builds the ``mpirun`` command the project's own
 runs use (``mpirun -np N --oversubscribe``, plus ``--allow-run-as-root`` when running as root,
@@ -55,3 +55,73 @@ def clean_env(**extra) -> dict[str, str]:
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+# ---------------------------------------------------------------------------- small MACE pieces
+# Tests and benchmarks build MACE models and conv tensor products with mace's own constructors;
+# one builder each, so a benchmark's model and a test's model differ only in their arguments.
+
+def mace_model(hidden: str = "16x0e+16x1o", *, atomic_numbers=(28, 29), atomic_energies=None,
+               kind: str = "ScaleShiftMACE", interaction: str = "RealAgnosticResidualInteractionBlock",
+               first: str | None = None, r_max: float = 5.0, num_bessel: int = 8, max_ell: int = 3,
+               correlation: int = 3, num_interactions: int = 2, mlp: str = "16x0e",
+               avg_num_neighbors: float = 12.0, radial_mlp=None, scale: float = 0.8, shift: float = 0.1,
+               dtype=None, seed: int = 0, perturb: float = 0.1):
+    """A MACE (``kind="MACE"``) or ScaleShiftMACE built with mace's constructor in ``dtype`` (default
+    float64), every weight perturbed by ``perturb`` x N(0, 1) (a fresh model has blocks at exact
+    zeros, which would hide errors in them). Needs mace-torch."""
+    import mace  # noqa: F401  (before e3nn: it sets what e3nn 0.4.4 needs on new torch)
+    import numpy as np
+    import torch
+    from e3nn import o3
+    from mace import modules
+
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or torch.float64)
+    numbers = list(atomic_numbers)
+    energies = np.linspace(-4.4, -3.5, len(numbers)) if atomic_energies is None else np.asarray(atomic_energies)
+    try:
+        kwargs = dict(
+            r_max=r_max, num_bessel=num_bessel, num_polynomial_cutoff=5, max_ell=max_ell,
+            interaction_cls=modules.interaction_classes[interaction],
+            interaction_cls_first=modules.interaction_classes[first or interaction],
+            num_interactions=num_interactions, num_elements=len(numbers), hidden_irreps=o3.Irreps(hidden),
+            MLP_irreps=o3.Irreps(mlp), atomic_energies=energies, avg_num_neighbors=avg_num_neighbors,
+            atomic_numbers=numbers, correlation=correlation, gate=torch.nn.functional.silu)
+        if radial_mlp is not None:
+            kwargs["radial_MLP"] = list(radial_mlp)
+        if kind == "ScaleShiftMACE":
+            model = modules.ScaleShiftMACE(atomic_inter_scale=scale, atomic_inter_shift=shift, **kwargs)
+        elif kind == "MACE":
+            model = modules.MACE(**kwargs)
+        else:
+            raise ValueError(f"kind={kind!r}: expected 'MACE' or 'ScaleShiftMACE'")
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(perturb * torch.randn_like(p))
+    return model
+
+
+def mace_conv_tp(hidden: str, lmax: int, channels: int, dtype=None):
+    """The ``conv_tp`` of a mace ``RealAgnostic*InteractionBlock``: node irreps ``channels`` x
+    (``hidden``), edge attributes the spherical harmonics up to ``lmax``, target ``channels`` x
+    (each harmonic's irrep), per-edge weights. Needs mace-torch."""
+    import mace  # noqa: F401
+    import torch
+    from e3nn import o3
+    from mace.modules.irreps_tools import tp_out_irreps_with_instructions
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or torch.float64)
+    try:
+        irreps_in = o3.Irreps([(channels, ir) for _, ir in o3.Irreps(hidden)])
+        sh = o3.Irreps.spherical_harmonics(lmax)
+        target = o3.Irreps([(channels, ir) for _, ir in sh])
+        mid, instructions = tp_out_irreps_with_instructions(irreps_in, sh, target)
+        return o3.TensorProduct(irreps_in, sh, mid, instructions=instructions, shared_weights=False,
+                                internal_weights=False)
+    finally:
+        torch.set_default_dtype(previous)

@@ -45,45 +45,17 @@ void flush(const ScArgs& a, std::int64_t k, const T* local, T* dst, int nvalid) 
   }
 }
 
-template <typename T>
-void run_fwd(const ScArgs& a) {
-  const Desc& d = a.d;
+// The task loop every pass shares: tasks are (chunk k of one element, channel tile c0) pairs,
+// each thread has a scratch of `scratch_rows` x TC, and where the pass makes a coefficient
+// gradient (`gc`), a task-local [R x TC] sum is flushed once per task. `body(n, coeff_offset,
+// c0, nvalid, scratch, local)` runs the pass on node n.
+template <typename T, typename Body>
+void for_each_task(const ScArgs& a, std::size_t scratch_rows, T* gc, Body body) {
   const std::int64_t ntiles = (a.C + TC - 1) / TC;
   const std::int64_t ntasks = a.nchunks * ntiles;
-  const T* x = static_cast<const T*>(a.x);
-  const T* coeff = static_cast<const T*>(a.coeff);
-  T* out = static_cast<T*>(a.out0);
 #pragma omp parallel num_threads(a.nthreads)
   {
-    std::vector<T> s(cfm::sc::fwd_rows(d) * TC);
-#pragma omp for schedule(dynamic)
-    for (std::int64_t task = 0; task < ntasks; ++task) {
-      const std::int64_t k = task / ntiles;
-      const int c0 = static_cast<int>((task % ntiles) * TC);
-      const int nvalid = static_cast<int>(std::min<std::int64_t>(TC, a.C - c0));
-      for (std::int64_t i = a.chunk_ptr[k]; i < a.chunk_ptr[k + 1]; ++i) {
-        const std::int64_t n = a.order[i];
-        const T* ce = coeff + a.elem[n] * a.R * a.Cp + c0;
-        cfm::sc::fwd_node<T, TC>(d, x + (n * a.C + c0) * d.L, nvalid, ce, a.Cp, out + n * d.out_dim, c0,
-                                 s.data(), TC);
-      }
-    }
-  }
-}
-
-template <typename T>
-void run_bwd(const ScArgs& a) {
-  const Desc& d = a.d;
-  const std::int64_t ntiles = (a.C + TC - 1) / TC;
-  const std::int64_t ntasks = a.nchunks * ntiles;
-  const T* x = static_cast<const T*>(a.x);
-  const T* coeff = static_cast<const T*>(a.coeff);
-  const T* gout = static_cast<const T*>(a.gout);
-  T* gx = static_cast<T*>(a.out0);
-  T* gc = static_cast<T*>(a.out1);
-#pragma omp parallel num_threads(a.nthreads)
-  {
-    std::vector<T> s(cfm::sc::bwd_rows(d) * TC);
+    std::vector<T> s(scratch_rows * TC);
     std::vector<T> local(gc ? a.R * TC : 0);
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < ntasks; ++task) {
@@ -91,24 +63,45 @@ void run_bwd(const ScArgs& a) {
       const int c0 = static_cast<int>((task % ntiles) * TC);
       const int nvalid = static_cast<int>(std::min<std::int64_t>(TC, a.C - c0));
       if (gc) std::fill(local.begin(), local.end(), T(0));
-      const std::int64_t e = chunk_elem(a, k);
-      const T* ce = coeff + e * a.R * a.Cp + c0;
-      for (std::int64_t i = a.chunk_ptr[k]; i < a.chunk_ptr[k + 1]; ++i) {
-        const std::int64_t n = a.order[i];
-        cfm::sc::bwd_node<T, TC>(d, x + (n * a.C + c0) * d.L, nvalid, ce, a.Cp, gout + n * d.out_dim, c0,
-                                 gx ? gx + (n * a.C + c0) * d.L : nullptr, gc ? local.data() : nullptr, TC,
-                                 cfm::sc::PlainAdd{}, s.data(), TC);
-      }
-      if (gc) flush<T>(a, k, local.data(), gc + e * a.R * a.Cp + c0, nvalid);
+      const std::int64_t coff = chunk_elem(a, k) * a.R * a.Cp + c0;
+      for (std::int64_t i = a.chunk_ptr[k]; i < a.chunk_ptr[k + 1]; ++i)
+        body(a.order[i], coff, c0, nvalid, s.data(), gc ? local.data() : nullptr);
+      if (gc) flush<T>(a, k, local.data(), gc + coff, nvalid);
     }
   }
 }
 
 template <typename T>
+void run_fwd(const ScArgs& a) {
+  const Desc& d = a.d;
+  const T* x = static_cast<const T*>(a.x);
+  const T* coeff = static_cast<const T*>(a.coeff);
+  T* out = static_cast<T*>(a.out0);
+  for_each_task<T>(a, cfm::sc::fwd_rows(d), nullptr,
+                   [&](std::int64_t n, std::int64_t coff, int c0, int nvalid, T* s, T*) {
+                     cfm::sc::fwd_node<T, TC>(d, x + (n * a.C + c0) * d.L, nvalid, coeff + coff, a.Cp,
+                                              out + n * d.out_dim, c0, s, TC);
+                   });
+}
+
+template <typename T>
+void run_bwd(const ScArgs& a) {
+  const Desc& d = a.d;
+  const T* x = static_cast<const T*>(a.x);
+  const T* coeff = static_cast<const T*>(a.coeff);
+  const T* gout = static_cast<const T*>(a.gout);
+  T* gx = static_cast<T*>(a.out0);
+  for_each_task<T>(a, cfm::sc::bwd_rows(d), static_cast<T*>(a.out1),
+                   [&](std::int64_t n, std::int64_t coff, int c0, int nvalid, T* s, T* local) {
+                     cfm::sc::bwd_node<T, TC>(d, x + (n * a.C + c0) * d.L, nvalid, coeff + coff, a.Cp,
+                                              gout + n * d.out_dim, c0, gx ? gx + (n * a.C + c0) * d.L : nullptr,
+                                              local, TC, cfm::sc::PlainAdd{}, s, TC);
+                   });
+}
+
+template <typename T>
 void run_bwd2(const ScArgs& a) {
   const Desc& d = a.d;
-  const std::int64_t ntiles = (a.C + TC - 1) / TC;
-  const std::int64_t ntasks = a.nchunks * ntiles;
   const T* x = static_cast<const T*>(a.x);
   const T* dx = static_cast<const T*>(a.dx);
   const T* coeff = static_cast<const T*>(a.coeff);
@@ -116,30 +109,14 @@ void run_bwd2(const ScArgs& a) {
   const T* gout = static_cast<const T*>(a.gout);
   T* ggout = static_cast<T*>(a.out0);
   T* gx2 = static_cast<T*>(a.out1);
-  T* gc2 = static_cast<T*>(a.out2);
-#pragma omp parallel num_threads(a.nthreads)
-  {
-    std::vector<T> s(cfm::sc::bwd2_rows(d) * TC);
-    std::vector<T> local(gc2 ? a.R * TC : 0);
-#pragma omp for schedule(dynamic)
-    for (std::int64_t task = 0; task < ntasks; ++task) {
-      const std::int64_t k = task / ntiles;
-      const int c0 = static_cast<int>((task % ntiles) * TC);
-      const int nvalid = static_cast<int>(std::min<std::int64_t>(TC, a.C - c0));
-      if (gc2) std::fill(local.begin(), local.end(), T(0));
-      const std::int64_t e = chunk_elem(a, k);
-      const std::int64_t coff = e * a.R * a.Cp + c0;
-      for (std::int64_t i = a.chunk_ptr[k]; i < a.chunk_ptr[k + 1]; ++i) {
-        const std::int64_t n = a.order[i];
-        const std::int64_t xoff = (n * a.C + c0) * d.L;
-        cfm::sc::bwd2_node<T, TC>(d, x + xoff, dx ? dx + xoff : nullptr, nvalid, coeff + coff,
-                                  dcoeff ? dcoeff + coff : nullptr, a.Cp, gout + n * d.out_dim, c0,
-                                  ggout ? ggout + n * d.out_dim : nullptr, gx2 ? gx2 + xoff : nullptr,
-                                  gc2 ? local.data() : nullptr, TC, cfm::sc::PlainAdd{}, s.data(), TC);
-      }
-      if (gc2) flush<T>(a, k, local.data(), gc2 + coff, nvalid);
-    }
-  }
+  for_each_task<T>(a, cfm::sc::bwd2_rows(d), static_cast<T*>(a.out2),
+                   [&](std::int64_t n, std::int64_t coff, int c0, int nvalid, T* s, T* local) {
+                     const std::int64_t xoff = (n * a.C + c0) * d.L;
+                     cfm::sc::bwd2_node<T, TC>(d, x + xoff, dx ? dx + xoff : nullptr, nvalid, coeff + coff,
+                                               dcoeff ? dcoeff + coff : nullptr, a.Cp, gout + n * d.out_dim, c0,
+                                               ggout ? ggout + n * d.out_dim : nullptr, gx2 ? gx2 + xoff : nullptr,
+                                               local, TC, cfm::sc::PlainAdd{}, s, TC);
+                   });
 }
 
 }  // namespace

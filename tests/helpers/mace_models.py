@@ -10,33 +10,16 @@ import numpy as np
 import torch
 from ase.build import bulk
 from e3nn import o3
-from mace import data, modules, tools
-from mace.modules.irreps_tools import tp_out_irreps_with_instructions
+from mace import data, tools
 from mace.modules.symmetric_contraction import SymmetricContraction
 
 from cfm_plugins.datasets import cuni
+from cfm_plugins.testing import mace_conv_tp, mace_model
 
 
 def build_model(seed: int, dtype=torch.float64) -> torch.nn.Module:
     """A small ScaleShiftMACE (16x0e+16x1o, correlation 3, r_max 5, 2 interactions), weights perturbed."""
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-        model = modules.ScaleShiftMACE(
-            r_max=5.0, num_bessel=8, num_polynomial_cutoff=5, max_ell=3, interaction_cls=block,
-            interaction_cls_first=block, num_interactions=2, num_elements=2,
-            hidden_irreps=o3.Irreps("16x0e+16x1o"), MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=np.array([-4.4, -3.5]), avg_num_neighbors=12.0, atomic_numbers=[28, 29],
-            correlation=3, gate=torch.nn.functional.silu, atomic_inter_scale=0.8, atomic_inter_shift=0.1)
-    finally:
-        torch.set_default_dtype(previous)
-    with torch.no_grad():  # random init leaves some blocks at exact zeros/ones: perturb everything
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model
-
+    return mace_model("16x0e+16x1o", r_max=5.0, num_bessel=8, dtype=dtype, seed=seed)
 
 def structures():
     """Periodic CuNi cells (cubic and primitive repeats, strained), a slab and a non-periodic cluster."""
@@ -52,20 +35,8 @@ def structures():
 
 
 def mace_tp(hidden: str, lmax: int, channels: int, dtype=torch.float64) -> o3.TensorProduct:
-    """The conv_tp of a mace RealAgnostic*InteractionBlock: node irreps `channels`x(hidden), edge
-    attributes = spherical harmonics up to lmax, target = `channels`x(each sh irrep)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        irreps_in = o3.Irreps([(channels, ir) for _, ir in o3.Irreps(hidden)])
-        sh = o3.Irreps.spherical_harmonics(lmax)
-        target = o3.Irreps([(channels, ir) for _, ir in sh])
-        mid, instructions = tp_out_irreps_with_instructions(irreps_in, sh, target)
-        return o3.TensorProduct(irreps_in, sh, mid, instructions=instructions, shared_weights=False,
-                                internal_weights=False)
-    finally:
-        torch.set_default_dtype(previous)
-
+    """The conv_tp of a mace RealAgnostic*InteractionBlock (see cfm_plugins.testing.mace_conv_tp)."""
+    return mace_conv_tp(hidden, lmax, channels, dtype)
 
 SH = "0e+1o+2e+3o"  # MACE's node features before the product: (lmax+1)^2 = 16 components per channel
 
@@ -102,28 +73,8 @@ BLOCKS = ["RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock"
 def tiny_mace(kind: str, block: str, first: str, seed: int = 0) -> torch.nn.Module:
     """A 2-layer MACE or ScaleShiftMACE (8x0e+8x1o, max_ell 3, correlation 2, Ni/Cu) with the given
     interaction blocks, float64, every weight perturbed (no exact zeros)."""
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        kwargs = dict(
-            r_max=4.5, num_bessel=6, num_polynomial_cutoff=5, max_ell=3,
-            interaction_cls=modules.interaction_classes[block],
-            interaction_cls_first=modules.interaction_classes[first], num_interactions=2, num_elements=2,
-            hidden_irreps=o3.Irreps("8x0e+8x1o"), MLP_irreps=o3.Irreps("8x0e"),
-            atomic_energies=np.array([-4.4, -3.5]), avg_num_neighbors=10.0, atomic_numbers=[28, 29],
-            correlation=2, gate=torch.nn.functional.silu)
-        if kind == "ScaleShiftMACE":
-            model = modules.ScaleShiftMACE(atomic_inter_scale=0.8, atomic_inter_shift=0.1, **kwargs)
-        else:
-            model = modules.MACE(**kwargs)
-    finally:
-        torch.set_default_dtype(previous)
-    with torch.no_grad():  # random init leaves some blocks at exact zeros: perturb everything
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model
-
+    return mace_model("8x0e+8x1o", kind=kind, interaction=block, first=first, r_max=4.5, num_bessel=6,
+                      correlation=2, mlp="8x0e", avg_num_neighbors=10.0, seed=seed)
 
 def mace_batch(seed: int = 0):
     """A CuNi fcc cell and one isolated atom, as a mace batch dict (float64)."""
