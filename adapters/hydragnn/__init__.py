@@ -76,5 +76,4 @@ def cfm_graph_sizes(dataset, indices, need_edges):
 
     if not is_pyg_dataset(dataset):
         return None
-    atoms, edges = local_sizes(dataset, indices, need_edges)
-    return GraphSizes(atoms, None if (edges < 0).any() else edges, indices)
+    return GraphSizes(*local_sizes(dataset, indices, need_edges), indices)  # edges not read: -1, so None
