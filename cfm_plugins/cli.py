@@ -210,14 +210,14 @@ def _run(args, command, options, rank_tag) -> int:
         message = _failure_message(exc, dist) if dist.world_size > 1 else None
         after_trainer(code)
         if message:
-            remove_temp_dirs()  # Abort ends this process without running atexit
+            remove_temp_dirs(job_ends=True)  # Abort ends this process (without atexit) and every other rank
             print(message, file=sys.stderr, flush=True)
             abort_all(dist, 1)
     else:
         after_trainer(code)
     if code != 0 and dist.world_size > 1:
         print(f"cfm-run: rank {dist.rank}: trainer exited with {code}; ending all ranks", file=sys.stderr, flush=True)
-        remove_temp_dirs()
+        remove_temp_dirs(job_ends=True)
         abort_all(dist, code)
     shutdown(dist)
     return code

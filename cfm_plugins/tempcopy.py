@@ -8,8 +8,9 @@ reads a half-written file) into one folder per job: ``$TMPDIR/cfm_plugins_job_<j
 id outside a launcher. Inside it, each rank holds a marker ``ranks/<host>.<pid>`` for as long as
 it runs.
 
-A rank leaving (at exit, after a failure, on SIGTERM/SIGHUP) removes its marker, and the folder
-when no rank of this host that holds a marker is still alive. A rank killed outright
+A rank leaving (at exit, on SIGTERM/SIGHUP) removes its marker, and the folder when no rank of
+this host that holds a marker is still alive; a rank that ends the job after a failure (MPI Abort)
+removes the folder, since the others are killed. A rank killed outright
 (SIGKILL, the OOM killer) cannot clean up after itself: the ranks that survive it do, and when
 the whole job was killed, the next cfm-run on the host removes folders whose ranks are all gone.
 """
@@ -152,10 +153,18 @@ def write_copy(name: str, text: str) -> Path:
     return target
 
 
-def release() -> None:
-    """This process leaves its job folders: marker removed, folder too when no rank uses it (idempotent)."""
+def release(job_ends: bool = False) -> None:
+    """This process leaves its job folders: marker removed, folder too when no rank uses it (idempotent).
+
+    ``job_ends``: this rank is ending the whole job (MPI Abort after a failure): the folder is
+    removed now, since the other ranks are killed, possibly while blocked in a collective where
+    they cannot run their own clean-up.
+    """
     while _MINE:
         folder = _MINE.pop()
+        if job_ends:
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
         try:
             (folder / "ranks" / _marker_name()).unlink()
         except OSError:

@@ -478,9 +478,10 @@ def _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, bins_needed,
                  "sample of its own), or let the sampler repeat samples (repeat=True, as binpack does for "
                  "training loaders)")
     else:
-        fits = max(total / (n // w * w), float(c.max()))  # bins a multiple of w, none of them empty
-        helps = (f"a capacity of about {math.ceil(fits):g} or more packs them into {n // w * w} bins; or use fewer "
-                 "ranks, more samples, or repeat=True")
+        k = n // w * w  # the most bins that n samples fill, a multiple of w
+        fits = float(np.sort(c)[::-1][:-(-n // k)].sum())  # dealt round-robin into k bins, each fits
+        helps = (f"a capacity of {fits:g} or more packs them into {k} bins; or use fewer ranks, more samples, "
+                 "or repeat=True")
     raise ValueError(f"cannot give each of {w} ranks a non-empty batch at every step: {n} sample(s) of total cost "
                      f"{total:g} need {bins_needed} bins of capacity {cap:g} (a multiple of {w}), more than there "
                      f"are samples; {helps}")
