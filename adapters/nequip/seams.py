@@ -92,16 +92,21 @@ def _replace(cfg: dict, key: str, value, why: str) -> None:
 def trainer_config(cfg: dict, config, dist) -> dict:
     """A copy of the ``trainer`` config that runs on cfm-run's ranks.
 
-    A strategy that spawns its own processes is refused (``ValueError``): mpirun has started the
-    ranks and cfm-run has joined them in a process group, and a spawned child cannot take the
-    MPI communicator along (it fails later with "cannot serialize 'mpi4py.MPI.Intracomm'").
+    A strategy that spawns its own processes is refused (``ValueError``) where anything of ours
+    must reach those processes: under several ranks mpirun has started them and cfm-run joined them
+    in a process group (a spawned child cannot take the MPI communicator along: "cannot serialize
+    'mpi4py.MPI.Intracomm'"), and binpack's loaders and fused's callback need cfm-run's session,
+    which a spawned child does not have. A single rank with neither runs stock and may spawn.
     """
     cfg = copy.deepcopy(cfg)
     spawning = _spawning_strategy(cfg.get("strategy"))
-    if spawning:
+    ours = [name for name in ("binpack", "fused") if config.is_enabled(name)]
+    if spawning and (dist.world_size > 1 or ours):
+        why = (f"cfm-run runs {dist.world_size} ranks already" if dist.world_size > 1
+               else f"{' and '.join(ours)} act(s) in cfm-run's process only")
         raise ValueError(f"trainer.strategy={spawning} starts its own processes, which cannot run under mpirun and "
-                         "cfm-run (the ranks exist already); use strategy: ddp (the default cfm-run sets on several "
-                         "ranks), and launch more ranks with mpirun -np N")
+                         f"cfm-run ({why}); use strategy: ddp (the default cfm-run sets on several ranks) and launch "
+                         "the ranks with mpirun -np N")
     if config.is_enabled("binpack"):
         _replace(cfg, "use_distributed_sampler", False, "binpack's sampler shards the batches over the ranks itself")
     if config.is_enabled("fused"):

@@ -34,9 +34,11 @@ def test_use_distributed_sampler_replaced_by_binpack_is_logged(caplog):
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_spawn_find_unused_parameters_true",
                                       {"_target_": "lightning.pytorch.strategies.DDPStrategy", "start_method": "spawn"}])
 def test_spawning_strategies_are_refused(strategy):
-    for dist in (TWO_RANKS, DistInfo()):
+    for dist, enabled in ((TWO_RANKS, ["nequip"]), (DistInfo(), ["nequip", "binpack"]), (DistInfo(), ["nequip", "fused"])):
         with pytest.raises(ValueError, match="starts its own processes, which cannot run under mpirun and cfm-run"):
-            trainer_config({"strategy": strategy}, Config(enabled=["nequip"]), dist)
+            trainer_config({"strategy": strategy}, Config(enabled=enabled), dist)
+    # one rank and nothing of ours in the trainer: stock nequip-train, which may spawn
+    assert trainer_config({"strategy": strategy}, Config(enabled=["nequip"]), DistInfo())["strategy"] == strategy
     for fine, becomes in (("ddp", "ddp"), ("auto", "ddp"), ({"_target_": "DDPStrategy"}, {"_target_": "DDPStrategy"})):
         assert trainer_config({"strategy": fine}, Config(enabled=["nequip"]), TWO_RANKS)["strategy"] == becomes
 
@@ -50,7 +52,7 @@ def test_nequip_train_with_ddp_spawn_stops_at_start_saying_why(tmp_path):
     files = make_dataset(tmp_path / "data", n_train=4, n_valid=2, n_test=0, seed=3, max_atoms=16)
     cfg = nequip_config(files["train"], files["valid"], epochs=1, features=4, l_max=1, layers=1, batch_size=2)
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    out = subprocess.run([str(BIN / "cfm-run"), "--enable", "nequip", "--", "nequip-train", "-cp", str(tmp_path),
+    out = subprocess.run([str(BIN / "cfm-run"), "--enable", "nequip,binpack", "--", "nequip-train", "-cp", str(tmp_path),
                           "-cn", "cfg", "+trainer.strategy=ddp_spawn", f"hydra.run.dir={tmp_path / 'run'}"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=clean_env())
     assert out.returncode != 0
