@@ -10,7 +10,8 @@ torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADD
 Where the rendezvous listens (it has no authentication, so it must not listen where it need not):
 
 - all ranks on one node: ``127.0.0.1`` only, and gloo's own connections stay on the loopback
-  interface (``GLOO_SOCKET_IFNAME=lo`` unless you set it);
+  interface (``GLOO_SOCKET_IFNAME=lo`` unless you set it); Open MPI's TCP transport, which would
+  listen on every interface, is not started (:func:`keep_mpi_off_the_network`);
 - several nodes: only the address of the chosen interface (option ``rendezvous_interface``,
   e.g. ``ib0``; default: the interface of this host's default route), and gloo/nccl use that
   interface too (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` unless you set them). The option

@@ -518,7 +518,7 @@ def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Pa
         picks = np.resize(rng.permutation(pool) if rng is not None else pool, missing)
         bins += [np.array([i], np.int64) for i in picks]
         log.debug("bin packing: %d sample(s) for %d ranks: %d repeated so that every rank has a batch at every step",
-                 len(pool), w, missing)
+                  len(pool), w, missing)
     cost = np.array([c[b].sum() for b in bins])
     if rng is None:
         by_cost = np.argsort(cost, kind="stable")
