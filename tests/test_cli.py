@@ -141,6 +141,8 @@ def test_a_negative_collective_timeout_ends_every_rank_at_start():
     out = run_mpi([CFM_RUN, "--device", "cpu", "-o", "collective_timeout=-5", "--", "python",
                    "tests/scripts/allreduce_ranks.py"], timeout=120)
     assert out.returncode != 0
-    assert out.stdout.count("cfm-run: error: cfm-plugins option collective_timeout='-5'") == 2, out.stdout[-3000:]
+    # every rank refuses it before MPI joins them; the first to exit ends the job, so under load
+    # the other may be killed before it prints its own copy of the message
+    assert out.stdout.count("cfm-run: error: cfm-plugins option collective_timeout='-5'") >= 1, out.stdout[-3000:]
     assert "TCPStore" not in out.stdout and "RESULT" not in out.stdout
     assert time.monotonic() - start < 60
