@@ -89,7 +89,7 @@ $(STAMP_NEQUIP): $(SOURCES)
 
 # the NequIP tests (real nequip-train under real mpirun -np 2); `make test` runs them too
 test-nequip: venv-nequip
-	$(PY_NEQUIP) -m pytest -q -rs tests/adapters/nequip
+	$(PY_NEQUIP) -m pytest -q -rs tests/adapters/nequip tests/datasets/test_nequip_config.py
 
 demo-nequip: venv-nequip
 	$(PY_NEQUIP) examples/demo_nequip.py

@@ -10,8 +10,9 @@ enabled and the process group exists. ``--cfm-<key>=<value>`` options in the tra
 are taken out and become plugin options (names no installed plugin declares are refused). The
 adapter serving the trainer command is enabled by itself. A failure on one rank ends all ranks
 (MPI Abort) instead of leaving them waiting; a collective that times out names the stalled rank.
-Temporary files (the trainer's config without its ``cfm_plugins:`` key) are removed at exit, also
-after a failure or a termination signal.
+Temporary files (the trainer's config without its ``cfm_plugins:`` key, one copy per job) are
+removed by the last rank to exit, also after a failure or a termination signal; where every rank
+was killed, by the next cfm-run (:mod:`cfm_plugins.tempcopy`).
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ import traceback
 from importlib.metadata import entry_points
 
 from cfm_plugins import __version__
-from cfm_plugins.config import build_config, remove_temp_dirs
+from cfm_plugins.config import build_config
 from cfm_plugins.manager import MissingAdapterError, UnknownPluginError, catalog, create_manager
+from cfm_plugins.tempcopy import release as remove_temp_dirs
 
 log = logging.getLogger("cfm_plugins")
 
@@ -208,14 +210,14 @@ def _run(args, command, options, rank_tag) -> int:
         message = _failure_message(exc, dist) if dist.world_size > 1 else None
         after_trainer(code)
         if message:
-            remove_temp_dirs()  # Abort ends this process without running atexit
+            remove_temp_dirs(job_ends=True)  # Abort ends this process (without atexit) and every other rank
             print(message, file=sys.stderr, flush=True)
             abort_all(dist, 1)
     else:
         after_trainer(code)
     if code != 0 and dist.world_size > 1:
         print(f"cfm-run: rank {dist.rank}: trainer exited with {code}; ending all ranks", file=sys.stderr, flush=True)
-        remove_temp_dirs()
+        remove_temp_dirs(job_ends=True)
         abort_all(dist, code)
     shutdown(dist)
     return code

@@ -12,7 +12,8 @@ Sources, highest precedence first:
    or the Hydra config ``-cn NAME [-cp DIR]`` of nequip-train): either a
    list/comma string of names, or a mapping ``{enable: [...], <option>: <value>, ...}``. The
    key is removed from a temporary copy of the file before the trainer reads it (trainers reject
-   unknown keys); the copy is removed when cfm-run exits, also after a failure.
+   unknown keys); one copy per job, removed when the last rank exits, also after a failure or a
+   kill (:mod:`cfm_plugins.tempcopy`).
 
 The first source that names plugins decides which are enabled; options merge, higher precedence
 winning. Where one source overrides another, :attr:`Config.notes` says which won and what it
@@ -21,14 +22,13 @@ declare (:meth:`Config.check_options`): an unknown name is an error suggesting t
 """
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cfm_plugins.tempcopy import write_copy
 
 ENV_PREFIX = "CFM_"
 #: Environment names under ENV_PREFIX that are not plugin options.
@@ -179,26 +179,6 @@ def find_config_file(argv: list[str]) -> tuple[int, Path] | None:
     return None
 
 
-# --- temporary copies of config files: removed at exit, also after a failure ------------------
-
-_TEMP_DIRS: list[Path] = []
-
-
-def make_temp_dir() -> Path:
-    """A private temporary folder that :func:`remove_temp_dirs` deletes (atexit, or cfm-run)."""
-    path = Path(tempfile.mkdtemp(prefix="cfm_plugins_"))
-    if not _TEMP_DIRS:
-        atexit.register(remove_temp_dirs)
-    _TEMP_DIRS.append(path)
-    return path
-
-
-def remove_temp_dirs() -> None:
-    """Delete every folder made by :func:`make_temp_dir` in this process (idempotent)."""
-    while _TEMP_DIRS:
-        shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
-
-
 def find_hydra_config(argv: list[str]) -> Path | None:
     """The YAML a Hydra trainer (e.g. ``nequip-train -cn NAME [-cp DIR]``) reads, else None."""
     name = argv_value(argv, ("-cn", "--config-name"))
@@ -252,12 +232,9 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
         section = {"enable": section}
     section["__file__"] = str(path)
     if rewrite:
-        copy = make_temp_dir() / path.name
-        with open(copy, "w") as fh:
-            if path.suffix == ".json":  # the trainer reads it with json.load
-                json.dump(data, fh, indent=2)
-            else:
-                yaml.safe_dump(data, fh, sort_keys=False)
+        # the trainer reads JSON with json.load; one copy per job (cfm_plugins.tempcopy)
+        text = json.dumps(data, indent=2) if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
+        copy = write_copy(path.name, text)
         if hydra is not None:
             _point_hydra_to(argv, copy.resolve())
         else:

@@ -10,7 +10,8 @@ torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADD
 Where the rendezvous listens (it has no authentication, so it must not listen where it need not):
 
 - all ranks on one node: ``127.0.0.1`` only, and gloo's own connections stay on the loopback
-  interface (``GLOO_SOCKET_IFNAME=lo`` unless you set it);
+  interface (``GLOO_SOCKET_IFNAME=lo`` unless you set it); Open MPI's TCP transport, which would
+  listen on every interface, is not started (:func:`keep_mpi_off_the_network`);
 - several nodes: only the address of the chosen interface (option ``rendezvous_interface``,
   e.g. ``ib0``; default: the interface of this host's default route), and gloo/nccl use that
   interface too (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` unless you set them). The option
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import socket
 import sys
@@ -60,7 +62,7 @@ def cfm_declare_options():
                "use when the ranks span several nodes (default: the interface of the default route); on one "
                "node everything stays on the loopback interface"),
         Option("collective_timeout", float, DEFAULT_TIMEOUT_S, "seconds a collective waits for a stalled rank "
-               "before the run ends with the stalled rank named"),
+               "before the run ends with the stalled rank named", positive=True),
         # read by every trainer adapter (each writes what its trainer exposes); declared once here
         Option("step_log", str, None, "write each rank's per-step records (sizes, compute times; losses where "
                "the trainer gives them) to PATH.rank<r>.jsonl; cfm_plugins.steplog reads them and computes "
@@ -103,8 +105,39 @@ def launched_by_mpi(environ=os.environ) -> bool:
     return any(k in environ for k in keys)
 
 
+#: Open MPI's transports (BTLs) for ranks that all run on one node: the loopback "self" and shared
+#: memory ("sm" since Open MPI 5, "vader" before; 5 still takes "vader" but 4 has no "sm", and a
+#: component named but absent is fatal). Open MPI would otherwise also start its TCP transport,
+#: whose sockets listen on every interface (0.0.0.0 and ::) while the job runs, though on one node
+#: no byte goes over them.
+SINGLE_NODE_BTL = {"prrte": "self,sm", "orte": "self,vader"}
+
+
+def keep_mpi_off_the_network(environ=os.environ) -> str | None:
+    """On one node under Open MPI, select its shared-memory transports before MPI starts.
+
+    Open MPI reads ``OMPI_MCA_*`` variables when MPI is initialised (``from mpi4py import MPI``),
+    and its launcher tells each rank how many ranks share its node before that
+    (``OMPI_COMM_WORLD_LOCAL_SIZE``). When every rank is on this node and the user did not choose
+    the transports (``OMPI_MCA_btl``), ``OMPI_MCA_btl=self,sm`` (``self,vader`` under Open MPI 4)
+    is set, so that no rank listens on a network interface. Returns the value set, or None. Across nodes nothing is changed (Open MPI
+    needs a network transport there; docs/ranks.md says how to restrict it).
+    """
+    size, local = environ.get("OMPI_COMM_WORLD_SIZE"), environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if "OMPI_MCA_btl" in environ or not size or size != local:
+        return None
+    # Open MPI <= 4 launches through ORTE, which hands its ranks OMPI_MCA_orte_* variables; 5 uses PRRTE
+    launcher = "orte" if any(k.startswith("OMPI_MCA_orte_") for k in environ) else "prrte"
+    environ["OMPI_MCA_btl"] = SINGLE_NODE_BTL[launcher]
+    return environ["OMPI_MCA_btl"]
+
+
 def get_comm():
     """mpi4py's COMM_WORLD, or None when not under MPI. Clear error if mpi4py is missing."""
+    chosen = keep_mpi_off_the_network()
+    if chosen:
+        log.debug("all ranks on one node: Open MPI transports OMPI_MCA_btl=%s (set OMPI_MCA_btl to choose others)",
+                  chosen)
     try:
         from mpi4py import MPI
     except ImportError as exc:
@@ -208,7 +241,9 @@ def init_distributed(config=None) -> DistInfo:
     import torch.distributed as tdist
 
     get = config.get if config is not None else (lambda k, d=None, t=None: d)
-    timeout_s = float(get("collective_timeout", DEFAULT_TIMEOUT_S, float) or DEFAULT_TIMEOUT_S)
+    timeout_s = get("collective_timeout", DEFAULT_TIMEOUT_S, float)
+    if not 0 < timeout_s < math.inf:  # cfm-run checked it at start; this guards direct callers
+        raise ValueError(f"collective_timeout={timeout_s!r}: must be a positive number of seconds")
     comm = get_comm()
     if comm is None or comm.Get_size() == 1:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -14,6 +14,7 @@ slipped into the options dict.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -27,7 +28,9 @@ class Option:
     ``name`` uses underscores (``max_tokens``); users may write dashes. ``type`` converts the
     text of the command line, environment or YAML (``int``, ``float``, ``str``, ``bool``).
     ``default`` may be ``None`` when the plugin computes a default at run time (say so in
-    ``help``). ``choices`` restricts a ``str`` option to a few values.
+    ``help``). ``choices`` restricts a ``str`` option to a few values; ``positive`` a number to
+    values > 0 (a capacity, a timeout), so that ``0`` or ``-5`` is refused at start with the other
+    bad values instead of failing later inside a trainer or a C++ library.
     """
 
     name: str
@@ -35,22 +38,32 @@ class Option:
     default: object
     help: str
     choices: tuple[str, ...] | None = None
+    positive: bool = False
 
     def convert(self, value, where: str = ""):
         """``value`` as :attr:`type`; a ``ValueError`` naming the option, value and source if not."""
         if value is None or isinstance(value, self.type) and not (self.type is int and isinstance(value, bool)):
             out = value
+            if isinstance(out, float):
+                out = convert(out, float, self.name)  # the finiteness check of text values, for YAML floats too
         else:
             out = convert(value, self.type, self.name)
+        src = f" (from {where})" if where else ""
         if self.choices is not None and out is not None and out not in self.choices:
-            src = f" (from {where})" if where else ""
             raise ValueError(f"cfm-plugins option {self.name}={value!r}{src}: expected one of "
                              f"{', '.join(self.choices)}")
+        if self.positive and out is not None and not out > 0:
+            default = f" (default {self.default:g})" if isinstance(self.default, (int, float)) else ""
+            raise ValueError(f"cfm-plugins option {self.name}={value!r}{src}: must be a number > 0{default}")
         return out
 
 
 def convert(value, type_, name: str):
-    """Convert option text to ``type_`` (booleans from 1/0, true/false, yes/no, on/off)."""
+    """Convert option text to ``type_`` (booleans from 1/0, true/false, yes/no, on/off).
+
+    A float must be finite: no option means anything by ``nan`` or ``inf`` (``float("nan")``
+    would pass every ``<= 0`` check and fail far later, after the data is loaded).
+    """
     try:
         if type_ is bool:
             text = str(value).strip().lower()
@@ -59,9 +72,12 @@ def convert(value, type_, name: str):
             if text in _FALSE:
                 return False
             raise ValueError(value)
-        return type_(value)
+        out = type_(value)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"cfm-plugins option {name}={value!r} is not a valid {type_.__name__}") from exc
+    if type_ is float and not math.isfinite(out):
+        raise ValueError(f"cfm-plugins option {name}={value!r} is not a finite number")
+    return out
 
 
 @dataclass(frozen=True)

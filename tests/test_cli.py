@@ -87,10 +87,25 @@ def test_conflicts_are_logged_and_temporary_files_removed_on_every_rank(tmp_path
             "--config", str(cfg)] + (["--fail-on-rank-1"] if fail else [])
     out = run_mpi(args, timeout=120, env=clean_env(TMPDIR=str(tmp)))
     assert (out.returncode != 0) == fail, out.stdout[-3000:]
-    assert list(tmp.glob("cfm_plugins_*")) == [], "temporary config copies were left behind"
+    assert list(tmp.glob("cfm_plugins_*")) == [], [str(p) for p in tmp.rglob("*")]
     assert re.search(r"plugins from cfm-run --enable \(mace, fused\) override the cfm_plugins: key of \S+train.yaml "
                      r"\(enable\) \(mace, binpack\): binpack not enabled", out.stdout), out.stdout[-3000:]
     assert "option cost='atoms' from cfm-run -o overrides 'edges' from the cfm_plugins: key of" in out.stdout
+
+
+@pytest.mark.mpi
+def test_a_rank_killed_outright_leaves_no_config_copy(tmp_path):
+    """SIGKILL gives rank 1 no chance to clean up: the one copy of the job is removed by rank 0 as
+    mpirun ends it (issue 24: every rank had its own copy, and the killed rank's stayed in /tmp)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    args = [CFM_RUN, "--device", "cpu", "--enable", "mace", "--", "python", PROBE, "--config",
+            str(_trainer_config(tmp_path)), "--kill-rank-1"]
+    out = run_mpi(args, timeout=120, env=clean_env(TMPDIR=str(tmp)))
+    assert out.returncode != 0
+    copies = set(re.findall(r"ARGS rank=\d --config (\S+)", out.stdout))
+    assert len(copies) == 1 and "/cfm_plugins_job_" in copies.pop(), out.stdout[-3000:]  # one copy, both ranks
+    assert list(tmp.glob("cfm_plugins_*")) == [], [str(p) for p in tmp.rglob("*")]
 
 
 def test_features_without_an_adapter_for_the_command_stop_at_start():
@@ -100,3 +115,34 @@ def test_features_without_an_adapter_for_the_command_stop_at_start():
     assert "binpack, fused work(s) through a trainer adapter" in out.stdout
     listed = out.stdout.split("installed adapters: ", 1)[1].split(")", 1)[0].split(", ")
     assert "mace" in listed and "hydragnn" in listed, out.stdout
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("collective_timeout", "-5", "must be a number > 0 (default 300)"),
+    ("collective_timeout", "0", "must be a number > 0 (default 300)"),
+    ("collective_timeout", "nan", "is not a finite number"),
+    ("max_tokens", "nan", "is not a finite number"),
+    ("max_tokens", "inf", "is not a finite number"),
+    ("max_tokens", "0", "must be a number > 0"),
+])
+def test_bad_numbers_are_refused_at_start_on_one_rank(option, value, says):
+    """Checked with the other options before anything runs (issue 24: `collective_timeout=0` became
+    300, `-5` reached the TCPStore, `max_tokens=nan` failed after the data was loaded)."""
+    out = run("-o", f"{option}={value}", "--", "python", "tests/scripts/allreduce_ranks.py")
+    assert out.returncode == 2, out.stdout[-3000:]
+    error = next((l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")), "")
+    assert f"cfm-plugins option {option}='{value}'" in error and says in error and "from cfm-run -o" in error, error
+    assert "Traceback" not in out.stdout
+
+
+@pytest.mark.mpi
+def test_a_negative_collective_timeout_ends_every_rank_at_start():
+    start = time.monotonic()
+    out = run_mpi([CFM_RUN, "--device", "cpu", "-o", "collective_timeout=-5", "--", "python",
+                   "tests/scripts/allreduce_ranks.py"], timeout=120)
+    assert out.returncode != 0
+    # every rank refuses it before MPI joins them; the first to exit ends the job, so under load
+    # the other may be killed before it prints its own copy of the message
+    assert out.stdout.count("cfm-run: error: cfm-plugins option collective_timeout='-5'") >= 1, out.stdout[-3000:]
+    assert "TCPStore" not in out.stdout and "RESULT" not in out.stdout
+    assert time.monotonic() - start < 60

@@ -120,7 +120,7 @@ def test_temporary_config_copies_are_removed():
     import tempfile
     from pathlib import Path
 
-    from cfm_plugins.config import remove_temp_dirs
+    from cfm_plugins.tempcopy import release
 
     folder = Path(tempfile.mkdtemp())
     cfg = folder / "train.yaml"
@@ -128,6 +128,6 @@ def test_temporary_config_copies_are_removed():
     argv = ["t", "--config", str(cfg)]
     build_config(None, [], argv, environ={})
     copy = Path(argv[2])
-    assert copy.is_file() and copy.parent.name.startswith("cfm_plugins_")
-    remove_temp_dirs()
-    assert not copy.parent.exists()
+    assert copy.is_file() and copy.parent.parent.name.startswith("cfm_plugins_job_")
+    release()
+    assert not copy.parent.parent.exists()

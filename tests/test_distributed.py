@@ -1,5 +1,5 @@
-"""The ranks cfm-run sets up (issue 12): where the rendezvous listens, a stalled rank named after the
-collective timeout, one GPU per rank. Real `mpirun -np 2`."""
+"""The ranks cfm-run sets up (issues 12, 24): where the ranks listen (rendezvous, gloo and Open MPI),
+a stalled rank named after the collective timeout, one GPU per rank. Real `mpirun -np 2`."""
 from __future__ import annotations
 
 import re
@@ -14,10 +14,10 @@ PROBE = "tests/scripts/rank_probe.py"
 
 
 @pytest.mark.mpi
-def test_single_node_rendezvous_listens_on_loopback_only():
-    # MPI's own TCP transport is turned off so that every listening socket left is ours (store, gloo)
-    out = run_mpi([CFM_RUN, "--device", "cpu", "--", "python", PROBE, "--listeners"], timeout=120,
-                  env=clean_env(OMPI_MCA_btl="self,sm"))
+def test_single_node_ranks_listen_on_loopback_only():
+    """Every listening socket of the rank processes, ours (store, gloo) and Open MPI's: on one node
+    all on 127.0.0.1 (Open MPI's TCP transport, which listens on 0.0.0.0 and ::, is not started)."""
+    out = run_mpi([CFM_RUN, "--device", "cpu", "--", "python", PROBE, "--listeners"], timeout=120)
     assert out.returncode == 0, out.stdout[-3000:]
     port = re.search(r"process group gloo at 127\.0\.0\.1:(\d+)", out.stdout).group(1)
     lines = [l for l in out.stdout.splitlines() if l.startswith("LISTEN")]
@@ -25,6 +25,30 @@ def test_single_node_rendezvous_listens_on_loopback_only():
     listeners = [a for l in lines for a in l.split()[2:]]
     assert f"127.0.0.1:{port}" in listeners  # the rendezvous store, on rank 0
     assert all(a.startswith("127.0.0.1:") for a in listeners), listeners  # nothing on *, :: or a routable address
+    assert out.stdout.count("BTL rank=") == 2 and "BTL rank=0 self,sm" in out.stdout
+
+
+@pytest.mark.mpi
+def test_a_users_own_mpi_transports_are_kept():
+    out = run_mpi([CFM_RUN, "--device", "cpu", "--", "python", PROBE, "--listeners"], timeout=120,
+                  env=clean_env(OMPI_MCA_btl="self,sm,tcp"))
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "BTL rank=0 self,sm,tcp" in out.stdout and "BTL rank=1 self,sm,tcp" in out.stdout
+
+
+def test_mpi_transports_are_chosen_on_one_node_only():
+    from cfm_plugins.distributed import keep_mpi_off_the_network
+
+    one_node = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    env = dict(one_node)
+    assert keep_mpi_off_the_network(env) == "self,sm" and env["OMPI_MCA_btl"] == "self,sm"
+    env = dict(one_node, OMPI_MCA_orte_hnp_uri="x")  # Open MPI 4 (ORTE) has no "sm" component
+    assert keep_mpi_off_the_network(env) == "self,vader"
+    for env in ({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},  # two nodes
+                dict(one_node, OMPI_MCA_btl="^openib"),  # the user's choice
+                {"PMI_SIZE": "2"}, {}):  # another MPI, or none
+        before = dict(env)
+        assert keep_mpi_off_the_network(env) is None and env == before
 
 
 @pytest.mark.mpi

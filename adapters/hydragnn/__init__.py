@@ -76,5 +76,4 @@ def cfm_graph_sizes(dataset, indices, need_edges):
 
     if not is_pyg_dataset(dataset):
         return None
-    atoms, edges = local_sizes(dataset, indices)
-    return GraphSizes(atoms, edges, indices)
+    return GraphSizes(*local_sizes(dataset, indices, need_edges), indices)  # edges not read: -1, so None

@@ -138,9 +138,10 @@ def batch_sampler_for(hook, dataset, sizes, config, dist, role, trainer):
     """Ask the plugins for ``role``'s batch sampler; a ValueError names the loader and its data.
 
     Evaluation loaders are packed with ``evaluation=True`` (every rank gets a batch at every step,
-    every structure counted once where the set has one per rank), so only the training loader
-    refuses a set smaller than the number of ranks; the sampler's message says what helps, this
-    one says which loader and which file.
+    every structure counted once where the set has one per rank), the training loader with a few
+    structures repeated where the set is too small for the ranks; what is still refused (a
+    structure larger than the capacity) has the sampler's message say what helps, and this one
+    say which loader and which file.
     """
     try:
         return hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role,

@@ -11,7 +11,9 @@ object built               what the replacement does
                            test/predict loaders becomes :func:`.loader.BinPackDataLoader`
 ``lightning.Trainer``      several ranks: ``strategy: ddp`` (unless set), ``devices``/``num_nodes``
                            from the MPI ranks, ``accelerator: cpu`` on CPU; binpack:
-                           ``use_distributed_sampler: false`` (our sampler already shards);
+                           ``use_distributed_sampler: false`` (our sampler already shards;
+                           a user's ``true`` is logged as replaced); a strategy that spawns
+                           processes (``ddp_spawn``) is refused;
                            fused: the callback :class:`.callbacks.FuseOnSetup`, which fuses the
                            LightningModule's ``TensorProductScatter`` in place at every setup
                            (fresh runs, ``ckpt_path`` restarts, val/test runs); the state_dict
@@ -68,12 +70,51 @@ def data_config(cfg: dict, session) -> dict:
     return cfg
 
 
+#: Lightning strategies that start their own worker processes; under mpirun the ranks already exist
+_SPAWNING = ("spawn", "fork", "notebook")
+
+
+def _spawning_strategy(strategy) -> str | None:
+    """The name of a Lightning strategy that starts processes itself (``ddp_spawn``, ``ddp_fork``,
+    ``ddp_notebook``, a ``DDPStrategy`` with ``start_method: spawn``), else None."""
+    if isinstance(strategy, str):
+        return strategy if any(k in strategy.lower() for k in _SPAWNING) else None
+    if isinstance(strategy, dict):
+        method = str(strategy.get("start_method") or "")
+        target = str(strategy.get("_target_") or "")
+        if method in ("spawn", "fork", "forkserver") or any(k in target.lower() for k in _SPAWNING):
+            return f"{target or 'strategy'}(start_method={method or '?'})"
+    return None
+
+
+def _replace(cfg: dict, key: str, value, why: str) -> None:
+    """Set ``cfg[key]``, logging the user's own value it replaces (never silently)."""
+    if cfg.get(key) not in (None, "auto", value):
+        log.info("trainer.%s=%r replaced by %r: %s", key, cfg.get(key), value, why)
+    cfg[key] = value
+
+
 def trainer_config(cfg: dict, config, dist) -> dict:
-    """A copy of the ``trainer`` config that runs on cfm-run's ranks."""
+    """A copy of the ``trainer`` config that runs on cfm-run's ranks.
+
+    A strategy that spawns its own processes is refused (``ValueError``) where anything of ours
+    must reach those processes: under several ranks mpirun has started them and cfm-run joined them
+    in a process group (a spawned child cannot take the MPI communicator along: "cannot serialize
+    'mpi4py.MPI.Intracomm'"), and binpack's loaders and fused's callback need cfm-run's session,
+    which a spawned child does not have. A single rank with neither runs stock and may spawn.
+    """
     cfg = copy.deepcopy(cfg)
     callbacks = []
+    spawning = _spawning_strategy(cfg.get("strategy"))
+    ours = [name for name in ("binpack", "fused") if config.is_enabled(name)]
+    if spawning and (dist.world_size > 1 or ours):
+        why = (f"cfm-run runs {dist.world_size} ranks already" if dist.world_size > 1
+               else f"{' and '.join(ours)} act(s) in cfm-run's process only")
+        raise ValueError(f"trainer.strategy={spawning} starts its own processes, which cannot run under mpirun and "
+                         f"cfm-run ({why}); use strategy: ddp (the default cfm-run sets on several ranks) and launch "
+                         "the ranks with mpirun -np N")
     if config.is_enabled("binpack"):
-        cfg["use_distributed_sampler"] = False
+        _replace(cfg, "use_distributed_sampler", False, "binpack's sampler shards the batches over the ranks itself")
         callbacks.append({"_target_": "cfm_plugins_adapters.nequip.callbacks.BinPackState"})
     if config.is_enabled("fused"):
         callbacks.append({"_target_": "cfm_plugins_adapters.nequip.callbacks.FuseOnSetup"})
@@ -87,10 +128,7 @@ def trainer_config(cfg: dict, config, dist) -> dict:
             cfg["strategy"] = "ddp"
         nodes = max(1, dist.world_size // max(dist.local_size, 1))
         for key, value in (("devices", dist.local_size), ("num_nodes", nodes)):
-            if cfg.get(key) not in (None, "auto", value):
-                log.info("trainer.%s=%r replaced by %r: cfm-run runs %d ranks", key, cfg.get(key), value,
-                         dist.world_size)
-            cfg[key] = value
+            _replace(cfg, key, value, f"cfm-run runs {dist.world_size} ranks")
         if dist.device == "cpu":
             cfg["accelerator"] = "cpu"
     return cfg

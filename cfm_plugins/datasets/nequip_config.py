@@ -3,7 +3,8 @@
 The config reads the extended XYZ files with ``nequip.data.dataset.ASEDataset`` (``REF_energy``
 and ``REF_forces`` mapped to NequIP's ``total_energy`` and ``forces``), trains a NequIP GNN
 (float64) with an energy + forces loss, logs every step's loss to ``metrics.csv`` (Lightning's
-CSVLogger) and keeps ``last.ckpt``. ``fused=True`` writes the config form of the fused kernel
+CSVLogger) and writes ``last.ckpt`` at the end of every epoch, so a run killed midway resumes from
+its last epoch (``ckpt_path=OUT/last.ckpt``). ``fused=True`` writes the config form of the fused kernel
 (``nequip.model.modify`` with ``enable_CFMFused``); ``cfm_plugins=...`` adds a ``cfm_plugins:``
 key that enables plugins when run under ``cfm-run`` (the flag ``cfm-run --enable`` does the same).
 Run it with ``nequip-train -cp DIR -cn NAME hydra.run.dir=OUT``. Needs only PyYAML; the command
@@ -63,8 +64,12 @@ def nequip_config(train: str, valid: str, epochs: int = 2, features: int = 16, l
             "num_sanity_val_steps": 0, "deterministic": False,
             "logger": {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": "${hydra:runtime.output_dir}",
                        "name": "csv", "version": 0},
+            # save_top_k >= 1: Lightning 2.6 writes last.ckpt only along with a top-k checkpoint, so
+            # save_top_k: 0 leaves nothing to resume from until training ends. Without a monitor,
+            # top-1 is the newest epoch (epoch=E-step=S.ckpt, the previous one removed).
             "callbacks": [{"_target_": "lightning.pytorch.callbacks.ModelCheckpoint",
-                           "dirpath": "${hydra:runtime.output_dir}", "save_last": True, "save_top_k": 0}],
+                           "dirpath": "${hydra:runtime.output_dir}", "save_last": True, "save_top_k": 1,
+                           "every_n_epochs": 1}],
         },
         "training_module": {
             "_target_": "nequip.train.NequIPLightningModule",

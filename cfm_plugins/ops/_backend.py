@@ -133,6 +133,32 @@ def declare_operators() -> bool:
     return ok
 
 
+def carry_operator_note(module: torch.nn.Module, kernel: str) -> torch.nn.Module:
+    """Give a fused module about to be scripted the note :func:`operator_note` as its attribute
+    ``cfm_plugins_operators`` (the fused modules call this from ``__prepare_scriptable__``, which
+    ``torch.jit.script`` runs on every module first, also inside e3nn's and mace's scripting). The
+    scripted model keeps it, and the saved archive holds it in its ``data.pkl``."""
+    module.cfm_plugins_operators = operator_note(kernel)
+    return module
+
+
+def operator_note(kernel: str) -> str:
+    """What a scripted model holding a fused ``kernel`` needs, as the sentence it carries.
+
+    A scripted fused module calls ``cfm::<kernel>_*`` operators; ``torch.jit.load`` of it in a
+    process without our library fails with torch's "Unknown builtin op: cfm::..." and nothing
+    more: the note names the library, the torch it was built against and how to load it.
+    """
+    from cfm_plugins import __version__
+
+    files = [p.name for p in (_library_file("cpu"), _library_file("cuda") if _LOADED.get("cuda") else None) if p]
+    return (f"cfm-plugins {__version__}: this model calls the cfm::{kernel}_* operators of the compiled library "
+            f"{' and '.join(files) or 'cfm_plugins/_C'} (cfm_plugins.library_paths()), built against torch "
+            f"{torch.__version__}. Load it before torch.jit.load, in a process with that torch version: "
+            "cfm_plugins.load_library() in Python; a C++ program (LAMMPS) loads the files of "
+            "cfm_plugins.library_paths() first (e.g. LD_PRELOAD).")
+
+
 def operators_available() -> bool:
     """Whether the ``cfm::`` operators are declared (the CPU library is loaded)."""
     return load("cpu")

@@ -250,6 +250,10 @@ class FusedConvTP(torch.nn.Module):
         for name in shared:
             self._modules[name] = tp._modules[name]
 
+    def __prepare_scriptable__(self):
+        """Called by ``torch.jit.script``: the scripted module names the operator library it needs."""
+        return _backend.carry_operator_note(self, "conv_tp")
+
     def extra_repr(self) -> str:
         return (f"{self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out} | {self.descriptor.num_paths} paths, "
                 f"{self.descriptor.num_pairs} pairs, {self.descriptor.num_entries} CG entries | "

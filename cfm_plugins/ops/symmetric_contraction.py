@@ -136,6 +136,10 @@ class FusedSymmetricContraction(torch.nn.Module):
         self._meta: List[int] = [desc.num_ell, len(desc.monomials), desc.num_slots, desc.num_out, desc.out_dim,
                                  desc.num_rows, self.channels, self._padded]
 
+    def __prepare_scriptable__(self):
+        """Called by ``torch.jit.script``: the scripted module names the operator library it needs."""
+        return _backend.carry_operator_note(self, "symmetric_contraction")
+
     # -- construction / conversion -------------------------------------------------------------
     @classmethod
     def from_mace(cls, module: torch.nn.Module, use_kernel: bool = True) -> "FusedSymmetricContraction":

@@ -48,7 +48,7 @@ def cfm_declare_options():
     return [
         Option("max_tokens", float, None, "bin capacity in cost units (default: the trainer's batch size x the "
                "mean graph cost, at least the largest graph; on GPUs clamped to 800..4000 atoms in float32, "
-               "400..2000 in float64)"),
+               "400..2000 in float64)", positive=True),
         Option("cost", str, "atoms", "cost of a graph: atoms, edges, linear (cost_a*atoms + cost_b*edges), or "
                "auto (fitted on the run's own step times after calibrate_steps steps)", COST_OPTIONS),
         Option("cost_a", float, 1.0, "atom weight of the linear cost (with cost=auto: of the calibration plans)"),
@@ -120,9 +120,6 @@ def _mpi_max():
 
 @hookimpl
 def cfm_configure(config):
-    max_tokens = config.get("max_tokens")
-    if max_tokens is not None and max_tokens <= 0:
-        raise ValueError(f"binpack option max_tokens={config.options.get('max_tokens')!r} must be positive")
     for name in ("calibrate_steps", "recalibrate_every"):
         if config.get(name) < 0:
             raise ValueError(f"binpack option {name}={config.options.get(name)!r} must be >= 0 (0: "
@@ -144,7 +141,8 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
     seed = config.get("seed")
     common = dict(rank=dist.rank, world_size=dist.world_size, seed=seed if seed is not None else (trainer.seed or 0),
                   comm=dist.comm if dist.world_size > 1 else None, local_indices=sizes.indices,
-                  oversize=config.get("oversize"), shuffle=(role == "train"), evaluation=(role != "train"))
+                  oversize=config.get("oversize"), shuffle=(role == "train"), evaluation=(role != "train"),
+                  repeat=(role == "train"))
     cost = config.get("cost")
     if cost == "auto" and role == "train":
         from cfm_plugins.sampler import AutoCostBatchSampler, CostCalibration
@@ -165,6 +163,10 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
             cost = f"{initial_cost_label(config)}: evaluation loaders keep the initial cost under cost=auto"
     log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)", role, len(sampler), dist.world_size,
              capacity, cost)
+    if sampler.repeated:
+        log.warning("binpack %s: %d sample(s) do not give each of %d ranks a batch at every step: %d of them "
+                    "repeated in epoch %d (others in later epochs), as torch's DistributedSampler pads",
+                    role, len(sampler.costs), dist.world_size, sampler.repeated, sampler.epoch)
     return sampler
 
 

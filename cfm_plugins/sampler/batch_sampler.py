@@ -79,6 +79,9 @@ class BinPackBatchSampler(Sampler):
             inside batches). ``False``: the deterministic plan, the same every epoch.
         evaluation: for evaluation loaders (see :func:`pack`): a set too small for the
             capacity and the number of ranks gets a plan anyway instead of an error.
+        repeat: for training loaders (see :func:`pack`): a set too small for the ranks gets
+            a few samples repeated, as torch's ``DistributedSampler`` pads, instead of an error;
+            :attr:`repeated` says how many in the current epoch.
 
     ``len()`` is the number of steps of the current epoch, the same on every rank.
     ``state_dict()`` records epoch, seed and the batches yielded so far; after
@@ -87,7 +90,7 @@ class BinPackBatchSampler(Sampler):
 
     def __init__(self, costs, capacity, *, rank: int, world_size: int, seed: int = 0, comm=None,
                  local_indices=None, drop_last: bool = False, oversize: str = "error", shuffle: bool = True,
-                 evaluation: bool = False):
+                 evaluation: bool = False, repeat: bool = False):
         # world_size and capacity first (rank is checked against world_size; comm against both);
         # oversize and the costs are checked by ``pack``, which runs at the end of the constructor
         world_size = check_world_size(world_size)
@@ -98,7 +101,7 @@ class BinPackBatchSampler(Sampler):
         self.rank, self.world_size, self.seed = int(rank), world_size, int(seed)
         self.capacity = check_capacity(capacity)
         self.comm, self.drop_last, self.oversize, self.shuffle = comm, bool(drop_last), oversize, bool(shuffle)
-        self.evaluation = bool(evaluation)
+        self.evaluation, self.repeat = bool(evaluation), bool(repeat)
         if comm is not None:
             self._check_comm(comm)
         local = np.asarray(costs, dtype=np.float64) if np.size(costs) else np.zeros(0)
@@ -168,7 +171,7 @@ class BinPackBatchSampler(Sampler):
         """The (global) packing of epoch ``epoch``, before ``drop_last``, without changing the sampler's
         epoch: what the epochs ahead will hold (padded batches size their budget from it)."""
         return pack(self.costs, self.capacity, self.world_size, seed=self._pack_seed(epoch), oversize=self.oversize,
-                    evaluation=self.evaluation)
+                    evaluation=self.evaluation, repeat=self.repeat)
 
     def plan(self) -> Packing:
         """The (global) packing of the current epoch, after ``drop_last``."""
@@ -197,6 +200,11 @@ class BinPackBatchSampler(Sampler):
         log.info("drop_last: dropped %d step(s) whose bins average under half the capacity (%d samples "
                  "not seen in epoch %d)", self._dropped[0], n_drop, self.epoch)
         return kept
+
+    @property
+    def repeated(self) -> int:
+        """Samples placed twice in the current epoch's plan so that every rank has a batch (``repeat``)."""
+        return len(self.plan().repeated)
 
     @property
     def dropped(self) -> tuple[int, int]:

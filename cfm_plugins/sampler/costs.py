@@ -23,7 +23,14 @@ COST_KINDS = ("atoms", "edges", "linear")
 
 
 def graph_costs(num_atoms, num_edges=None, kind: str = "atoms", a: float = 1.0, b: float = 0.0) -> np.ndarray:
-    """Cost of each graph as float64: ``atoms``, ``edges`` or ``linear`` (``a*atoms + b*edges``)."""
+    """Cost of each graph as float64: ``atoms``, ``edges`` or ``linear`` (``a*atoms + b*edges``).
+
+    A graph with atoms but no edges (a single atom, a molecule whose atoms are all farther apart
+    than the cutoff) is a legal sample that trainers run: its edge-based cost is floored at one
+    edge (``1`` for ``edges``, ``b`` for ``linear`` with ``a = 0``), so it is packed like any
+    other graph instead of being refused for a zero cost. A graph without atoms keeps cost 0,
+    which the packer refuses, naming it.
+    """
     if kind not in COST_KINDS:
         raise ValueError(f"cost kind {kind!r}: expected one of {', '.join(COST_KINDS)}")
     atoms = np.asarray(num_atoms, dtype=np.float64)
@@ -37,14 +44,15 @@ def graph_costs(num_atoms, num_edges=None, kind: str = "atoms", a: float = 1.0, 
     if kind == "atoms":
         return atoms.copy()
     if edges is None and (kind == "edges" or b != 0.0):
-        raise ValueError(f"cost kind {kind!r} needs num_edges (per-graph edge counts)")
+        raise ValueError(f"cost kind {kind!r} needs num_edges (per-graph edge counts); the dataset gives none: "
+                         "use cost=atoms (or linear with cost_b=0), or give the graphs their edges")
     if kind == "edges":
-        return edges.copy()
+        return np.where((edges <= 0) & (atoms > 0), 1.0, edges)
     if not (math.isfinite(a) and math.isfinite(b)) or a < 0 or b < 0 or a + b <= 0:
         raise ValueError(f"linear cost needs finite a, b >= 0, not both 0 (got a={a}, b={b})")
     out = a * atoms
     if b:
-        out += b * edges
+        out += b * np.where((edges <= 0) & (atoms > 0) & (a == 0), 1.0, edges)
     return out
 
 

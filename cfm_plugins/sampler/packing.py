@@ -57,7 +57,8 @@ class Packing:
     ``indices[offsets[b]:offsets[b+1]]`` are the samples (indices into the ``costs`` given to
     :func:`pack`) of bin ``b``; bins ``[s*world_size:(s+1)*world_size]`` form step ``s``, bin
     ``s*world_size + r`` going to rank ``r``. ``solo`` lists oversize samples placed alone
-    (policy ``"solo"``), ``skipped`` those dropped (policy ``"skip"``).
+    (policy ``"solo"``), ``skipped`` those dropped (policy ``"skip"``), ``repeated`` those placed
+    a second time so that every rank has a batch (``pack(..., repeat=True)``), once per extra copy.
     """
 
     indices: np.ndarray
@@ -65,6 +66,7 @@ class Packing:
     world_size: int = 1
     solo: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     skipped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    repeated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self):
         self.indices = np.ascontiguousarray(self.indices, dtype=np.int64)
@@ -374,7 +376,8 @@ def round_up(x: int, m: int) -> int:
     return -(-int(x) // m) * m
 
 
-def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", evaluation: bool = False) -> Packing:
+def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", evaluation: bool = False,
+         repeat: bool = False) -> Packing:
     """Pack samples into bins of at most ``capacity`` total cost, ``world_size`` bins per step.
 
     Args:
@@ -397,6 +400,13 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", eva
             ``world_size`` bins, logged). Every rank always has a non-empty bin at every step:
             trainers' evaluation code (mace under DDP) runs one forward per step on every rank
             and gathers per-rank results that must not be empty.
+        repeat: for training loaders. When the samples cannot fill ``world_size`` non-empty bins
+            per step (fewer samples than ranks, or a last step that would hold fewer bins than
+            ranks), the plan of one rank is split and, where that is not enough, samples are
+            repeated until every rank has a batch at every step: what torch's
+            ``DistributedSampler`` (stock mace, HydraGNN, Lightning) does by padding. The
+            repeated samples are listed in ``Packing.repeated`` (see :func:`fill_with_repeats`).
+        Without ``evaluation`` or ``repeat`` such a set is a ``ValueError`` saying what helps.
     """
     c = validate_costs(costs)
     cap = check_capacity(capacity)
@@ -431,13 +441,8 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", eva
     total = float(cn.sum()) if n_norm else 0.0
     lb = lower_bound_bins(total, cap) if n_norm else 0
     n_bins = round_up(lb + n_solo, w) - n_solo
-    if (n_norm + n_solo < w or n_bins > n_norm) and evaluation:
-        return deal_over_ranks(pack(c, cap, 1, seed, oversize=oversize), c, w)
     if n_norm + n_solo < w or n_bins > n_norm:
-        raise ValueError(
-            f"cannot give each of {w} ranks a non-empty batch: {n_norm + n_solo} sample(s) of total cost "
-            f"{total:g} need {n_bins + n_solo} bins of capacity {cap:g}, more than there are samples; "
-            f"use fewer ranks, more samples or a larger capacity")
+        return _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total)
     rng = np.random.default_rng(seed) if seed is not None else None
 
     if n_norm:
@@ -446,10 +451,8 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", eva
         if normal is not None:
             order = normal[order]
         item_bin, slot, n_bins = deal(sizes, cap, n_bins, w, monotone=monotone)
-        if n_bins > n_norm and evaluation:  # only possible for tiny inputs
-            return deal_over_ranks(pack(c, cap, 1, seed, oversize=oversize), c, w)
-        if n_bins > n_norm:
-            raise ValueError(f"cannot fill {n_bins} bins with {n_norm} samples; use fewer ranks")
+        if n_bins > n_norm:  # only possible for tiny inputs
+            return _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total)
         _fill_empty_bins(item_bin, slot, n_bins)
     else:
         order = sizes = np.zeros(0, np.int64)
@@ -461,6 +464,73 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", eva
         slot = np.concatenate([slot, np.zeros(n_solo, np.int64)])
         n_bins += n_solo
     return _arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped)
+
+
+def _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, bins_needed, total) -> Packing:
+    """The plan for a set that cannot fill ``w`` non-empty bins per step, or the error saying what helps."""
+    if evaluation:
+        return deal_over_ranks(pack(c, cap, 1, seed, oversize=oversize), c, w)
+    if repeat:
+        return fill_with_repeats(pack(c, cap, 1, seed, oversize=oversize), c, w, seed)
+    n = len(c)
+    if n < w:
+        helps = (f"use at most {n} rank(s) or more samples (a larger capacity cannot help: every rank needs a "
+                 "sample of its own), or let the sampler repeat samples (repeat=True, as binpack does for "
+                 "training loaders)")
+    else:
+        k = n // w * w  # the most bins that n samples fill, a multiple of w
+        fits = float(np.sort(c)[::-1][:-(-n // k)].sum())  # dealt round-robin into k bins, each fits
+        helps = (f"a capacity of {fits:g} or more packs them into {k} bins; or use fewer ranks, more samples, "
+                 "or repeat=True")
+    raise ValueError(f"cannot give each of {w} ranks a non-empty batch at every step: {n} sample(s) of total cost "
+                     f"{total:g} need {bins_needed} bins of capacity {cap:g} (a multiple of {w}), more than there "
+                     f"are samples; {helps}")
+
+
+def _split_bins(bins: list, target: int) -> list:
+    """Split off the last sample of the bin holding the most, until there are ``target`` bins or
+    every bin holds one sample (splitting never breaks the capacity)."""
+    bins = list(bins)
+    while len(bins) < target and any(len(b) > 1 for b in bins):
+        k = int(np.argmax([len(b) for b in bins]))
+        bins[k:k + 1] = [bins[k][:-1], bins[k][-1:]]
+    return bins
+
+
+def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Packing:
+    """Deal the bins of a one-rank ``packing`` over ``world_size`` ranks for training, no rank empty.
+
+    The bins are split (within the capacity) until their number is a multiple of ``world_size``
+    or each holds one sample; the bins still missing hold one repeated sample each, chosen at
+    random from ``seed`` (so each epoch repeats others), in index order without one. Every
+    sample is in at least one bin; fewer than ``world_size`` are repeated, as torch's
+    ``DistributedSampler`` pads its index list. Bins are sorted by cost into steps (shuffled with
+    a seed), as :func:`pack` does.
+    """
+    w = check_world_size(world_size)
+    c = np.asarray(costs, dtype=np.float64)
+    target = round_up(max(len(packing), 1), w)
+    bins = _split_bins([np.asarray(b) for b in packing], target)
+    rng = np.random.default_rng(seed) if seed is not None else None
+    pool = np.sort(packing.indices)
+    missing = target - len(bins)
+    if missing:
+        picks = np.resize(rng.permutation(pool) if rng is not None else pool, missing)
+        bins += [np.array([i], np.int64) for i in picks]
+        log.debug("bin packing: %d sample(s) for %d ranks: %d repeated so that every rank has a batch at every step",
+                  len(pool), w, missing)
+    cost = np.array([c[b].sum() for b in bins])
+    if rng is None:
+        by_cost = np.argsort(cost, kind="stable")
+    else:
+        p = rng.permutation(len(bins))
+        by_cost = p[np.argsort(cost[p], kind="stable")]
+    steps = by_cost.reshape(-1, w)
+    if rng is not None:
+        steps = rng.permuted(steps[rng.permutation(len(steps))], axis=1)
+    repeated = picks if missing else np.zeros(0, np.int64)
+    return packing_from_bins([bins[i] for i in steps.ravel()], w, solo=packing.solo, skipped=packing.skipped,
+                             repeated=np.asarray(repeated, np.int64))
 
 
 def _arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped) -> Packing:
@@ -506,9 +576,8 @@ def deal_over_ranks(packing: Packing, costs, world_size: int) -> Packing:
     w = check_world_size(world_size)
     c = np.asarray(costs, dtype=np.float64)
     bins = [np.asarray(b) for b in packing]
-    while len(bins) < w <= len(packing.indices):  # split off the last sample of the fullest bin
-        k = int(np.argmax([len(b) for b in bins]))
-        bins[k:k + 1] = [bins[k][:-1], bins[k][-1:]]
+    if w <= len(packing.indices):
+        bins = _split_bins(bins, w)
     if len(bins) < w:
         log.info("evaluation set of %d sample(s) in %d bin(s) for %d ranks: every rank evaluates all of them "
                  "(each sample counted %d times; averages are unchanged)", len(packing.indices), len(bins), w, w)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,6 +80,12 @@ def test_torchscript_matches_python_and_stock(models):
     # the scripted graph calls our operators (it is not the stock code path)
     code = "\n".join(scripted_code(scripted))
     assert "cfm.symmetric_contraction_fwd" in code and "cfm.conv_tp_fwd" in code
+    # and names the library they need, with the torch it was built against (issue 24)
+    notes = {m.cfm_plugins_operators for m in scripted.modules() if hasattr(m, "cfm_plugins_operators")}
+    assert len(notes) == 2, notes  # one per kernel
+    for note in notes:
+        assert f"built against torch {torch.__version__}" in note and "cfm_plugins.load_library()" in note
+        assert Path(_backend.library_paths()[0]).name in note and "cfm_plugins.library_paths()" in note
 
 
 LAMMPS_EVAL = r"""
@@ -109,6 +117,15 @@ def test_create_lammps_model_on_patched_model(models, tmp_path):
         _, err = job.communicate(timeout=600)
         assert job.returncode == 0, err[-3000:]
         assert (tmp_path / f"{name}.model-lammps.pt").exists()
+    # without our library, torch.jit.load fails; the file names what to load (issue 24)
+    lammps_file = tmp_path / "patched.model-lammps.pt"
+    res = subprocess.run([sys.executable, "-c", f"import torch; torch.jit.load({str(lammps_file)!r})"],
+                         capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert res.returncode != 0 and "Unknown builtin op: cfm::" in res.stderr, res.stderr[-2000:]
+    with zipfile.ZipFile(lammps_file) as z:
+        pickled = b"".join(z.read(n) for n in z.namelist() if n.endswith("data.pkl"))
+    assert b"this model calls the cfm::conv_tp_* operators" in pickled and b"cfm_plugins.load_library()" in pickled
+    assert f"built against torch {torch.__version__}".encode() in pickled
     data = batch(cluster=False)  # LAMMPS hands over one graph (its atoms and ghosts)
     data["local_or_ghost"] = torch.ones(data["positions"].shape[0], dtype=torch.float64)
     torch.save(data, tmp_path / "data.pt")

@@ -319,3 +319,18 @@ def test_auto_cost_recalibrates_every_k_epochs():
         time_epoch(s, atoms, edges, model=(2e-3, 1e-5, 2e-6) if epoch < 1 else (1e-3, 3e-5, 1e-6))
     assert [c.from_epoch for c in s.calibrations] == [1, 3]
     assert s.calibrations[1].fit.a == pytest.approx(3e-5, rel=1e-3) and s.needs_step_times
+
+
+@pytest.mark.parametrize("n, world_size", [(1, 2), (2, 3), (3, 2)])
+def test_training_sampler_repeats_so_every_rank_trains_at_every_step(n, world_size):
+    """repeat=True (binpack's training loaders): a training set smaller than the ranks, or a last step
+    short of bins, trains anyway with a few samples repeated, counted in ``repeated`` (issue 24)."""
+    costs = np.full(n, 9.0)
+    per_rank = [BinPackBatchSampler(costs, 10, rank=r, world_size=world_size, seed=1, repeat=True)
+                for r in range(world_size)]
+    assert len({len(s) for s in per_rank}) == 1 and all(s.repeated == per_rank[0].repeated for s in per_rank)
+    batches = [list(s) for s in per_rank]
+    assert all(len(b) == len(per_rank[0]) and all(len(x) > 0 for x in b) for b in batches)
+    seen = sorted(i for b in batches for x in b for i in x)
+    assert set(seen) == set(range(n)) and len(seen) == n + per_rank[0].repeated
+    assert 0 < per_rank[0].repeated < world_size

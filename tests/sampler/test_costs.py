@@ -16,8 +16,23 @@ def test_graph_costs_kinds():
     assert graph_costs(a).dtype == np.float64
 
 
+def test_a_graph_with_atoms_and_no_edges_costs_one_edge():
+    """A single atom (or atoms all beyond the cutoff) is a legal sample: floored at one edge, packed;
+    a graph without atoms keeps cost 0, which the packer refuses naming it (issue 24)."""
+    atoms, edges = np.array([1, 5, 4, 0]), np.array([0, 20, 0, 0])
+    np.testing.assert_array_equal(graph_costs(atoms, edges, kind="edges"), [1.0, 20.0, 1.0, 0.0])
+    np.testing.assert_allclose(graph_costs(atoms, edges, kind="linear", a=0.0, b=0.5), [0.5, 10.0, 0.5, 0.0])
+    np.testing.assert_allclose(graph_costs(atoms, edges, kind="linear", a=2.0, b=0.5), [2.0, 20.0, 8.0, 0.0])
+    from cfm_plugins.sampler import pack
+
+    costs = graph_costs(atoms[:3], edges[:3], kind="edges")
+    assert sorted(pack(costs, 20, 1).indices.tolist()) == [0, 1, 2]
+    with pytest.raises(ValueError, match="sample 3 has cost 0.0"):
+        pack(graph_costs(atoms, edges, kind="edges"), 20, 1)
+
+
 @pytest.mark.parametrize("kwargs, msg", [
-    (dict(kind="edges"), "needs num_edges"),
+    (dict(kind="edges"), "needs num_edges .*use cost=atoms"),
     (dict(kind="linear", b=1.0), "needs num_edges"),
     (dict(kind="nodes"), "expected one of atoms, edges, linear"),
     (dict(num_edges=np.array([1]), kind="edges"), "1 entries but num_atoms has 2"),

@@ -212,8 +212,13 @@ def test_bad_capacity(cap):
 
 
 def test_more_ranks_than_bins():
-    with pytest.raises(ValueError, match=r"cannot give each of 8 ranks a non-empty batch"):
+    with pytest.raises(ValueError, match=r"cannot give each of 8 ranks a non-empty batch") as err:
         pack([1.0, 2.0, 3.0], 10, 8)
+    assert "use at most 3 rank(s)" in str(err.value) and "a larger capacity cannot help" in str(err.value)
+    # 3 samples near the capacity on 2 ranks: 4 bins needed; a larger capacity does help, and says how much
+    with pytest.raises(ValueError, match=r"a capacity of 18 or more packs them into 2 bins"):
+        pack([9.0, 9.0, 9.0], 10, 2)
+    assert pack([9.0, 9.0, 9.0], 18, 2).num_steps(2) == 1
     with pytest.raises(ValueError, match="world_size"):
         pack([1.0], 10, 0)
     with pytest.raises(ValueError, match="oversize"):
@@ -270,3 +275,33 @@ def test_evaluation_plans_never_leave_a_rank_empty():
     # a one-rank plan of fewer bins than ranks is split (within capacity), not replicated
     p = deal_over_ranks(Packing(np.arange(6), np.array([0, 3, 6])), np.ones(6), 4)
     assert p.num_steps(4) == 1 and sorted(p.indices.tolist()) == list(range(6))
+
+
+def test_training_plans_repeat_a_few_samples_so_no_rank_is_empty():
+    """pack(repeat=True), for training loaders (issue 24): where the samples cannot give every rank a
+    batch at every step, the one-rank plan is split and a few samples repeated, as torch's
+    DistributedSampler pads: every sample at least once, fewer than world_size repeats, each bin
+    within capacity, and the repeats listed in Packing.repeated."""
+    for n in range(1, 16):
+        costs = np.random.default_rng(n).integers(1, 30, n).astype(float)
+        for w in (2, 3, 4, 7):
+            for cap in (30, 45, 1000):
+                for seed in (None, 5):
+                    p = pack(costs, cap, w, seed, repeat=True)
+                    assert len(p) % w == 0 and (p.bin_sizes() > 0).all(), (n, w, cap)
+                    assert (p.bin_costs(costs) <= cap).all()
+                    counts = np.bincount(p.indices, minlength=n)
+                    assert (counts >= 1).all() and counts.sum() - n == len(p.repeated) < w, (n, w, cap)
+                    np.testing.assert_array_equal(np.sort(p.repeated), np.flatnonzero(counts > 1).repeat(
+                        counts[counts > 1] - 1))
+                    if n >= w and not len(p.repeated):  # a plan without repeats is the plain one when that works
+                        assert sorted(p.indices.tolist()) == list(range(n))
+    one = pack([5.0], 10, 4, repeat=True)  # one structure, four ranks: each rank trains on it
+    assert one.num_steps(4) == 1 and one.indices.tolist() == [0, 0, 0, 0] and len(one.repeated) == 3
+    three = pack([9.0, 9.0, 9.0], 10, 2, repeat=True)  # the last step needs a fourth bin: one repeat
+    assert three.num_steps(2) == 2 and len(three.repeated) == 1
+    # random repeats vary with the seed (each epoch repeats others), the plain packing is untouched
+    picks = {tuple(pack(np.full(3, 3.0), 3.5, 4, seed, repeat=True).repeated) for seed in range(20)}
+    assert len(picks) > 1
+    c = np.random.default_rng(0).integers(1, 30, 200).astype(float)
+    assert pack(c, 100, 4, 3, repeat=True).checksum() == pack(c, 100, 4, 3).checksum()

@@ -29,20 +29,20 @@ def test_guess_role_tells_mace_run_train_loaders_apart():
 
 @pytest.mark.parametrize("role, where", [("train", "--train_file"), ("valid", "--valid_file"), ("test", "--test_file")])
 def test_a_set_smaller_than_the_ranks(role, where):
-    """Training refuses with a message naming the loader and its file; evaluation gets a plan."""
+    """Every loader gets a plan: training repeats the structure (as DistributedSampler pads, issue 24),
+    evaluation has every rank evaluate it; an error still names the loader and its file."""
     config = Config(enabled=["binpack"], options={"max_tokens": 100})
     pm = create_manager(config)
     sizes = GraphSizes(np.array([12]), np.array([60]))
     dist = DistInfo(rank=1, world_size=2)
-    if role == "train":
-        with pytest.raises(ValueError, match=rf"mace_run_train's train loader, the training set \({where}\) with 1 "
-                                             r"structure\(s\) on 2 rank\(s\): cannot give each of 2 ranks"):
-            batch_sampler_for(pm.hook, [object()], sizes, config, dist, role, TrainerSettings())
-    else:  # every rank evaluates the one structure (no rank may be empty under DDP)
-        for rank in (0, 1):
-            sampler = batch_sampler_for(pm.hook, [object()], sizes, config, DistInfo(rank=rank, world_size=2), role,
-                                        TrainerSettings())
-            assert list(sampler) == [[0]]
+    for rank in (0, 1):  # no rank may be empty under DDP
+        sampler = batch_sampler_for(pm.hook, [object()], sizes, config, DistInfo(rank=rank, world_size=2), role,
+                                    TrainerSettings())
+        assert list(sampler) == [[0]]
+    with pytest.raises(ValueError, match=rf"mace_run_train's {role} loader, .*\({where}.*\) with 1 structure\(s\) "
+                                         r"on 2 rank\(s\): sample 0 has cost 12 > capacity 10"):
+        small = Config(enabled=["binpack"], options={"max_tokens": 10})
+        batch_sampler_for(create_manager(small).hook, [object()], sizes, small, dist, role, TrainerSettings())
 
 
 def test_epoch_advancing_follows_the_epoch_mace_names():
