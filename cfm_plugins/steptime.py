@@ -93,8 +93,11 @@ def hand_over(sampler, atoms: int, edges: int, graphs: int, wall_s=None, cpu_s=N
 
 
 def wants_step_times(config) -> bool:
-    """Whether a feature asked for step times (:func:`~cfm_plugins.hookspec.cfm_needs_step_times`)."""
-    return any(config.pm.hook.cfm_needs_step_times(config=config))
+    """Whether a feature asked for step times (:func:`~cfm_plugins.hookspec.cfm_needs_step_times`).
+
+    A ``Config`` made without a plugin manager (a direct caller's, a test's) has no feature to ask."""
+    pm = getattr(config, "pm", None)
+    return pm is not None and any(pm.hook.cfm_needs_step_times(config=config))
 
 
 class SamplerStateFile:
