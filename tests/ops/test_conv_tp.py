@@ -14,40 +14,16 @@ import mace  # noqa: F401  (before e3nn)
 import torch
 from e3nn import o3
 from mace.modules.irreps_tools import tp_out_irreps_with_instructions
-from mace.tools.scatter import scatter_sum
 
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops import conv_tp as ctp
 from cfm_plugins.ops.conv_tp import FusedConvTP
 from tests.helpers import ROOT
+from tests.helpers.conv_tp_cases import graph, inputs, reference, rel_err
 from tests.helpers.mace_models import mace_tp
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_ext = pytest.mark.skipif(_backend.choose(torch.device("cpu")) != "cpu", reason="compiled CPU kernel not built")
-
-
-def graph(num_nodes: int, num_edges: int, seed: int = 0, isolated=()):
-    g = torch.Generator().manual_seed(seed)
-    allowed = torch.tensor([n for n in range(num_nodes) if n not in set(isolated)])
-    ei = allowed[torch.randint(0, len(allowed), (2, num_edges), generator=g)]
-    return ei
-
-
-def inputs(tp, num_nodes, edge_index, dtype, seed=1, requires_grad=False):
-    g = torch.Generator().manual_seed(seed)
-    E = edge_index.shape[1]
-    x = torch.randn(num_nodes, tp.irreps_in1.dim, generator=g, dtype=dtype)
-    y = torch.randn(E, tp.irreps_in2.dim, generator=g, dtype=dtype)
-    w = torch.randn(E, tp.weight_numel, generator=g, dtype=dtype)
-    return [t.requires_grad_(requires_grad) for t in (x, y, w)]
-
-
-def reference(tp, x, y, w, edge_index):
-    return scatter_sum(tp(x[edge_index[0]], y, w), edge_index[1], dim=0, dim_size=x.shape[0])
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
 CASES = [(h, l, c) for h in ("0e", "0e+1o", "0e+1o+2e") for l in (2, 3) for c in (8, 128)]
@@ -60,7 +36,7 @@ def test_forward_matches_e3nn_scatter(hidden, lmax, channels, dtype, tol):
     fused = FusedConvTP.from_e3nn(tp)
     N = 13
     ei = graph(N, 70 if channels == 8 else 30, isolated=(5,))
-    x, y, w = inputs(tp, N, ei, dtype)
+    x, y, w = inputs(tp, N, ei.shape[1], dtype)
     ref = reference(tp, x, y, w, ei)
     out = fused(x, y, w, ei)
     assert out.dtype == dtype and out.shape == ref.shape == (N, tp.irreps_out.dim)
@@ -79,7 +55,7 @@ def test_gradients_and_double_backward_match_e3nn(hidden, lmax):
     ei = graph(N, 60, seed=3, isolated=(0,))
     results = []
     for fn in (lambda x, y, w: reference(tp, x, y, w, ei), lambda x, y, w: fused(x, y, w, ei)):
-        x, y, w = inputs(tp, N, ei, torch.float64, seed=4, requires_grad=True)
+        x, y, w = inputs(tp, N, ei.shape[1], torch.float64, seed=4, requires_grad=True)
         energy = (fn(x, y, w) ** 2).sum() + fn(x, y, w).sum()
         gx, gy, gw = torch.autograd.grad(energy, (x, y, w), create_graph=True)
         second = torch.autograd.grad((gy ** 2).sum() + (gx * gx).sum(), (x, y, w))
@@ -101,7 +77,7 @@ def small_problem(hidden="2x0e+2x1o", lmax=2, N=5, E=9, seed=0):
         torch.set_default_dtype(previous)
     ei = graph(N, E, seed=seed, isolated=(N - 1,))
     ei[:, :3] = torch.tensor([[0, 0, 1], [0, 1, 1]])  # self edge and a repeated pair
-    return FusedConvTP.from_e3nn(tp), ei, inputs(tp, N, ei, torch.float64, seed=seed, requires_grad=True)
+    return FusedConvTP.from_e3nn(tp), ei, inputs(tp, N, ei.shape[1], torch.float64, seed=seed, requires_grad=True)
 
 
 @needs_ext
@@ -128,11 +104,11 @@ def test_torch_fallback_matches_compiled_and_e3nn(monkeypatch):
     outs = []
     for force in ("1", "0"):
         monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", force)
-        x, y, w = inputs(tp, 9, ei, torch.float64, seed=6, requires_grad=True)
+        x, y, w = inputs(tp, 9, ei.shape[1], torch.float64, seed=6, requires_grad=True)
         out = fused(x, y, w, ei)
         g = torch.autograd.grad((out ** 2).sum(), (x, y, w))
         outs.append((out.detach(),) + g)
-    x, y, w = inputs(tp, 9, ei, torch.float64, seed=6, requires_grad=True)
+    x, y, w = inputs(tp, 9, ei.shape[1], torch.float64, seed=6, requires_grad=True)
     ref = reference(tp, x, y, w, ei)
     gref = torch.autograd.grad((ref ** 2).sum(), (x, y, w))
     for a, b, r in zip(outs[0], outs[1], (ref.detach(),) + gref):
@@ -143,7 +119,7 @@ def test_no_edges_and_isolated_nodes_give_zeros():
     tp = mace_tp("0e+1o", 2, 8)
     fused = FusedConvTP.from_e3nn(tp)
     ei = torch.zeros(2, 0, dtype=torch.int64)
-    x, y, w = inputs(tp, 6, ei, torch.float64, requires_grad=True)
+    x, y, w = inputs(tp, 6, ei.shape[1], torch.float64, requires_grad=True)
     out = fused(x, y, w, ei)
     assert out.shape == (6, tp.irreps_out.dim) and torch.all(out == 0)
     gx, gy, gw = torch.autograd.grad(out.sum(), (x, y, w), create_graph=True)
@@ -155,7 +131,7 @@ def test_no_edges_and_isolated_nodes_give_zeros():
     assert fused(x0, y.detach(), w.detach(), ei).shape == (0, tp.irreps_out.dim)
     # isolated atoms: gradient rows of the isolated nodes are zero
     ei = torch.tensor([[0, 1, 1], [1, 0, 3]])
-    x, y, w = inputs(tp, 6, ei, torch.float64, requires_grad=True)
+    x, y, w = inputs(tp, 6, ei.shape[1], torch.float64, requires_grad=True)
     out = fused(x, y, w, ei)
     (gx,) = torch.autograd.grad((out ** 2).sum(), (x,))
     assert torch.all(out[[2, 4, 5]] == 0) and torch.all(gx[[2, 3, 4, 5]] == 0) and gx[0].abs().sum() > 0
@@ -165,7 +141,7 @@ def test_bad_input_raises_value_error():
     tp = mace_tp("0e+1o", 2, 4)
     fused = FusedConvTP.from_e3nn(tp)
     ei = graph(5, 7)
-    x, y, w = inputs(tp, 5, ei, torch.float64)
+    x, y, w = inputs(tp, 5, ei.shape[1], torch.float64)
     bad = {
         "node_feats shape": (x[:, :-1], y, w, ei),
         "edge_attrs shape": (x, y[:, :-1], w, ei),
@@ -213,7 +189,7 @@ def test_deterministic_across_runs_and_threads():
     tp = mace_tp("0e+1o", 3, 128, torch.float32)
     fused = FusedConvTP.from_e3nn(tp)
     ei = graph(40, 1500, seed=8)
-    x, y, w = inputs(tp, 40, ei, torch.float32, requires_grad=True)
+    x, y, w = inputs(tp, 40, ei.shape[1], torch.float32, requires_grad=True)
     runs = []
     threads = torch.get_num_threads()
     try:
@@ -243,7 +219,7 @@ def test_pickle_round_trip_in_a_fresh_process(tmp_path):
     tp = mace_tp("0e+1o", 2, 4)
     fused = FusedConvTP.from_e3nn(tp)
     ei = graph(6, 12, seed=10)
-    x, y, w = inputs(tp, 6, ei, torch.float64)
+    x, y, w = inputs(tp, 6, ei.shape[1], torch.float64)
     torch.save({"m": fused, "args": (x, y, w, ei), "out": fused(x, y, w, ei)}, tmp_path / "m.pt")
     code = ("import mace, torch; d = torch.load(r'%s', weights_only=False); "
             "assert torch.equal(d['m'](*d['args']), d['out']); print('ok')") % (tmp_path / "m.pt")
@@ -256,7 +232,7 @@ def test_torch_compile_forward_and_backward():
     tp = mace_tp("0e+1o", 2, 8)
     fused = FusedConvTP.from_e3nn(tp)
     ei = graph(7, 20, seed=11)
-    x, y, w = inputs(tp, 7, ei, torch.float64, requires_grad=True)
+    x, y, w = inputs(tp, 7, ei.shape[1], torch.float64, requires_grad=True)
 
     def loss(x, y, w):
         return (fused(x, y, w, ei) ** 2).sum()
@@ -288,7 +264,7 @@ def test_cuda_matches_cpu(dtype, tol):
     tp = mace_tp("0e+1o", 3, 128, dtype)
     fused = FusedConvTP.from_e3nn(tp)
     ei = graph(50, 900, seed=12, isolated=(3,))
-    x, y, w = inputs(tp, 50, ei, dtype, requires_grad=True)
+    x, y, w = inputs(tp, 50, ei.shape[1], dtype, requires_grad=True)
     out = fused(x, y, w, ei)
     grads = torch.autograd.grad((out ** 2).sum(), (x, y, w))
     fused_cuda = FusedConvTP.from_e3nn(tp).cuda()

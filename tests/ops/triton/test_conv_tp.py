@@ -9,39 +9,17 @@ from __future__ import annotations
 import mace  # noqa: F401  (before e3nn)
 import pytest
 import torch
-from mace.tools.scatter import scatter_sum
 
 from cfm_plugins.ops.conv_tp import FusedConvTP, edge_csr
 from cfm_plugins.ops.triton import conv_tp as ttp
 from cfm_plugins.ops.triton.configs import TileConfig, override
+from tests.helpers.conv_tp_cases import graph, inputs, reference, rel_err
 from tests.helpers.mace_models import mace_tp
 
 pytestmark = pytest.mark.usefixtures("triton_cpu")
 
 #: float32 tolerance: no tl.dot (TF32 never enters on a GPU); float32 round-off of the sums
 F32_TOL = 2e-5
-
-
-def graph(num_nodes, num_edges, seed=0, isolated=()):
-    g = torch.Generator().manual_seed(seed)
-    allowed = torch.tensor([n for n in range(num_nodes) if n not in set(isolated)])
-    return allowed[torch.randint(0, len(allowed), (2, num_edges), generator=g)]
-
-
-def inputs(tp, num_nodes, num_edges, dtype, seed=1, requires_grad=False):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(num_nodes, tp.irreps_in1.dim, generator=g, dtype=dtype)
-    y = torch.randn(num_edges, tp.irreps_in2.dim, generator=g, dtype=dtype)
-    w = torch.randn(num_edges, tp.weight_numel, generator=g, dtype=dtype)
-    return [t.requires_grad_(requires_grad) for t in (x, y, w)]
-
-
-def reference(tp, x, y, w, ei):
-    return scatter_sum(tp(x[ei[0]], y, w), ei[1], dim=0, dim_size=x.shape[0])
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
 def op_args(fused, x, ei):
