@@ -6,6 +6,13 @@ trainer's batch size times the mean graph cost, so an epoch has about as many st
 trainer's own batches, at least the largest graph; on GPUs it is clamped to the paper's section 5.5
 range (800..4000 atoms in float32, 400..2000 in float64: enough to saturate an A100, below its
 memory ceiling). Each epoch is re-packed from ``seed + epoch``.
+
+``loss_weighting``: batches filled to a token budget hold varying numbers of graphs, so a trainer's
+per-batch loss means weigh graphs (energy) and atoms (forces) unequally over an epoch.
+``per_sample`` gives the training sampler the factors that make every graph and every atom weigh
+the same (:mod:`cfm_plugins.sampler.weighting`); the trainer's adapter applies them to each
+training batch (mace: the per-configuration ``energy_weight``/``forces_weight``/... fields;
+HydraGNN: each head's loss term). Evaluation loaders are never reweighted.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ def cfm_declare_options():
     from cfm_plugins.options import Option
     from cfm_plugins.sampler.costs import COST_KINDS
     from cfm_plugins.sampler.packing import OVERSIZE_POLICIES
+    from cfm_plugins.sampler.weighting import LOSS_WEIGHTINGS
 
     return [
         Option("max_tokens", float, None, "bin capacity in cost units (default: the trainer's batch size x the "
@@ -48,6 +56,10 @@ def cfm_declare_options():
         Option("oversize", str, "error", "a graph costlier than max_tokens: error, solo (a batch of its own) "
                "or skip", OVERSIZE_POLICIES),
         Option("seed", int, None, "packing seed (default: the trainer's seed, else 0); epoch e packs from seed+e"),
+        Option("loss_weighting", str, "stock", "training loss weighting: stock (the trainer's per-batch means, "
+               "unchanged) or per_sample (every graph's energy term and every atom's forces term weigh the same "
+               "over an epoch, whatever batch and rank it lands in; evaluation is never reweighted)",
+               LOSS_WEIGHTINGS),
     ]
 
 
@@ -101,12 +113,47 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
         capacity = default_capacity(mean, peak, trainer.batch_size or 8, getattr(dist, "device_type", dist.device),
                                     trainer.dtype or "float64")
     seed = config.get("seed")
+    weighting = training_loss_weighting(config, trainer) if role == "train" else "stock"  # evaluation: never
     sampler = BinPackBatchSampler(
         costs, capacity, rank=dist.rank, world_size=dist.world_size,
         seed=seed if seed is not None else (trainer.seed or 0), comm=dist.comm if dist.world_size > 1 else None,
         local_indices=sizes.indices, oversize=config.get("oversize"),
         shuffle=(role == "train"), evaluation=(role != "train"),
+        atoms=sizes.atoms if role == "train" else None, loss_weighting=weighting,
     )
     log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)",
              role, len(sampler), dist.world_size, capacity, config.get("cost"))
+    if role == "train" and dist.rank == 0:
+        log_weight_spread(sampler)
     return sampler
+
+
+def training_loss_weighting(config, trainer) -> str:
+    """The ``loss_weighting`` the training sampler uses: the option's value where the trainer's adapter
+    can apply it (``trainer.loss_weightings``). A weighting set explicitly that the adapter cannot
+    apply is an error; the default falls back to ``stock`` with a warning."""
+    wanted = config.get("loss_weighting")
+    if wanted in trainer.loss_weightings:
+        return wanted
+    loss = trainer.loss or "this trainer's loss"
+    why = (f"binpack loss_weighting={wanted}: {loss} cannot be reweighted per sample (the adapter scales "
+           f"per-sample weights only in losses linear in them; it offers {', '.join(trainer.loss_weightings)})")
+    if "loss_weighting" in config.options:
+        raise ValueError(f"{why}: set loss_weighting=stock or change the loss")
+    log.warning("%s: using loss_weighting=stock", why)
+    return "stock"
+
+
+def log_weight_spread(sampler) -> None:
+    """Say how unequally the trainer's own loss means weigh graphs and atoms over epoch 0's plan,
+    and what ``loss_weighting`` does about it (step-wide means, as mace's loss; per-rank means differ
+    little)."""
+    from cfm_plugins.sampler.weighting import weight_spread
+
+    graphs, atoms = weight_spread(sampler.plan(), sampler.atoms, "step")
+    if sampler.loss_weighting == "per_sample":
+        log.info("binpack loss_weighting=per_sample: every graph and atom weighs the same over an epoch (the "
+                 "trainer's own means would weigh graphs up to %.1fx and atoms up to %.1fx apart)", graphs, atoms)
+    else:
+        log.info("binpack loss_weighting=stock: over an epoch the per-batch means weigh graphs up to %.1fx and "
+                 "atoms up to %.1fx apart (loss_weighting=per_sample makes them equal)", graphs, atoms)
