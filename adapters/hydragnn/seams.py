@@ -14,8 +14,10 @@ HydraGNN function          what the replacement does
                            (binpack) with costs from the PyG graphs (see :mod:`.loader`)
 ``get_distributed_model``  ``cfm_patch_model`` (with ``fused``: MACE-style modules found by
                            their layout are swapped, or the plugin says once that the stack has
-                           none); then HydraGNN's DDP wrapping; with ``step_log``: attaches the
-                           step timer (see :mod:`.steplog`)
+                           none); with binpack's ``loss_weighting=per_sample``: scales each
+                           head's loss per training batch (see :mod:`.weighting`); then
+                           HydraGNN's DDP wrapping; with ``step_log``: attaches the step timer
+                           (see :mod:`.steplog`)
 =========================  =====================================================================
 
 With ``step_log=PATH`` a :class:`~.steplog.StepTracer` joins HydraGNN's tracer list.
@@ -52,11 +54,13 @@ def make_setup_ddp(stock, dist):
     return setup_ddp
 
 
-def make_get_distributed_model(stock, session, tracer):
+def make_get_distributed_model(stock, session, tracer, scales=None):
     def get_distributed_model(model, *args, **kwargs):
         # fused: the kernel table finds MACE-style modules by their layout, whatever HydraGNN calls them;
         # a stack without any is reported once by the fused plugin, and trains with its own layers
         session.hook.cfm_patch_model(model=model, config=session.config)
+        if scales is not None and scales.sampler is not None:
+            scales.wrap_loss(model)
         ddp = stock(model, *args, **kwargs)
         if tracer is not None and hasattr(ddp, "register_comm_hook"):
             tracer.attach(ddp)
@@ -84,15 +88,19 @@ def install(session) -> callable:
         tracer = StepTracer(config.get("step_log", type=str), dist.rank)
         tr.__tracer_list__["cfm_plugins.StepTracer"] = tracer
 
+    from cfm_plugins_adapters.hydragnn.weighting import TrainingScales
+
+    scales = TrainingScales()  # from the training loader to the loss, with loss_weighting=per_sample
     replacement = {
         "setup_ddp": make_setup_ddp(stock["setup_ddp"], dist),
-        "get_distributed_model": make_get_distributed_model(stock["get_distributed_model"], session, tracer),
+        "get_distributed_model": make_get_distributed_model(stock["get_distributed_model"], session, tracer,
+                                                            scales),
     }
     if config.is_enabled("binpack"):
         from cfm_plugins_adapters.hydragnn.loader import make_create_dataloaders
 
         replacement["create_dataloaders"] = make_create_dataloaders(stock["create_dataloaders"],
-                                                                    load_data.DataLoader, session)
+                                                                    load_data.DataLoader, session, scales)
     done = []
     for name, new in replacement.items():
         for module in _holders(name, stock[name]):
