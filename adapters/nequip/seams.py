@@ -15,7 +15,11 @@ object built               what the replacement does
                            fused: the callback :class:`.callbacks.FuseOnSetup`, which fuses the
                            LightningModule's ``TensorProductScatter`` in place at every setup
                            (fresh runs, ``ckpt_path`` restarts, val/test runs); the state_dict
-                           is unchanged; step_log: the callback :class:`.steplog.StepLog`
+                           is unchanged; step_log: the callback :class:`.steplog.StepLog`;
+                           binpack: the callback :class:`.weighting.LossWeighting` (acts only
+                           under ``loss_weighting=per_sample``)
+the training module        binpack: what its loss allows (``TrainerSettings.loss_weightings``,
+                           :func:`.weighting.loss_weightings`), read before the loaders are made
 =========================  =====================================================================
 
 ``NequIPDataModule.get_statistics`` is wrapped so that NequIP's dataset statistics (energy
@@ -68,6 +72,8 @@ def trainer_config(cfg: dict, config, dist) -> dict:
     cfg = copy.deepcopy(cfg)
     if config.is_enabled("binpack"):
         cfg["use_distributed_sampler"] = False
+        cfg["callbacks"] = list(cfg.get("callbacks") or []) + [
+            {"_target_": "cfm_plugins_adapters.nequip.weighting.LossWeighting"}]
     if config.is_enabled("fused"):
         cfg["callbacks"] = list(cfg.get("callbacks") or []) + [
             {"_target_": "cfm_plugins_adapters.nequip.callbacks.FuseOnSetup"}]
@@ -118,7 +124,14 @@ def install(session) -> callable:
             cfg = trainer_config(cfg, config, dist)
         elif config.is_enabled("binpack") and _is_datamodule(target):
             cfg = data_config(cfg, session)
-        return stock_instantiate(cfg, *args, **kwargs)
+        built = stock_instantiate(cfg, *args, **kwargs)
+        if config.is_enabled("binpack") and hasattr(built, "loss") and hasattr(built, "training_step"):
+            from cfm_plugins_adapters.nequip.weighting import loss_weightings
+
+            # the training module exists before Lightning makes the loaders: binpack's choice sees its loss
+            loss, weightings = loss_weightings(built)
+            session.trainer = dataclasses.replace(session.trainer, loss=loss, loss_weightings=weightings)
+        return built
 
     def get_statistics(self, *args, **kwargs):
         with statistics_pass():
