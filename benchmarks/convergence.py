@@ -48,6 +48,37 @@ DEFAULT_OUT = "/tmp/cfm_bench_convergence"
 PLOTS = {part: ROOT / "docs" / f"convergence_{part}.png" for part in ("mace", "hydragnn", "nequip")}
 
 
+# ----------------------------------------------------------------------------- runs
+def prepare_run(args, part: str, config: str, seed: int) -> tuple[Path, dict | None]:
+    """The run's folder and its earlier result (``None``: run it; the folder is then made afresh,
+    since the trainers append to their logs)."""
+    run = Path(args.out) / part / config / f"seed{seed}"
+    done = run / "result.json"
+    if done.exists() and not args.force:
+        print(f"  {config} seed {seed}: done before ({done})", flush=True)
+        return run, json.loads(done.read_text())
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    return run, None
+
+
+def train(cmd: list[str], run: Path, what: str) -> tuple[str, float]:
+    """Run a training command in ``run`` (output in ``run/train.log``); its output and wall time."""
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=run)
+    (run / "train.log").write_text(res.stdout)
+    if res.returncode != 0:
+        print(res.stdout[-4000:])
+        raise SystemExit(f"{what} failed (exit {res.returncode}); log: {run / 'train.log'}")
+    return res.stdout, time.perf_counter() - t0
+
+
+def finish(run: Path, result: dict) -> dict:
+    (run / "result.json").write_text(json.dumps(result))
+    return result
+
+
 # ----------------------------------------------------------------------------- MACE: data
 def molecules(n: int, rng: np.random.Generator) -> list:
     """``n`` rattled G2 molecules of H, C, N, O (2..14 atoms) in a box, labelled with EMT."""
@@ -79,29 +110,18 @@ def mixed_set(n: int, seed, max_atoms: int = 300, molecule_share: float = 0.2) -
     return [frames[i] for i in rng.permutation(len(frames))]
 
 
-def isolated_atoms(symbols) -> list:
-    from ase import Atoms
-
-    from cfm_plugins.datasets.cuni import label
-
-    out = []
-    for s in symbols:
-        at = Atoms(s, positions=[[10.0, 10.0, 10.0]], cell=[20.0, 20.0, 20.0], pbc=False)
-        at.info["config_type"] = "IsolatedAtom"
-        out.append(label(at, with_stress=False))
-    return out
-
-
 def mace_data(out: Path, n_train: int, n_valid: int, max_atoms: int) -> dict:
     """train.xyz (isolated atoms first, for --E0s=isolated) and valid.xyz, made once."""
     from ase.io import write
+
+    from cfm_plugins.datasets.cuni import isolated_atoms
 
     files = {"train": out / "train.xyz", "valid": out / "valid.xyz"}
     if not all(p.exists() for p in files.values()):
         out.mkdir(parents=True, exist_ok=True)
         train, valid = mixed_set(n_train, [0, 0], max_atoms), mixed_set(n_valid, [0, 1], max_atoms)
         symbols = sorted({s for a in train + valid for s in a.get_chemical_symbols()})
-        write(files["train"], isolated_atoms(symbols) + train, format="extxyz")
+        write(files["train"], isolated_atoms(symbols) + train, format="extxyz")  # E0s of every element
         write(files["valid"], valid, format="extxyz")
     return files
 
@@ -169,31 +189,18 @@ def subset_rmse(errors: dict, which: str) -> tuple[float, float]:
 
 
 def run_mace(args, files: dict, config: str, seed: int) -> dict:
-    run = Path(args.out) / "mace" / config / f"seed{seed}"
-    done = run / "result.json"
-    if done.exists() and not args.force:
-        print(f"  {config} seed {seed}: done before ({done})", flush=True)
-        return json.loads(done.read_text())
-    shutil.rmtree(run, ignore_errors=True)  # a failed or --force'd run starts afresh (mace appends to its logs)
-    run.mkdir(parents=True)
-    cmd = mace_command(args, files, run, config, seed)
-    print("$", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=clean_env(), cwd=run)
-    (run / "train.log").write_text(res.stdout)
-    if res.returncode != 0:
-        print(res.stdout[-4000:])
-        raise SystemExit(f"mace {config} seed {seed} failed (exit {res.returncode}); log: {run / 'train.log'}")
+    run, result = prepare_run(args, "mace", config, seed)
+    if result is not None:
+        return result
+    log, wall = train(mace_command(args, files, run, config, seed), run, f"mace {config} seed {seed}")
     evals, steps = read_mace_results(next((run / "results").glob("*_train.txt")))
     errors = per_structure_errors(run / f"{config}.model", files["valid"])
-    result = {"part": "mace", "config": config, "seed": seed, "wall_s": time.perf_counter() - t0,
-              "steps_per_epoch": steps, "epochs": evals, "final": errors,
-              "weight_log": re.findall(r"binpack loss_weighting=.*", res.stdout)[:1]}
-    done.write_text(json.dumps(result))
+    result = finish(run, {"part": "mace", "config": config, "seed": seed, "wall_s": wall, "steps_per_epoch": steps,
+                          "epochs": evals, "final": errors,
+                          "weight_log": re.findall(r"binpack loss_weighting=.*", log)[:1]})
     e, f = subset_rmse(errors, "all")
-    print(f"  {config} seed {seed}: {result['wall_s']:.0f} s, {steps} steps/epoch, final RMSE E "
-          f"{e * 1e3:.2f} meV/atom, F {f * 1e3:.1f} meV/A", flush=True)
+    print(f"  {config} seed {seed}: {wall:.0f} s, {steps} steps/epoch, final RMSE E {e * 1e3:.2f} meV/atom, "
+          f"F {f * 1e3:.1f} meV/A", flush=True)
     return result
 
 
@@ -211,13 +218,9 @@ def mace_part(args) -> None:
 def run_hydragnn(args, config: str, seed: int) -> dict:
     """examples/hydragnn/train.py with its JSON config, this seed (training-set order, packing seed)."""
     here = ROOT / "examples" / "hydragnn"
-    run = Path(args.out) / "hydragnn" / config / f"seed{seed}"
-    done = run / "result.json"
-    if done.exists() and not args.force:
-        print(f"  {config} seed {seed}: done before ({done})", flush=True)
-        return json.loads(done.read_text())
-    shutil.rmtree(run, ignore_errors=True)
-    run.mkdir(parents=True)
+    run, result = prepare_run(args, "hydragnn", config, seed)
+    if result is not None:
+        return result
     cfg = json.loads((here / "config.json").read_text())
     cfg.pop("cfm_plugins", None)  # the plugins are named on the command line
     cfg["NeuralNetwork"]["Training"]["num_epoch"] = args.epochs
@@ -236,20 +239,12 @@ def run_hydragnn(args, config: str, seed: int) -> dict:
     cmd = mpirun_command(2) + [str(BIN / "cfm-run"), "--enable", enable, *options, "--", "python",
                                str(here / "train.py"), str(run / "config.json"), "--log", f"conv_{config}_{seed}",
                                "--seed", str(seed)]
-    print("$", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=run)
-    (run / "train.log").write_text(res.stdout)
-    if res.returncode != 0:
-        print(res.stdout[-4000:])
-        raise SystemExit(f"hydragnn {config} seed {seed} failed (exit {res.returncode}); log: {run / 'train.log'}")
+    log, wall = train(cmd, run, f"hydragnn {config} seed {seed}")
     pat = r"Epoch: (\d+), Train Loss: ([0-9.eE+-]+), Val Loss: ([0-9.eE+-]+), Test Loss: ([0-9.eE+-]+)"
     epochs = [{"epoch": int(e), "train_loss": float(t), "val_loss": float(v), "test_loss": float(s)}
-              for e, t, v, s in re.findall(pat, res.stdout)]
-    result = {"part": "hydragnn", "config": config, "seed": seed, "wall_s": time.perf_counter() - t0,
-              "epochs": epochs}
-    done.write_text(json.dumps(result))
-    print(f"  {config} seed {seed}: {result['wall_s']:.0f} s, final val loss {epochs[-1]['val_loss']:.5f}", flush=True)
+              for e, t, v, s in re.findall(pat, log)]
+    result = finish(run, {"part": "hydragnn", "config": config, "seed": seed, "wall_s": wall, "epochs": epochs})
+    print(f"  {config} seed {seed}: {wall:.0f} s, final val loss {epochs[-1]['val_loss']:.5f}", flush=True)
     return result
 
 
@@ -269,32 +264,21 @@ def run_nequip(args, files: dict, config: str, seed: int) -> dict:
 
     from cfm_plugins.datasets.nequip_config import write_config
 
-    run = Path(args.out) / "nequip" / config / f"seed{seed}"
-    done = run / "result.json"
-    if done.exists() and not args.force:
-        print(f"  {config} seed {seed}: done before ({done})", flush=True)
-        return json.loads(done.read_text())
-    shutil.rmtree(run, ignore_errors=True)
-    run.mkdir(parents=True)
+    run, result = prepare_run(args, "nequip", config, seed)
+    if result is not None:
+        return result
     write_config(run / "cfg" / "conv.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,
                  features=args.features, l_max=1, layers=2, batch_size=args.batch_size, seed=seed, lr=args.lr)
     enable = "nequip" if config == "stock" else "nequip,binpack"
     cmd = mpirun_command(2) + [str(BIN / "cfm-run"), "--enable", enable, *CONFIGS[config], "--", "nequip-train",
                                "-cp", str(run / "cfg"), "-cn", "conv", f"hydra.run.dir={run / 'out'}"]
-    print("$", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=run)
-    (run / "train.log").write_text(res.stdout)
-    if res.returncode != 0:
-        print(res.stdout[-4000:])
-        raise SystemExit(f"nequip {config} seed {seed} failed (exit {res.returncode}); log: {run / 'train.log'}")
+    _, wall = train(cmd, run, f"nequip {config} seed {seed}")
     with open(run / "out" / "csv" / "version_0" / "metrics.csv") as fh:
         rows = [r for r in csv.DictReader(fh) if r.get("val0_epoch/forces_rmse")]
     epochs = [{"epoch": int(r["epoch"]), "rmse_e_per_atom": float(r["val0_epoch/per_atom_energy_rmse"]),
                "rmse_f": float(r["val0_epoch/forces_rmse"])} for r in rows]
-    result = {"part": "nequip", "config": config, "seed": seed, "wall_s": time.perf_counter() - t0, "epochs": epochs}
-    done.write_text(json.dumps(result))
-    print(f"  {config} seed {seed}: {result['wall_s']:.0f} s, final RMSE E {epochs[-1]['rmse_e_per_atom'] * 1e3:.2f} "
+    result = finish(run, {"part": "nequip", "config": config, "seed": seed, "wall_s": wall, "epochs": epochs})
+    print(f"  {config} seed {seed}: {wall:.0f} s, final RMSE E {epochs[-1]['rmse_e_per_atom'] * 1e3:.2f} "
           f"meV/atom, F {epochs[-1]['rmse_f'] * 1e3:.1f} meV/A", flush=True)
     return result
 
@@ -409,12 +393,15 @@ def mace_report(res: dict, info: dict) -> list[str]:
     steps = {c: sorted({r["steps_per_epoch"] for r in rs}) for c, rs in res.items()}
     lines += ["", "Optimizer steps per epoch: " + "; ".join(f"{LABELS[c]} {'/'.join(map(str, v))}"
                                                             for c, v in steps.items()) + ".", ""]
+    return lines + energy_force_epochs(res, "mace", "MACE", "mace's own validation RMSE on the whole set")
+
+
+def energy_force_epochs(res: dict, part: str, title: str, what: str) -> list[str]:
+    """The per-epoch table and plot of a part whose runs record ``rmse_e_per_atom`` and ``rmse_f``."""
     curves = {c: (curve(rs, "rmse_e_per_atom") * 1e3, curve(rs, "rmse_f") * 1e3) for c, rs in res.items()}
-    lines += [f"Per epoch, mace's own validation RMSE on the whole set (E meV/atom, F meV/Å), mean ± std "
-              f"(plot: [convergence_mace.png](convergence_mace.png)):", ""]
-    lines += epoch_table(curves, ["E", "F"], [1, 1]) + [""]
-    plot_curves(curves, ("validation RMSE E (meV/atom)", "validation RMSE F (meV/Å)"), "MACE", PLOTS["mace"])
-    return lines
+    plot_curves(curves, ("validation RMSE E (meV/atom)", "validation RMSE F (meV/Å)"), title, PLOTS[part])
+    return [f"Per epoch, {what} (E meV/atom, F meV/Å), mean ± std (plot: "
+            f"[convergence_{part}.png](convergence_{part}.png)):", ""] + epoch_table(curves, ["E", "F"], [1, 1]) + [""]
 
 
 def nequip_report(res: dict, info: dict) -> list[str]:
@@ -427,11 +414,7 @@ def nequip_report(res: dict, info: dict) -> list[str]:
     finals = {c: [[r["epochs"][-1]["rmse_e_per_atom"] * 1e3 for r in rs],
                   [r["epochs"][-1]["rmse_f"] * 1e3 for r in rs]] for c, rs in res.items()}
     lines += final_tables(finals, ["E", "F"], [1, 1]) + [""]
-    curves = {c: (curve(rs, "rmse_e_per_atom") * 1e3, curve(rs, "rmse_f") * 1e3) for c, rs in res.items()}
-    lines += ["Per epoch (plot: [convergence_nequip.png](convergence_nequip.png)):", ""]
-    lines += epoch_table(curves, ["E", "F"], [1, 1]) + [""]
-    plot_curves(curves, ("validation RMSE E (meV/atom)", "validation RMSE F (meV/Å)"), "NequIP", PLOTS["nequip"])
-    return lines
+    return lines + energy_force_epochs(res, "nequip", "NequIP", "nequip's validation RMSE")
 
 
 def hydragnn_report(res: dict, info: dict) -> list[str]:

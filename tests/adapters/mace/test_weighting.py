@@ -80,17 +80,7 @@ def _loaders(weighting, frames, model_cutoff=4.0):
     return train, valid
 
 
-@pytest.fixture
-def float64():
-    import torch
-
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
-def test_evaluation_loaders_are_never_reweighted_and_metrics_unchanged(float64):
+def test_evaluation_loaders_are_never_reweighted_and_metrics_unchanged(f64):
     """Under per_sample the training loader scales its batches' energy/forces weights; the validation
     loader gives the very batches of loss_weighting=stock, so mace's evaluate() (loss, RMSEs) is the
     same number for the same model."""
