@@ -373,9 +373,10 @@ def seeds_of(res: dict) -> str:
 
 def mace_report(res: dict, info: dict) -> list[str]:
     lines = ["## Training quality: MACE (benchmarks/convergence.py)", "",
-             "Commands (every run resumable; each (seed, configuration) was run under the lock on its own with "
-             "`--seeds S --only CONFIG`; `report` writes these tables and the plots):", "",
-             f"    flock /tmp/cfm-bench.lock .venv/bin/python -m benchmarks.convergence mace {info.get('mace_cmdline', '')}",
+             "Commands (every run resumable, one seed or configuration at a time with `--seeds S --only CONFIG`; "
+             "`report` writes these tables and the plots; the figures are errors, not times, so they do not "
+             "depend on the machine's load):", "",
+             f"    .venv/bin/python -m benchmarks.convergence mace {info.get('mace_cmdline', '')}",
              "    .venv/bin/python -m benchmarks.convergence report", "",
              f"Workload: {info.get('mace_workload', '')}", "",
              "The model mace saves (lowest validation loss) evaluated structure by structure: RMSE of the energy per "
@@ -406,7 +407,7 @@ def energy_force_epochs(res: dict, part: str, title: str, what: str) -> list[str
 
 def nequip_report(res: dict, info: dict) -> list[str]:
     lines = ["## Training quality: NequIP (benchmarks/convergence.py)", "",
-             f"    flock /tmp/cfm-bench.lock .venv-nequip/bin/python -m benchmarks.convergence nequip "
+             f"    .venv-nequip/bin/python -m benchmarks.convergence nequip "
              f"{info.get('nequip_cmdline', '')}", "",
              f"Workload: {info.get('nequip_workload', '')}", "",
              "nequip's validation RMSE (its `val_metrics`) after the last epoch, energy per atom (E, meV/atom) and "
@@ -419,7 +420,7 @@ def nequip_report(res: dict, info: dict) -> list[str]:
 
 def hydragnn_report(res: dict, info: dict) -> list[str]:
     lines = ["## Training quality: HydraGNN example (benchmarks/convergence.py)", "",
-             f"    flock /tmp/cfm-bench.lock .venv/bin/python -m benchmarks.convergence hydragnn "
+             f"    .venv/bin/python -m benchmarks.convergence hydragnn "
              f"{info.get('hydragnn_cmdline', '')}", "",
              "Workload: examples/hydragnn as it is (EGNN, hidden 64, 3 layers; the energy per atom of "
              f"{info.get('hydragnn_num', 400)} EMT molecules and metal clusters of 3..300 atoms, 80 % for training; "
