@@ -177,6 +177,12 @@ def cfm_batch_sampler(dataset, sizes: GraphSizes, config: Config, dist: DistInfo
     once over the ranks); ``trainer`` holds the trainer's batch size, seed, dtype and device as the adapter
     read them (:class:`cfm_plugins.options.TrainerSettings`). The ``binpack`` feature returns a
     :class:`cfm_plugins.sampler.BinPackBatchSampler` sharing the work evenly over the ranks.
+
+    Loss weighting: a training sampler whose ``loss_weighting`` is not ``"stock"`` gives the factors
+    of every batch it yielded through ``next_loss_scale(reduction)`` (a
+    :class:`cfm_plugins.sampler.weighting.LossScale`, in yield order); the adapter applies them to
+    the trainer's per-graph and per-atom loss terms. Binpack asks for it only where
+    ``trainer.loss_weightings`` offers it.
     """
 
 

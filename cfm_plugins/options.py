@@ -122,6 +122,9 @@ class TrainerSettings:
     feature sizes its default capacity from ``batch_size``, ``device`` and ``dtype``, and seeds
     its packing with ``seed``. ``kernel_swaps`` names the kernel replacements the trainer makes
     itself (``"cueq"``, ``"oeq"``), which the ``fused`` feature refuses to combine with its own.
+    ``loss`` names the trainer's training loss (for messages, e.g. ``"mace_run_train --loss huber"``)
+    and ``loss_weightings`` the ``binpack`` loss weightings the adapter can apply to it
+    (``"per_sample"`` only where the loss is linear in per-sample weights the adapter can scale).
     """
 
     batch_size: int | None = None
@@ -129,3 +132,5 @@ class TrainerSettings:
     dtype: str | None = None
     device: str | None = None
     kernel_swaps: tuple[str, ...] = ()
+    loss: str | None = None
+    loss_weightings: tuple[str, ...] = ("stock",)

@@ -63,10 +63,14 @@ def cfm_before_trainer(config, dist, argv):
                     argv[:2])
         return None
     from cfm_plugins.manager import Session
+    from cfm_plugins.options import TrainerSettings
     from cfm_plugins_adapters.hydragnn import seams
+    from cfm_plugins_adapters.hydragnn.weighting import loss_from_config, loss_weightings
 
-    # the trainer settings start empty: the seams fill in HydraGNN's batch size when its loaders are made
-    return seams.install(Session(config))  # cfm-run calls this undo after the trainer
+    # the loss from the JSON config; the seams fill in HydraGNN's batch size when its loaders are made
+    loss = loss_from_config(argv)
+    trainer = TrainerSettings(loss=f"HydraGNN loss_function_type {loss}", loss_weightings=loss_weightings(loss))
+    return seams.install(Session(config, trainer))  # cfm-run calls this undo after the trainer
 
 
 @hookimpl

@@ -46,8 +46,12 @@ class EpochForwarder(Sampler):
         return self.num_samples
 
 
-def balanced_loader(loader_cls, dataset, role: str, session, **loader_kwargs):
-    """A ``loader_cls`` over ``dataset`` with the hooks' batch sampler, or None if none is offered."""
+def balanced_loader(loader_cls, dataset, role: str, session, scales=None, **loader_kwargs):
+    """A ``loader_cls`` over ``dataset`` with the hooks' batch sampler, or None if none is offered.
+
+    A training sampler that weighs the loss per sample is handed to ``scales`` (a
+    :class:`~.weighting.TrainingScales`), whose loader class tells the loss each batch's factors.
+    """
     hook, config, dist = session.hook, session.config, session.dist
     n = len(dataset)
     indices = shard_indices(n, dist)
@@ -65,6 +69,9 @@ def balanced_loader(loader_cls, dataset, role: str, session, **loader_kwargs):
         return None
     if role == "train":
         session.train_sampler = batch_sampler  # timed steps and the resume state go there
+    if scales is not None and role == "train" and getattr(batch_sampler, "loss_weighting", "stock") != "stock":
+        scales.sampler = batch_sampler
+        loader_cls = scales.loader_class(loader_cls)
     loader = loader_cls(dataset, batch_sampler=batch_sampler, **loader_kwargs)
     # DataLoader forbids assigning `sampler` after construction; HydraGNN calls set_epoch on it
     object.__setattr__(loader, "sampler", EpochForwarder(batch_sampler, n))
@@ -92,7 +99,7 @@ def unserved_arguments(args, kwargs) -> list[str]:
     return bad
 
 
-def make_create_dataloaders(stock_create, loader_cls, session):
+def make_create_dataloaders(stock_create, loader_cls, session, scales=None):
     """A drop-in for HydraGNN's ``create_dataloaders`` that uses the plugins' batch sampler."""
 
     def create_dataloaders(trainset, valset, testset, batch_size, *args, **kwargs):
@@ -118,7 +125,7 @@ def make_create_dataloaders(stock_create, loader_cls, session):
             extra["num_workers"] = int(os.environ["HYDRAGNN_NUM_WORKERS"])
         loaders = []
         for role, dataset in zip(ROLES, (trainset, valset, testset)):
-            loaders.append(balanced_loader(loader_cls, dataset, role, session, **extra))
+            loaders.append(balanced_loader(loader_cls, dataset, role, session, scales, **extra))
         if any(l is None for l in loaders):
             return stock_create(trainset, valset, testset, batch_size)
         return tuple(loaders)

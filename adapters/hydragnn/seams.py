@@ -16,7 +16,9 @@ HydraGNN function          what the replacement does
 ``get_distributed_model``  ``cfm_patch_model`` (with ``fused``: MACE-style modules found by
                            their layout are swapped, HydraGNN's MACE interaction blocks whole,
                            :mod:`.interaction`; or the plugin says once that the stack has
-                           none); then HydraGNN's DDP wrapping; with ``step_log`` or ``cost=auto``:
+                           none); with binpack's ``loss_weighting=per_sample``: scales each
+                           head's loss per training batch (see :mod:`.weighting`); then
+                           HydraGNN's DDP wrapping; with ``step_log`` or ``cost=auto``:
                            attaches the step timer (see :mod:`.steplog`). The source's
                            ``distributed_model_wrapper`` calls it too.
 ``save_model``             binpack: HydraGNN's checkpoint (``logs/NAME/NAME.pk``), then the
@@ -80,11 +82,13 @@ def make_setup_ddp(stock, dist):
     return setup_ddp
 
 
-def make_get_distributed_model(stock, session, tracer):
+def make_get_distributed_model(stock, session, tracer, scales=None):
     def get_distributed_model(model, *args, **kwargs):
         # fused: the kernel table finds MACE-style modules by their layout, whatever HydraGNN calls them;
         # a stack without any is reported once by the fused plugin, and trains with its own layers
         session.hook.cfm_patch_model(model=model, config=session.config)
+        if scales is not None and scales.sampler is not None:
+            scales.wrap_loss(model)
         ddp = stock(model, *args, **kwargs)
         if tracer is not None and hasattr(ddp, "register_comm_hook"):
             tracer.attach(ddp)
@@ -157,15 +161,19 @@ def install(session) -> callable:
         from cfm_plugins_adapters.hydragnn.interaction import register_form
 
         register_form()  # HydraGNN's MACE interaction blocks: product and scatter fused (see .interaction)
+    from cfm_plugins_adapters.hydragnn.weighting import TrainingScales
+
+    scales = TrainingScales()  # from the training loader to the loss, with loss_weighting=per_sample
     replacement = {
         "setup_ddp": make_setup_ddp(stock["setup_ddp"], dist),
-        "get_distributed_model": make_get_distributed_model(stock["get_distributed_model"], session, tracer),
+        "get_distributed_model": make_get_distributed_model(stock["get_distributed_model"], session, tracer,
+                                                            scales),
     }
     if config.is_enabled("binpack"):
         from cfm_plugins_adapters.hydragnn.loader import make_create_dataloaders
 
         replacement["create_dataloaders"] = make_create_dataloaders(stock["create_dataloaders"],
-                                                                    load_data.DataLoader, session)
+                                                                    load_data.DataLoader, session, scales)
         replacement["save_model"] = make_save_model(stock["save_model"], session, {})
         replacement["load_existing_model"] = make_load_existing_model(stock["load_existing_model"], session)
     done = []

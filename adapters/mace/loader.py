@@ -7,6 +7,15 @@ the same form that asks the ``cfm_batch_sampler`` hook for a batch sampler and b
 DataLoader with it (same collation), or falls back to the stock call when no plugin offers one.
 Where a plugin gives a ``cfm_batch_budget`` (``static``), the loader's collate function pads every
 batch to it (:class:`cfm_plugins.static.mace.PaddingCollater`).
+
+Loss weighting (binpack's ``loss_weighting=per_sample``): mace's losses multiply each
+configuration's squared error by its ``weight`` times a per-term weight (``energy_weight``,
+``forces_weight``, ``stress_weight``, ``virials_weight``, fields of every batch), then average the
+energy, stress and virials terms over the step's graphs and the forces term over its atoms (all
+ranks together, ``mace.modules.loss.reduce_loss``). The training loader multiplies the graph-term
+fields of each batch by the sampler's graph factor and ``forces_weight`` by its atom factor
+(:func:`scale_batch`), so every graph and atom weighs the same over an epoch
+(:mod:`cfm_plugins.sampler.weighting`). Validation and test loaders are never scaled.
 """
 from __future__ import annotations
 
@@ -19,6 +28,62 @@ from cfm_plugins.sampler.batch_sampler import BatchSamplerWrapper
 from cfm_plugins.sizes import shard_indices
 
 log = logging.getLogger("cfm_plugins.mace")
+
+#: mace --loss values whose terms are linear in the per-configuration weights (so scaling a weight
+#: scales that configuration's share of the gradient). Not these: huber and universal put the
+#: weights inside a Huber function; l1l2energyforces, dipole, dipole_polar and
+#: energy_forces_dipole have terms that read no weight.
+LINEAR_WEIGHT_LOSSES = ("weighted", "forces_only", "stress", "virials")
+#: batch fields of the per-graph terms (scaled by the graph factor) and of the per-atom term
+GRAPH_WEIGHT_FIELDS = ("energy_weight", "stress_weight", "virials_weight")
+ATOM_WEIGHT_FIELDS = ("forces_weight",)
+
+
+def loss_reduction() -> str:
+    """How this mace averages its loss over ranks: ``"step"`` where ``reduce_loss`` divides by the
+    element count of all ranks (mace-torch 0.3.10 and later), else ``"batch"`` (each rank's mean,
+    then DDP's average)."""
+    import mace.modules.loss as mace_loss
+
+    return "step" if hasattr(mace_loss, "reduce_loss") else "batch"
+
+
+def scale_batch(batch, scale) -> None:
+    """Multiply the weight fields of a mace batch in place: graph terms by ``scale.graphs``, the
+    forces term by ``scale.atoms`` (``weight`` itself, shared by all terms, is left as it is).
+
+    A static-shape batch (:class:`cfm_plugins.static.mace.PaddedBatch`, whose fields are views of
+    the padded batch, made again when it moves to a device) is scaled in its padded fields (the pad
+    graphs' weights are zero) and its views made again."""
+    padded = callable(getattr(type(batch), "remake_views", None))
+    target = batch.padded if padded else batch
+    for fields, factor in ((GRAPH_WEIGHT_FIELDS, scale.graphs), (ATOM_WEIGHT_FIELDS, scale.atoms)):
+        for name in fields:
+            value = getattr(target, name, None)
+            if value is not None:
+                target[name] = value * factor
+    if padded:
+        batch.remake_views()
+
+
+def loss_scaled_loader_class(loader_cls):
+    """A subclass of mace's DataLoader whose batches carry the sampler's loss scales."""
+
+    class LossScaledDataLoader(loader_cls):
+        """mace's DataLoader; each batch it returns is scaled by :func:`scale_batch` with the factors
+        of the batch the binpack sampler yielded (in the same order)."""
+
+        def __init__(self, *args, cfm_sampler, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.cfm_sampler = cfm_sampler
+            self.cfm_reduction = loss_reduction()
+
+        def __iter__(self):
+            for batch in super().__iter__():
+                scale_batch(batch, self.cfm_sampler.next_loss_scale(self.cfm_reduction))
+                yield batch
+
+    return LossScaledDataLoader
 
 
 class EpochAdvancing(BatchSamplerWrapper):
@@ -165,6 +230,8 @@ def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0
     """A drop-in for ``torch_geometric.dataloader.DataLoader`` that uses the plugins' sampler (and
     pads its batches to a budget where a plugin gives one; ``pad_distance()``: the pad edges' length,
     more than the model's cutoff)."""
+    scaled_loader_cls = loss_scaled_loader_class(stock_loader_cls)
+
     def DataLoader(dataset, batch_size=1, shuffle=False, sampler=None, drop_last=False, **kwargs):
         hook, config, dist = session.hook, session.config, session.dist
         role = guess_role(dataset, shuffle, sampler, kwargs)
@@ -194,7 +261,10 @@ def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0
 
             sampler.set_epoch = set_epoch
         kwargs.pop("generator", None)
-        loader = stock_loader_cls(dataset=dataset, batch_sampler=wrapped, **kwargs)
+        if getattr(batch_sampler, "loss_weighting", "stock") != "stock":
+            loader = scaled_loader_cls(dataset=dataset, batch_sampler=wrapped, cfm_sampler=batch_sampler, **kwargs)
+        else:
+            loader = stock_loader_cls(dataset=dataset, batch_sampler=wrapped, **kwargs)
         return pad_batches(loader, hook, batch_sampler, sizes, config, dist, role, pad_distance)
 
     return DataLoader

@@ -10,7 +10,9 @@ name in run_train      what the replacement does
 ``init_distributed``   returns the ranks cfm-run already set up (MPI + process group); under
                        several ranks turns ``--distributed`` on if it was not given
 ``torch_geometric``    a stand-in whose ``dataloader.DataLoader`` builds loaders with the
-                       ``cfm_batch_sampler`` (binpack) for training, validation and test
+                       ``cfm_batch_sampler`` (binpack) for training, validation and test;
+                       with binpack's ``loss_weighting=per_sample`` the training loader scales
+                       each batch's ``energy_weight``/``forces_weight``/... (see :mod:`.loader`)
 ``configure_model``    calls mace's, then ``cfm_patch_model`` (fused kernels) and
                        ``cfm_static_forward`` (padded batches, compile) before DDP wraps it
 ``DDP``                DistributedDataParallel with ``device_ids=None`` for CPU models
@@ -49,9 +51,13 @@ log = logging.getLogger("cfm_plugins.mace")
 
 def trainer_settings(args) -> TrainerSettings:
     """What the plugins need to know of mace_run_train's parsed arguments."""
+    from cfm_plugins_adapters.mace.loader import LINEAR_WEIGHT_LOSSES
+
     swaps = tuple(name for name in ("cueq", "oeq") if getattr(args, f"enable_{name}", False))
+    loss = getattr(args, "loss", None)
     return TrainerSettings(batch_size=args.batch_size, seed=args.seed, dtype=args.default_dtype,
-                           device=args.device, kernel_swaps=swaps)
+                           device=args.device, kernel_swaps=swaps, loss=f"mace_run_train --loss {loss}",
+                           loss_weightings=("stock", "per_sample") if loss in LINEAR_WEIGHT_LOSSES else ("stock",))
 
 
 def install(config) -> callable:

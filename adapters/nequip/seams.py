@@ -19,8 +19,11 @@ object built               what the replacement does
                            (fresh runs, ``ckpt_path`` restarts, val/test runs); the state_dict
                            is unchanged; step_log (or a feature that needs step times, binpack's
                            ``cost=auto``): the callback :class:`.steplog.StepLog`; binpack: the
-                           callback :class:`.callbacks.BinPackState` (the sampler's resume state
-                           in Lightning's checkpoints)
+                           callbacks :class:`.callbacks.BinPackState` (the sampler's resume state
+                           in Lightning's checkpoints) and :class:`.weighting.LossWeighting` (acts
+                           only under ``loss_weighting=per_sample``)
+the training module        binpack: what its loss allows (``TrainerSettings.loss_weightings``,
+                           :func:`.weighting.loss_weightings`), read before the loaders are made
 =========================  =====================================================================
 
 ``NequIPDataModule.get_statistics`` is wrapped so that NequIP's dataset statistics (energy
@@ -116,6 +119,7 @@ def trainer_config(cfg: dict, config, dist) -> dict:
     if config.is_enabled("binpack"):
         _replace(cfg, "use_distributed_sampler", False, "binpack's sampler shards the batches over the ranks itself")
         callbacks.append({"_target_": "cfm_plugins_adapters.nequip.callbacks.BinPackState"})
+        callbacks.append({"_target_": "cfm_plugins_adapters.nequip.weighting.LossWeighting"})
     if config.is_enabled("fused"):
         callbacks.append({"_target_": "cfm_plugins_adapters.nequip.callbacks.FuseOnSetup"})
     if config.get("step_log") or wants_step_times(config):
@@ -164,7 +168,14 @@ def install(session) -> callable:
             cfg = trainer_config(cfg, config, dist)
         elif config.is_enabled("binpack") and _is_datamodule(target):
             cfg = data_config(cfg, session)
-        return stock_instantiate(cfg, *args, **kwargs)
+        built = stock_instantiate(cfg, *args, **kwargs)
+        if config.is_enabled("binpack") and hasattr(built, "loss") and hasattr(built, "training_step"):
+            from cfm_plugins_adapters.nequip.weighting import loss_weightings
+
+            # the training module exists before Lightning makes the loaders: binpack's choice sees its loss
+            loss, weightings = loss_weightings(built)
+            session.trainer = dataclasses.replace(session.trainer, loss=loss, loss_weightings=weightings)
+        return built
 
     def get_statistics(self, *args, **kwargs):
         with statistics_pass():

@@ -151,10 +151,10 @@ def make_cluster(rng: np.random.Generator, max_atoms: int) -> Atoms:
     return atoms
 
 
-def isolated_atoms() -> list[Atoms]:
-    """One ``config_type=IsolatedAtom`` entry per element, labelled with EMT (for the E0s)."""
+def isolated_atoms(symbols=ELEMENTS) -> list[Atoms]:
+    """One ``config_type=IsolatedAtom`` entry per element (default Cu and Ni), labelled with EMT (for the E0s)."""
     out = []
-    for symbol in ELEMENTS:
+    for symbol in symbols:
         atoms = Atoms(symbol, positions=[[10.0, 10.0, 10.0]], cell=[20.0, 20.0, 20.0], pbc=False)
         atoms.info["config_type"] = "IsolatedAtom"
         out.append(label(atoms, with_stress=False))

@@ -1,7 +1,7 @@
 """binpack: balanced bin-packing batches (Algorithm 1 of the MACE paper) on every rank.
 
 Its options (``max_tokens``, ``cost``, ``cost_a``, ``cost_b``, ``calibrate_steps``,
-``recalibrate_every``, ``oversize``, ``seed``) are declared in :func:`cfm_declare_options`
+``recalibrate_every``, ``oversize``, ``seed``, ``loss_weighting``) are declared in :func:`cfm_declare_options`
 (``cfm-run --list`` shows them). The default capacity is the
 trainer's batch size times the mean graph cost, so an epoch has about as many steps as with the
 trainer's own batches, at least the largest graph; on GPUs it is clamped to the paper's section 5.5
@@ -15,6 +15,13 @@ to), and from the next epoch on the plans use a cost fitted on those times (see
 :mod:`cfm_plugins.sampler.autocost`). Evaluation loaders keep the initial cost (their steps run
 forward only). The clock is the training thread's CPU time on CPU ranks with one intra-op
 thread (unaffected by other processes sharing the cores), wall-clock time otherwise.
+
+``loss_weighting``: batches filled to a token budget hold varying numbers of graphs, so a trainer's
+per-batch loss means weigh graphs (energy) and atoms (forces) unequally over an epoch.
+``per_sample`` gives the training sampler the factors that make every graph and every atom weigh
+the same (:mod:`cfm_plugins.sampler.weighting`); the trainer's adapter applies them to each
+training batch (mace: the per-configuration ``energy_weight``/``forces_weight``/... fields;
+HydraGNN: each head's loss term). Evaluation loaders are never reweighted.
 """
 from __future__ import annotations
 
@@ -44,6 +51,7 @@ def default_capacity(mean_cost: float, max_cost: float, batch_size: int, device:
 def cfm_declare_options():
     from cfm_plugins.options import Option
     from cfm_plugins.sampler.packing import OVERSIZE_POLICIES
+    from cfm_plugins.sampler.weighting import LOSS_WEIGHTINGS
 
     return [
         Option("max_tokens", float, None, "bin capacity in cost units (default: the trainer's batch size x the "
@@ -60,6 +68,10 @@ def cfm_declare_options():
         Option("oversize", str, "error", "a graph costlier than max_tokens: error, solo (a batch of its own) "
                "or skip", OVERSIZE_POLICIES),
         Option("seed", int, None, "packing seed (default: the trainer's seed, else 0); epoch e packs from seed+e"),
+        Option("loss_weighting", str, "stock", "training loss weighting: stock (the trainer's per-batch means, "
+               "unchanged) or per_sample (every graph's energy term and every atom's forces term weigh the same "
+               "over an epoch, whatever batch and rank it lands in; evaluation is never reweighted)",
+               LOSS_WEIGHTINGS),
     ]
 
 
@@ -142,7 +154,8 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
     common = dict(rank=dist.rank, world_size=dist.world_size, seed=seed if seed is not None else (trainer.seed or 0),
                   comm=dist.comm if dist.world_size > 1 else None, local_indices=sizes.indices,
                   oversize=config.get("oversize"), shuffle=(role == "train"), evaluation=(role != "train"),
-                  repeat=(role == "train"))
+                  repeat=(role == "train"),
+                  loss_weighting=training_loss_weighting(config, trainer) if role == "train" else "stock")  # eval: never
     cost = config.get("cost")
     if cost == "auto" and role == "train":
         from cfm_plugins.sampler import AutoCostBatchSampler, CostCalibration
@@ -158,11 +171,13 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
         cost = (f"auto: calibrating on {'one epoch' if not calibration.calibrate_steps else f'{calibration.calibrate_steps} steps'}"
                 f" planned with {initial_cost_label(config)}, {'thread CPU' if clock == 'cpu' else 'wall-clock'} time")
     else:
-        sampler = BinPackBatchSampler(costs, capacity, **common)
+        sampler = BinPackBatchSampler(costs, capacity, atoms=sizes.atoms if role == "train" else None, **common)
         if cost == "auto":
             cost = f"{initial_cost_label(config)}: evaluation loaders keep the initial cost under cost=auto"
     log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)", role, len(sampler), dist.world_size,
              capacity, cost)
+    if role == "train" and dist.rank == 0:
+        log_weight_spread(sampler)
     if sampler.repeated:
         log.warning("binpack %s: %d sample(s) do not give each of %d ranks a batch at every step: %d of them "
                     "repeated in epoch %d (others in later epochs), as torch's DistributedSampler pads",
@@ -173,3 +188,34 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
 def initial_cost_label(config) -> str:
     a, b = config.get("cost_a"), config.get("cost_b")
     return "atoms" if (a, b) == (1.0, 0.0) else f"{a:g}*atoms + {b:g}*edges"
+
+
+def training_loss_weighting(config, trainer) -> str:
+    """The ``loss_weighting`` the training sampler uses: the option's value where the trainer's adapter
+    can apply it (``trainer.loss_weightings``). A weighting set explicitly that the adapter cannot
+    apply is an error; the default falls back to ``stock`` with a warning."""
+    wanted = config.get("loss_weighting")
+    if wanted in trainer.loss_weightings:
+        return wanted
+    loss = trainer.loss or "this trainer's loss"
+    why = (f"binpack loss_weighting={wanted}: {loss} cannot be reweighted per sample (the adapter scales "
+           f"per-sample weights only in losses linear in them; it offers {', '.join(trainer.loss_weightings)})")
+    if "loss_weighting" in config.options:
+        raise ValueError(f"{why}: set loss_weighting=stock or change the loss")
+    log.warning("%s: using loss_weighting=stock", why)
+    return "stock"
+
+
+def log_weight_spread(sampler) -> None:
+    """Say how unequally the trainer's own loss means weigh graphs and atoms over epoch 0's plan,
+    and what ``loss_weighting`` does about it (step-wide means, as mace's loss; per-rank means differ
+    little)."""
+    from cfm_plugins.sampler.weighting import weight_spread
+
+    graphs, atoms = weight_spread(sampler.plan(), sampler.atoms, "step")
+    if sampler.loss_weighting == "per_sample":
+        log.info("binpack loss_weighting=per_sample: every graph and atom weighs the same over an epoch (the "
+                 "trainer's own means would weigh graphs up to %.1fx and atoms up to %.1fx apart)", graphs, atoms)
+    else:
+        log.info("binpack loss_weighting=stock: over an epoch the per-batch means weigh graphs up to %.1fx and "
+                 "atoms up to %.1fx apart (loss_weighting=per_sample makes them equal)", graphs, atoms)

@@ -5,9 +5,14 @@ for a seed) from the global cost array and takes bin ``step*world_size + rank`` 
 every rank has the same number of steps and nearly the same work at each step. With an mpi4py
 communicator the ranks may hold only their shard of the costs (``local_indices``): the shards
 are gathered once, and at the start of every epoch the ranks compare a checksum of their plan.
+
+With ``loss_weighting="per_sample"`` the sampler also gives, for every batch it yielded, the loss
+scales that make each graph and atom weigh the same over the epoch (:mod:`.weighting`); a trainer
+adapter applies them to the batch the DataLoader returns (:meth:`BinPackBatchSampler.next_loss_scale`).
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 
@@ -17,6 +22,7 @@ from torch.utils.data import Sampler
 from .autocost import Calibration, align_records, data_digest, fit_step_times, fitted_costs, predicted_lif
 from .packing import Packing, check_capacity, check_world_size, pack, packing_from_bins, validate_costs
 from .report import load_imbalance_factor
+from .weighting import LossScale, check_loss_weighting, check_reduction, per_sample_scales
 
 log = logging.getLogger("cfm_plugins.sampler")
 
@@ -82,6 +88,11 @@ class BinPackBatchSampler(Sampler):
         repeat: for training loaders (see :func:`pack`): a set too small for the ranks gets
             a few samples repeated, as torch's ``DistributedSampler`` pads, instead of an error;
             :attr:`repeated` says how many in the current epoch.
+        atoms: per-sample atom counts, indexed like ``costs`` (a shard with ``local_indices``);
+            needed by ``loss_weighting="per_sample"`` (its atom terms), gathered like the costs.
+        loss_weighting: ``"stock"`` (the trainer's own loss, unchanged) or ``"per_sample"``:
+            :meth:`next_loss_scale` gives the factors of each yielded batch (see
+            :mod:`cfm_plugins.sampler.weighting`).
 
     ``len()`` is the number of steps of the current epoch, the same on every rank.
     ``state_dict()`` records epoch, seed and the batches yielded so far; after
@@ -90,7 +101,7 @@ class BinPackBatchSampler(Sampler):
 
     def __init__(self, costs, capacity, *, rank: int, world_size: int, seed: int = 0, comm=None,
                  local_indices=None, drop_last: bool = False, oversize: str = "error", shuffle: bool = True,
-                 evaluation: bool = False, repeat: bool = False):
+                 evaluation: bool = False, repeat: bool = False, atoms=None, loss_weighting: str = "stock"):
         # world_size and capacity first (rank is checked against world_size; comm against both);
         # oversize and the costs are checked by ``pack``, which runs at the end of the constructor
         world_size = check_world_size(world_size)
@@ -102,24 +113,18 @@ class BinPackBatchSampler(Sampler):
         self.capacity = check_capacity(capacity)
         self.comm, self.drop_last, self.oversize, self.shuffle = comm, bool(drop_last), oversize, bool(shuffle)
         self.evaluation, self.repeat = bool(evaluation), bool(repeat)
+        self.loss_weighting = check_loss_weighting(loss_weighting)
+        if self.loss_weighting != "stock" and atoms is None:
+            raise ValueError(f"loss_weighting={loss_weighting!r} needs the atom count of every sample (atoms=...)")
         if comm is not None:
             self._check_comm(comm)
-        local = np.asarray(costs, dtype=np.float64) if np.size(costs) else np.zeros(0)
-        if local_indices is not None:
-            if comm is not None:
-                glob = gather_shards(local, local_indices, comm)
-            else:
-                idx = np.asarray(local_indices, dtype=np.int64)
-                if idx.shape != local.shape or not np.array_equal(np.sort(idx), np.arange(len(idx))):
-                    raise ValueError("local_indices hold a shard but comm is None: pass the mpi4py communicator "
-                                     "(comm=MPI.COMM_WORLD) so the shards can be gathered, or give global costs")
-                glob = np.empty(len(idx))
-                glob[idx] = local
-        else:
-            glob = local
-            if comm is not None and world_size > 1:
-                self._check_same_costs(glob)
-        self.costs = validate_costs(glob)
+        self.costs = validate_costs(self._global(costs, local_indices))
+        self.atoms = None if atoms is None else self._global(atoms, local_indices, check=False)
+        if self.atoms is not None and self.atoms.shape != self.costs.shape:
+            raise ValueError(f"atoms has {self.atoms.size} entries, costs {self.costs.size}: give one atom count "
+                             "per sample")
+        self._yielded_bins: collections.deque = collections.deque()  # bins yielded, scales not yet taken
+        self._scales: dict = {}  # (plan key, reduction) -> per-bin scales
         self.epoch = 0
         self._resume = 0  # batches to skip at the next __iter__ (set by load_state_dict)
         self._yielded = 0  # batches yielded in the current epoch
@@ -129,6 +134,23 @@ class BinPackBatchSampler(Sampler):
         self._verified_key = None
         self._cost_version = 0  # bumped when the costs change (cost=auto), part of the plan's key
         self.plan()  # errors (oversize, too many ranks) surface at construction
+
+    def _global(self, values, local_indices, check: bool = True) -> np.ndarray:
+        """The global array of per-sample ``values`` (this rank's shard with ``local_indices``)."""
+        local = np.asarray(values, dtype=np.float64) if np.size(values) else np.zeros(0)
+        if local_indices is None:
+            if check and self.comm is not None and self.world_size > 1:
+                self._check_same_costs(local)
+            return local
+        if self.comm is not None:
+            return gather_shards(local, local_indices, self.comm)
+        idx = np.asarray(local_indices, dtype=np.int64)
+        if idx.shape != local.shape or not np.array_equal(np.sort(idx), np.arange(len(idx))):
+            raise ValueError("local_indices hold a shard but comm is None: pass the mpi4py communicator "
+                             "(comm=MPI.COMM_WORLD) so the shards can be gathered, or give global costs")
+        glob = np.empty(len(idx))
+        glob[idx] = local
+        return glob
 
     # -- MPI checks ----------------------------------------------------------------------------
     def _check_comm(self, comm):
@@ -222,12 +244,50 @@ class BinPackBatchSampler(Sampler):
         start, self._resume = self._resume, 0
         epoch = self.epoch
         self._yielded = start
+        self._yielded_bins.clear()  # a new pass: scales left from an abandoned one are stale
+        weighted = self.loss_weighting != "stock"
         for s in range(start, plan.num_steps(self.world_size)):
-            batch = plan[s * self.world_size + self.rank]
+            b = s * self.world_size + self.rank
+            batch = plan[b]
             if self.shuffle:
                 batch = np.random.default_rng((self.seed, epoch, s, self.rank)).permutation(batch)
             self._yielded = s + 1
+            if weighted:
+                self._yielded_bins.append((self._plan_key, b))
             yield batch.tolist()
+
+    # -- loss weighting ------------------------------------------------------------------------
+    def loss_scales(self, reduction: str = "step") -> np.ndarray:
+        """``(num_bins, 2)`` factors ``[graphs, atoms]`` of every bin of the current plan (all 1 under
+        ``loss_weighting="stock"``); ``reduction`` is how the trainer averages its loss over ranks
+        (:mod:`cfm_plugins.sampler.weighting`)."""
+        check_reduction(reduction)
+        plan = self.plan()
+        if self.loss_weighting == "stock":
+            return np.ones((len(plan), 2))
+        key = (self._plan_key, reduction)
+        if key not in self._scales:
+            self._scales = {key: per_sample_scales(plan, self.atoms, reduction)}  # the current plan's only
+        return self._scales[key]
+
+    def next_loss_scale(self, reduction: str = "step") -> LossScale:
+        """The factors of the oldest batch yielded and not yet scaled, in the order batches were yielded.
+
+        A DataLoader returns batches in the order its batch sampler yielded them (prefetching
+        workers included), so an adapter calls this once for every batch the loader returns.
+        Under ``loss_weighting="stock"`` the factors are 1.
+        """
+        if self.loss_weighting == "stock":
+            return LossScale(1.0, 1.0)
+        if not self._yielded_bins:
+            raise RuntimeError("next_loss_scale: no batch was yielded since the last call (call it once per batch "
+                               "the DataLoader returns)")
+        key, b = self._yielded_bins.popleft()
+        if key != self._plan_key:
+            raise RuntimeError("next_loss_scale: the batch belongs to a plan that is no longer the current one "
+                               "(set_epoch was called during an epoch)")
+        g, a = self.loss_scales(reduction)[b]
+        return LossScale(float(g), float(a))
 
     def set_epoch(self, epoch: int) -> None:
         """Select epoch ``epoch`` (plan packed from ``seed + epoch``) and start it from its first batch."""
@@ -322,7 +382,8 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         self._said_untimed = False
         self._waiting = None  # (epoch, passes over the loader) of the last "too few steps" verdict
         self._passes = 0  # iterations of this sampler (the same count on every rank)
-        super().__init__(initial, capacity, rank=rank, world_size=world_size, seed=seed, comm=comm, **kwargs)
+        super().__init__(initial, capacity, rank=rank, world_size=world_size, seed=seed, comm=comm, atoms=self.atoms,
+                         **kwargs)
 
     # -- what adapters call ---------------------------------------------------------------------
     @property

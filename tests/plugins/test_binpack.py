@@ -1,5 +1,6 @@
 """The binpack plugin's sampler hook: training loaders repeat a few samples where a set cannot give
-every rank a batch (as DistributedSampler pads) and say how many; evaluation loaders do not repeat."""
+every rank a batch (as DistributedSampler pads) and say how many; evaluation loaders do not repeat;
+the choice of loss weighting: what the option asks, what the adapter can apply."""
 from __future__ import annotations
 
 import logging
@@ -41,3 +42,45 @@ def test_evaluation_and_large_enough_sets_are_not_repeated(caplog):
         from cfm_plugins.sampler import BinPackBatchSampler
 
         BinPackBatchSampler(np.full(1, 9.0), 10, rank=0, world_size=2)
+
+
+LINEAR = TrainerSettings(batch_size=4, loss="mace_run_train --loss weighted", loss_weightings=("stock", "per_sample"))
+HUBER = TrainerSettings(batch_size=4, loss="mace_run_train --loss huber", loss_weightings=("stock",))
+
+
+def sampler(options, trainer, role="train"):
+    config = Config(enabled=["binpack"], options=dict(options))
+    pm = create_manager(config)
+    atoms = np.random.default_rng(0).integers(1, 200, 60)
+    return pm.hook.cfm_batch_sampler(dataset=list(range(60)), sizes=GraphSizes(atoms), config=config,
+                                     dist=DistInfo(rank=0, world_size=2), role=role, trainer=trainer)
+
+
+def test_per_sample_where_the_trainer_can_apply_it_training_only():
+    assert sampler({"loss_weighting": "per_sample"}, LINEAR).loss_weighting == "per_sample"
+    assert sampler({"loss_weighting": "per_sample"}, LINEAR, role="valid").loss_weighting == "stock"
+    assert sampler({"loss_weighting": "per_sample"}, LINEAR, role="test").loss_weighting == "stock"
+    assert sampler({"loss_weighting": "stock"}, LINEAR).loss_weighting == "stock"
+
+
+def test_a_loss_that_cannot_be_reweighted_is_an_error_when_asked_for():
+    with pytest.raises(ValueError, match=r"binpack loss_weighting=per_sample: mace_run_train --loss huber cannot be "
+                                         r"reweighted per sample .*set loss_weighting=stock or change the loss"):
+        sampler({"loss_weighting": "per_sample"}, HUBER)
+
+
+def test_the_default_falls_back_to_stock_with_a_warning(caplog, monkeypatch):
+    from cfm_plugins.plugins import binpack
+
+    caplog.set_level(logging.INFO, logger="cfm_plugins.binpack")
+    config = Config(enabled=["binpack"])
+    create_manager(config)
+    monkeypatch.setattr(config, "get", lambda name, *a, **k: "per_sample" if name == "loss_weighting" else None)
+    assert binpack.training_loss_weighting(config, HUBER) == "stock"  # not set explicitly: a warning, no error
+    assert "cannot be reweighted per sample" in caplog.text and "using loss_weighting=stock" in caplog.text
+
+
+def test_the_log_says_how_unequal_the_trainers_own_means_are(caplog):
+    caplog.set_level(logging.INFO, logger="cfm_plugins.binpack")
+    sampler({}, LINEAR)
+    assert "binpack loss_weighting=" in caplog.text and "graphs up to" in caplog.text

@@ -155,3 +155,23 @@ def test_padded_batches_pickle_and_move_with_their_views(items):
     got = list(loader)
     assert [x.real_sizes[0] for x in got] == [3, 2] and all(x.padded_sizes() == (8, 72, 2304) for x in got)
     assert np.allclose(got[1].energy.numpy(), [d.energy.item() for d in items[3:]])
+
+
+def test_loss_weights_scaled_on_a_padded_batch_hold_after_it_moves(items):
+    """binpack's ``loss_weighting=per_sample`` under ``static_shapes``: the training loader scales the
+    weight fields of a padded batch; moving it to the device (which makes its views again from the
+    padded tensors) keeps them, equal to the same scaling of the unpadded batch."""
+    from cfm_plugins.sampler.weighting import LossScale
+    from cfm_plugins_adapters.mace.loader import ATOM_WEIGHT_FIELDS, GRAPH_WEIGHT_FIELDS, scale_batch
+
+    scale = LossScale(graphs=1.5, atoms=0.25)
+    b, plain = padded(items), Collater([None], [None])(items)
+    before = {name: getattr(plain, name).clone() for name in GRAPH_WEIGHT_FIELDS + ATOM_WEIGHT_FIELDS}
+    scale_batch(b, scale)
+    scale_batch(plain, scale)
+    moved = b.to("cpu")
+    for name in GRAPH_WEIGHT_FIELDS + ATOM_WEIGHT_FIELDS:
+        factor = scale.graphs if name in GRAPH_WEIGHT_FIELDS else scale.atoms
+        assert torch.equal(getattr(moved, name), getattr(plain, name)), name
+        assert torch.equal(getattr(moved, name), before[name] * factor), name
+    assert float(moved.padded.weight[len(items):].abs().sum()) == 0.0  # the pad graphs still weigh nothing
