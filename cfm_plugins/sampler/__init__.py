@@ -1,7 +1,8 @@
 """Balanced bin-packing batches (Algorithm 1 of the MACE paper) for multi-rank GNN training.
 
 - :func:`pack` (``packing.py``, numpy only): costs -> :class:`Packing` (CSR bins, steps of
-  ``world_size`` bins with nearly equal cost).
+  ``world_size`` bins with nearly equal cost); ``pack(..., even=True)``: bins of nearly equal cost
+  throughout (for batches padded to one budget).
 - :class:`BinPackBatchSampler` (``batch_sampler.py``, the only module importing torch): a
   ``DataLoader(batch_sampler=...)`` per rank, MPI-agreed, resumable.
 - :func:`graph_costs`, :func:`calibrate_linear_cost`, :func:`fit_linear_cost` (``costs.py``): cost models.

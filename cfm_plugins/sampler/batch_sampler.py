@@ -93,6 +93,8 @@ class BinPackBatchSampler(Sampler):
         loss_weighting: ``"stock"`` (the trainer's own loss, unchanged) or ``"per_sample"``:
             :meth:`next_loss_scale` gives the factors of each yielded batch (see
             :mod:`cfm_plugins.sampler.weighting`).
+        even: bins of nearly equal cost instead of full ones, as many (:func:`~cfm_plugins.sampler.packing.pack_even`): what
+            batches padded to one budget want (the ``static`` feature sets it); a settable attribute.
 
     ``len()`` is the number of steps of the current epoch, the same on every rank.
     ``state_dict()`` records epoch, seed and the batches yielded so far; after
@@ -101,7 +103,8 @@ class BinPackBatchSampler(Sampler):
 
     def __init__(self, costs, capacity, *, rank: int, world_size: int, seed: int = 0, comm=None,
                  local_indices=None, drop_last: bool = False, oversize: str = "error", shuffle: bool = True,
-                 evaluation: bool = False, repeat: bool = False, atoms=None, loss_weighting: str = "stock"):
+                 evaluation: bool = False, repeat: bool = False, atoms=None, loss_weighting: str = "stock",
+                 even: bool = False):
         # world_size and capacity first (rank is checked against world_size; comm against both);
         # oversize and the costs are checked by ``pack``, which runs at the end of the constructor
         world_size = check_world_size(world_size)
@@ -112,7 +115,7 @@ class BinPackBatchSampler(Sampler):
         self.rank, self.world_size, self.seed = int(rank), world_size, int(seed)
         self.capacity = check_capacity(capacity)
         self.comm, self.drop_last, self.oversize, self.shuffle = comm, bool(drop_last), oversize, bool(shuffle)
-        self.evaluation, self.repeat = bool(evaluation), bool(repeat)
+        self.evaluation, self.repeat, self.even = bool(evaluation), bool(repeat), bool(even)
         self.loss_weighting = check_loss_weighting(loss_weighting)
         if self.loss_weighting != "stock" and atoms is None:
             raise ValueError(f"loss_weighting={loss_weighting!r} needs the atom count of every sample (atoms=...)")
@@ -193,11 +196,11 @@ class BinPackBatchSampler(Sampler):
         """The (global) packing of epoch ``epoch``, before ``drop_last``, without changing the sampler's
         epoch: what the epochs ahead will hold (padded batches size their budget from it)."""
         return pack(self.costs, self.capacity, self.world_size, seed=self._pack_seed(epoch), oversize=self.oversize,
-                    evaluation=self.evaluation, repeat=self.repeat)
+                    evaluation=self.evaluation, repeat=self.repeat, even=self.even)
 
     def plan(self) -> Packing:
         """The (global) packing of the current epoch, after ``drop_last``."""
-        key = (self._pack_seed(), self.epoch if self.shuffle else None, self._cost_version)
+        key = (self._pack_seed(), self.epoch if self.shuffle else None, self._cost_version, self.even)
         if self._plan is None or self._plan_key != key:
             p = self.packing_of_epoch(self.epoch)
             if self.drop_last:

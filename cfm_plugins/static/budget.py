@@ -7,9 +7,11 @@ so padding every batch of a loader to one :class:`Budget` costs a few percent an
 one shape: ``torch.compile`` compiles once, a CUDA graph is captured once. The budget is fixed
 before the epoch starts, from the bins of the plan (:func:`budget_from_plan`):
 
-- atoms: the bin capacity when the cost is atoms (no bin exceeds it), else the fullest planned
-  bin with headroom; plus one atom that is always a pad atom (the pad graph needs at least one to
-  hold the pad edges, so an exactly full bin still fits);
+- atoms: the capacity the bins were dealt to when the cost is atoms (no bin exceeds it; the
+  ``static`` feature packs even bins, ``pack(..., even=True)``, whose capacity is lowered to about
+  the mean fill, so that light bins do not pad up to full ones), else the fullest planned bin with
+  headroom; plus one atom that is always a pad atom (the pad graph needs at least one to hold the
+  pad edges, so an exactly full bin still fits);
 - edges: the most edges any planned bin holds, with headroom (bins are packed by atoms, so their
   edge counts vary: the budget must cover the plans of later epochs too), rounded up;
 - graphs: the most graphs any planned bin holds, with headroom, plus one pad graph.
@@ -93,8 +95,8 @@ def budget_from_plan(plans, atoms, edges, capacity_atoms: float | None = None,
     """The budget covering every bin of ``plans`` (one :class:`Packing` or several, e.g. the plans of
     the first epochs), with ``headroom``.
 
-    ``capacity_atoms``: the bin capacity when the cost is atoms (the atom budget is then the
-    capacity itself, plus the pad atom); ``None`` when bins are packed by another cost.
+    ``capacity_atoms``: the capacity the bins were dealt to when the cost is atoms (the atom budget
+    is then that capacity, plus the pad atom); ``None`` when bins are packed by another cost.
     """
     plans = [plans] if hasattr(plans, "bin_ids") else list(plans)
     sizes = [bin_sizes(p, atoms, edges) for p in plans]
