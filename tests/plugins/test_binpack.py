@@ -69,15 +69,19 @@ def test_a_loss_that_cannot_be_reweighted_is_an_error_when_asked_for():
         sampler({"loss_weighting": "per_sample"}, HUBER)
 
 
-def test_the_default_falls_back_to_stock_with_a_warning(caplog, monkeypatch):
+def test_the_default_is_per_sample_and_falls_back_to_stock_saying_so(caplog):
     from cfm_plugins.plugins import binpack
 
     caplog.set_level(logging.INFO, logger="cfm_plugins.binpack")
     config = Config(enabled=["binpack"])
     create_manager(config)
-    monkeypatch.setattr(config, "get", lambda name, *a, **k: "per_sample" if name == "loss_weighting" else None)
-    assert binpack.training_loss_weighting(config, HUBER) == "stock"  # not set explicitly: a warning, no error
-    assert "cannot be reweighted per sample" in caplog.text and "using loss_weighting=stock" in caplog.text
+    assert config.get("loss_weighting") == "per_sample"
+    assert sampler({}, LINEAR).loss_weighting == "per_sample"
+    assert sampler({}, LINEAR, role="valid").loss_weighting == "stock"  # evaluation: never reweighted
+    assert binpack.training_loss_weighting(config, HUBER) == "stock"  # not set explicitly: said, no error
+    said = [r for r in caplog.records if "cannot be reweighted per sample" in r.getMessage()]
+    assert said and "using loss_weighting=stock" in said[-1].getMessage()
+    assert all(r.levelno < logging.WARNING for r in caplog.records)  # the default path: not a warning
 
 
 def test_the_log_says_how_unequal_the_trainers_own_means_are(caplog):
