@@ -367,6 +367,12 @@ def epoch_table(curves: dict, names: list[str], digits: list[int]) -> list[str]:
     return lines
 
 
+def command_args(info: dict, part: str, res: dict) -> str:
+    """The arguments of the command that makes every run of the report (with all its seeds)."""
+    seeds = " ".join(str(s) for s in sorted({r["seed"] for rs in res.values() for r in rs}))
+    return " ".join(x for x in (info.get(f"{part}_cmdline", ""), f"--seeds {seeds}") if x)
+
+
 def seeds_of(res: dict) -> str:
     return ", ".join(map(str, sorted({r["seed"] for rs in res.values() for r in rs})))
 
@@ -376,7 +382,7 @@ def mace_report(res: dict, info: dict) -> list[str]:
              "Commands (every run resumable, one seed or configuration at a time with `--seeds S --only CONFIG`; "
              "`report` writes these tables and the plots; the figures are errors, not times, so they do not "
              "depend on the machine's load):", "",
-             f"    .venv/bin/python -m benchmarks.convergence mace {info.get('mace_cmdline', '')}",
+             f"    .venv/bin/python -m benchmarks.convergence mace {command_args(info, 'mace', res)}",
              "    .venv/bin/python -m benchmarks.convergence report", "",
              f"Workload: {info.get('mace_workload', '')}", "",
              "The model mace saves (lowest validation loss) evaluated structure by structure: RMSE of the energy per "
@@ -408,7 +414,7 @@ def energy_force_epochs(res: dict, part: str, title: str, what: str) -> list[str
 def nequip_report(res: dict, info: dict) -> list[str]:
     lines = ["## Training quality: NequIP (benchmarks/convergence.py)", "",
              f"    .venv-nequip/bin/python -m benchmarks.convergence nequip "
-             f"{info.get('nequip_cmdline', '')}", "",
+             f"{command_args(info, 'nequip', res)}", "",
              f"Workload: {info.get('nequip_workload', '')}", "",
              "nequip's validation RMSE (its `val_metrics`) after the last epoch, energy per atom (E, meV/atom) and "
              f"force components (F, meV/Å); mean ± sample std over seeds {seeds_of(res)}.", ""]
@@ -421,7 +427,7 @@ def nequip_report(res: dict, info: dict) -> list[str]:
 def hydragnn_report(res: dict, info: dict) -> list[str]:
     lines = ["## Training quality: HydraGNN example (benchmarks/convergence.py)", "",
              f"    .venv/bin/python -m benchmarks.convergence hydragnn "
-             f"{info.get('hydragnn_cmdline', '')}", "",
+             f"{command_args(info, 'hydragnn', res)}", "",
              "Workload: examples/hydragnn as it is (EGNN, hidden 64, 3 layers; the energy per atom of "
              f"{info.get('hydragnn_num', 400)} EMT molecules and metal clusters of 3..300 atoms, 80 % for training; "
              "batch size 8 per rank; binpack `cost=edges`), 2 MPI ranks. HydraGNN's validation loss (its own "
