@@ -8,8 +8,8 @@ the edge figure is an estimate), the budget is made as the ``static`` plugin mak
 (:func:`cfm_plugins.static.budget.budget_from_plan` over the first ``--epochs`` epochs' plans,
 default headroom) at binpack's default capacity (``--batch-size`` x the mean atom count, at least the
 largest structure) or ``--capacity``, and the padding of every batch of those epochs is reported,
-for the even bins the plugin packs (``pack(..., even=True)``) and, for comparison, for Algorithm 1's
-full bins padded to the capacity.
+for the even bins the plugin packs (``pack(..., even=True)``) by atoms (binpack's default cost) and
+by edges (``cost=edges``), and, for comparison, for Algorithm 1's full bins padded to the capacity.
 
     python -m benchmarks.static_shapes [--batch-size 4] [--capacity C] [--world 2 8] [--epochs 3]
 
@@ -53,22 +53,28 @@ def table3_sizes(n: int, seed: int = 0):
     return atoms, atoms * nbrs
 
 
-def overhead_row(name, atoms, edges, capacity, world, epochs, even: bool):
-    plans = [pack(atoms, capacity, world, seed=e, even=even) for e in range(epochs)]
+def overhead_row(name, atoms, edges, cost, batch_size, capacity, world, epochs, even: bool):
+    """One table row: the budget the ``static`` plugin makes for plans packed by ``cost`` (atoms or
+    edges) and the padding of every batch of the first ``epochs`` plans."""
+    from cfm_plugins.plugins.binpack import default_capacity
+
+    costs = atoms if cost == "atoms" else edges
+    capacity = capacity or default_capacity(costs.mean(), costs.max(), batch_size)
+    plans = [pack(costs, capacity, world, seed=e, even=even) for e in range(epochs)]
     dealt = max(p.capacity for p in plans)
-    budget = budget_from_plan(plans, atoms, edges, dealt, DEFAULT_HEADROOM)
+    budget = budget_from_plan(plans, atoms, edges, dealt if cost == "atoms" else None, DEFAULT_HEADROOM,
+                              capacity_edges=dealt if cost == "edges" else None)
     o = padding_overhead(plans, atoms, edges, budget)
-    return (f"| {name} | {len(atoms)} | {world} | {capacity:g} | {'even' if even else 'full (Algorithm 1)'} | "
+    return (f"| {name} | {len(atoms)} | {world} | {cost} | {capacity:g} | {'even' if even else 'full (Algorithm 1)'} | "
             f"{budget} | {o.batches} | {100 * o.atoms:.2f}% | {100 * o.edges:.2f}% |")
 
 
 def main(argv=None) -> int:
-    from cfm_plugins.plugins.binpack import default_capacity
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-size", type=int, default=4, help="the trainer's batch size: binpack's default capacity "
                     "is this x the mean atom count (the MACE demo's is 4)")
-    ap.add_argument("--capacity", type=int, default=None, help="bin capacity in atoms (max_tokens) instead of the default")
+    ap.add_argument("--capacity", type=int, default=None, help="bin capacity (max_tokens, in the cost's units) "
+                    "instead of the default")
     ap.add_argument("--world", type=int, nargs="+", default=[2, 8], help="ranks the plans are dealt to")
     ap.add_argument("--epochs", type=int, default=3, help="epochs whose plans the budget covers (budget_epochs)")
     ap.add_argument("--cuni", type=int, default=400, help="CuNi structures")
@@ -76,18 +82,19 @@ def main(argv=None) -> int:
     ap.add_argument("--table3", type=int, default=200_000, help="graphs of the Table-3 mix")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    print(f"static shapes padding overhead: capacity {args.capacity or f'binpack default ({args.batch_size} x mean atoms)'}, "
-          f"ranks {args.world}, budget over {args.epochs} epoch plans, headroom {DEFAULT_HEADROOM:g}")
-    print("| set | graphs | ranks | capacity | bins | budget | batches | pad atoms | pad edges |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    capacity = args.capacity or f"binpack default ({args.batch_size} x the mean cost)"
+    print(f"static shapes padding overhead: capacity {capacity}, ranks {args.world}, budget over {args.epochs} "
+          f"epoch plans, headroom {DEFAULT_HEADROOM:g}")
+    print("| set | graphs | ranks | cost | capacity | bins | budget | batches | pad atoms | pad edges |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, sizes in (("CuNi (example)", lambda: cuni_sizes(args.cuni)),
                         ("clusters (example)", lambda: cluster_sizes(args.clusters)),
                         ("Table-3 mix (edges modelled)", lambda: table3_sizes(args.table3))):
         atoms, edges = sizes()
-        capacity = args.capacity or default_capacity(atoms.mean(), atoms.max(), args.batch_size)
         for world in args.world:
-            for even in (True, False):
-                print(overhead_row(name, atoms, edges, capacity, world, args.epochs, even), flush=True)
+            for cost, even in (("atoms", True), ("atoms", False), ("edges", True)):
+                print(overhead_row(name, atoms, edges, cost, args.batch_size, args.capacity, world, args.epochs, even),
+                      flush=True)
     print(f"({time.perf_counter() - t0:.0f} s)")
     return 0
 

@@ -107,15 +107,15 @@ def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
                          "plan to take a budget from: enable binpack")
     atoms, edges = global_sizes(sizes, dist)
     epochs = config.get("budget_epochs") if sampler.shuffle else 1
-    by_atoms = np.array_equal(sampler.costs, atoms)  # bins packed by atom count: none exceeds the capacity
-    if by_atoms:
-        # bins as full as the mean rather than full and light ones, as many: padding to the fullest costs
-        # the gap (every plan of every epoch alike, so the step count does not change)
-        sampler.even = True
+    # bins as full as their mean rather than full and light ones, as many: padding to the fullest costs
+    # the gap (every plan of every epoch alike, so the step count does not change)
+    sampler.even = True
     plans = [sampler.packing_of_epoch(e) for e in range(epochs)]
     headroom = config.get("budget_headroom")
-    capacity = max(p.capacity or sampler.capacity for p in plans) if by_atoms else None
-    budget = budget_from_plan(plans, atoms, edges, capacity, headroom)
+    dealt = max(p.capacity or sampler.capacity for p in plans)  # no bin exceeds it, in the packing's cost
+    by_atoms, by_edges = np.array_equal(sampler.costs, atoms), np.array_equal(sampler.costs, edges)
+    budget = budget_from_plan(plans, atoms, edges, dealt if by_atoms else None, headroom,
+                              capacity_edges=dealt if by_edges and not by_atoms else None)
     log.info("static shapes (%s): every batch padded to %s (pad over the first %d epoch plan(s): %s)",
              role, budget, epochs, padding_overhead(plans, atoms, edges, budget))
     return BudgetTracker(budget, headroom, role)

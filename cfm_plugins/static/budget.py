@@ -7,13 +7,14 @@ so padding every batch of a loader to one :class:`Budget` costs a few percent an
 one shape: ``torch.compile`` compiles once, a CUDA graph is captured once. The budget is fixed
 before the epoch starts, from the bins of the plan (:func:`budget_from_plan`):
 
-- atoms: the capacity the bins were dealt to when the cost is atoms (no bin exceeds it; the
-  ``static`` feature packs even bins, ``pack(..., even=True)``, whose capacity is lowered to about
-  the mean fill, so that light bins do not pad up to full ones), else the fullest planned bin with
-  headroom; plus one atom that is always a pad atom (the pad graph needs at least one to hold the
+- the count the bins were packed by (atoms with ``cost=atoms``, edges with ``cost=edges``): the
+  capacity the bins were dealt to (no bin exceeds it; the ``static`` feature packs even bins,
+  ``pack(..., even=True)``, whose capacity is lowered to about the mean fill, so that light bins do
+  not pad up to full ones);
+- the other count: the most any planned bin holds, with headroom (its count varies between bins
+  packed by the first: the budget must cover the plans of later epochs too); edges rounded up;
+- atoms: plus one atom that is always a pad atom (the pad graph needs at least one to hold the
   pad edges, so an exactly full bin still fits);
-- edges: the most edges any planned bin holds, with headroom (bins are packed by atoms, so their
-  edge counts vary: the budget must cover the plans of later epochs too), rounded up;
 - graphs: the most graphs any planned bin holds, with headroom, plus one pad graph.
 
 A batch that does not fit (a later epoch's plan, a batch built by hand) never crashes and is never
@@ -71,14 +72,15 @@ def _round_up(x: float, multiple: int) -> int:
 
 
 def budget_for(atoms: float, edges: float, graphs: float, headroom: float = DEFAULT_HEADROOM,
-               atoms_exact: bool = False) -> Budget:
+               atoms_exact: bool = False, edges_exact: bool = False) -> Budget:
     """The budget of batches of at most ``atoms``/``edges``/``graphs`` (real, no pad), with
-    ``headroom`` on each (not on atoms when ``atoms_exact``: the capacity bounds them)."""
+    ``headroom`` on each (not on atoms when ``atoms_exact``, nor on edges when ``edges_exact``: a
+    capacity bounds them)."""
     if headroom < 0:
         raise ValueError(f"headroom={headroom!r} must be >= 0")
     a = int(math.ceil(atoms)) if atoms_exact else int(math.ceil(atoms * (1 + headroom)))
-    return Budget(atoms=a + 1, edges=_round_up(edges * (1 + headroom), EDGE_MULTIPLE),
-                  graphs=int(math.ceil(graphs * (1 + headroom))) + 1)
+    e = edges if edges_exact else edges * (1 + headroom)
+    return Budget(atoms=a + 1, edges=_round_up(e, EDGE_MULTIPLE), graphs=int(math.ceil(graphs * (1 + headroom))) + 1)
 
 
 def bin_sizes(packing, atoms: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -91,21 +93,22 @@ def bin_sizes(packing, atoms: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray
 
 
 def budget_from_plan(plans, atoms, edges, capacity_atoms: float | None = None,
-                     headroom: float = DEFAULT_HEADROOM) -> Budget:
+                     headroom: float = DEFAULT_HEADROOM, capacity_edges: float | None = None) -> Budget:
     """The budget covering every bin of ``plans`` (one :class:`Packing` or several, e.g. the plans of
     the first epochs), with ``headroom``.
 
     ``capacity_atoms``: the capacity the bins were dealt to when the cost is atoms (the atom budget
-    is then that capacity, plus the pad atom); ``None`` when bins are packed by another cost.
+    is then that capacity, plus the pad atom); ``capacity_edges`` the same when the cost is edges
+    (the edge budget is then that capacity, rounded up); ``None``: bins packed by another cost.
     """
     plans = [plans] if hasattr(plans, "bin_ids") else list(plans)
     sizes = [bin_sizes(p, atoms, edges) for p in plans]
     max_a = max(int(s[0].max()) for s in sizes)
     max_e = max(int(s[1].max()) for s in sizes)
     max_g = max(int(s[2].max()) for s in sizes)
-    if capacity_atoms is not None:
-        return budget_for(max(capacity_atoms, max_a), max_e, max_g, headroom, atoms_exact=True)
-    return budget_for(max_a, max_e, max_g, headroom)
+    return budget_for(max_a if capacity_atoms is None else max(capacity_atoms, max_a),
+                      max_e if capacity_edges is None else max(capacity_edges, max_e), max_g, headroom,
+                      atoms_exact=capacity_atoms is not None, edges_exact=capacity_edges is not None)
 
 
 @dataclass(frozen=True)
