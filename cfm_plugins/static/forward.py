@@ -44,10 +44,17 @@ RECOMPILE_LIMIT = 64
 
 def configure_dynamo() -> None:
     """Let dynamo trace ``torch.autograd.grad`` into the graph (forces and stress are gradients of the
-    energy taken inside the forward) and compile a few dozen shapes per forward."""
+    energy taken inside the forward) and compile a few dozen shapes per forward.
+
+    Under DistributedDataParallel dynamo's DDP optimizer would split the graph at the gradient buckets'
+    boundaries (to overlap all-reduce with backward); a split graph cannot take ``autograd.grad``
+    through the pieces (``-1 * None`` at ``compute_forces``: it broke a MACE-MP-medium-like model on
+    2 ranks, whose parameters fill more than one 25 MB bucket). It is turned off: the compiled
+    forward stays one graph, DDP's hooks still all-reduce every bucket in backward."""
     import torch._dynamo as dynamo
 
     dynamo.allow_in_graph(torch.autograd.grad)
+    dynamo.config.optimize_ddp = False
     if hasattr(dynamo.config, "trace_autograd_ops"):
         dynamo.config.trace_autograd_ops = True
     for name in ("recompile_limit", "cache_size_limit"):

@@ -95,3 +95,45 @@ def test_compiled_toy_forward_is_exact_and_compiles_once_per_shape():
     after = forward.compile_counts()
     assert after["graphs"] - before["graphs"] == 1 and len(fwd.shapes) == 1
     assert after["graph_breaks"] == before["graph_breaks"]  # no graph break of its own
+
+
+class Forces(torch.nn.Module):
+    """An energy of positions through three 1.4 MB layers, and its forces taken inside the forward (as
+    MACE's ``compute_forces``): more parameters than one 1 MB DDP bucket holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(3, 600), torch.nn.Linear(600, 600), torch.nn.Linear(600, 1)
+
+    def forward(self, pos):
+        energy = self.c(torch.tanh(self.b(torch.tanh(self.a(pos))))).sum()
+        (grad,) = torch.autograd.grad(energy, pos, create_graph=self.training)
+        return energy, -1 * grad
+
+
+def test_compiled_forces_under_ddp_with_several_buckets_match_eager():
+    """Dynamo's DDP optimizer splits a graph at bucket boundaries, and autograd.grad cannot cross the
+    split (``-1 * None``); compiling turns it off, so the forces and parameter gradients are eager's."""
+    import torch.distributed as dist
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        eager, compiled = Forces(), Forces()
+        compiled.load_state_dict(eager.state_dict())
+        compiled.forward = forward.compile_forward(compiled.forward, backend="aot_eager")
+        ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=1)
+        pos = torch.randn(7, 3)
+        results = []
+        for module in (ddp, eager):
+            energy, forces = module(pos.clone().requires_grad_(True))
+            (energy + forces.square().sum()).backward()
+            results.append((energy, forces, [p.grad for p in (module.module if module is ddp else module).parameters()]))
+        (e1, f1, g1), (e2, f2, g2) = results
+        torch.testing.assert_close(e1, e2)
+        torch.testing.assert_close(f1, f2)
+        for a, b in zip(g1, g2):
+            torch.testing.assert_close(a, b)
+    finally:
+        dist.destroy_process_group()
