@@ -52,6 +52,8 @@ log = logging.getLogger("cfm_plugins.sampler")
 TERMS = ("atoms", "edges", "graphs")
 CLOCKS = ("cpu", "wall")
 STATE_VERSION = 1
+#: how :func:`fit_step_times` picks among the candidate models
+SELECT_RULES = ("most", "fewest", "best")
 #: a step whose time is off the fit by more than this many robust standard deviations is left out
 OUTLIER_CUTOFF = 4.0
 #: a fitted cost never falls below this fraction of the mean cost (a graph whose counts the fit
@@ -176,7 +178,7 @@ def outlier_steps(times, atoms, edges, graphs, cutoff: float = OUTLIER_CUTOFF) -
 
 
 def fit_step_times(times, atoms, edges, graphs, folds: int = 5, clock: str = "cpu",
-                   outlier_cutoff: float | None = OUTLIER_CUTOFF) -> StepCost:
+                   outlier_cutoff: float | None = OUTLIER_CUTOFF, select: str = "most") -> StepCost:
     """Fit step times of ``S`` steps on ``R`` ranks (four ``(S, R)`` arrays); see the module notes.
 
     Steps with an outlying record (:func:`outlier_steps`; ``outlier_cutoff=None``: none) are left
@@ -186,7 +188,11 @@ def fit_step_times(times, atoms, edges, graphs, folds: int = 5, clock: str = "cp
     rank's time of the held-out steps, and the error is that of the per-step maximum over ranks.
     The kept model has the most counts among those whose mean squared error is within one
     standard error of the best (ties: the lower error); it is refitted on every record kept.
+    ``select``: ``"most"`` (that rule), ``"fewest"`` (the fewest counts within one standard error:
+    the usual rule) or ``"best"`` (the lowest error), for comparisons (``benchmarks.autocost_sim``).
     """
+    if select not in SELECT_RULES:
+        raise ValueError(f"select={select!r}: expected one of {', '.join(SELECT_RULES)}")
     t, na, ne, ng = (np.asarray(x, dtype=np.float64) for x in (times, atoms, edges, graphs))
     if t.ndim != 2 or not (t.shape == na.shape == ne.shape == ng.shape):
         raise ValueError(f"fit_step_times needs four (steps, ranks) arrays of one shape, got "
@@ -219,8 +225,9 @@ def fit_step_times(times, atoms, edges, graphs, folds: int = 5, clock: str = "cp
             se = float(sq.std(ddof=1) / np.sqrt(steps)) if steps > 1 else 0.0
             scored.append((terms, mse, se))
     best = min(scored, key=lambda s: s[1])
-    eligible = [s for s in scored if s[1] <= best[1] + best[2]]
-    terms, mse, _ = min(eligible, key=lambda s: (-len(s[0]), s[1]))
+    eligible = [s for s in scored if s[1] <= best[1] + best[2]] if select != "best" else [best]
+    sign = -1 if select == "most" else 1
+    terms, mse, _ = min(eligible, key=lambda s: (sign * len(s[0]), s[1]))
     coef, c0, r2 = _fit_terms(t.ravel(), na.ravel(), ne.ravel(), ng.ravel(), terms)
     table = tuple((s[0], float(np.sqrt(s[1]))) for s in sorted(scored, key=lambda s: s[1]))
     return StepCost(c0=c0, a=coef.get("atoms", 0.0), b=coef.get("edges", 0.0), g=coef.get("graphs", 0.0),

@@ -152,6 +152,19 @@ def test_collinear_counts_choose_by_predicted_step_max_not_by_coefficients(truth
     assert lif_after < 1.02, (lif_timed, lif_after, fit)
 
 
+def test_model_selection_rules():
+    """``most`` (the default) keeps every count whose model predicts within one standard error of
+    the best; ``fewest`` the fewest such counts; ``best`` the lowest cross-validated error."""
+    rng = np.random.default_rng(1)
+    atoms, edges, graphs = batches(rng, steps=30)
+    t = (1e-3 + 2e-6 * edges) * (1 + 0.02 * rng.standard_normal(atoms.shape))
+    most, fewest, best = (fit_step_times(t, atoms, edges, graphs, select=s) for s in ("most", "fewest", "best"))
+    assert fewest.terms == ("edges",) and len(most.terms) > 1 and "edges" in most.terms
+    assert best.cv_rms == min(e for _, e in best.cv_table)
+    with pytest.raises(ValueError, match="select='all': expected one of most, fewest, best"):
+        fit_step_times(t, atoms, edges, graphs, select="all")
+
+
 def test_fit_errors():
     z = np.ones((3, 2))
     with pytest.raises(ValueError, match="at least 4 timed steps"):
