@@ -8,6 +8,13 @@ instead: the first epoch (or the first ``calibrate_steps`` steps) is planned wit
 (atoms), every rank records the compute time of each step with the batch's atoms, edges and
 graphs, and from the next epoch on the plans use the fitted cost.
 
+The calibration steps are packed at several capacities (:data:`CostCalibration.levels`,
+:func:`~cfm_plugins.sampler.packing.pack_levels`: 70, 85 and 100 % of the capacity). Packed to one
+capacity, every batch holds about the capacity in atoms: the atom count hardly varies between
+steps and is confounded with the constant per-step time, so the fit cannot tell an atom term from
+noise (on the HydraGNN example, R^2 0.13-0.36 and atom terms of 6-47 us/atom in 3 of 5 runs where a
+fit of edge-balanced steps finds none; with the levels, R^2 0.87-0.98).
+
 What is here (numpy only: the batch sampler gathers the records over the ranks and calls these,
 so everything can be tested without torch or MPI):
 
@@ -19,12 +26,14 @@ so everything can be tested without torch or MPI):
   atoms and edges of batches are nearly collinear, and there the coefficients are ill-determined
   while the predictions are not. Among the models within one standard error of the best, the one
   with the most counts is kept: a count is left out only when the steps show that it makes the
-  prediction worse. Why not the fewest (the usual one-standard-error rule)? The calibration
-  plans equalize their own cost (atoms), so the steps hardly vary along the atoms; a count the
-  steps cannot resolve may still matter once the plans balance another cost. Simulated on
-  packed batches (2 ranks, 2-5% noise), dropping such counts left LIFs up to 1.05 after the
-  re-plan where the truth had atoms, edges and graphs terms; keeping them cost at most 0.013 where
-  only one count mattered.
+  prediction worse. Why not the fewest (the usual one-standard-error rule)? A count the
+  calibration steps resolve only roughly may still matter once the plans balance another cost.
+  Re-simulated with the calibration levels and the outlier rule (``benchmarks.autocost_sim``:
+  2 ranks, 2 % noise, 5 % of the records 10-50 % slow; docs/benchmarks.md), the fewest counts
+  gave LIFs up to 0.01 higher where the truth had two or three terms, and the most counts cost
+  at most 0.001 on average where only one mattered; so the rule stays.
+  Before the fit, steps with a record far off a first fit of every count are left out
+  (:func:`outlier_steps`: a rank slowed for a moment by a process sharing its core).
 - :class:`StepCost`: the kept fit; its per-graph cost is ``a*atoms + b*edges + g`` (``c0`` is
   paid by every rank at every step: it cannot unbalance them).
 - :func:`align_records`: the per-rank step records of the calibration as ``(steps, ranks)``
