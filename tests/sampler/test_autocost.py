@@ -104,12 +104,13 @@ def test_a_count_that_adds_no_time_gets_next_to_no_weight():
 
 
 def calibrate(truth, seed, batching, noise=0.03, ranks=2):
-    """Graphs of 3..300 atoms timed in batches ``packed`` by atoms (as the calibration epoch is:
-    atoms per batch nearly constant, so the atom term is confounded with the per-step constant;
-    4, 12 or 24 edges per atom: molecules, metals, dense cells) or of a ``fixed`` 8 graphs (as a
-    stock loader; 10, 12 or 14 edges per atom: the batch sums of atoms and edges nearly collinear). Returns the fit of noisy
-    step times from ``truth`` (c0, a, b), the batch sums, and the true LIF of the timed batches and
-    of the plan made with the fitted cost."""
+    """Graphs of 3..300 atoms timed in batches ``packed`` by atoms to one capacity (as the first
+    version's calibration epoch: atoms per batch nearly constant, so the atom term is confounded
+    with the per-step constant; 4, 12 or 24 edges per atom: molecules, metals, dense cells), packed
+    by atoms at the calibration ``levels`` (what cost=auto does now), or of a ``fixed`` 8 graphs (as
+    a stock loader; 10, 12 or 14 edges per atom: the batch sums of atoms and edges nearly
+    collinear). Returns the fit of noisy step times from ``truth`` (c0, a, b), the batch sums, and
+    the true LIF of the timed batches and of the plan made with the fitted cost."""
     from cfm_plugins.sampler import load_imbalance_factor
     from cfm_plugins.sampler.packing import packing_from_bins
 
