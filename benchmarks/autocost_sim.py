@@ -5,11 +5,11 @@ No trainer, no timing: graphs of known atoms and edges, a known step-time model
 plans it, the fit of its noisy step times, and the LIF *under the true model* (no noise) of the next
 epochs' plans made with the fitted cost. What it compares:
 
-- calibration plans: ``one`` capacity (every bin about full in atoms, the first version) or the
+- calibration plans: ``one capacity`` (every bin about full in atoms, the first version) or the
   ``levels`` of :data:`~cfm_plugins.sampler.packing.CALIBRATION_LEVELS` (what ``cost=auto`` does);
-- the outlier rule of :func:`~cfm_plugins.sampler.autocost.fit_step_times` on or off;
-- its model selection (``select``: ``most``, ``fewest`` counts within one standard error of the
-  best cross-validated error, or the ``best`` error).
+- the outlier rule of :func:`~cfm_plugins.sampler.autocost.fit_step_times` on (default) or off;
+- its model selection (``select``: the ``best`` cross-validated error, the default; the ``most`` or
+  the ``fewest`` counts within one standard error of the best).
 
 Noise: every record's time is multiplied by ``1 + noise * N(0, 1)``, and a share ``outliers`` of
 the records by a further ``1 + U(0.1, 0.5)`` (a rank slowed by a process sharing its core: the
@@ -41,12 +41,12 @@ TRUTHS = {
     "all": (2e-3, 1e-5, 1e-6, 4e-4),
 }
 VARIANTS = {  # name: (calibration levels, outlier cutoff, select)
-    "one capacity": ((1.0,), None, "most"),
-    "one capacity, outliers out": ((1.0,), 4.0, "most"),
-    "levels": (CALIBRATION_LEVELS, None, "most"),
-    "levels, outliers out": (CALIBRATION_LEVELS, 4.0, "most"),
-    "levels, outliers out, fewest": (CALIBRATION_LEVELS, 4.0, "fewest"),
-    "levels, outliers out, best": (CALIBRATION_LEVELS, 4.0, "best"),
+    "first version (one capacity, most)": ((1.0,), None, "most"),
+    "one capacity": ((1.0,), 4.0, "best"),
+    "levels, outliers kept": (CALIBRATION_LEVELS, None, "best"),
+    "cost=auto (levels, best)": (CALIBRATION_LEVELS, 4.0, "best"),
+    "levels, most": (CALIBRATION_LEVELS, 4.0, "most"),
+    "levels, fewest": (CALIBRATION_LEVELS, 4.0, "fewest"),
 }
 
 

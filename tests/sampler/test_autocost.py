@@ -154,15 +154,20 @@ def test_collinear_counts_choose_by_predicted_step_max_not_by_coefficients(truth
 
 
 def test_model_selection_rules():
-    """``most`` (the default) keeps every count whose model predicts within one standard error of
-    the best; ``fewest`` the fewest such counts; ``best`` the lowest cross-validated error."""
+    """``best`` (the default) keeps the lowest cross-validated error; ``most`` the most counts whose
+    model predicts within one standard error of the best (the first version's rule); ``fewest`` the
+    fewest such counts."""
     rng = np.random.default_rng(1)
     atoms, edges, graphs = batches(rng, steps=30)
     t = (1e-3 + 2e-6 * edges) * (1 + 0.02 * rng.standard_normal(atoms.shape))
     most, fewest, best = (fit_step_times(t, atoms, edges, graphs, select=s) for s in ("most", "fewest", "best"))
     assert fewest.terms == ("edges",) and len(most.terms) > 1 and "edges" in most.terms
-    assert best.cv_rms == min(e for _, e in best.cv_table)
-    with pytest.raises(ValueError, match="select='all': expected one of most, fewest, best"):
+    assert best.cv_rms == min(e for _, e in best.cv_table) <= most.cv_rms
+    assert fit_step_times(t, atoms, edges, graphs) == best
+    # equal errors (a count whose coefficient comes out 0 predicts the same): the fewer counts
+    exact = fit_step_times(1e-3 + 2e-6 * edges, atoms, edges, graphs)
+    assert exact.terms == ("edges",) and exact.a == exact.g == 0
+    with pytest.raises(ValueError, match="select='all': expected one of best, most, fewest"):
         fit_step_times(t, atoms, edges, graphs, select="all")
 
 
