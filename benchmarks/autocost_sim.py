@@ -76,7 +76,7 @@ def one_run(kind, truth, levels, cutoff, select, seed, noise, outliers, n=320, r
     t = true_times(plan)[warmup:] * (1 + noise * rng.standard_normal(counts[0].shape))
     t *= np.where(rng.random(t.shape) < outliers, 1 + rng.uniform(0.1, 0.5, t.shape), 1.0)
     fit = fit_step_times(t, *counts, outlier_cutoff=cutoff, select=select)
-    costs = fitted_costs(fit, atoms, edges, atoms)
+    costs = fitted_costs(fit, atoms, edges, atoms) if fit.explains else atoms  # else: the initial cost stays
     cap = max(capacity, float(costs.max()))
     return float(np.mean([load_imbalance_factor(true_times(pack(costs, cap, ranks, seed=seed + e))) for e in (1, 2)]))
 
