@@ -13,7 +13,8 @@ The calibration steps are packed at several capacities (:data:`CostCalibration.l
 capacity, every batch holds about the capacity in atoms: the atom count hardly varies between
 steps and is confounded with the constant per-step time, so the fit cannot tell an atom term from
 noise (on the HydraGNN example, R^2 0.13-0.36 and atom terms of 6-47 us/atom in 3 of 5 runs where a
-fit of edge-balanced steps finds none; with the levels, R^2 0.87-0.98).
+fit of edge-balanced steps finds none; with the levels, R^2 0.78-0.98 and 3.7-5.1 us/edge in
+every run).
 
 What is here (numpy only: the batch sampler gathers the records over the ranks and calls these,
 so everything can be tested without torch or MPI):
