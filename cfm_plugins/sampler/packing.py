@@ -548,13 +548,12 @@ def pack_levels(costs, capacity, world_size, seed=None, levels=CALIBRATION_LEVEL
     How. The samples are split at random (``seed``; index order without one) into one group per
     level, group ``k`` holding a share of the total cost proportional to ``levels[k]`` (so that
     every level gets about as many steps); a sample costlier than its level's capacity moves to the
-    lowest level it fits.
-    Each group is packed by :func:`pack` at its capacity; the steps of all levels are then shuffled
-    together (with a seed) or interleaved (without), so that a drift of the step time over the
-    epoch (warm-up, load) is not mistaken for the effect of a level. Every sample is in exactly one
-    bin, and every rank computes the same plan. A set too small for ``min_steps`` steps per level,
-    or one with samples costlier than ``capacity`` (``oversize``: ``error``, ``skip`` or ``solo`` as
-    in :func:`pack`), gets the plain plan of :func:`pack`.
+    lowest level it fits. Each group is packed by :func:`pack` at its capacity; the steps of all
+    levels are then shuffled together (with a seed) or interleaved (without), so that a drift of
+    the step time over the epoch (warm-up, load) is not mistaken for the effect of a level. Every
+    sample is in exactly one bin, and every rank computes the same plan. A set too small for
+    ``min_steps`` steps per level, or one with samples costlier than ``capacity`` (``oversize``:
+    ``error``, ``skip`` or ``solo`` as in :func:`pack`), gets the plain plan of :func:`pack`.
     """
     c = validate_costs(costs)
     cap = check_capacity(capacity)
