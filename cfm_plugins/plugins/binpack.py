@@ -9,10 +9,11 @@ range (800..4000 atoms in float32, 400..2000 in float64: enough to saturate an A
 memory ceiling). Each epoch is re-packed from ``seed + epoch``.
 
 ``cost=auto`` (:class:`~cfm_plugins.sampler.AutoCostBatchSampler`): the training plans of the first
-epoch (or ``calibrate_steps`` steps) use ``cost_a*atoms + cost_b*edges`` (atoms by default), the
-adapters hand every step's compute time to the sampler (:func:`cfm_needs_step_times` tells them
-to), and from the next epoch on the plans use a cost fitted on those times (see
-:mod:`cfm_plugins.sampler.autocost`). Evaluation loaders keep the initial cost (their steps run
+epoch (or ``calibrate_steps`` steps) use ``cost_a*atoms + cost_b*edges`` (atoms by default), their
+steps packed at 70, 85 and 100 % of the capacity so that the counts vary
+(:func:`~cfm_plugins.sampler.packing.pack_levels`), the adapters hand every step's compute time to
+the sampler (:func:`cfm_needs_step_times` tells them to), and from the next epoch on the plans use
+a cost fitted on those times (see :mod:`cfm_plugins.sampler.autocost`). Evaluation loaders keep the initial cost (their steps run
 forward only). The clock is the training thread's CPU time on CPU ranks with one intra-op
 thread (unaffected by other processes sharing the cores), wall-clock time otherwise.
 

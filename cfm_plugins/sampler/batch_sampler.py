@@ -20,7 +20,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .autocost import Calibration, align_records, data_digest, fit_step_times, fitted_costs, predicted_lif
-from .packing import Packing, check_capacity, check_world_size, pack, packing_from_bins, validate_costs
+from .packing import Packing, check_capacity, check_world_size, pack, pack_levels, packing_from_bins, validate_costs
 from .report import load_imbalance_factor
 from .weighting import LossScale, check_loss_weighting, check_reduction, per_sample_scales
 
@@ -355,10 +355,12 @@ class AutoCostBatchSampler(BinPackBatchSampler):
     """A :class:`BinPackBatchSampler` whose costs are fitted on the run's own step times (``cost=auto``).
 
     The first epoch (or the first ``calibration.calibrate_steps`` steps) is planned with
-    ``initial_costs``; the adapter hands every training step's compute time to
-    :meth:`record_step`; at the start of the next epoch the records of all ranks are gathered
-    once (``comm.allgather``), rank 0 fits them (:func:`~cfm_plugins.sampler.autocost.fit_step_times`)
-    and every rank takes rank 0's fit, so every rank computes the same costs and the same plan
+    ``initial_costs``, its steps packed at the calibration's capacity levels
+    (:func:`~cfm_plugins.sampler.packing.pack_levels`: 70, 85 and 100 % of ``capacity``, so that the
+    counts of the timed steps vary; one capacity where bins are padded, ``even``); the adapter
+    hands every training step's compute time to :meth:`record_step`; at the start of the next epoch
+    the records of all ranks are gathered once (``comm.allgather``), rank 0 fits them
+    (:func:`~cfm_plugins.sampler.autocost.fit_step_times`) and every rank takes rank 0's fit, so every rank computes the same costs and the same plan
     (the checksum still holds). The fits are the state a resume needs (:meth:`resume_state`,
     :meth:`load_resume_state`): step times cannot be measured again, so a resumed run must be
     given the fits of the interrupted one to plan the same batches.
@@ -385,6 +387,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         self._said_untimed = False
         self._waiting = None  # (epoch, passes over the loader) of the last "too few steps" verdict
         self._passes = 0  # iterations of this sampler (the same count on every rank)
+        self._levels_planned = None  # whether the cached plan is a calibration plan of several capacities
         super().__init__(initial, capacity, rank=rank, world_size=world_size, seed=seed, comm=comm, atoms=self.atoms,
                          **kwargs)
 
@@ -442,6 +445,30 @@ class AutoCostBatchSampler(BinPackBatchSampler):
             self._calibrate(epoch)
         self._use_costs_of(epoch)
 
+    def packing_of_epoch(self, epoch: int) -> Packing:
+        """As :meth:`BinPackBatchSampler.packing_of_epoch`; an epoch timed for the first fit is packed at
+        the calibration's capacity levels (:func:`~cfm_plugins.sampler.packing.pack_levels`), so that the
+        counts of its steps vary enough to be told apart from the constant step time."""
+        if not self._levels_for(epoch):
+            return super().packing_of_epoch(epoch)
+        return pack_levels(self.costs, self.capacity, self.world_size, seed=self._pack_seed(epoch),
+                           levels=self.calibration.levels, oversize=self.oversize, repeat=self.repeat)
+
+    def _levels_for(self, epoch: int) -> bool:
+        """Whether ``epoch`` gets the calibration plan of several capacities: before the first fit, while
+        step times are wanted, unless the bins are to be padded to one budget (``even``: a padded step
+        takes the same time whatever its counts) or under-filled steps are dropped (``drop_last``)."""
+        cal = self.calibration
+        return (len(cal.levels) > 1 and cal.fit_for(epoch) is None and cal.collecting and not self.even
+                and not self.drop_last)
+
+    def plan(self) -> Packing:
+        key = self._levels_for(self.epoch)
+        if key != self._levels_planned:  # the calibration ended (a fit, or given up): plan anew
+            self._levels_planned = key
+            self._cost_version += 1
+        return super().plan()
+
     def _use_costs_of(self, epoch: int) -> None:
         cal = self.calibration.fit_for(epoch)
         if cal is self._applied:
@@ -484,10 +511,11 @@ class AutoCostBatchSampler(BinPackBatchSampler):
             f = cal.fit
             cands = ", ".join(f"{'+'.join(t)} {e * 1e3:.3g} ms" for t, e in f.cv_table[:4])
             clock = "thread CPU time" if f.clock == "cpu" else "wall-clock time"
-            log.info("binpack cost=auto from epoch %d: step time = %s (%s of forward+backward, %d steps x %d ranks, "
+            log.info("binpack cost=auto from epoch %d: step time = %s (%s of forward+backward, %d steps x %d ranks%s, "
                      "R^2 %.3f; model %s chosen by cross-validated error of the per-step max over ranks: %s); "
                      "LIF measured in the calibration %.3f (the fit predicts %.3f there), predicted for the new plan "
-                     "%.3f; capacity %g", epoch, f.formula(), clock, f.steps, f.ranks, f.r2,
+                     "%.3f; capacity %g", epoch, f.formula(), clock, f.steps, f.ranks,
+                     f", {f.outliers} outlying step(s) left out" if f.outliers else "", f.r2,
                      "+".join(f.terms) or "(none)", cands, cal.lif_measured, cal.lif_predicted_before,
                      cal.lif_predicted, self.capacity)
 

@@ -514,6 +514,79 @@ def pack_even(costs, capacity, world_size, seed=None, **kwargs) -> Packing:
     return full
 
 
+#: the capacities of ``cost=auto``'s calibration plans, as fractions of the capacity (:func:`pack_levels`)
+CALIBRATION_LEVELS = (0.7, 0.85, 1.0)
+
+
+def check_levels(levels) -> tuple:
+    """``levels`` as a sorted tuple of distinct fractions of the capacity in (0, 1], the largest 1.0."""
+    try:
+        f = sorted(float(x) for x in levels)
+    except (TypeError, ValueError):
+        raise ValueError(f"levels={levels!r}: give a list of fractions of the capacity, e.g. (0.7, 0.85, 1.0)") \
+            from None
+    if not f or not all(math.isfinite(x) and 0 < x <= 1 for x in f) or f[-1] != 1.0 or len(set(f)) != len(f):
+        raise ValueError(f"levels={levels!r}: give distinct fractions of the capacity in (0, 1], the largest 1.0 "
+                         "(no bin may exceed the capacity), e.g. (0.7, 0.85, 1.0); (1.0,) for one capacity")
+    return tuple(f)
+
+
+def pack_levels(costs, capacity, world_size, seed=None, levels=CALIBRATION_LEVELS, *, min_steps: int = 2,
+                oversize: str = "error", repeat: bool = False) -> Packing:
+    """Steps packed at several capacities: all bins of a step to one capacity, the capacity varying between steps.
+
+    Why. ``cost=auto`` fits step times against the atoms, edges and graphs of the batches the run
+    trained on. Plans of one capacity give every bin about the capacity in their cost (atoms, say),
+    so that count hardly varies between steps and its coefficient cannot be told from the constant
+    per-step time: the fit may then give an atom term where there is none, or none where there is
+    one, and the plans made with it balance the wrong cost. Here the capacity varies between steps
+    (``levels`` x ``capacity``), so the totals of every count vary over the epoch and their terms
+    separate from the constant; every bin of a step is packed to the same capacity, so the ranks
+    stay as balanced under the cost of the plan as in :func:`pack`. No bin exceeds ``capacity`` (it
+    may be a memory bound); the epoch has about ``1 / mean(levels)`` times as many steps.
+
+    How. The samples are split at random (``seed``; index order without one) into one group per
+    level, group ``k`` holding a share of the total cost proportional to ``levels[k]`` (so that
+    every level gets about as many steps); a sample costlier than its level's capacity moves to the
+    lowest level it fits. Each group is packed by :func:`pack` at its capacity; the steps of all
+    levels are then shuffled together (with a seed) or interleaved (without), so that a drift of
+    the step time over the epoch (warm-up, load) is not mistaken for the effect of a level. Every
+    sample is in exactly one bin, and every rank computes the same plan. A set too small for
+    ``min_steps`` steps per level, or one with samples costlier than ``capacity`` (``oversize``:
+    ``error``, ``skip`` or ``solo`` as in :func:`pack`), gets the plain plan of :func:`pack`.
+    """
+    c = validate_costs(costs)
+    cap = check_capacity(capacity)
+    w = check_world_size(world_size)
+    f = np.asarray(check_levels(levels), dtype=np.float64)
+    if len(f) == 1 or float(c.sum()) / (cap * f.sum() * w) < min_steps or float(c.max()) > cap:
+        return pack(c, cap, w, seed, oversize=oversize, repeat=repeat)
+    rng = np.random.default_rng(seed) if seed is not None else None
+    order = rng.permutation(len(c)) if rng is not None else np.arange(len(c))
+    share = np.cumsum(f) / f.sum()  # cost share of the levels up to each
+    mid = (np.cumsum(c[order]) - 0.5 * c[order]) / float(c.sum())
+    level = np.empty(len(c), dtype=np.int64)
+    level[order] = np.minimum(np.searchsorted(share, mid, side="right"), len(f) - 1)
+    fits = np.minimum(np.searchsorted(f * cap, c, side="left"), len(f) - 1)  # lowest level each sample fits
+    level = np.maximum(level, fits)
+    steps, groups, repeated = [], [0], []
+    for k in range(len(f)):
+        members = np.flatnonzero(level == k)
+        if len(members) == 0:
+            continue
+        sub = pack(c[members], f[k] * cap, w, None if rng is None else int(rng.integers(1 << 31)), repeat=repeat)
+        steps += [[members[b] for b in sub.step(s, w)] for s in range(sub.num_steps(w))]
+        groups.append(len(steps))
+        repeated.append(members[sub.repeated])
+    if rng is not None:
+        ordered = [steps[i] for i in rng.permutation(len(steps))]
+    else:  # round robin over the levels
+        per_level = [steps[a:b] for a, b in zip(groups[:-1], groups[1:])]
+        ordered = [g[i] for i in range(max(len(g) for g in per_level)) for g in per_level if i < len(g)]
+    return packing_from_bins([b for step in ordered for b in step], w, repeated=np.concatenate(repeated),
+                             capacity=cap)
+
+
 def _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, bins_needed, total) -> Packing:
     """The plan for a set that cannot fill ``w`` non-empty bins per step, or the error saying what helps."""
     if evaluation:

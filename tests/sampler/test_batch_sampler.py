@@ -228,10 +228,13 @@ def time_epoch(sampler, atoms, edges, model=(2e-3, 1e-5, 2e-6)):
 def test_auto_cost_plans_the_first_epoch_with_the_initial_cost_then_with_the_fit(caplog):
     from cfm_plugins.sampler.autocost import fitted_costs
 
+    from cfm_plugins.sampler.packing import CALIBRATION_LEVELS, pack_levels
+
     s, atoms, edges = auto_sampler()
     assert s.needs_step_times and s.cost_label == "initial"
-    stock = BinPackBatchSampler(atoms.astype(float), 2000, rank=0, world_size=1, seed=5)
-    assert s.plan().checksum() == stock.plan().checksum()  # calibration epoch: the atoms plan
+    # calibration epoch: the atoms plan at several capacities
+    assert s.plan().checksum() == pack_levels(atoms.astype(float), 2000, 1, seed=5).checksum()
+    assert s.calibration.levels == CALIBRATION_LEVELS
     first = time_epoch(s, atoms, edges)
     with caplog.at_level("INFO", logger="cfm_plugins.sampler"):
         s.set_epoch(1)
@@ -246,6 +249,33 @@ def test_auto_cost_plans_the_first_epoch_with_the_initial_cost_then_with_the_fit
     assert s.plan().checksum() == refit.plan().checksum()
     second = time_epoch(s, atoms, edges)
     assert sorted(i for b in second for i in b) == list(range(600)) and second != first
+
+
+def test_auto_cost_calibrates_at_several_capacities_only_before_the_first_fit():
+    """The epochs timed for the first fit are packed at the calibration levels (their step totals
+    vary); the epochs after it, recalibration epochs included, plan with the fit at one capacity.
+    Padded bins (``even``: a padded step takes one time whatever its counts), ``levels=(1.0,)``
+    and a calibration given up keep the one-capacity plan of the initial cost."""
+    s, atoms, edges = auto_sampler(recalibrate_every=1)
+    plain = BinPackBatchSampler(atoms.astype(float), 2000, rank=0, world_size=1, seed=5)
+    totals = s.plan().bin_costs(atoms)
+    assert np.std(totals[totals > 1200]) / 2000 > 0.08 and len(s) > len(plain)
+    time_epoch(s, atoms, edges)
+    s.set_epoch(1)
+    fitted = BinPackBatchSampler(s.costs, s.capacity, rank=0, world_size=1, seed=5)
+    fitted.set_epoch(1)
+    assert s.needs_step_times and s.plan().checksum() == fitted.plan().checksum()
+
+    even, _, _ = auto_sampler()
+    even.even = True
+    assert even.plan().checksum() == BinPackBatchSampler(atoms.astype(float), 2000, rank=0, world_size=1, seed=5,
+                                                         even=True).plan().checksum()
+    one, _, _ = auto_sampler(levels=(1.0,))
+    assert one.plan().checksum() == plain.plan().checksum()
+    gave_up, _, _ = auto_sampler()
+    levels_plan = gave_up.plan().checksum()
+    gave_up.calibration.give_up()
+    assert gave_up.plan().checksum() == plain.plan().checksum() != levels_plan
 
 
 def test_auto_cost_resume_plans_the_same_batches(tmp_path):
@@ -276,6 +306,17 @@ def test_auto_cost_resume_plans_the_same_batches(tmp_path):
     other, _, _ = auto_sampler()
     other.load_state_dict(state)
     assert done + list(other) == plans[1]
+
+    # in the calibration epoch (no fit yet): the same plan of several capacities
+    first, _, _ = auto_sampler()
+    calibrating = list(first)
+    it = iter(first)
+    done = [next(it) for _ in range(5)]
+    state = first.state_dict()
+    assert state["cost_state"] is None
+    again, _, _ = auto_sampler()
+    again.load_state_dict(state)
+    assert done + list(again) == calibrating and again.needs_step_times
 
 
 def test_auto_cost_waits_for_timed_steps(caplog):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from benchmarks.workload import paper_mix
-from cfm_plugins.sampler import Packing, balance_report, lower_bound_bins, pack
-from cfm_plugins.sampler.packing import deal, round_up, sort_descending
+from cfm_plugins.sampler import Packing, balance_report, load_imbalance_factor, lower_bound_bins, pack
+from cfm_plugins.sampler.packing import deal, pack_levels, round_up, sort_descending
 from cfm_plugins.sampler.report import repeated_pairs
 
 
@@ -194,6 +194,71 @@ def test_even_bins_keep_the_plan_when_no_lower_capacity_fits():
     assert tiny.checksum() == pack([5.0, 6.0], 100, 4, repeat=True).checksum() and tiny.capacity is None
     solo = pack([5.0, 500.0, 7.0, 9.0, 30.0, 20.0], 100, 2, oversize="solo", even=True)
     assert sorted(solo.indices.tolist()) == list(range(6)) and len(solo.solo) == 1
+
+
+# -- calibration plans of several capacities (cost=auto) ------------------------------------------
+
+@pytest.mark.parametrize("w", [1, 2, 4])
+@pytest.mark.parametrize("seed", [None, 5])
+def test_levels_plan_varies_the_step_totals_and_keeps_each_step_balanced(w, seed):
+    """pack_levels: every sample exactly once, no bin over the capacity, the step totals spread
+    over the levels (70-100 % of the capacity, where pack() fills all but the leftover steps to
+    within a few percent), and the ranks of each step as balanced as in pack()."""
+    c = np.random.default_rng(3).integers(3, 300, 1500).astype(float)
+    cap = 8 * c.mean()
+    plain, levels = pack(c, cap, w, seed=seed), pack_levels(c, cap, w, seed=seed)
+    _check_valid(levels, c, cap, w)
+    assert levels.capacity == cap
+
+    def full_steps(p):  # the leftover steps of each packing are light in both plans
+        mean = p.step_costs(c, w).mean(axis=1)
+        return mean[mean >= 0.6 * cap] / cap
+
+    assert np.std(full_steps(plain)) < 0.02
+    spread = full_steps(levels)
+    assert np.std(spread) > 0.08 and spread.min() < 0.75 and spread.max() > 0.95
+    # each level gets about as many steps: the epoch has about 1/mean(levels) = 1.18x the steps
+    assert 1.1 < levels.num_steps(w) / plain.num_steps(w) < 1.35
+    if w > 1:
+        sc = levels.step_costs(c, w)
+        assert load_imbalance_factor(sc) < 1.02  # the bins of a step are packed to one capacity
+
+
+def test_levels_plan_is_deterministic_and_interleaves_the_levels_without_a_seed():
+    c = np.random.default_rng(4).integers(3, 300, 900).astype(float)
+    cap = 8 * c.mean()
+    assert pack_levels(c, cap, 2, seed=9).checksum() == pack_levels(c, cap, 2, seed=9).checksum()
+    assert pack_levels(c, cap, 2, seed=9).checksum() != pack_levels(c, cap, 2, seed=10).checksum()
+    fixed = pack_levels(c, cap, 2).step_costs(c, 2).mean(axis=1) / cap
+    # round robin over the levels: no stretch of the epoch holds one level only (a drift of the
+    # step time would look like the effect of a level)
+    thirds = np.array_split(fixed, 3)
+    assert all(part.max() - part.min() > 0.15 for part in thirds), fixed
+
+
+def test_levels_plan_falls_back_to_one_capacity_for_a_small_set_and_keeps_the_oversize_policy():
+    c = np.random.default_rng(5).integers(3, 300, 40).astype(float)
+    cap = 8 * c.mean()  # 5 bins: fewer than 2 steps per level on 2 ranks
+    assert pack_levels(c, cap, 2, seed=1).checksum() == pack(c, cap, 2, seed=1).checksum()
+    assert pack_levels(c, cap, 2, seed=1, levels=(1.0,)).checksum() == pack(c, cap, 2, seed=1).checksum()
+    big = np.concatenate([np.random.default_rng(6).integers(3, 300, 900), [5000]]).astype(float)
+    cap = 8 * big[:-1].mean()
+    with pytest.raises(ValueError, match="sample 900 has cost 5000"):
+        pack_levels(big, cap, 2, seed=1)
+    solo = pack_levels(big, cap, 2, seed=1, oversize="solo")  # as pack() places it: the plain plan
+    assert solo.checksum() == pack(big, cap, 2, seed=1, oversize="solo").checksum() and solo.solo.tolist() == [900]
+    # a sample costlier than a low level's capacity is packed in a level it fits
+    c = np.concatenate([np.random.default_rng(7).integers(3, 300, 900), [0.9 * cap] * 5])
+    p = pack_levels(c, cap, 2, seed=2)
+    _check_valid(p, c, cap, 2)
+
+
+@pytest.mark.parametrize("levels, msg", [((0.5, 0.8), "the largest 1.0"), ((0.0, 1.0), r"in \(0, 1\]"),
+                                         ((0.7, 0.7, 1.0), "distinct"), ((0.5, 1.2), "exceed the capacity"),
+                                         ("high", "fractions of the capacity"), ((), "the largest 1.0")])
+def test_levels_errors(levels, msg):
+    with pytest.raises(ValueError, match=msg):
+        pack_levels(np.ones(10), 4, 1, levels=levels)
 
 
 # -- errors ---------------------------------------------------------------------------------------
