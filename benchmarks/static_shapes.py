@@ -8,8 +8,9 @@ the edge figure is an estimate), the budget is made as the ``static`` plugin mak
 (:func:`cfm_plugins.static.budget.budget_from_plan` over the first ``--epochs`` epochs' plans,
 default headroom) at binpack's default capacity (``--batch-size`` x the mean atom count, at least the
 largest structure) or ``--capacity``, and the padding of every batch of those epochs is reported,
-for the even bins the plugin packs (``pack(..., even=True)``) by atoms (binpack's default cost) and
-by edges (``cost=edges``), and, for comparison, for Algorithm 1's full bins padded to the capacity.
+for the bins the plugin packs (even in atoms and edges together, ``pack(..., even=True, dims=...)``),
+for bins even in one size only (``pack(..., even=True)``) by atoms (binpack's default cost) and by
+edges (``cost=edges``), and, for comparison, for Algorithm 1's full bins padded to the capacity.
 
     python -m benchmarks.static_shapes [--batch-size 4] [--capacity C] [--world 2 8] [--epochs 3]
 
@@ -53,19 +54,27 @@ def table3_sizes(n: int, seed: int = 0):
     return atoms, atoms * nbrs
 
 
-def overhead_row(name, atoms, edges, cost, batch_size, capacity, world, epochs, even: bool):
+def overhead_row(name, atoms, edges, cost, batch_size, capacity, world, epochs, even):
     """One table row: the budget the ``static`` plugin makes for plans packed by ``cost`` (atoms or
-    edges) and the padding of every batch of the first ``epochs`` plans."""
+    edges; ``even``: ``"joint"`` in atoms and edges, ``True`` in the cost, ``False`` full bins) and
+    the padding of every batch of the first ``epochs`` plans."""
     from cfm_plugins.plugins.binpack import default_capacity
 
     costs = atoms if cost == "atoms" else edges
     capacity = capacity or default_capacity(costs.mean(), costs.max(), batch_size)
-    plans = [pack(costs, capacity, world, seed=e, even=even) for e in range(epochs)]
-    dealt = max(p.capacity for p in plans)
-    budget = budget_from_plan(plans, atoms, edges, dealt if cost == "atoms" else None, DEFAULT_HEADROOM,
-                              capacity_edges=dealt if cost == "edges" else None)
+    dims = np.column_stack([atoms, edges]) if even == "joint" else None
+    plans = [pack(costs, capacity, world, seed=e, even=bool(even), dims=dims) for e in range(epochs)]
+    if all(p.limits is not None for p in plans):  # as the static plugin: the limits are the budget
+        budget = budget_from_plan(plans, atoms, edges, max(p.limits[1] for p in plans), DEFAULT_HEADROOM,
+                                  capacity_edges=max(p.limits[2] for p in plans))
+        kind = "even in atoms and edges"
+    else:
+        dealt = max(p.capacity for p in plans)
+        budget = budget_from_plan(plans, atoms, edges, dealt if cost == "atoms" else None, DEFAULT_HEADROOM,
+                                  capacity_edges=dealt if cost == "edges" else None)
+        kind = {"joint": "even (joint fell back)", True: "even", False: "full (Algorithm 1)"}[even]
     o = padding_overhead(plans, atoms, edges, budget)
-    return (f"| {name} | {len(atoms)} | {world} | {cost} | {capacity:g} | {'even' if even else 'full (Algorithm 1)'} | "
+    return (f"| {name} | {len(atoms)} | {world} | {cost} | {capacity:g} | {kind} | "
             f"{budget} | {o.batches} | {100 * o.atoms:.2f}% | {100 * o.edges:.2f}% |")
 
 
@@ -92,7 +101,7 @@ def main(argv=None) -> int:
                         ("Table-3 mix (edges modelled)", lambda: table3_sizes(args.table3))):
         atoms, edges = sizes()
         for world in args.world:
-            for cost, even in (("atoms", True), ("atoms", False), ("edges", True)):
+            for cost, even in (("atoms", "joint"), ("atoms", True), ("atoms", False), ("edges", True)):
                 print(overhead_row(name, atoms, edges, cost, args.batch_size, args.capacity, world, args.epochs, even),
                       flush=True)
     print(f"({time.perf_counter() - t0:.0f} s)")

@@ -1,6 +1,6 @@
 """CPU training epoch: eager fused kernels vs compiled fused kernels on static shapes, 2 MPI ranks, one run.
 
-    python -m benchmarks.static_train [--n-train 40] [--epochs 3] [--cost atoms|edges] [--dtype float32]
+    python -m benchmarks.static_train [--n-train 40] [--epochs 3] [--batch-size 4] [--cost atoms|edges]
 
 Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters of up to
 --max-atoms atoms, EMT labels) and a MACE-MP-medium-like model (the one of benchmarks/gpu_mace.py
@@ -10,8 +10,8 @@ unmodified ``mace_run_train`` under ``mpirun -np 2 cfm-run``, 1 thread per rank.
 configurations, one after the other, the same data, seed, batch size and binpack capacity:
 
 - ``eager``: ``--enable mace,binpack,fused``;
-- ``static eager``: ``--enable mace,binpack,fused,static``: every batch padded to one budget (even
-  bins, one pad graph), not compiled: what the padding costs;
+- ``static eager``: ``--enable mace,binpack,fused,static``: every batch padded to one budget (bins
+  even in atoms and edges, one pad graph), not compiled: what the padding costs;
 - ``compiled``: the same with ``-o compile=default``: the forward with forces compiled by inductor
   once per shape (training, validation and mace's final evaluation are separate graphs).
 

@@ -11,7 +11,9 @@
 4. print a summary: time per epoch, steps, load imbalance (LIF) of the batches of each run (of
    the last epoch, and of the epochs after the first: those ``cost=auto`` plans with its fit), MD times.
 
-Everything goes to examples/out/nequip/. Options: --epochs, --n-train, --np, --md-steps, --cost.
+Everything goes to examples/out/nequip/. Options: --epochs, --n-train, --np, --md-steps, --cost,
+--seeds (repeat every run with this many binpack packing seeds: the trainer's, then 101, 102, ...:
+other bin orders and rank deals; the summary gives each cost's median LIF over them).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from cfm_plugins.testing import demo_costs, mpirun_command
 
@@ -55,7 +59,12 @@ def main(argv=None) -> int:
     p.add_argument("--md-steps", type=int, default=5)
     p.add_argument("--cost", default="atoms",
                    help="binpack costs to train with, comma-separated, one run each (atoms, edges, auto)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="repeat every run with this many binpack packing seeds (the trainer's, 101, 102, ...); "
+                        "median LIF per cost")
     args = p.parse_args(argv)
+    if args.seeds < 1:
+        p.error(f"--seeds {args.seeds}: expected 1 or more")
     costs = demo_costs(p, args.cost)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -72,12 +81,14 @@ def main(argv=None) -> int:
     from cfm_plugins.steplog import load_imbalance, read_step_events, read_step_logs, records_from_epoch
 
     results = {}
-    for cost in costs:
-        tag = "" if cost == costs[0] else f"_{cost}"
+    for seed, cost in [(seed, cost) for seed in range(args.seeds) for cost in costs]:
+        key = cost if seed == 0 else f"{cost}_seed{seed}"
+        tag = ("" if cost == costs[0] else f"_{cost}") + ("" if seed == 0 else f"_seed{seed}")
         run, steps = out / f"run{tag}", out / f"steps{tag}"
         cmd = mpirun_command(args.np) + [str(BIN / "cfm-run"), "--enable", "nequip,binpack,fused", "-o",
-                                         f"step_log={steps}", "-o", f"cost={cost}", "--", "nequip-train", "-cp",
-                                         str(out / "cfg"), "-cn", "cuni", f"hydra.run.dir={run}"]
+                                         f"step_log={steps}", "-o", f"cost={cost}",
+                                         *([] if seed == 0 else ["-o", f"seed={100 + seed}"]), "--", "nequip-train",
+                                         "-cp", str(out / "cfg"), "-cn", "cuni", f"hydra.run.dir={run}"]
         print("$", " ".join(cmd), flush=True)
         for f in out.glob(f"{steps.name}.rank*.jsonl"):
             f.unlink()
@@ -92,7 +103,7 @@ def main(argv=None) -> int:
         print("\n".join(line for line in res.stdout.splitlines() if "[cfm rank 0]" in line))
         ranks = [[r for r in rank if r["stage"] == "train"] for rank in read_step_logs(str(steps))]
         last = [[r for r in rank if r["epoch"] == args.epochs - 1] for rank in ranks]
-        results[cost] = {
+        results[key] = {
             "train_wall_s": round(train_s, 1),
             "last_epoch_s": round(max(sum(r["wall_s"] for r in rank) for rank in last), 3),
             "steps_per_epoch": len(last[0]), "lif_forward_time": round(load_imbalance(last), 3),
@@ -105,6 +116,11 @@ def main(argv=None) -> int:
         later = records_from_epoch(r.pop("ranks"), fitted)
         r["lif_cpu_fitted_epochs"] = round(load_imbalance(later, "compute_cpu_s"), 3) if fitted < args.epochs else None
         r["fitted_from_epoch"] = fitted
+    medians = {}
+    if args.seeds > 1 and fitted < args.epochs:
+        for cost in costs:
+            lif = [results[cost if s == 0 else f"{cost}_seed{s}"]["lif_cpu_fitted_epochs"] for s in range(args.seeds)]
+            medians[cost] = {"median": round(float(np.median(lif)), 3), "min": min(lif), "max": max(lif)}
     run = out / "run"
 
     stage(3, f"MD ({args.md_steps} steps, 512 atoms) through NequIPCalculator with the trained model")
@@ -119,7 +135,8 @@ def main(argv=None) -> int:
 
     stage(4, "summary")
     summary = {
-        **(results[costs[0]] if len(costs) == 1 else {f"cost={c}": r for c, r in results.items()}),
+        **(results[costs[0]] if len(results) == 1 else {f"cost={c}": r for c, r in results.items()}),
+        **({f"lif_cpu_fitted_epochs over {args.seeds} seeds": medians} if medians else {}),
         "md_ms_per_step_stock": round(md_stock * 1e3, 1), "md_ms_per_step_fused": round(md_fused * 1e3, 1),
         "checkpoint": ckpt,
     }

@@ -107,15 +107,21 @@ def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
                          "plan to take a budget from: enable binpack")
     atoms, edges = global_sizes(sizes, dist)
     epochs = config.get("budget_epochs") if sampler.shuffle else 1
-    # bins as full as their mean rather than full and light ones, as many: padding to the fullest costs
-    # the gap (every plan of every epoch alike, so the step count does not change)
+    # bins as full as their mean rather than full and light ones, as many, and even in atoms and edges
+    # together: padding to the fullest costs the gap in each (every plan of every epoch alike, so the
+    # step count does not change)
     sampler.even = True
+    sampler.even_dims = np.column_stack([atoms, edges])
     plans = [sampler.packing_of_epoch(e) for e in range(epochs)]
     headroom = config.get("budget_headroom")
-    dealt = max(p.capacity or sampler.capacity for p in plans)  # no bin exceeds it, in the packing's cost
-    by_atoms, by_edges = np.array_equal(sampler.costs, atoms), np.array_equal(sampler.costs, edges)
-    budget = budget_from_plan(plans, atoms, edges, dealt if by_atoms else None, headroom,
-                              capacity_edges=dealt if by_edges and not by_atoms else None)
+    if all(p.limits is not None for p in plans):  # no bin exceeds the limits: they are the budget
+        limit_a, limit_e = (max(p.limits[k] for p in plans) for k in (1, 2))
+        budget = budget_from_plan(plans, atoms, edges, limit_a, headroom, capacity_edges=limit_e)
+    else:
+        dealt = max(p.capacity or sampler.capacity for p in plans)  # no bin exceeds it, in the packing's cost
+        by_atoms, by_edges = np.array_equal(sampler.costs, atoms), np.array_equal(sampler.costs, edges)
+        budget = budget_from_plan(plans, atoms, edges, dealt if by_atoms else None, headroom,
+                                  capacity_edges=dealt if by_edges and not by_atoms else None)
     log.info("static shapes (%s): every batch padded to %s (pad over the first %d epoch plan(s): %s)",
              role, budget, epochs, padding_overhead(plans, atoms, edges, budget))
     return BudgetTracker(budget, headroom, role)

@@ -116,6 +116,9 @@ class BinPackBatchSampler(Sampler):
         self.capacity = check_capacity(capacity)
         self.comm, self.drop_last, self.oversize, self.shuffle = comm, bool(drop_last), oversize, bool(shuffle)
         self.evaluation, self.repeat, self.even = bool(evaluation), bool(repeat), bool(even)
+        #: with ``even``, per-sample sizes (``(n, k)``: atoms, edges) the bins are to be even in too
+        #: (:func:`~cfm_plugins.sampler.even_dims.pack_even_dims`); set by the ``static`` plugin
+        self.even_dims = None
         self.loss_weighting = check_loss_weighting(loss_weighting)
         if self.loss_weighting != "stock" and atoms is None:
             raise ValueError(f"loss_weighting={loss_weighting!r} needs the atom count of every sample (atoms=...)")
@@ -196,11 +199,13 @@ class BinPackBatchSampler(Sampler):
         """The (global) packing of epoch ``epoch``, before ``drop_last``, without changing the sampler's
         epoch: what the epochs ahead will hold (padded batches size their budget from it)."""
         return pack(self.costs, self.capacity, self.world_size, seed=self._pack_seed(epoch), oversize=self.oversize,
-                    evaluation=self.evaluation, repeat=self.repeat, even=self.even)
+                    evaluation=self.evaluation, repeat=self.repeat, even=self.even,
+                    dims=self.even_dims if self.even else None)
 
     def plan(self) -> Packing:
         """The (global) packing of the current epoch, after ``drop_last``."""
-        key = (self._pack_seed(), self.epoch if self.shuffle else None, self._cost_version, self.even)
+        key = (self._pack_seed(), self.epoch if self.shuffle else None, self._cost_version, self.even,
+               None if self.even_dims is None else id(self.even_dims))
         if self._plan is None or self._plan_key != key:
             p = self.packing_of_epoch(self.epoch)
             if self.drop_last:

@@ -71,6 +71,9 @@ class Packing:
     repeated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: the capacity the bins were dealt to (``pack(..., even=True)`` lowers it); ``None``: not known
     capacity: float | None = None
+    #: bins even in several sizes (``pack(..., even=True, dims=...)``): the limit of each, the cost's
+    #: first, then the columns of ``dims``; no bin exceeds them but ``solo`` ones. ``None``: one cost
+    limits: tuple | None = None
 
     def __post_init__(self):
         self.indices = np.ascontiguousarray(self.indices, dtype=np.int64)
@@ -385,7 +388,7 @@ EVEN_SLACKS = (0.01, 0.02, 0.04)
 
 
 def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", evaluation: bool = False,
-         repeat: bool = False, even: bool = False) -> Packing:
+         repeat: bool = False, even: bool = False, dims=None) -> Packing:
     """Pack samples into bins of at most ``capacity`` total cost, ``world_size`` bins per step.
 
     Args:
@@ -416,8 +419,15 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", eva
             repeated samples are listed in ``Packing.repeated`` (see :func:`fill_with_repeats`).
         even: bins of nearly equal cost rather than full ones (for padded batches: see
             :func:`pack_even`); the same number of bins as without it.
+        dims: with ``even``, per-sample sizes (``(n, k)``, e.g. atoms and edges) in which the bins
+            are to be even too (:func:`~cfm_plugins.sampler.even_dims.pack_even_dims`).
         Without ``evaluation`` or ``repeat`` such a set is a ``ValueError`` saying what helps.
     """
+    if even and dims is not None:
+        from .even_dims import pack_even_dims
+
+        return pack_even_dims(costs, dims, capacity, world_size, seed, oversize=oversize, evaluation=evaluation,
+                              repeat=repeat)
     if even:
         return pack_even(costs, capacity, world_size, seed, oversize=oversize, evaluation=evaluation, repeat=repeat)
     c = validate_costs(costs)
