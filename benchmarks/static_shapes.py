@@ -5,7 +5,7 @@ r_max 5 A; the molecular clusters of ``cfm_plugins.datasets.clusters``) and for 
 Table-3 mix (``benchmarks.workload.paper_mix``; it has atom counts only, so edges are modelled as
 atoms x a per-graph neighbour count drawn uniformly from 10-60, seeded: the atom figure is exact,
 the edge figure is an estimate), the budget is made as the ``static`` plugin makes it
-(:func:`cfm_plugins.static.budget.budget_from_plan` over the first ``--epochs`` epochs' plans,
+(:func:`cfm_plugins.static.budget.budget_of_plans` over the first ``--epochs`` epochs' plans,
 default headroom) at binpack's default capacity (``--batch-size`` x the mean atom count, at least the
 largest structure) or ``--capacity``, and the padding of every batch of those epochs is reported,
 for the bins the plugin packs (even in atoms and edges together, ``pack(..., even=True, dims=...)``),
@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from cfm_plugins.sampler.packing import pack
-from cfm_plugins.static.budget import DEFAULT_HEADROOM, budget_from_plan, padding_overhead
+from cfm_plugins.static.budget import DEFAULT_HEADROOM, budget_of_plans, padding_overhead
 
 
 def cuni_sizes(n: int, seed: int = 0, r_max: float = 5.0):
@@ -64,15 +64,10 @@ def overhead_row(name, atoms, edges, cost, batch_size, capacity, world, epochs, 
     capacity = capacity or default_capacity(costs.mean(), costs.max(), batch_size)
     dims = np.column_stack([atoms, edges]) if even == "joint" else None
     plans = [pack(costs, capacity, world, seed=e, even=bool(even), dims=dims) for e in range(epochs)]
-    if all(p.limits is not None for p in plans):  # as the static plugin: the limits are the budget
-        budget = budget_from_plan(plans, atoms, edges, max(p.limits[1] for p in plans), DEFAULT_HEADROOM,
-                                  capacity_edges=max(p.limits[2] for p in plans))
-        kind = "even in atoms and edges"
-    else:
-        dealt = max(p.capacity for p in plans)
-        budget = budget_from_plan(plans, atoms, edges, dealt if cost == "atoms" else None, DEFAULT_HEADROOM,
-                                  capacity_edges=dealt if cost == "edges" else None)
-        kind = {"joint": "even (joint fell back)", True: "even", False: "full (Algorithm 1)"}[even]
+    budget = budget_of_plans(plans, costs, atoms, edges, capacity, DEFAULT_HEADROOM)  # as the static plugin
+    joint = all(p.limits is not None for p in plans)
+    kind = "even in atoms and edges" if joint else \
+        {"joint": "even (joint fell back)", True: "even", False: "full (Algorithm 1)"}[even]
     o = padding_overhead(plans, atoms, edges, budget)
     return (f"| {name} | {len(atoms)} | {world} | {cost} | {capacity:g} | {kind} | "
             f"{budget} | {o.batches} | {100 * o.atoms:.2f}% | {100 * o.edges:.2f}% |")

@@ -49,6 +49,11 @@ def nequip_calculator(ckpt: str, fused: bool, device: str = "cpu"):
     return calc
 
 
+def run_key(cost: str, seed: int) -> str:
+    """The name of the run of ``cost`` with the ``seed``-th packing seed in the summary."""
+    return cost if seed == 0 else f"{cost}_seed{seed}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(HERE / "out" / "nequip"))
@@ -82,7 +87,6 @@ def main(argv=None) -> int:
 
     results = {}
     for seed, cost in [(seed, cost) for seed in range(args.seeds) for cost in costs]:
-        key = cost if seed == 0 else f"{cost}_seed{seed}"
         tag = ("" if cost == costs[0] else f"_{cost}") + ("" if seed == 0 else f"_seed{seed}")
         run, steps = out / f"run{tag}", out / f"steps{tag}"
         cmd = mpirun_command(args.np) + [str(BIN / "cfm-run"), "--enable", "nequip,binpack,fused", "-o",
@@ -103,7 +107,7 @@ def main(argv=None) -> int:
         print("\n".join(line for line in res.stdout.splitlines() if "[cfm rank 0]" in line))
         ranks = [[r for r in rank if r["stage"] == "train"] for rank in read_step_logs(str(steps))]
         last = [[r for r in rank if r["epoch"] == args.epochs - 1] for rank in ranks]
-        results[key] = {
+        results[run_key(cost, seed)] = {
             "train_wall_s": round(train_s, 1),
             "last_epoch_s": round(max(sum(r["wall_s"] for r in rank) for rank in last), 3),
             "steps_per_epoch": len(last[0]), "lif_forward_time": round(load_imbalance(last), 3),
@@ -119,7 +123,7 @@ def main(argv=None) -> int:
     medians = {}
     if args.seeds > 1 and fitted < args.epochs:
         for cost in costs:
-            lif = [results[cost if s == 0 else f"{cost}_seed{s}"]["lif_cpu_fitted_epochs"] for s in range(args.seeds)]
+            lif = [results[run_key(cost, s)]["lif_cpu_fitted_epochs"] for s in range(args.seeds)]
             medians[cost] = {"median": round(float(np.median(lif)), 3), "min": min(lif), "max": max(lif)}
     run = out / "run"
 

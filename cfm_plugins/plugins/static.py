@@ -95,7 +95,7 @@ def global_sizes(sizes, dist) -> tuple[np.ndarray, np.ndarray]:
 
 @hookimpl
 def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
-    from cfm_plugins.static.budget import BudgetTracker, budget_from_plan, padding_overhead
+    from cfm_plugins.static.budget import BudgetTracker, budget_of_plans, padding_overhead
 
     if not config.get("static_shapes"):
         return None
@@ -114,14 +114,7 @@ def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
     sampler.even_dims = np.column_stack([atoms, edges])
     plans = [sampler.packing_of_epoch(e) for e in range(epochs)]
     headroom = config.get("budget_headroom")
-    if all(p.limits is not None for p in plans):  # no bin exceeds the limits: they are the budget
-        limit_a, limit_e = (max(p.limits[k] for p in plans) for k in (1, 2))
-        budget = budget_from_plan(plans, atoms, edges, limit_a, headroom, capacity_edges=limit_e)
-    else:
-        dealt = max(p.capacity or sampler.capacity for p in plans)  # no bin exceeds it, in the packing's cost
-        by_atoms, by_edges = np.array_equal(sampler.costs, atoms), np.array_equal(sampler.costs, edges)
-        budget = budget_from_plan(plans, atoms, edges, dealt if by_atoms else None, headroom,
-                                  capacity_edges=dealt if by_edges and not by_atoms else None)
+    budget = budget_of_plans(plans, sampler.costs, atoms, edges, sampler.capacity, headroom)
     log.info("static shapes (%s): every batch padded to %s (pad over the first %d epoch plan(s): %s)",
              role, budget, epochs, padding_overhead(plans, atoms, edges, budget))
     return BudgetTracker(budget, headroom, role)

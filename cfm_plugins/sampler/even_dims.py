@@ -11,8 +11,9 @@ How. ``B`` is the bin count of :func:`~cfm_plugins.sampler.packing.pack` at ``ca
 steps as without it). For each slack of the cost (:data:`COST_SLACKS`, as ``pack_even``'s) and then
 of the other sizes (:data:`DIMS_SLACKS`) in turn, every dimension ``d`` gets the limit
 ``max(total_d / B * (1 + slack_d), largest sample's d)`` (the cost never above ``capacity``): the
-cost pads no more than bins even in it alone, the other sizes as little as the greedy deal allows. The samples, largest first (by the sum of their sizes over the limits; ties in a
-random order from ``seed``), each go to the bin whose fullest dimension, relative to its limit, is
+cost pads no more than bins even in it alone, the other sizes as little as the greedy deal allows.
+The samples, largest first (by the sum of their sizes over the limits; ties in a random order from
+``seed``), each go to the bin whose fullest dimension, relative to its limit, is
 lowest after taking it, among the bins where it fits every limit. The first slack at which every
 sample fits gives the plan; its ``limits`` say the limit of every dimension (no bin exceeds them).
 If none does, or Algorithm 1's bins are already full to ``capacity`` (no room to move a sample:
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .packing import Packing, _arrange_steps, check_capacity, pack, pack_even, validate_costs
+from .packing import Packing, _arrange_steps, check_capacity, even_out, pack, validate_costs
 
 #: slacks over the mean fill of the cost tried in turn (as :func:`~cfm_plugins.sampler.packing.pack_even`'s),
 #: and for each, those of the other sizes (a bin may exceed the mean of a dimension by this much)
@@ -54,29 +55,33 @@ def check_dims(dims, n: int) -> np.ndarray:
     return d
 
 
+def _best_bin(load, size, limits, inv, bins) -> int:
+    """Of ``bins`` (indices into ``load``), the one whose fullest dimension relative to ``limits`` is
+    lowest after taking ``size``, among those it fits; -1 if it fits none."""
+    after = load[bins] + size
+    fits = (after <= limits * (1 + 1e-12)).all(axis=1)
+    if not fits.any():
+        return -1
+    return int(bins[np.argmin(np.where(fits, (after * inv).max(axis=1), np.inf))])
+
+
 def _assign(sizes: np.ndarray, limits: np.ndarray, n_bins: int, order: np.ndarray):
-    """Bin of every sample of ``order`` (greedy: the bin whose fullest dimension is lowest after it,
-    among those it fits), and each sample's slot in its bin; ``None`` when a sample fits no bin."""
+    """Bin of every sample of ``order`` (greedy: :func:`_best_bin` among the candidates, else among all
+    bins), and each sample's slot in its bin; ``None`` when a sample fits no bin."""
     load = np.zeros((n_bins, sizes.shape[1]))
     count = np.zeros(n_bins, np.int64)
     item_bin = np.empty(len(order), np.int64)
     slot = np.empty(len(order), np.int64)
     inv = 1.0 / limits
-    cand = np.arange(n_bins)
+    every = cand = np.arange(n_bins)
     for j, i in enumerate(order):
         if n_bins > CANDIDATES and j % REFRESH == 0:
-            fullest = (load * inv).max(axis=1)
-            cand = np.argpartition(fullest, CANDIDATES)[:CANDIDATES]
-        for bins in (cand, None):  # the candidates, then (none fits) every bin
-            after = load[bins] + sizes[i] if bins is not None else load + sizes[i]
-            fits = (after <= limits * (1 + 1e-12)).all(axis=1)
-            if fits.any():
-                score = np.where(fits, (after * inv).max(axis=1), np.inf)
-                k = int(np.argmin(score))
-                b = int(bins[k]) if bins is not None else k
-                break
-            if bins is None or n_bins <= CANDIDATES:
-                return None
+            cand = np.argpartition((load * inv).max(axis=1), CANDIDATES)[:CANDIDATES]
+        b = _best_bin(load, sizes[i], limits, inv, cand)
+        if b < 0 and cand is not every:
+            b = _best_bin(load, sizes[i], limits, inv, every)
+        if b < 0:
+            return None
         load[b] += sizes[i]
         item_bin[j], slot[j] = b, count[b]
         count[b] += 1
@@ -125,9 +130,8 @@ def pack_even_dims(costs, dims, capacity, world_size, seed=None, **kwargs) -> Pa
         return full  # a set too small for the ranks (repeated or merged samples): nothing to even out
     keep = np.setdiff1d(np.flatnonzero(c <= cap), full.skipped)
     n_bins = full.num_bins - len(full.solo)
-    if c[keep].sum() / n_bins * (1.0 + COST_SLACKS[0]) > cap:
-        # Algorithm 1's bins are full to the capacity: no room to move a sample for the other sizes
-        return pack_even(costs, capacity, world_size, seed, **kwargs)
-    sizes = np.column_stack([c[keep], d[keep]])
-    p = _joint(c, sizes, keep, full, n_bins, cap, np.random.default_rng(seed) if seed is not None else None)
-    return p if p is not None else pack_even(costs, capacity, world_size, seed, **kwargs)
+    p = None
+    if c[keep].sum() / n_bins * (1.0 + COST_SLACKS[0]) <= cap:  # else Algorithm 1's bins are full: no room
+        p = _joint(c, np.column_stack([c[keep], d[keep]]), keep, full, n_bins, cap,
+                   np.random.default_rng(seed) if seed is not None else None)
+    return p if p is not None else even_out(full, c, cap, world_size, seed, **kwargs)

@@ -506,7 +506,11 @@ def pack_even(costs, capacity, world_size, seed=None, **kwargs) -> Packing:
     plan with no more than ``B`` bins is returned (its ``capacity`` records the lowered value),
     else the plan at ``capacity``. Deterministic: every rank computes the same plan.
     """
-    full = pack(costs, capacity, world_size, seed, **kwargs)
+    return even_out(pack(costs, capacity, world_size, seed, **kwargs), costs, capacity, world_size, seed, **kwargs)
+
+
+def even_out(full: Packing, costs, capacity, world_size, seed=None, **kwargs) -> Packing:
+    """:func:`pack_even` of ``full``, the plan ``pack(costs, capacity, world_size, seed, **kwargs)``."""
     c = validate_costs(costs)
     cap = check_capacity(capacity)
     fits = c[c <= cap]

@@ -111,6 +111,21 @@ def budget_from_plan(plans, atoms, edges, capacity_atoms: float | None = None,
                       atoms_exact=capacity_atoms is not None, edges_exact=capacity_edges is not None)
 
 
+def budget_of_plans(plans, costs, atoms, edges, capacity: float, headroom: float = DEFAULT_HEADROOM) -> Budget:
+    """The budget of ``plans`` packed from ``costs`` at ``capacity`` as binpack packs them for padded
+    batches: the limits of bins even in atoms and edges (``Packing.limits``: cost, atoms, edges),
+    else the capacity the bins were dealt to, in atoms or edges where the cost is one of them, and
+    the fullest bin + ``headroom`` for the rest."""
+    plans = [plans] if hasattr(plans, "bin_ids") else list(plans)
+    if all(p.limits is not None for p in plans):  # no bin exceeds the limits: they are the budget
+        limit_a, limit_e = np.max([p.limits[1:3] for p in plans], axis=0)
+        return budget_from_plan(plans, atoms, edges, limit_a, headroom, capacity_edges=limit_e)
+    dealt = max(p.capacity or capacity for p in plans)  # no bin exceeds it, in the packing's cost
+    by_atoms, by_edges = np.array_equal(costs, atoms), np.array_equal(costs, edges)
+    return budget_from_plan(plans, atoms, edges, dealt if by_atoms else None, headroom,
+                            capacity_edges=dealt if by_edges and not by_atoms else None)
+
+
 @dataclass(frozen=True)
 class PaddingOverhead:
     """Pad atoms and pad edges of a plan padded to one budget, as fractions of the real ones."""
