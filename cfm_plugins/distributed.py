@@ -336,10 +336,26 @@ def stalled_ranks(dist: DistInfo, grace_s: float | None = None) -> list[int] | N
 
 
 def shutdown(dist: DistInfo | None) -> None:
+    """Destroy the process group while the interpreter is whole.
+
+    The trainer's DistributedDataParallel model (often in reference cycles) holds the group; left to
+    interpreter finalization, gloo's worker threads are joined there, and one that still has to release
+    a Python-owned tensor of the last collective needs the GIL, which Python refuses during
+    finalization: the process aborts (SIGABRT) after a complete run. So: collect the cycles, wait for
+    every rank's last collective (barrier), then destroy the group (its destructor joins the workers
+    with the GIL released)."""
+    import gc
+
     import torch.distributed as tdist
 
     if dist is not None and dist.backend and tdist.is_initialized():
+        gc.collect()
+        try:
+            tdist.barrier()
+        except Exception:  # noqa: BLE001 - a peer already gone: still destroy ours
+            pass
         tdist.destroy_process_group()
+        gc.collect()
 
 
 def abort_all(dist: DistInfo | None, code: int = 1) -> None:

@@ -28,6 +28,7 @@ from mace.tools import AtomicNumberTable
 from mace.tools.torch_geometric.dataloader import DataLoader
 
 from cfm_plugins.datasets.cuni import make_structures
+from cfm_plugins.distributed import DistInfo, shutdown
 from cfm_plugins.sampler import BinPackBatchSampler
 from cfm_plugins_adapters.mace.loader import loss_scaled_loader_class
 
@@ -100,4 +101,7 @@ for weighting in ("stock", "per_sample"):
             "forces": (grads.u.grad.sum(dim=1) / 2).tolist(), "steps": steps, "graphs": n, "atoms": n_atoms,
             "atoms_per_graph": atoms.tolist(), "has_stress": [float(d.stress_weight) for d in dataset],
             "weighting": weighting}), flush=True)
-dist.destroy_process_group()
+# end with no collective in flight and no object holding the process group, so its worker threads are
+# joined here and not during interpreter finalization (where a thread that needs the GIL aborts)
+del probe, loader, sampler
+shutdown(DistInfo(rank=rank, world_size=world, backend="gloo"))
