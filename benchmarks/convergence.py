@@ -367,14 +367,14 @@ def epoch_table(curves: dict, names: list[str], digits: list[int]) -> list[str]:
     return lines
 
 
+def seeds_of(res: dict, sep: str = ", ") -> str:
+    """The seeds of every run of ``res``, sorted, joined by ``sep``."""
+    return sep.join(map(str, sorted({r["seed"] for rs in res.values() for r in rs})))
+
+
 def command_args(info: dict, part: str, res: dict) -> str:
     """The arguments of the command that makes every run of the report (with all its seeds)."""
-    seeds = " ".join(str(s) for s in sorted({r["seed"] for rs in res.values() for r in rs}))
-    return " ".join(x for x in (info.get(f"{part}_cmdline", ""), f"--seeds {seeds}") if x)
-
-
-def seeds_of(res: dict) -> str:
-    return ", ".join(map(str, sorted({r["seed"] for rs in res.values() for r in rs})))
+    return " ".join(x for x in (info.get(f"{part}_cmdline", ""), f"--seeds {seeds_of(res, ' ')}") if x)
 
 
 def mace_report(res: dict, info: dict) -> list[str]:

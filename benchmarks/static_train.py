@@ -87,13 +87,12 @@ def main(argv=None) -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     rows = {}
     for label in only:
-        enable = CONFIGS[label]
-        run = out / label.replace(" ", "_")
+        name = label.replace(" ", "_")
+        run = out / name
         run.mkdir(exist_ok=True)
         for old in run.glob("steps.rank*.jsonl"):
             old.unlink()
-        name = label.replace(" ", "_")
-        cmd = mpirun_command(2) + [str(BIN / "cfm-run"), *enable, "-o", f"cost={args.cost}", "--",
+        cmd = mpirun_command(2) + [str(BIN / "cfm-run"), *CONFIGS[label], "-o", f"cost={args.cost}", "--",
                                    *mace_args(args, files, run, name)]
         print("$", " ".join(cmd), flush=True)
         t0 = time.perf_counter()

@@ -355,7 +355,6 @@ def shutdown(dist: DistInfo | None) -> None:
         except Exception:  # noqa: BLE001 - a peer already gone: still destroy ours
             pass
         tdist.destroy_process_group()
-        gc.collect()
 
 
 def abort_all(dist: DistInfo | None, code: int = 1) -> None:
