@@ -365,8 +365,8 @@ class AutoCostBatchSampler(BinPackBatchSampler):
     counts of the timed steps vary; one capacity where bins are padded, ``even``); the adapter
     hands every training step's compute time to :meth:`record_step`; at the start of the next epoch
     the records of all ranks are gathered once (``comm.allgather``), rank 0 fits them
-    (:func:`~cfm_plugins.sampler.autocost.fit_step_times`) and every rank takes rank 0's fit, so every rank computes the same costs and the same plan
-    (the checksum still holds). The fits are the state a resume needs (:meth:`resume_state`,
+    (:func:`~cfm_plugins.sampler.autocost.fit_step_times`) and every rank takes rank 0's fit, so
+    every rank computes the same costs and the same plan (the checksum still holds). The fits are the state a resume needs (:meth:`resume_state`,
     :meth:`load_resume_state`): step times cannot be measured again, so a resumed run must be
     given the fits of the interrupted one to plan the same batches.
 

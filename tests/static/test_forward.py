@@ -126,10 +126,10 @@ def test_compiled_forces_under_ddp_with_several_buckets_match_eager():
         ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=1)
         pos = torch.randn(7, 3)
         results = []
-        for module in (ddp, eager):
+        for module, owner in ((ddp, compiled), (eager, eager)):  # owner: the module holding the parameters
             energy, forces = module(pos.clone().requires_grad_(True))
             (energy + forces.square().sum()).backward()
-            results.append((energy, forces, [p.grad for p in (module.module if module is ddp else module).parameters()]))
+            results.append((energy, forces, [p.grad for p in owner.parameters()]))
         (e1, f1, g1), (e2, f2, g2) = results
         torch.testing.assert_close(e1, e2)
         torch.testing.assert_close(f1, f2)
