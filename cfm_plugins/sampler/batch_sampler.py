@@ -366,9 +366,10 @@ class AutoCostBatchSampler(BinPackBatchSampler):
     hands every training step's compute time to :meth:`record_step`; at the start of the next epoch
     the records of all ranks are gathered once (``comm.allgather``), rank 0 fits them
     (:func:`~cfm_plugins.sampler.autocost.fit_step_times`) and every rank takes rank 0's fit, so
-    every rank computes the same costs and the same plan (the checksum still holds). The fits are the state a resume needs (:meth:`resume_state`,
-    :meth:`load_resume_state`): step times cannot be measured again, so a resumed run must be
-    given the fits of the interrupted one to plan the same batches.
+    every rank computes the same costs and the same plan (the checksum still holds). The fits are
+    the state a resume needs (:meth:`resume_state`, :meth:`load_resume_state`): step times cannot
+    be measured again, so a resumed run must be given the fits of the interrupted one to plan the
+    same batches.
 
     Args (beyond :class:`BinPackBatchSampler`'s): ``atoms``, ``edges``: per-sample counts (global,
     or this rank's shard with ``local_indices``); ``initial_costs``: the costs of the calibration
