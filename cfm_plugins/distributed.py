@@ -26,6 +26,7 @@ a warning when ranks must share GPUs) and the nccl backend.
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import math
 import os
@@ -344,8 +345,6 @@ def shutdown(dist: DistInfo | None) -> None:
     finalization: the process aborts (SIGABRT) after a complete run. So: collect the cycles, wait for
     every rank's last collective (barrier), then destroy the group (its destructor joins the workers
     with the GIL released)."""
-    import gc
-
     import torch.distributed as tdist
 
     if dist is not None and dist.backend and tdist.is_initialized():
