@@ -22,8 +22,8 @@ COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 COMPILE_BACKENDS = ("inductor", "aot_eager")
 
 _FORWARD_NAMES = ("REAL_SIZES", "StaticForward", "compile_counts", "install", "installed", "remove")
-__all__ = ["Budget", "BudgetTracker", "budget_from_plan", "budget_of_plans", "padding_overhead", "COMPILE_MODES",
-           "COMPILE_BACKENDS", *_FORWARD_NAMES]
+__all__ = ["Budget", "BudgetTracker", "budget_from_plan", "budget_of_plans", "padding_overhead",
+           "COMPILE_MODES", "COMPILE_BACKENDS", *_FORWARD_NAMES]
 
 
 def __getattr__(name):
