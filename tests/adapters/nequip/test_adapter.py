@@ -195,10 +195,10 @@ def auto_runs(tmp_path_factory):
     (nequip's ckpt_path) that trains epoch 2.
 
     The fit needs step times that grow with the batch more than they jitter. With 8 features,
-    batches of 2 and 9 timed steps, a step was ~17 ms of constant and ~3 ms of atoms against ~3 ms
-    of noise: R^2 0.18 in a run here, and 0.000 once on a noisy CI machine, which then fitted
-    nothing. With 64 features, batches of 4 and ~20 timed steps: R^2 0.65-0.92, also with a second
-    run sharing the 2 cores."""
+    batches of 2 and 9 timed steps, a run here fitted 17 ms + 7.5 us/edge (about 2 ms over the
+    batches' range) at R^2 0.18, and a noisy CI machine once fitted nothing (R^2 0.000). With 64
+    features, batches of 4 and 144 structures (20-21 timed steps): R^2 0.65-0.89 in 4 runs here, two
+    of them with a second run sharing the 2 cores."""
     from cfm_plugins.datasets.cuni import make_dataset
     from cfm_plugins.datasets.nequip_config import write_config
 
