@@ -28,7 +28,7 @@ the second epoch (train + validation) is read from the timestamps of mace's own 
 ``--backend cuda triton`` runs the ``fused`` ways once per kernel backend of the ``cfm::`` operators on
 CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Triton kernels generated
 from the same descriptors, ``cfm_plugins.ops.triton``; the epoch run passes ``-o fused_backend=...``).
-The Triton kernels have not been timed on a GPU yet: this is the command that will time them.
+``benchmarks/gpu_capture.py`` checks and times the captured static step, ``benchmarks/gpu_md.py`` MD.
 
 Results go to stdout as a markdown table naming the device; with ``--device cuda`` also to
 docs/_fragments/gpu_mace.md (the figures of docs/benchmarks.md's GPU section).
@@ -120,7 +120,7 @@ def prepare(way: str, stock, device):
         patch_model(model)
         return model
     if way == "fused+capture":
-        return "not built yet: the captured, padded static-shape step of issue 8 needs a GPU to be written"
+        return "see benchmarks/gpu_capture.py (the captured static step: exactness, syncs, timing)"
     raise ValueError(f"unknown way {way!r}; choose from {', '.join(WAYS)}")
 
 
@@ -305,7 +305,7 @@ def main(argv=None) -> int:
     p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
     p.add_argument("--backend", dest="backends", nargs="+", default=["cuda"], choices=["cuda", "triton"],
                    help="kernel backends of the fused ways on CUDA: cuda (C++ CUDA kernels), triton (generated "
-                        "Triton kernels, opt-in); several give one row each")
+                        "Triton kernels, the default where Triton imports); several give one row each")
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)

@@ -307,6 +307,17 @@ class FusedConvTP(torch.nn.Module):
         return graph, _backend.choose(x.device) != "torch"
 
     @torch.jit.unused
+    def prepare_kernels(self) -> None:
+        """Choose this module's kernels for the device of its buffers and build what their first
+        launch would, now (:func:`cfm_plugins.ops._backend.prepare_kernels`)."""
+        device = self._tp_ints.device
+        if _backend.choose(device) == "torch" or not _backend.triton_runs_on(device):
+            return
+        from cfm_plugins.ops.triton import conv_tp as triton_tp
+
+        triton_tp.prepare([self._tp_ints, self._tp_coef], [self._tp_ints_t, self._tp_coef_t], self._tp_meta)
+
+    @torch.jit.unused
     def _torch_forward(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
                        graph: List[torch.Tensor]) -> torch.Tensor:
         key = str(x.device)

@@ -285,6 +285,17 @@ class FusedSymmetricContraction(torch.nn.Module):
                                torch.full([1], n, dtype=torch.int64, device=inv.device)])
         return order.contiguous(), chunk_ptr.contiguous()
 
+    @torch.jit.unused
+    def prepare_kernels(self) -> None:
+        """Choose this module's kernels for the device of its buffers and build what their first
+        launch would, now (:func:`cfm_plugins.ops._backend.prepare_kernels`)."""
+        desc = self._desc_tensors()
+        if _backend.choose(desc[0].device) == "torch" or not _backend.triton_runs_on(desc[0].device):
+            return
+        from cfm_plugins.ops.triton import symmetric_contraction as triton_sc
+
+        triton_sc.prepare(desc, self._meta, desc[0].device)
+
     def _desc_tensors(self) -> List[torch.Tensor]:
         """The descriptor tables in the order of the operators' ``desc`` argument (sc_ops.h)."""
         return [self._sc_parent, self._sc_last, self._sc_slot, self._sc_term_ptr, self._sc_term_row,

@@ -179,6 +179,9 @@ class StaticForward:
 
     def _compiled(self, data, args, kwargs, real):
         if self.compiled is None:
+            from cfm_plugins.ops._backend import prepare_kernels
+
+            prepare_kernels(self.stock.__self__)  # first launches' set-up, outside the graph and its capture
             self.compiled = compile_forward(self.stock, self.mode, self.dynamic, self.backend)
             self._context = self.spec.prepare(self.stock.__self__) if self.spec.prepare is not None else None
         for key in self.spec.grad_inputs:

@@ -317,7 +317,9 @@ def without_torchscript(model):
                          f"and its configuration cannot be read to rebuild it without them ({exc}); use compile=off"
                          ) from exc
     param = next(model.parameters())
-    with e3nn_codegen_off():
+    from mace.tools.torch_tools import default_dtype
+
+    with e3nn_codegen_off(), default_dtype(param.dtype):  # built in the weights' dtype: loaded exactly
         rebuilt = model.__class__(**config)
     rebuilt.load_state_dict(model.state_dict(), strict=True)
     return rebuilt.to(device=param.device, dtype=param.dtype)

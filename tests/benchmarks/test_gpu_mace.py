@@ -1,4 +1,4 @@
-"""benchmarks/gpu_mace.py: its log parsing and a tiny smoke run of its step table on the CPU.
+"""benchmarks/gpu_mace.py and gpu_md.py: log parsing and tiny smoke runs on the CPU.
 
 The GPU figures themselves come from running the script on a GPU machine (docs/benchmarks.md);
 here we check that the script cannot rot: it builds the workload, runs every way it can, names the
@@ -34,7 +34,7 @@ def test_smoke_run_on_cpu_names_what_it_cannot_run():
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {line.split("|")[4].strip(): line for line in res.stdout.splitlines() if line.startswith("| float64 |")}
     assert set(rows) == {"stock", "cueq", "fused", "fused+capture"}, res.stdout
-    assert "not built yet" in rows["fused+capture"]
+    assert "gpu_capture.py" in rows["fused+capture"]  # the captured step has its own script
     fused = [c.strip() for c in rows["fused"].split("|")]
     assert float(fused[5]) > 0 and float(fused[6]) > 0  # inference and train times measured
     assert float(fused[9]) < 1e-8  # forces of the fused model equal stock's (float64)
@@ -47,3 +47,14 @@ def test_backends_give_one_fused_row_each_on_cuda():
     assert ways == [("stock", None), ("fused[cuda]", "cuda"), ("fused[triton]", "triton"), ("fused+capture", None)]
     # on the CPU the backend of CUDA tensors changes nothing: one fused row
     assert gpu_mace.expand_ways(["fused"], ["cuda", "triton"], torch.device("cpu")) == [("fused", None)]
+
+
+def test_md_smoke_run_on_cpu_times_each_way_and_compares_forces():
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_md.py"), "--device", "cpu", "--atoms", "32",
+                          "--dtypes", "float64", "--hidden", "8x0e+8x1o", "--steps", "2", "--repeats", "1",
+                          "--ways", "stock", "fused[cuda]"], capture_output=True, text=True, env=clean_env(), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")]
+            for line in res.stdout.splitlines() if line.startswith("| float64 |")}
+    assert set(rows) == {"stock", "fused[cuda]"}, res.stdout  # on CPU tensors the C++ CPU kernels run
+    assert float(rows["fused[cuda]"][4]) > 0 and float(rows["fused[cuda]"][6]) < 1e-8  # timed; forces equal stock's

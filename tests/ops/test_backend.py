@@ -1,6 +1,7 @@
-"""The backend chooser's GPU backend (``cfm_plugins.ops._backend``): C++ CUDA kernels by default,
-the Triton kernels when asked (``CFM_PLUGINS_GPU_BACKEND``, ``set_gpu_backend``, the ``fused``
-plugin's ``fused_backend`` option), registered as the operators' CUDA kernels and removed again.
+"""The backend chooser's GPU backend (``cfm_plugins.ops._backend``): the Triton kernels by default
+where Triton imports (``auto``), else the C++ CUDA kernels; either when asked (``CFM_PLUGINS_GPU_BACKEND``,
+``set_gpu_backend``, the ``fused`` plugin's ``fused_backend`` option). Triton's are registered as the
+operators' CUDA kernels and removed again.
 
 Registering a CUDA kernel is a dispatcher entry: it needs no GPU, so this runs on any machine;
 what it registers runs only on a GPU (tests/ops/triton run the same launchers on CPU tensors in the
@@ -31,10 +32,12 @@ def cuda_kernel_is_triton(op: str) -> bool:
 @pytest.fixture
 def clean_backend(monkeypatch):
     monkeypatch.delenv("CFM_PLUGINS_GPU_BACKEND", raising=False)
+    _backend._AUTO.clear()
     _backend.set_gpu_backend(None)
     yield
     _backend.set_gpu_backend(None)
     triton_kernels.unregister("CUDA")
+    _backend._AUTO.clear()
 
 
 def test_gpu_backend_from_the_environment_and_the_setter(clean_backend, monkeypatch):
@@ -60,7 +63,24 @@ def test_triton_backend_becomes_the_operators_cuda_kernels_and_goes_away(clean_b
     assert _backend.choose(torch.device("cpu")) == "cpu"  # CPU tensors keep the C++ CPU kernels
     assert "cfm_plugins/ops/triton" not in next(ln for ln in torch._C._dispatch_dump("cfm::conv_tp_fwd").splitlines()
                                                 if ln.startswith("CPU"))
-    _backend.set_gpu_backend("auto")  # leaving triton restores whatever CUDA kernels were there
+    _backend.set_gpu_backend("cuda")  # leaving triton restores whatever CUDA kernels were there
+    assert not any(cuda_kernel_is_triton(op) for op in OPS)
+
+
+@needs_ops
+def test_auto_is_triton_where_it_imports_else_the_cpp_cuda_kernels(clean_backend, monkeypatch):
+    pytest.importorskip("triton", reason="triton is not installed (the [test] extra pins triton==3.7.1 on Linux)")
+    assert _backend.gpu_backend() == "auto" and _backend.resolved_gpu_backend() == "triton"
+    assert _backend.choose(torch.device("cuda")) == "cuda" and all(cuda_kernel_is_triton(op) for op in OPS)
+    _backend.set_gpu_backend("auto")  # still triton: stays registered
+    assert all(cuda_kernel_is_triton(op) for op in OPS)
+    _backend.set_gpu_backend("cuda")
+    assert not any(cuda_kernel_is_triton(op) for op in OPS)
+    _backend._AUTO.clear()
+    monkeypatch.setattr(triton_kernels, "available", lambda: (False, "triton is not installed (test)"))
+    _backend.set_gpu_backend(None)
+    assert _backend.resolved_gpu_backend() == "cuda"  # resolved once per process, no error
+    _backend.choose(torch.device("cuda"))
     assert not any(cuda_kernel_is_triton(op) for op in OPS)
 
 

@@ -175,3 +175,18 @@ def test_loss_weights_scaled_on_a_padded_batch_hold_after_it_moves(items):
         assert torch.equal(getattr(moved, name), getattr(plain, name)), name
         assert torch.equal(getattr(moved, name), before[name] * factor), name
     assert float(moved.padded.weight[len(items):].abs().sum()) == 0.0  # the pad graphs still weigh nothing
+
+
+def test_a_float64_model_rebuilt_without_torchscript_keeps_its_weights_exactly():
+    """``without_torchscript`` (compile != off of a loaded model that holds e3nn's TorchScript)
+    rebuilds the model in its weights' dtype: built in torch's default float32 and loaded after,
+    every float64 weight came back rounded (~1e-7 relative)."""
+    from cfm_plugins.static.mace import holds_torchscript, without_torchscript
+
+    model = build_model(0, torch.float64)
+    assert holds_torchscript(model) and torch.get_default_dtype() == torch.float32
+    rebuilt = without_torchscript(model)
+    assert not holds_torchscript(rebuilt)
+    ref, got = model.state_dict(), rebuilt.state_dict()
+    assert got.keys() == ref.keys()
+    assert all(got[k].dtype == ref[k].dtype and torch.equal(got[k], ref[k]) for k in ref)

@@ -259,6 +259,14 @@ def _kernel(desc, meta, kernel: str, **flags):
     return getattr(mod, f"tp_{kernel}"), tables
 
 
+def prepare(desc, desc_t, meta) -> None:
+    """Parse the descriptor tensors (and their transposed tables) on the host now, outside any
+    compiled or captured region: on a GPU the first parse is a device-to-host copy, which a
+    captured step must not make (see :func:`.symmetric_contraction.prepare`)."""
+    _TABLES.get(desc, meta)
+    _TABLES.get(desc_t, [meta[1], meta[0], meta[2], meta[3], meta[4]])
+
+
 def _dtype_name(x: torch.Tensor) -> str:
     return "float64" if x.dtype == torch.float64 else "float32"
 

@@ -32,8 +32,8 @@ Work decomposition (GPU-first; the C++ CUDA kernel loops over 128 nodes per thre
   the weight gradient ``d out / d coeff[e]`` is a sum over the element's nodes: each program writes
   the sum over its tile into its own slot of a partial buffer, and :mod:`._reduce` adds the slots of
   each element in a fixed order (deterministic, no atomics). ``CFM_PLUGINS_TRITON_ATOMICS=1`` adds
-  into ``coeff``'s gradient with ``tl.atomic_add`` instead (not deterministic; a measured option
-  for a GPU, untimed so far);
+  into ``coeff``'s gradient with ``tl.atomic_add`` instead (not deterministic; not timed on a
+  GPU yet);
 - double backward: the walk with the tangent (``T[j] = T[parent] x[last] + P[parent] dx[last]``)
   and the reverse of both, as ``cuda/symmetric_contraction/sc_math.h`` does per node.
 
@@ -534,13 +534,28 @@ def _kernel(desc, meta, kernel: str, device, **flags):
     tables = _TABLES.get(desc, meta)
     name = f"sc_{kernel}" + "".join(f"_{k}{int(v)}" for k, v in sorted(flags.items()))
     mod = _codegen.load_source(name, source(tables, kernel, **flags))
+    return getattr(mod, f"sc_{kernel}"), _walk(tables, device)
+
+
+def _walk(tables, device) -> torch.Tensor:
+    """The walk table of ``tables`` on ``device``, copied there once and kept."""
     key = (id(tables), str(device))
     hit = _WALKS.get(key)
     if hit is None or hit[0] is not tables:
         hit = _WALKS[key] = (tables, torch.as_tensor(tables.walk, device=device))
         while len(_WALKS) > 64:
             _WALKS.pop(next(iter(_WALKS)))
-    return getattr(mod, f"sc_{kernel}"), hit[1]
+    return hit[1]
+
+
+def prepare(desc, meta, device) -> None:
+    """Do now what the first launch with these descriptor tensors would: parse them on the host
+    (on a GPU one device-to-host copy) and copy the walk table to ``device``. Called outside any
+    compiled or captured region (:func:`cfm_plugins.ops._backend.prepare_kernels`): inside a CUDA
+    graph's warm-up the copy would be a synchronisation and the kept walk table an allocation of
+    the graph's memory pool that no output tracks (torch refuses it: "Detected 2 tensor(s) in the
+    cudagraph pool not tracked as outputs", measured on an H100)."""
+    _walk(_TABLES.get(desc, meta), device)
 
 
 def _dtype_name(x: torch.Tensor) -> str:

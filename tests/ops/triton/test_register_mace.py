@@ -81,3 +81,22 @@ def test_torch_compile_of_a_patched_model():
         results.append((e.detach(), torch.autograd.grad(e, pos)[0]))
     for a, r in zip(results[1], results[0]):
         assert rel_err(a, r) < 1e-10
+
+
+def test_prepare_kernels_leaves_nothing_for_the_first_launch():
+    """``prepare_kernels`` (the static path calls it before compiling or capturing) parses every
+    fused module's descriptors and keeps the walk tables on their device, so a step afterwards
+    parses, copies and allocates no table: on a GPU the first launch inside a CUDA graph's warm-up
+    left two walk tables in the graph's pool (H100: "2 tensor(s) in the cudagraph pool not tracked")."""
+    from cfm_plugins.ops import _backend
+    from cfm_plugins.ops.triton import conv_tp as triton_tp
+    from cfm_plugins.ops.triton import symmetric_contraction as triton_sc
+
+    model = tiny_mace("ScaleShiftMACE", BLOCKS[0], BLOCKS[0]).to(torch.float64)
+    assert patch_model(model).counts == {"symmetric_contraction": 2, "conv_tp": 2}
+    assert _backend.prepare_kernels(model) == 4
+    walks, sc_tables, tp_tables = dict(triton_sc._WALKS), dict(triton_sc._TABLES._hits), dict(triton_tp._TABLES._hits)
+    assert len(walks) >= 1 and len(tp_tables) >= 2  # each conv TP: its tables and the transposed ones
+    train_step(model, clone(mace_cluster_batch(3), torch.float64))
+    assert triton_sc._WALKS.keys() == walks.keys() and all(triton_sc._WALKS[k][1] is walks[k][1] for k in walks)
+    assert triton_sc._TABLES._hits.keys() == sc_tables.keys() and triton_tp._TABLES._hits.keys() == tp_tables.keys()
