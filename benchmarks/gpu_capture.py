@@ -192,9 +192,8 @@ def static_model(stock, hidden: str, fused: bool, compile: str):
     """A copy of ``stock`` (same weights), patched when ``fused``, with the static forward installed.
 
     Not ``copy.deepcopy``: e3nn scripts its fx modules when a module is copied or pickled, and a
-    model holding TorchScript cannot be compiled; ``without_torchscript`` would rebuild it, but in
-    the default dtype (float32 weights loaded into a float64 model lose their last digits). The
-    copy is the same seeded build, checked equal to ``stock`` key by key."""
+    model holding TorchScript cannot be compiled. The copy is the same seeded build, without
+    TorchScript from the start, checked equal to ``stock`` key by key."""
     import torch
 
     from cfm_plugins.ops.patching import patch_model

@@ -88,11 +88,14 @@ def set_gpu_backend(name: str | None) -> None:
 
 
 def resolved_gpu_backend() -> str:
-    """``"triton"`` or ``"cuda"``: the kernels that run on CUDA tensors, ``auto`` resolved (Triton
-    where it imports, checked once per process; else the C++ CUDA kernels)."""
+    """``"triton"`` or ``"cuda"``: the kernels that run on CUDA tensors, ``auto`` resolved."""
     name = gpu_backend()
-    if name != "auto":
-        return name
+    return _auto_backend() if name == "auto" else name
+
+
+def _auto_backend() -> str:
+    """What ``auto`` means here: Triton where it imports (checked once per process), else the C++
+    CUDA kernels. Reads no environment, so it cannot fail."""
     if "auto" not in _AUTO:
         from cfm_plugins.ops import triton as triton_kernels
 
@@ -103,9 +106,13 @@ def resolved_gpu_backend() -> str:
     return _AUTO["auto"]
 
 
-def triton_runs_on(device: torch.device) -> bool:
-    """Whether the Triton kernels are the operators' kernels for tensors on ``device`` (on CUDA as
-    chosen; on CPU only in the interpreter tests, which register them for the CPU key)."""
+def runs_triton(device: torch.device) -> bool:
+    """Whether the operators run (:func:`choose`, which registers Triton's kernels where they are
+    chosen) and run the Triton kernels for tensors on ``device`` (on CUDA as chosen; on CPU only in
+    the interpreter tests, which register them for the CPU key). What a fused module's
+    ``prepare_kernels`` asks first."""
+    if choose(device) == "torch":
+        return False
     from cfm_plugins.ops import triton as triton_kernels
 
     return triton_kernels.registered("CUDA" if device.type == "cuda" else "CPU")
@@ -178,7 +185,7 @@ def declare_operators() -> bool:
     ok = load("cpu")
     if ok and torch.cuda.is_available():
         load("cuda")
-        resolved_gpu_backend()  # resolve ``auto`` here, never first inside a traced forward
+        _auto_backend()  # resolve ``auto`` here, never first inside a traced forward
     return ok
 
 

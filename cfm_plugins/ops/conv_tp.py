@@ -310,8 +310,7 @@ class FusedConvTP(torch.nn.Module):
     def prepare_kernels(self) -> None:
         """Choose this module's kernels for the device of its buffers and build what their first
         launch would, now (:func:`cfm_plugins.ops._backend.prepare_kernels`)."""
-        device = self._tp_ints.device
-        if _backend.choose(device) == "torch" or not _backend.triton_runs_on(device):
+        if not _backend.runs_triton(self._tp_ints.device):
             return
         from cfm_plugins.ops.triton import conv_tp as triton_tp
 

@@ -290,7 +290,7 @@ class FusedSymmetricContraction(torch.nn.Module):
         """Choose this module's kernels for the device of its buffers and build what their first
         launch would, now (:func:`cfm_plugins.ops._backend.prepare_kernels`)."""
         desc = self._desc_tensors()
-        if _backend.choose(desc[0].device) == "torch" or not _backend.triton_runs_on(desc[0].device):
+        if not _backend.runs_triton(desc[0].device):
             return
         from cfm_plugins.ops.triton import symmetric_contraction as triton_sc
 
