@@ -96,6 +96,15 @@ def make_batch(atoms, r_max: float, dtype, device):
     return out
 
 
+def workload(n_atoms: int, dtype, device):
+    """(atoms, batch, reference energy, reference forces) of the ``n_atoms`` cell on ``device``."""
+    import torch
+
+    atoms, e, f = cuni_cell(n_atoms)
+    batch = make_batch(atoms, 6.0, dtype, device)
+    return atoms, batch, torch.tensor([e], dtype=dtype, device=device), torch.as_tensor(f, dtype=dtype, device=device)
+
+
 # ---------------------------------------------------------------------------- the ways
 def _has_cueq() -> bool:
     import importlib.util
@@ -189,10 +198,7 @@ def step_table(args, device) -> list[str]:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, args.hidden).to(device)
         for n_atoms in args.atoms:
-            atoms, e, f = cuni_cell(n_atoms)
-            batch = make_batch(atoms, 6.0, dtype, device)
-            e_ref = torch.tensor([e], dtype=dtype, device=device)
-            f_ref = torch.as_tensor(f, dtype=dtype, device=device)
+            atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
             n_edges = batch["edge_index"].shape[1]
             base = None
             for label_way, backend in expand_ways(args.ways, args.backends, device):

@@ -71,7 +71,18 @@ Saved load(AutogradContext* ctx, size_t n_front) {
   return r;
 }
 
-void acc(Tensor& total, const Tensor& term) { total = total.defined() ? total + term : term; }
+// Sums the terms of one derivative. Every term is a fresh kernel output, so outside a graph (the
+// train step's backward) the sum is taken in place: at 4000 atoms a weight-gradient term is an
+// [edges, 1280] buffer of 1.6 GB in float32, and a third one would raise the step's peak.
+void acc(Tensor& total, const Tensor& term) {
+  if (!total.defined()) {
+    total = term;
+  } else if (!at::GradMode::is_enabled()) {
+    total.add_(term);
+  } else {
+    total = total + term;  // differentiated again (third derivatives): no in-place on the graph
+  }
+}
 
 struct BwdFn : Function<BwdFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& g, const Tensor& x, const Tensor& y,

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_mace.py and gpu_md.py: log parsing and tiny smoke runs on the CPU.
+"""benchmarks/gpu_mace.py, gpu_md.py, gpu_profile.py and gpu_kernels.py: log parsing and tiny smoke runs on the CPU.
 
 The GPU figures themselves come from running the script on a GPU machine (docs/benchmarks.md);
 here we check that the script cannot rot: it builds the workload, runs every way it can, names the
@@ -6,6 +6,8 @@ ways it cannot run, and reads mace's epoch times correctly.
 """
 from __future__ import annotations
 
+import importlib.util
+import re
 import subprocess
 import sys
 
@@ -58,3 +60,32 @@ def test_md_smoke_run_on_cpu_times_each_way_and_compares_forces():
             for line in res.stdout.splitlines() if line.startswith("| float64 |")}
     assert set(rows) == {"stock", "fused[cuda]"}, res.stdout  # on CPU tensors the C++ CPU kernels run
     assert float(rows["fused[cuda]"][4]) > 0 and float(rows["fused[cuda]"][6]) < 1e-8  # timed; forces equal stock's
+
+
+def test_profile_smoke_run_on_cpu_shows_the_fused_operators_only_in_the_fused_step(tmp_path):
+    out = tmp_path / "profile.md"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--device", "cpu", "--quick",
+                          "--dtypes", "float64", "--ways", "stock", "fused", "--top", "40", "--out", str(out)],
+                         capture_output=True, text=True, env=clean_env(), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    sections = dict(part.split("\n", 1) for part in out.read_text().split("### ")[1:])
+    stock = next(v for k, v in sections.items() if k.endswith(": stock"))
+    fused = next(v for k, v in sections.items() if k.endswith(": fused"))
+    assert "cfm::" not in stock and "`cfm::conv_tp_bwd`" in fused  # the profiled step ran our kernels
+    for body in (stock, fused):
+        wall, kernels = (float(x) for x in re.search(r"wall ([\d.]+) ms, kernels ([\d.]+) ms", body).groups())
+        assert 0 < kernels <= wall * 1.5  # self times add up to about the step (profiler overhead aside)
+
+
+def test_kernels_smoke_run_on_cpu_times_both_kernels_in_every_mode_and_names_what_is_missing():
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kernels.py"), "--device", "cpu", "--quick"],
+                         capture_output=True, text=True, env=clean_env(), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [[c.strip() for c in line.split("|")] for line in res.stdout.splitlines() if line.startswith("| sc |")
+            or line.startswith("| tp |")]
+    assert [(r[1], r[5]) for r in rows] == [(k, m) for k in ("sc", "tp") for m in ("fwd", "bwd", "bwd2")]
+    for r in rows:
+        assert float(r[6]) > 0 and float(r[10]) > 0  # stock and fused timed
+        assert r[12].endswith("x")  # ours against stock, same run
+    if importlib.util.find_spec("cuequivariance_torch") is None:
+        assert "cueq: not run: cuequivariance-torch not installed" in res.stdout

@@ -1,0 +1,235 @@
+"""The two fused kernels on their own, on the GPU: stock e3nn vs cuEquivariance vs cfm-plugins.
+
+    python benchmarks/gpu_kernels.py [--nodes 500 4000 32000] [--dtypes float32 float64] [--profile]
+    python benchmarks/gpu_kernels.py --device cpu --quick      # a smoke run anywhere
+
+Workload: the modules of the MACE-MP-medium-like model of benchmarks/gpu_mace.py, taken out of the
+model each way builds it (``stock``: mace's e3nn modules; ``cueq``: ``convert_e3nn_cueq``, conv
+fusion on CUDA; ``fused``: ``patch_model``, kernel backend ``--backend``):
+
+- ``sc``: the product block of layer 0 (the symmetric contraction 128x(0e+1o+2e+3o) -> 128x0e+128x1o,
+  correlation 3, 89 elements, and its linear), node features ``[nodes, 128, 16]``;
+- ``tp``: the conv TP of layer 1 with its gather and scatter (128x0e+128x1o x Y(l<=3) ->
+  128x(0e+0e+1o+1o+1o+2e+2e+2e+3o+3o), 1280 per-edge weights), on the edges of a rattled CuNi
+  fcc cell of ``nodes`` atoms at r_max 6 A (about 80 per atom).
+
+Modes: ``fwd`` (no grad); ``bwd`` (forward and the gradients of a loss on the output w.r.t. the
+inputs, as forces need); ``bwd2`` (force training: the input gradient with ``create_graph``, then
+a loss on it differentiated w.r.t. the parameters (sc) or node features and weights (tp)).
+Median of ``--reps`` synchronised calls after ``--warmup``; peak memory above the inputs. The
+last column is ours against stock in the same run. ``--profile`` prints the top kernels of each
+``bwd2`` case (torch.profiler). ``--out`` writes the markdown to a file too.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu_mace import build_model, device_name, prepare, timed  # noqa: E402
+
+WAYS = ("stock", "cueq", "fused")
+MODES = ("fwd", "bwd", "bwd2")
+
+
+def cuni_graph(n_atoms: int, r_max: float, seed: int = 0):
+    """(number of atoms, edge_index [2, E] sender->receiver, edge vectors [E, 3]) of a rattled
+    CuNi fcc cell (30 % Ni) of about ``n_atoms`` atoms (numpy)."""
+    import numpy as np
+    from ase.build import bulk
+    from ase.neighborlist import neighbor_list
+
+    reps = max(1, round((n_atoms / 4) ** (1 / 3)))
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((reps, reps, reps))
+    rng = np.random.default_rng(seed)
+    atoms.symbols[rng.random(len(atoms)) < 0.3] = "Ni"
+    atoms.rattle(0.05, seed=seed)
+    i, j, d = neighbor_list("ijD", atoms, r_max)
+    return len(atoms), np.stack([j, i]).astype(np.int64), d
+
+
+def sc_case(model, n_nodes: int, dtype, device, layer: int):
+    """(call, parameters, inputs needing grad) for the product block of ``layer``."""
+    import torch
+
+    block = model.products[layer]
+    torch.manual_seed(1)
+    x = torch.randn(n_nodes, 128, 16, dtype=dtype, device=device)
+    species = torch.randint(0, 89, (n_nodes,), device=device)
+    attrs = torch.nn.functional.one_hot(species, 89).to(dtype)
+    params = [p for p in block.parameters() if p.requires_grad]
+    return (lambda x: block(x, None, attrs)), params, [x]
+
+
+def tp_case(model, graph, dtype, device, layer: int):
+    """(call, parameters, inputs) for the conv TP of ``layer`` with its gather and scatter, the
+    call form of the model's own interaction block."""
+    import torch
+    from e3nn import o3
+    from mace.tools.scatter import scatter_sum
+
+    block = model.interactions[layer]
+    n, ei_np, vec = graph
+    ei = torch.from_numpy(ei_np).to(device)
+    torch.manual_seed(2)
+    dim_in = 128 * 4 if layer > 0 else 128
+    x = torch.randn(n, dim_in, dtype=dtype, device=device)
+    y = o3.spherical_harmonics(o3.Irreps.spherical_harmonics(3), torch.from_numpy(vec).to(dtype=dtype, device=device),
+                               True, normalization="component")
+    w = torch.randn(ei.shape[1], block.conv_tp.weight_numel, dtype=dtype, device=device)
+    if hasattr(block, "conv_fusion"):
+        def call(x, y, w):
+            return block.conv_tp(x, y, w, ei)
+    else:
+        def call(x, y, w):
+            return scatter_sum(block.conv_tp(x[ei[0]], y, w), ei[1], dim=0, dim_size=n)
+    return call, [], [x, y, w]
+
+
+def run_mode(kernel: str, call, params, inputs, mode: str):
+    import torch
+
+    if mode == "fwd":
+        with torch.no_grad():
+            return call(*inputs)
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    out = call(*leaves)
+    loss = out.pow(2).sum()
+    if mode == "bwd":
+        return torch.autograd.grad(loss, leaves)
+    if kernel == "sc":  # forces: d/dx with a graph, then the parameters' gradient of a loss on it
+        (gx,) = torch.autograd.grad(loss, leaves[0], create_graph=True)
+        return torch.autograd.grad(gx.pow(2).sum(), params)
+    x, y, w = leaves  # tp: forces flow through the edge attributes
+    (gy,) = torch.autograd.grad(loss, y, create_graph=True)
+    return torch.autograd.grad(gy.pow(2).sum(), (x, w))
+
+
+def measure(fn, device, reps: int, warmup: int) -> tuple[float, float | None]:
+    """(median seconds, peak GiB above what was allocated before) of ``fn``."""
+    import torch
+
+    cuda = device.type == "cuda"
+    base = torch.cuda.memory_allocated() if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    seconds = timed(fn, reps, warmup, device)
+    return seconds, (torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None
+
+
+def top_kernels(fn, device, top: int) -> list[str]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    ev = prof.key_averages()
+    if cuda:
+        ev = [e for e in ev if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        t = lambda e: e.self_device_time_total  # noqa: E731
+    else:
+        t = lambda e: e.self_cpu_time_total  # noqa: E731
+    total = sum(t(e) for e in ev) or 1e-9
+    rows = sorted(ev, key=t, reverse=True)[:top]
+    return [f"    {t(e) / 1e3:8.2f} ms {t(e) / total:4.0%} x{e.count:<4d} {' '.join(e.key.split())[:90]}" for e in rows]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--nodes", type=int, nargs="+", default=[500, 4000, 32000])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
+    p.add_argument("--kernels", nargs="+", default=["sc", "tp"], choices=["sc", "tp"])
+    p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--backend", default="triton", choices=["cuda", "triton"])
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="print the top kernels of each bwd2 case")
+    p.add_argument("--quick", action="store_true", help="smoke run: 32 nodes, float64, 1 rep")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.nodes, args.dtypes, args.reps, args.warmup = [32], ["float64"], 1, 1
+
+    import mace  # noqa: F401  (before e3nn)
+    import torch
+
+    from cfm_plugins.ops import _backend
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        _backend.set_gpu_backend(args.backend)
+    lines = [f"## Fused kernels alone on {device_name(device)}", "",
+             f"`python benchmarks/gpu_kernels.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
+             "| kernel | dtype | nodes | edges | mode | " + " | ".join(f"{w} ms | {w} GiB" for w in args.ways)
+             + " | fused vs stock | fused vs cueq |",
+             "|---|---|---:|---:|---|" + "---:|---:|" * len(args.ways) + "---:|---:|"]
+    print("\n".join(lines), flush=True)
+    profiles, notes = [], []
+    graphs = {n: cuni_graph(n, 6.0) for n in args.nodes} if "tp" in args.kernels else {}
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        stock = build_model(dtype, "128x0e+128x1o").to(device)
+        models = {}
+        for way in args.ways:
+            m = prepare(way, stock, device) if way != "stock" else copy.deepcopy(stock)
+            models[way] = m
+            if isinstance(m, str) and dtype_name == args.dtypes[0]:
+                print(f"{way}: not run: {m}", flush=True)
+                notes.append(f"- {way}: not run: {m}")
+        for kernel in args.kernels:
+            for n in args.nodes:
+                n_edges = graphs[n][1].shape[1] if kernel == "tp" else 0
+                res = {}
+                for mode in args.modes:
+                    for way, model in models.items():
+                        if isinstance(model, str):
+                            res[way, mode] = (None, None, "missing")
+                            continue
+                        try:
+                            call, params, inputs = (sc_case(model, n, dtype, device, 0) if kernel == "sc"
+                                                    else tp_case(model, graphs[n], dtype, device, 1))
+                            fn = lambda: run_mode(kernel, call, params, inputs, mode)  # noqa: E731
+                            s, gib = measure(fn, device, args.reps, args.warmup)
+                            res[way, mode] = (s, gib, "")
+                            if args.profile and mode == "bwd2":
+                                profiles += [f"{kernel} {dtype_name} {n} nodes {mode} {way}:"]
+                                profiles += top_kernels(fn, device, 6)
+                        except torch.cuda.OutOfMemoryError:
+                            res[way, mode] = (None, None, "OOM")
+                        finally:
+                            call = params = inputs = fn = None
+                            if device.type == "cuda":
+                                torch.cuda.empty_cache()
+                    cells = []
+                    for way in args.ways:
+                        s, gib, why = res[way, mode]
+                        cells.append(f"{s * 1e3:.2f} | {gib:.2f}" if s is not None and gib is not None
+                                     else f"{s * 1e3:.2f} | -" if s is not None else f"{why} | -")
+
+                    def ratio(other):
+                        a, b = res.get(("fused", mode), (None,))[0], res.get((other, mode), (None,))[0]
+                        return f"{a / b:.2f}x" if a and b else "-"
+                    lines.append(f"| {kernel} | {dtype_name} | {n} | {n_edges or '-'} | {mode} | " + " | ".join(cells)
+                                 + f" | {ratio('stock')} | {ratio('cueq')} |")
+                    print(lines[-1], flush=True)
+        del models, stock
+    lines += [""] + notes if notes else []
+    if profiles:
+        lines += ["", "Top kernels of each bwd2 case (torch.profiler):", "", "```", *profiles, "```"]
+        print("\n".join(lines[-len(profiles) - 2:]), flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
