@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_mace import build_model, cuni_cell, device_name  # noqa: E402
+from benchmarks.gpu_mace import build_model, cuni_atoms, cuni_cell, device_name  # noqa: E402
 
 R_MAX = 6.0
 HEADROOM = 0.05
@@ -164,7 +164,7 @@ def check_cell(n_atoms: int):
     import numpy as np
     from ase.calculators.emt import EMT
 
-    atoms, _, _ = cuni_cell(n_atoms, seed=1)
+    atoms = cuni_atoms(n_atoms, seed=1)
     atoms = atoms[np.random.default_rng(1).permutation(len(atoms))]
     atoms.rattle(0.1, seed=2)
     atoms.calc = EMT()

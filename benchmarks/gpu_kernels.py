@@ -23,31 +23,26 @@ last column is ours against stock in the same run. ``--profile`` prints the top 
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_mace import build_model, device_name, prepare, timed  # noqa: E402
+from benchmarks.gpu_mace import build_model, cuni_atoms, device_name, prepare, timed  # noqa: E402
+from benchmarks.gpu_profile import kernel_events  # noqa: E402
 
 WAYS = ("stock", "cueq", "fused")
 MODES = ("fwd", "bwd", "bwd2")
 
 
 def cuni_graph(n_atoms: int, r_max: float, seed: int = 0):
-    """(number of atoms, edge_index [2, E] sender->receiver, edge vectors [E, 3]) of a rattled
-    CuNi fcc cell (30 % Ni) of about ``n_atoms`` atoms (numpy)."""
+    """(number of atoms, edge_index [2, E] sender->receiver, edge vectors [E, 3]) of the rattled
+    CuNi cell of ``gpu_mace.cuni_atoms`` (numpy)."""
     import numpy as np
-    from ase.build import bulk
     from ase.neighborlist import neighbor_list
 
-    reps = max(1, round((n_atoms / 4) ** (1 / 3)))
-    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((reps, reps, reps))
-    rng = np.random.default_rng(seed)
-    atoms.symbols[rng.random(len(atoms)) < 0.3] = "Ni"
-    atoms.rattle(0.05, seed=seed)
+    atoms = cuni_atoms(n_atoms, seed)
     i, j, d = neighbor_list("ijD", atoms, r_max)
     return len(atoms), np.stack([j, i]).astype(np.int64), d
 
@@ -130,12 +125,7 @@ def top_kernels(fn, device, top: int) -> list[str]:
         fn()
         if cuda:
             torch.cuda.synchronize()
-    ev = prof.key_averages()
-    if cuda:
-        ev = [e for e in ev if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
-        t = lambda e: e.self_device_time_total  # noqa: E731
-    else:
-        t = lambda e: e.self_cpu_time_total  # noqa: E731
+    ev, t = kernel_events(prof.key_averages(), cuda)
     total = sum(t(e) for e in ev) or 1e-9
     rows = sorted(ev, key=t, reverse=True)[:top]
     return [f"    {t(e) / 1e3:8.2f} ms {t(e) / total:4.0%} x{e.count:<4d} {' '.join(e.key.split())[:90]}" for e in rows]
@@ -178,10 +168,8 @@ def main(argv=None) -> int:
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, "128x0e+128x1o").to(device)
-        models = {}
-        for way in args.ways:
-            m = prepare(way, stock, device) if way != "stock" else copy.deepcopy(stock)
-            models[way] = m
+        models = {way: prepare(way, stock, device) for way in args.ways}
+        for way, m in models.items():
             if isinstance(m, str) and dtype_name == args.dtypes[0]:
                 print(f"{way}: not run: {m}", flush=True)
                 notes.append(f"- {way}: not run: {m}")
@@ -222,10 +210,11 @@ def main(argv=None) -> int:
                                  + f" | {ratio('stock')} | {ratio('cueq')} |")
                     print(lines[-1], flush=True)
         del models, stock
-    lines += [""] + notes if notes else []
+    lines += ([""] + notes) if notes else []
     if profiles:
-        lines += ["", "Top kernels of each bwd2 case (torch.profiler):", "", "```", *profiles, "```"]
-        print("\n".join(lines[-len(profiles) - 2:]), flush=True)
+        section = ["", "Top kernels of each bwd2 case (torch.profiler):", "", "```", *profiles, "```"]
+        lines += section
+        print("\n".join(section), flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
     return 0

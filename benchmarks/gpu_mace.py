@@ -65,16 +65,23 @@ def build_model(dtype, hidden: str, seed: int = 0):
                       r_max=6.0, num_bessel=10, avg_num_neighbors=40.0, radial_mlp=[64, 64, 64], scale=1.0,
                       shift=0.0, dtype=dtype, seed=seed, perturb=0.05)
 
-def cuni_cell(n_atoms: int, seed: int = 0):
-    """A rattled CuNi fcc cell (30 % Ni) of about ``n_atoms`` atoms with EMT energy and forces."""
+def cuni_atoms(n_atoms: int, seed: int = 0):
+    """A rattled CuNi fcc cell (30 % Ni) of about ``n_atoms`` atoms (ase.Atoms, no calculator)."""
     from ase.build import bulk
-    from ase.calculators.emt import EMT
 
     reps = max(1, round((n_atoms / 4) ** (1 / 3)))
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((reps, reps, reps))
     rng = np.random.default_rng(seed)
     atoms.symbols[rng.random(len(atoms)) < 0.3] = "Ni"
     atoms.rattle(0.05, seed=seed)
+    return atoms
+
+
+def cuni_cell(n_atoms: int, seed: int = 0):
+    """The cell of :func:`cuni_atoms` with its EMT energy and forces: (atoms, energy, forces)."""
+    from ase.calculators.emt import EMT
+
+    atoms = cuni_atoms(n_atoms, seed)
     atoms.calc = EMT()
     return atoms, float(atoms.get_potential_energy()), atoms.get_forces()
 
@@ -150,6 +157,16 @@ def timed(fn, reps: int, warmup: int, device) -> float:
     return statistics.median(times)
 
 
+def train_step(model, batch, e_ref, f_ref):
+    """Energy + forces, a loss on both against the references, ``backward()`` (force training's
+    double backward); the loss."""
+    model.zero_grad(set_to_none=True)
+    out = model(dict(batch), training=True, compute_force=True)
+    loss = ((out["energy"] - e_ref) ** 2).mean() + ((out["forces"] - f_ref) ** 2).mean()
+    loss.backward()
+    return loss
+
+
 def measure(model, batch, e_ref, f_ref, reps: int, warmup: int, device) -> dict:
     import torch
 
@@ -157,18 +174,11 @@ def measure(model, batch, e_ref, f_ref, reps: int, warmup: int, device) -> dict:
         out = model(dict(batch), training=False, compute_force=True)
         return out["energy"], out["forces"]
 
-    def train():
-        model.zero_grad(set_to_none=True)
-        out = model(dict(batch), training=True, compute_force=True)
-        loss = ((out["energy"] - e_ref) ** 2).mean() + ((out["forces"] - f_ref) ** 2).mean()
-        loss.backward()
-        return loss
-
     row = {"inference_s": timed(inference, reps, warmup, device)}
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    row["train_s"] = timed(train, reps, warmup, device)
+    row["train_s"] = timed(lambda: train_step(model, batch, e_ref, f_ref), reps, warmup, device)
     row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
     energy, forces = inference()
     row["energy"], row["forces"] = energy.detach(), forces.detach()

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from benchmarks.gpu_mace import build_model, cuni_cell, device_name
+    from benchmarks.gpu_mace import build_model, cuni_atoms, device_name
     from cfm_plugins.calculators.md import time_md
 
     command = "python benchmarks/gpu_md.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -84,8 +84,7 @@ def main(argv=None) -> int:
         path = tmp / f"model_{dtype}.model"
         torch.save(build_model(getattr(torch, dtype), args.hidden).cpu(), path)
         for n in args.atoms:
-            atoms, _, _ = cuni_cell(n)
-            atoms.calc = None
+            atoms = cuni_atoms(n)
             base_t, base_f = None, None
             for way, make in calculators(str(path), dtype, args.device, args.ways):
                 label = f"| {dtype} | {len(atoms)} | {way} |"

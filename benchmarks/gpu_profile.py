@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_mace import build_model, device_name, prepare, workload  # noqa: E402
+from benchmarks.gpu_mace import build_model, device_name, prepare, train_step, workload  # noqa: E402
 
 WAYS = ("stock", "cueq", "fused")
 
@@ -38,12 +38,15 @@ def _short(name: str, width: int = 70) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
-def train_step(model, batch, e_ref, f_ref):
-    """The train step of benchmarks/gpu_mace.py (energy + forces loss, double backward)."""
-    model.zero_grad(set_to_none=True)
-    out = model(dict(batch), training=True, compute_force=True)
-    loss = ((out["energy"] - e_ref) ** 2).mean() + ((out["forces"] - f_ref) ** 2).mean()
-    loss.backward()
+def kernel_events(events, cuda: bool):
+    """(the kernels among the profiler's averaged ``events``, their self time in microseconds as a
+    function): the device kernels on CUDA, the CPU operators with self time on the CPU."""
+    import torch
+
+    if cuda:
+        return ([e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA],
+                lambda e: e.self_device_time_total)
+    return [e for e in events if e.self_cpu_time_total > 0], lambda e: e.self_cpu_time_total
 
 
 def profile_step(step, device, warmup: int, top: int) -> dict:
@@ -65,14 +68,8 @@ def profile_step(step, device, warmup: int, top: int) -> dict:
         sync()
         wall = time.perf_counter() - t
     events = prof.key_averages()
-    if cuda:  # device kernels: events with device time and no CPU-side self time of their own
-        kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
-        time_of = lambda e: e.self_device_time_total  # noqa: E731  (microseconds)
-        mem_of = lambda e: e.self_device_memory_usage  # noqa: E731  (bytes)
-    else:
-        kernels = [e for e in events if e.self_cpu_time_total > 0]
-        time_of = lambda e: e.self_cpu_time_total  # noqa: E731
-        mem_of = lambda e: e.self_cpu_memory_usage  # noqa: E731
+    kernels, time_of = kernel_events(events, cuda)
+    mem_of = (lambda e: e.self_device_memory_usage) if cuda else (lambda e: e.self_cpu_memory_usage)  # bytes
     kernel_us = sum(time_of(e) for e in kernels)
     launches = sum(e.count for e in kernels)
     by_time = sorted(kernels, key=time_of, reverse=True)[:top]
