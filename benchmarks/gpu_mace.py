@@ -140,6 +140,38 @@ def prepare(way: str, stock, device):
     raise ValueError(f"unknown way {way!r}; choose from {', '.join(WAYS)}")
 
 
+def way_sections(args, device, section) -> list[str]:
+    """The markdown of ``section(label, model, batch, e_ref, f_ref, dtype) -> lines`` for every dtype,
+    size and way of ``args`` (``dtypes``, ``atoms``, ``ways``, ``hidden``, ``backend``), printed as
+    each comes; a way that cannot run here, or runs out of GPU memory, says so instead. The loop of
+    gpu_profile.py and memory_peak.py."""
+    import torch
+
+    lines: list[str] = []
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        stock = build_model(dtype, args.hidden).to(device)
+        for n_atoms in args.atoms:
+            atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
+            for way in args.ways:
+                label = f"{dtype_name}, {len(atoms)} atoms, {batch['edge_index'].shape[1]} edges: " + (
+                    f"{way}[{args.backend}]" if way == "fused" and device.type == "cuda" else way)
+                model = prepare(way, stock, device)
+                if isinstance(model, str):
+                    out = [f"### {label}", "", f"not run: {model}", ""]
+                else:
+                    try:
+                        out = section(label, model, batch, e_ref, f_ref, dtype)
+                    except torch.cuda.OutOfMemoryError:
+                        out = [f"### {label}", "", "out of memory", ""]
+                    del model
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                lines += out
+                print("\n".join(out), flush=True)
+    return lines
+
+
 def timed(fn, reps: int, warmup: int, device) -> float:
     """Median wall time of ``fn`` in seconds (synchronised on CUDA)."""
     import torch

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_mace import build_model, device_name, prepare, train_step, workload  # noqa: E402
+from benchmarks.gpu_mace import device_name, train_step, way_sections  # noqa: E402
 
 WAYS = ("stock", "cueq", "fused")
 
@@ -122,28 +122,8 @@ def main(argv=None) -> int:
     lines = [f"## Train-step profile on {device_name(device)}", "",
              f"`python benchmarks/gpu_profile.py {' '.join(argv if argv is not None else sys.argv[1:])}`", ""]
     print("\n".join(lines), flush=True)
-    for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
-        stock = build_model(dtype, args.hidden).to(device)
-        for n_atoms in args.atoms:
-            atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
-            for way in args.ways:
-                label = f"{dtype_name}, {len(atoms)} atoms, {batch['edge_index'].shape[1]} edges: " + (
-                    f"{way}[{args.backend}]" if way == "fused" and device.type == "cuda" else way)
-                model = prepare(way, stock, device)
-                if isinstance(model, str):
-                    out = [f"### {label}", "", f"not run: {model}", ""]
-                else:
-                    try:
-                        r = profile_step(lambda: train_step(model, batch, e_ref, f_ref), device, args.warmup, args.top)
-                        out = report(label, r)
-                    except torch.cuda.OutOfMemoryError:
-                        out = [f"### {label}", "", "out of memory", ""]
-                    del model
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                lines += out
-                print("\n".join(out), flush=True)
+    lines += way_sections(args, device, lambda label, model, batch, e_ref, f_ref, dtype: report(
+        label, profile_step(lambda: train_step(model, batch, e_ref, f_ref), device, args.warmup, args.top)))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
     return 0

@@ -37,6 +37,7 @@ import torch
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops.descriptors import conv_tp as _desc
 from cfm_plugins.ops.kernel_table import Form, Kernel
+from cfm_plugins.ops.silu import restore_radial_silu, swap_radial_silu
 
 log = logging.getLogger("cfm_plugins.ops")
 
@@ -395,10 +396,12 @@ def _make_for_block(tp, block, attr) -> FusedConvTP:
 def _install_in_block(block, attr, fused) -> None:
     setattr(block, attr, fused)
     block.conv_fusion = CONV_FUSION  # the block now calls conv_tp(node_feats, edge_attrs, tp_weights, edge_index)
+    swap_radial_silu(block)  # the radial MLP computing tp_weights: a lean double backward (ops/silu.py)
 
 
 def _restore_in_block(fused, block, attr) -> None:
     setattr(block, attr, fused.to_e3nn())
+    restore_radial_silu(block)
     if getattr(block, "conv_fusion", None) == CONV_FUSION:
         del block.conv_fusion
 

@@ -102,7 +102,12 @@ struct BwdFn : Function<BwdFn> {
   // the cotangents (ax, ay, aw) of (gx, gy, gw) give dg = F(ax, y, w) + F(x, ay, w) + F(x, y, aw),
   // dx = Fx^T(g, ay, w) + Fx^T(g, y, aw), dy = Fy^T(ax, g, w) + Fy^T(x, g, aw),
   // dw = Fw^T(ax, y, g) + Fw^T(x, ay, g).
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  //
+  // Memory: in force training aw is an [edges, paths*channels] buffer (1.6 GB at 4000 atoms in
+  // float32), as are w and both terms of dw. The terms of aw are taken first and aw is released
+  // (``grads`` is the autograd engine's own list, taken by reference so that dropping it here frees
+  // it) before the two dw terms exist, so at most three such buffers are alive, not four.
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     Saved s = load(ctx, 4);
     const Tensor &g = s.front[0], &x = s.front[1], &y = s.front[2], &w = s.front[3];
     const bool ng = ctx->needs_input_grad(0), nx = ctx->needs_input_grad(1), ny = ctx->needs_input_grad(2),
@@ -113,11 +118,20 @@ struct BwdFn : Function<BwdFn> {
                hw = need[2] && grads[2].defined();
     Tensor ax = hx ? grads[0].contiguous() : Tensor(), ay = hy ? grads[1].contiguous() : Tensor(),
            aw = hw ? grads[2].contiguous() : Tensor();
+    grads.clear();
     Tensor dg, dx, dy, dw;
+    if (hw) {
+      if (ng) acc(dg, call_fwd(x, y, aw, s.graph, s.desc, s.desc_t, s.meta));
+      if (nx || ny) {
+        auto [b_x, b_y, b_w] = call_bwd(g, x, y, aw, s.graph, s.desc, s.desc_t, s.meta, nx, ny, false);
+        if (nx) acc(dx, b_x);
+        if (ny) acc(dy, b_y);
+      }
+      aw.reset();
+    }
     if (ng) {
       if (hx) acc(dg, call_fwd(ax, y, w, s.graph, s.desc, s.desc_t, s.meta));
       if (hy) acc(dg, call_fwd(x, ay, w, s.graph, s.desc, s.desc_t, s.meta));
-      if (hw) acc(dg, call_fwd(x, y, aw, s.graph, s.desc, s.desc_t, s.meta));
     }
     if (hx && (ny || nw)) {
       auto [b_x, b_y, b_w] = call_bwd(g, ax, y, w, s.graph, s.desc, s.desc_t, s.meta, false, ny, nw);
@@ -128,11 +142,6 @@ struct BwdFn : Function<BwdFn> {
       auto [b_x, b_y, b_w] = call_bwd(g, x, ay, w, s.graph, s.desc, s.desc_t, s.meta, nx, false, nw);
       if (nx) acc(dx, b_x);
       if (nw) acc(dw, b_w);
-    }
-    if (hw && (nx || ny)) {
-      auto [b_x, b_y, b_w] = call_bwd(g, x, y, aw, s.graph, s.desc, s.desc_t, s.meta, nx, ny, false);
-      if (nx) acc(dx, b_x);
-      if (ny) acc(dy, b_y);
     }
     variable_list res(11);
     res[0] = dg;

@@ -89,3 +89,18 @@ def test_kernels_smoke_run_on_cpu_times_both_kernels_in_every_mode_and_names_wha
         assert r[12].endswith("x")  # ours against stock, same run
     if importlib.util.find_spec("cuequivariance_torch") is None:
         assert "cueq: not run: cuequivariance-torch not installed" in res.stdout
+
+
+def test_memory_peak_smoke_run_on_cpu_accounts_for_the_whole_peak_and_names_our_operators(tmp_path):
+    out = tmp_path / "peak.md"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_peak.py"), "--device", "cpu", "--quick",
+                          "--ways", "stock", "fused", "--top", "1000", "--out", str(out)],
+                         capture_output=True, text=True, env=clean_env(), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    sections = dict(part.split("\n", 1) for part in out.read_text().split("### ")[1:])
+    assert [k.rsplit(": ", 1)[1] for k in sections] == ["stock", "fused"]
+    for way, body in zip(("stock", "fused"), sections.values()):
+        peak = float(re.search(r"peak ([\d.]+) MiB", body).group(1))
+        rows = [line.split("|") for line in body.splitlines() if line.startswith("| `")]
+        assert peak > 1 and abs(sum(float(r[4]) for r in rows) - peak) < 0.05 * len(rows) + 0.1  # all of it, by maker
+        assert any("cfm::conv_tp" in r[1] for r in rows) == (way == "fused")

@@ -65,6 +65,56 @@ def test_gradients_and_double_backward_match_e3nn(hidden, lmax):
         assert rel_err(a, b) < 1e-10
 
 
+@needs_ext
+def test_double_backward_releases_the_weight_cotangent_before_the_weight_gradient_terms():
+    """Force training's peak memory: in the second backward the cotangent of the weight gradient
+    (aw), the weights and both weight-gradient terms are [edges, paths*channels] buffers. aw must be
+    released before those terms are computed (three buffers alive, not four), and the result must
+    not change."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    alive_at_weight_terms: list[bool] = []
+    refs: list = []
+
+    class FreshCotangent(torch.autograd.Function):  # identity whose backward makes aw a new buffer
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            a = g * 1.0
+            refs.append(weakref.ref(a))
+            return a
+
+    class WatchWeightTerms(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.startswith("conv_tp_bwd") and args[10]:  # need_w: a weight-gradient term
+                alive_at_weight_terms.append(refs[0]() is not None)
+            return func(*args, **(kwargs or {}))
+
+    tp = mace_tp("0e+1o", 2, 8)
+    fused = FusedConvTP.from_e3nn(tp)
+    ei = graph(9, 40, seed=5)
+    grads = []
+    for watch in (False, True):
+        refs.clear()
+        x, y, w = inputs(tp, 9, ei.shape[1], torch.float64, seed=6, requires_grad=True)
+        gx, gy, gw = torch.autograd.grad((fused(x, y, w, ei) ** 2).sum(), (x, y, w), create_graph=True)
+        loss = (gx ** 2).sum() + (gy ** 2).sum() + (FreshCotangent.apply(gw) ** 2).sum()
+        if watch:
+            with WatchWeightTerms():
+                grads.append(torch.autograd.grad(loss, (x, y, w)))
+        else:
+            grads.append(torch.autograd.grad(loss, (x, y, w)))
+    # the two terms of the double backward, then the forward's own weight gradient; aw freed before all
+    assert alive_at_weight_terms == [False, False, False]
+    for a, b in zip(*grads):
+        assert a.abs().max() > 0 and torch.equal(a, b)
+
+
 def small_problem(hidden="2x0e+2x1o", lmax=2, N=5, E=9, seed=0):
     irreps_in = o3.Irreps(hidden)
     sh = o3.Irreps.spherical_harmonics(lmax)

@@ -1,0 +1,83 @@
+"""e3nn's normalized SiLU in the radial MLPs of MACE's interaction blocks, with a lean double backward.
+
+A MACE interaction block computes its conv TP's per-edge weights with an e3nn ``FullyConnectedNet``
+(``conv_tp_weights``: three SiLU layers of [edges, 64]) whose activation is
+``normalize2mom(silu)``: ``silu(x) * cst``. In force training torch differentiates SiLU's backward
+as a chain of elementwise ops and keeps four of their outputs per layer for the second backward.
+:class:`LeanSiLU` computes the same ``silu(x) * cst`` through the ``cfm::silu`` operator
+(``cuda/silu/silu_ops.cpp``), whose backward is one operator keeping only (grad, x): the values are
+torch's own silu kernels, the first derivative matches torch's to round-off, and the train step's
+memory peak loses those tensors (docs/benchmarks.md, ``benchmarks/memory_peak.py``).
+
+It is not a kernel of its own in the kernel table: the ``conv_tp`` kernel's MACE-block form swaps
+the block's radial-MLP activations when it fuses the block (:func:`swap_radial_silu`) and puts
+e3nn's modules back when it restores it (:func:`restore_radial_silu`). Without the compiled
+library (or with ``CFM_PLUGINS_FORCE_TORCH=1``) it calls ``torch.nn.functional.silu``, as stock does.
+"""
+
+import torch
+
+from cfm_plugins.ops import _backend
+
+
+def is_normalized_silu(m) -> bool:
+    """e3nn's ``normalize2mom`` of ``torch.nn.functional.silu`` (whatever e3nn version: by layout)."""
+    return (isinstance(m, torch.nn.Module) and not isinstance(m, LeanSiLU)
+            and getattr(m, "f", None) is torch.nn.functional.silu
+            and hasattr(m, "cst") and hasattr(m, "_is_id"))
+
+
+class LeanSiLU(torch.nn.Module):
+    """``silu(x) * cst`` like the e3nn ``normalize2mom(silu)`` it replaces, through ``cfm::silu``."""
+
+    cst: float
+    scaled: bool
+    use_op: bool
+
+    def __init__(self, stock: torch.nn.Module) -> None:
+        super().__init__()
+        self.scaled = not bool(stock._is_id)
+        self.cst = float(stock.cst)
+        self.use_op = _backend.operators_available() and not _backend.disabled()
+
+    def extra_repr(self) -> str:
+        return f"cst={self.cst:.6f}, operator={'cfm::silu' if self.use_op else 'torch silu'}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.cfm.silu(x) if self.use_op else torch.nn.functional.silu(x)
+        return y.mul(self.cst) if self.scaled else y
+
+
+def _layers_with_act(mlp: torch.nn.Module):
+    return [layer for layer in mlp.children() if hasattr(layer, "act")]
+
+
+def swap_radial_silu(block: torch.nn.Module) -> int:
+    """Give the layers of ``block.conv_tp_weights`` (MACE's radial MLP) :class:`LeanSiLU`
+    activations in place of e3nn's normalized SiLU; how many were swapped."""
+    mlp = getattr(block, "conv_tp_weights", None)
+    if not isinstance(mlp, torch.nn.Module):
+        return 0
+    n = 0
+    for layer in _layers_with_act(mlp):
+        if is_normalized_silu(layer.act):
+            layer.act = LeanSiLU(layer.act)
+            n += 1
+    return n
+
+
+def restore_radial_silu(block: torch.nn.Module) -> int:
+    """Undo :func:`swap_radial_silu`: e3nn's ``normalize2mom(silu)`` again, one module shared by the
+    MLP's layers as e3nn builds it, with the constant the layers had."""
+    mlp = getattr(block, "conv_tp_weights", None)
+    if not isinstance(mlp, torch.nn.Module):
+        return 0
+    lean = [layer for layer in _layers_with_act(mlp) if isinstance(layer.act, LeanSiLU)]
+    if lean:
+        from e3nn.math import normalize2mom
+
+        stock = normalize2mom(torch.nn.functional.silu)
+        stock.cst, stock._is_id = lean[0].act.cst, not lean[0].act.scaled
+        for layer in lean:
+            layer.act = stock
+    return len(lean)
