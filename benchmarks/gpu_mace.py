@@ -140,6 +140,21 @@ def prepare(way: str, stock, device):
     raise ValueError(f"unknown way {way!r}; choose from {', '.join(WAYS)}")
 
 
+def add_way_arguments(p, device: str, atoms: list[int], dtypes: list[str], ways: list[str]) -> None:
+    """The options :func:`way_sections` reads (``--device --atoms --dtypes --ways --backend --hidden
+    --top --quick --out``), with the script's defaults (gpu_profile.py, memory_peak.py)."""
+    p.add_argument("--device", default=device)
+    p.add_argument("--atoms", type=int, nargs="+", default=atoms)
+    p.add_argument("--dtypes", nargs="+", default=dtypes, choices=["float32", "float64"])
+    p.add_argument("--ways", nargs="+", default=ways, choices=("stock", "cueq", "fused"))
+    p.add_argument("--backend", default="triton", choices=["cuda", "triton"],
+                   help="kernel backend of the fused way on CUDA")
+    p.add_argument("--hidden", default="128x0e+128x1o")
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)")
+    p.add_argument("--out", default=None)
+
+
 def way_sections(args, device, section) -> list[str]:
     """The markdown of ``section(label, model, batch, e_ref, f_ref, dtype) -> lines`` for every dtype,
     size and way of ``args`` (``dtypes``, ``atoms``, ``ways``, ``hidden``, ``backend``), printed as

@@ -33,9 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_mace import device_name, train_step, way_sections  # noqa: E402
-
-WAYS = ("stock", "cueq", "fused")
+from benchmarks.gpu_mace import add_way_arguments, device_name, train_step, way_sections  # noqa: E402
 
 
 def _creators(mp) -> dict:
@@ -118,16 +116,7 @@ def _short(name: str, width: int = 60) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--atoms", type=int, nargs="+", default=[500])
-    p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64"])
-    p.add_argument("--ways", nargs="+", default=["stock", "fused"], choices=WAYS)
-    p.add_argument("--backend", default="triton", choices=["cuda", "triton"],
-                   help="kernel backend of the fused way on CUDA")
-    p.add_argument("--hidden", default="128x0e+128x1o")
-    p.add_argument("--top", type=int, default=12)
-    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)")
-    p.add_argument("--out", default=None)
+    add_way_arguments(p, "cpu", [500], ["float32"], ["stock", "fused"])
     args = p.parse_args(argv)
     if args.quick:
         args.hidden, args.atoms = "8x0e+8x1o", [32]

@@ -22,8 +22,7 @@ from cfm_plugins.ops import _backend
 
 def is_normalized_silu(m) -> bool:
     """e3nn's ``normalize2mom`` of ``torch.nn.functional.silu`` (whatever e3nn version: by layout)."""
-    return (isinstance(m, torch.nn.Module) and not isinstance(m, LeanSiLU)
-            and getattr(m, "f", None) is torch.nn.functional.silu
+    return (isinstance(m, torch.nn.Module) and getattr(m, "f", None) is torch.nn.functional.silu
             and hasattr(m, "cst") and hasattr(m, "_is_id"))
 
 
@@ -48,31 +47,25 @@ class LeanSiLU(torch.nn.Module):
         return y.mul(self.cst) if self.scaled else y
 
 
-def _layers_with_act(mlp: torch.nn.Module):
-    return [layer for layer in mlp.children() if hasattr(layer, "act")]
+def _radial_layers(block: torch.nn.Module) -> list:
+    """The layers of ``block.conv_tp_weights`` (MACE's radial MLP) that have an activation slot."""
+    mlp = getattr(block, "conv_tp_weights", None)
+    return [layer for layer in mlp.children() if hasattr(layer, "act")] if isinstance(mlp, torch.nn.Module) else []
 
 
 def swap_radial_silu(block: torch.nn.Module) -> int:
     """Give the layers of ``block.conv_tp_weights`` (MACE's radial MLP) :class:`LeanSiLU`
     activations in place of e3nn's normalized SiLU; how many were swapped."""
-    mlp = getattr(block, "conv_tp_weights", None)
-    if not isinstance(mlp, torch.nn.Module):
-        return 0
-    n = 0
-    for layer in _layers_with_act(mlp):
-        if is_normalized_silu(layer.act):
-            layer.act = LeanSiLU(layer.act)
-            n += 1
-    return n
+    stock = [layer for layer in _radial_layers(block) if is_normalized_silu(layer.act)]
+    for layer in stock:
+        layer.act = LeanSiLU(layer.act)
+    return len(stock)
 
 
 def restore_radial_silu(block: torch.nn.Module) -> int:
     """Undo :func:`swap_radial_silu`: e3nn's ``normalize2mom(silu)`` again, one module shared by the
     MLP's layers as e3nn builds it, with the constant the layers had."""
-    mlp = getattr(block, "conv_tp_weights", None)
-    if not isinstance(mlp, torch.nn.Module):
-        return 0
-    lean = [layer for layer in _layers_with_act(mlp) if isinstance(layer.act, LeanSiLU)]
+    lean = [layer for layer in _radial_layers(block) if isinstance(layer.act, LeanSiLU)]
     if lean:
         from e3nn.math import normalize2mom
 

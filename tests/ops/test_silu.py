@@ -16,6 +16,7 @@ from cfm_plugins.ops.silu import LeanSiLU
 from tests.helpers.mace_models import BLOCKS, mace_batch, run_mace, tiny_mace
 
 needs_ext = pytest.mark.skipif(not _backend.operators_available(), reason="compiled CPU library not built")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (not counted: no GPU here)")
 
 
 def _x(dtype=torch.float64, n=(40, 9), seed=0):
@@ -71,7 +72,7 @@ def test_force_training_backward_keeps_the_gradient_only():
     assert new_saved(torch.ops.cfm.silu) == 1
 
 
-def test_patch_swaps_the_radial_mlp_activations_and_unpatch_restores_e3nns():
+def test_patch_swaps_the_radial_mlp_activations_and_unpatch_restores_e3nn_ones():
     model = tiny_mace("ScaleShiftMACE", BLOCKS[0], "RealAgnosticInteractionBlock")
     stock_acts = [layer.act for b in model.interactions for layer in b.conv_tp_weights.children()]
     patched = copy.deepcopy(model)
@@ -140,5 +141,19 @@ def test_torch_compile_forward_and_backward():
         x = _x()
         y = fn(x)
         results.append((y.detach(), torch.autograd.grad(y.square().sum(), x)[0]))
+    for ours, ref in zip(*results):
+        assert ((ours - ref).abs().max() / ref.abs().max()) < 1e-12
+
+
+@needs_ext
+@needs_cuda
+def test_cuda_values_and_derivatives_match_cpu():
+    results = []
+    for device in ("cpu", "cuda"):
+        x = _x().detach().to(device).requires_grad_(True)
+        y = torch.ops.cfm.silu(x)
+        (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+        (ggx,) = torch.autograd.grad(gx.square().sum(), x)
+        results.append([t.detach().cpu() for t in (y, gx, ggx)])
     for ours, ref in zip(*results):
         assert ((ours - ref).abs().max() / ref.abs().max()) < 1e-12
