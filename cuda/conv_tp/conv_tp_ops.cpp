@@ -1,6 +1,8 @@
 // Registration of the cfm::conv_tp_* operators: schemas, CPU and Meta kernels, and the autograd
 // (backward written with both operators again, the form being trilinear, so every higher
 // derivative exists). The CUDA kernels register in conv_tp_ops_cuda.cpp.
+#include <algorithm>
+
 #include "conv_tp_host.h"
 #include "conv_tp_ops.h"
 
@@ -84,6 +86,39 @@ void acc(Tensor& total, const Tensor& term) {
   }
 }
 
+// Edges per slice of a weight-gradient term summed in slices (below): an eighth of the edges, and no
+// fewer than 32768, so that small graphs, whose step is bound by the host, take no more launches.
+int64_t weight_term_slice(int64_t n_edges) { return std::max<int64_t>(32768, (n_edges + 7) / 8); }
+
+// Whether the second weight-gradient term of the double backward is added into ``dw`` slice by slice:
+// when the first term is there to add into, the sum is taken in place (no graph to record, see
+// acc), the tensors are real (not traced by torch.compile, whose own memory plan this would only
+// fill with copies of slices) and the edges are more than one slice.
+bool sum_weight_term_in_slices(const Tensor& dw, const Tensor& y) {
+  if (!dw.defined() || at::GradMode::is_enabled()) return false;
+  const auto traced = c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
+  if (dw.key_set().has_any(traced) || y.key_set().has_any(traced)) return false;
+  const auto n_edges = y.sym_size(0).maybe_as_int();  // symbolic under torch.compile: one call
+  return n_edges.has_value() && *n_edges > weight_term_slice(*n_edges);
+}
+
+// dw += Fw^T(x, y, g), computed for one slice of edges at a time (the weight gradient of an edge needs
+// only its sender, receiver and edge attributes): the term never exists as a whole
+// [edges, paths*channels] buffer, the size in which force training's peak memory grows.
+void add_weight_term_in_slices(Tensor& dw, const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& w,
+                               const Saved& s) {
+  const int64_t n_edges = y.size(0), step = weight_term_slice(n_edges);
+  for (int64_t a = 0; a < n_edges; a += step) {
+    const int64_t b = std::min(n_edges, a + step);
+    Vec graph = s.graph;
+    graph[kSender] = graph[kSender].slice(0, a, b);
+    graph[kReceiver] = graph[kReceiver].slice(0, a, b);
+    auto term = std::get<2>(call_bwd(g, x, y.slice(0, a, b), w.slice(0, a, b), graph, s.desc, s.desc_t, s.meta,
+                                     false, false, true));
+    dw.slice(0, a, b).add_(term);
+  }
+}
+
 struct BwdFn : Function<BwdFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& g, const Tensor& x, const Tensor& y,
                                const Tensor& w, Vec graph, Vec desc, Vec desc_t, std::vector<int64_t> meta, bool nx,
@@ -106,7 +141,8 @@ struct BwdFn : Function<BwdFn> {
   // Memory: in force training aw is an [edges, paths*channels] buffer (1.6 GB at 4000 atoms in
   // float32), as are w and both terms of dw. The terms of aw are taken first and aw is released
   // (``grads`` is the autograd engine's own list, taken by reference so that dropping it here frees
-  // it) before the two dw terms exist, so at most three such buffers are alive, not four.
+  // it) before the two dw terms exist, and the second dw term is added into the first slice by slice
+  // (add_weight_term_in_slices): two such buffers alive (w and dw), not four.
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     Saved s = load(ctx, 4);
     const Tensor &g = s.front[0], &x = s.front[1], &y = s.front[2], &w = s.front[3];
@@ -139,9 +175,11 @@ struct BwdFn : Function<BwdFn> {
       if (nw) acc(dw, b_w);
     }
     if (hy && (nx || nw)) {
-      auto [b_x, b_y, b_w] = call_bwd(g, x, ay, w, s.graph, s.desc, s.desc_t, s.meta, nx, false, nw);
+      const bool sliced = nw && sum_weight_term_in_slices(dw, y);
+      auto [b_x, b_y, b_w] = call_bwd(g, x, ay, w, s.graph, s.desc, s.desc_t, s.meta, nx, false, nw && !sliced);
       if (nx) acc(dx, b_x);
-      if (nw) acc(dw, b_w);
+      if (nw && !sliced) acc(dw, b_w);
+      if (sliced) add_weight_term_in_slices(dw, g, x, ay, w, s);
     }
     variable_list res(11);
     res[0] = dg;

@@ -115,6 +115,42 @@ def test_double_backward_releases_the_weight_cotangent_before_the_weight_gradien
         assert a.abs().max() > 0 and torch.equal(a, b)
 
 
+@needs_ext
+def test_double_backward_adds_the_second_weight_term_in_edge_slices():
+    """Force training's peak memory: outside a graph the second weight-gradient term of the double
+    backward is added into the first one slice of edges by slice (1/8 of them, no fewer than 32768),
+    so it never exists whole. The result equals the unsliced sum (taken when a graph is
+    recorded), and the slices cover every edge."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    weight_term_rows: list[int] = []
+
+    class WatchWeightTerms(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.startswith("conv_tp_bwd") and args[10]:  # need_w
+                weight_term_rows.append(args[2].shape[0])
+            return func(*args, **(kwargs or {}))
+
+    tp = mace_tp("0e+1o", 1, 2)
+    fused = FusedConvTP.from_e3nn(tp)
+    N, E = 40, 70_000
+    ei = graph(N, E, seed=8)
+    grads = []
+    for create_graph in (True, False):  # recorded: one unsliced sum; not recorded: in slices
+        weight_term_rows.clear()
+        x, y, w = inputs(tp, N, E, torch.float64, seed=9, requires_grad=True)
+        gx, gy, gw = torch.autograd.grad((fused(x, y, w, ei) ** 2).sum(), (x, y, w), create_graph=True)
+        loss = (gx ** 2).sum() + (gy ** 2).sum() + (gw ** 3).sum()
+        with WatchWeightTerms():
+            grads.append(torch.autograd.grad(loss, (x, y, w), create_graph=create_graph))
+        rows = list(weight_term_rows)
+    # the last run: the first term whole, the second in ceil(70000 / 32768) = 3 slices, then the
+    # forward's own weight gradient
+    assert rows == [E, 32768, 32768, E - 2 * 32768, E]
+    for a, b in zip(*grads):
+        assert a.abs().max() > 0 and torch.equal(a.detach(), b)
+
+
 def small_problem(hidden="2x0e+2x1o", lmax=2, N=5, E=9, seed=0):
     irreps_in = o3.Irreps(hidden)
     sh = o3.Irreps.spherical_harmonics(lmax)

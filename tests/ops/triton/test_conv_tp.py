@@ -70,6 +70,23 @@ def test_every_gradient_subset_matches_the_cpp_kernel(triton_cpu, need):
             assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
 
+def test_weight_gradient_of_an_edge_slice_is_those_rows_of_the_whole(triton_cpu):
+    """The double backward sums its second weight-gradient term slice by slice of edges (the C++
+    autograd, add_weight_term_in_slices): sender, receiver, y and w sliced, the CSR pointers and the
+    node tensors whole. The Triton kernel must give those rows of the whole gradient."""
+    tp = mace_tp("0e+1o", 2, 4)
+    fused = FusedConvTP.from_e3nn(tp)
+    N, E, a, b = 6, 30, 11, 26
+    x, y, w = inputs(tp, N, E, torch.float64)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(N, E))
+    g = torch.randn(N, meta[1], dtype=torch.float64)
+    whole = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, False, False, True)[2]
+    sliced = [t[a:b] if i < 2 else t for i, t in enumerate(g_t)]
+    part = torch.ops.cfm.conv_tp_bwd(g, xc, y[a:b], w[a:b], sliced, desc, desc_t, meta, False, False, True)[2]
+    assert part.shape == (b - a, w.shape[1]) and part.abs().max() > 0
+    assert torch.equal(part, whole[a:b])
+
+
 def test_gradcheck_and_gradgradcheck():
     tp = mace_tp("0e+1o", 1, 2)
     fused = FusedConvTP.from_e3nn(tp)
