@@ -21,9 +21,12 @@ captured once and replayed on padded static shapes; reported as not built until 
 it, never silently replaced by another way).
 
 Then, unless ``--no-epoch``, the epoch time of ``mace_run_train`` on the example data set
-(cfm_plugins.datasets.cuni, ``--epoch-structures`` CuNi structures of 4..500 atoms) three ways:
-stock, ``--enable_cueq=True``, and ``mpirun -np 1 cfm-run --enable mace,binpack,fused``; the time of
-the second epoch (train + validation) is read from the timestamps of mace's own "Epoch N" lines.
+(cfm_plugins.datasets.cuni, ``--epoch-structures`` CuNi structures of 4..500 atoms), by default three
+ways: stock, ``--enable_cueq=True``, and ``mpirun -np 1 cfm-run --enable mace,binpack,fused``;
+``--epoch-ways ... fused+capture`` adds ``--enable mace,binpack,fused,static -o
+compile=reduce-overhead`` (padded static batches, the step compiled and captured as CUDA graphs; the
+first epoch compiles). The time of the second epoch (train + validation) is read from the timestamps
+of mace's own "Epoch N" lines.
 
 ``--backend cuda triton`` runs the ``fused`` ways once per kernel backend of the ``cfm::`` operators on
 CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Triton kernels generated
@@ -306,6 +309,27 @@ def epoch_seconds(log_text: str, epoch: int) -> float | None:
     return (stamps[epoch] - stamps[epoch - 1]).total_seconds()
 
 
+def run_logged(cmd: list[str], env: dict, timeout: float | None) -> tuple[str, int | None]:
+    """(stdout and stderr, exit code) of ``cmd``; past ``timeout`` seconds its whole process group
+    (mpirun and its ranks) is stopped and the code is None, the output so far kept (how far it got)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        return proc.communicate(timeout=timeout)[0], proc.returncode
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                return proc.communicate(timeout=10)[0], None
+            except subprocess.TimeoutExpired:
+                continue
+            except ProcessLookupError:
+                break
+        return proc.communicate()[0], None
+
+
 def epoch_table(args, device) -> list[str]:
     from cfm_plugins.datasets.cuni import make_dataset
     from cfm_plugins.testing import mpirun_command
@@ -320,11 +344,7 @@ def epoch_table(args, device) -> list[str]:
               f"--valid_file={files['valid']}", "--E0s=isolated", "--energy_key=REF_energy",
               "--forces_key=REF_forces", "--stress_key=REF_stress", "--seed=1", "--eval_interval=1",
               "--num_workers=0"]
-    ways = {"stock": ["mace_run_train"], "cueq": ["mace_run_train", "--enable_cueq=True"]}
-    for backend in (args.backends if device.type == "cuda" else ["cuda"]):
-        label = "fused+binpack" + (f"[{backend}]" if device.type == "cuda" else "")
-        ways[label] = mpirun + ["cfm-run", "--enable", "mace,binpack,fused", "-o", f"fused_backend={backend}", "--",
-                                "mace_run_train"]
+    ways = epoch_commands(args.epoch_ways, args.backends, device, mpirun)
     lines = ["| way | epoch 2 (train + validation) s | vs stock |", "|---|---|---|"]
     base = None
     env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -337,17 +357,45 @@ def epoch_table(args, device) -> list[str]:
         run.mkdir(parents=True, exist_ok=True)
         full = cmd + common + [f"--name={run.name}", f"--work_dir={run}", f"--model_dir={run}"]
         print("$", " ".join(full), flush=True)
-        res = subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        (run / "train.log").write_text(res.stdout)
-        seconds = epoch_seconds(res.stdout, 1) if res.returncode == 0 else None
+        text, rc = run_logged(full, env, args.epoch_timeout)
+        (run / "train.log").write_text(text)
+        # the second epoch is over once its validation line is logged: a run stopped later still counts
+        seconds = epoch_seconds(text, 1) if rc in (0, None) else None
         if seconds is None:
-            why = f"failed (rc {res.returncode}), see {run / 'train.log'}"
-            lines.append(f"| {way} | {why} | - |")
+            why = (f"timed out after {args.epoch_timeout} s" if rc is None else f"failed (rc {rc})")
+            lines.append(f"| {way} | {why}, see {run / 'train.log'} | - |")
         else:
             base = base or seconds
             lines.append(f"| {way} | {seconds:.2f} | {seconds / base:.2f}x |")
         print(lines[-1], flush=True)
     return lines
+
+
+#: ways of the epoch table: stock mace, mace's cuEquivariance, ``cfm-run --enable mace,binpack,fused``,
+#: and the same with ``static`` and the step compiled and captured (CUDA graphs; inductor's default
+#: mode on a CPU, where there are no graphs to capture)
+EPOCH_WAYS = ("stock", "cueq", "fused", "fused+capture")
+
+
+def epoch_commands(ways, backends, device, mpirun) -> dict[str, list[str]]:
+    """Label -> command (before mace_run_train's own arguments) of each epoch way; the fused ways
+    once per kernel backend on CUDA."""
+    out: dict[str, list[str]] = {}
+    for way in ways:
+        if way == "stock":
+            out[way] = ["mace_run_train"]
+        elif way == "cueq":
+            out[way] = ["mace_run_train", "--enable_cueq=True"]
+        else:
+            capture = way == "fused+capture"
+            features = "mace,binpack,fused" + (",static" if capture else "")
+            label = "fused+binpack" + ("+static+capture" if capture else "")
+            mode = ["-o", "compile=" + ("reduce-overhead" if device.type == "cuda" else "default")] if capture else []
+            for backend in (backends if device.type == "cuda" else ["cuda"]):
+                tag = f"[{backend}]" if device.type == "cuda" else ""
+                out[label + tag] = mpirun + ["cfm-run", "--enable", features, "-o", f"fused_backend={backend}",
+                                             *mode, "--", "mace_run_train"]
+    return out
 
 
 def device_name(device) -> str:
@@ -374,6 +422,12 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--epoch-structures", type=int, default=600)
     p.add_argument("--no-epoch", action="store_true", help="skip the mace_run_train epoch timings")
+    p.add_argument("--no-steps", action="store_true", help="skip the step table (only the epochs)")
+    p.add_argument("--epoch-ways", nargs="+", default=["stock", "cueq", "fused"], choices=EPOCH_WAYS,
+                   help="ways of the epoch table; fused+capture adds the static plugin with compile=reduce-overhead "
+                        "(CUDA graphs; compile=default on a CPU)")
+    p.add_argument("--epoch-timeout", type=float, default=None,
+                   help="seconds per epoch run; a run stopped after its second epoch still counts")
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)")
     p.add_argument("--out", default="/tmp/cfm_bench_gpu_mace")
     args = p.parse_args(argv)
@@ -393,13 +447,13 @@ def main(argv=None) -> int:
             f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP [64,64,64], "
             f"r_max 6, 2 layers; CuNi fcc cells; median of {args.reps} steps after {args.warmup} warm-ups.", ""]
     print("\n".join(head), flush=True)
-    lines = head + step_table(args, device) + [""]
+    lines = head + ([] if args.no_steps else step_table(args, device) + [""])
     if not args.no_epoch:
         lines += [f"`mace_run_train` on {args.epoch_structures} example CuNi structures (4..500 atoms), "
                   f"{args.hidden}, max_L 1, float32, batch 8:", ""] + epoch_table(args, device) + [""]
     text = "\n".join(lines)
     print(text)
-    if device.type == "cuda":
+    if device.type == "cuda" and not args.no_steps:  # an epochs-only run leaves the step figures there
         FRAGMENT.write_text(text)
     return 0
 

@@ -82,9 +82,20 @@ _CSR_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
 _CSR_CACHE_SIZE = 8
 
 
+def _check_range(edge_index: torch.Tensor, num_nodes: int) -> None:
+    """A ValueError if an index of edge_index is not a node: one device-to-host copy (on a GPU, a
+    wait for the queued kernels) per edge_index, not per layer."""
+    if edge_index.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(edge_index)).tolist()
+    if lo < 0 or hi >= num_nodes:
+        raise ValueError(f"FusedConvTP: edge_index out of range [{lo}, {hi}] for {num_nodes} nodes")
+
+
 def edge_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
     """CSR groupings of ``edge_index`` ([2, E]: sender, receiver), cached on the tensor's identity
-    and version: the interaction layers of one forward and their backward share one sort."""
+    and version: the interaction layers of one forward and their backward share one sort and one
+    range check (eager; a ValueError names an index that is not a node)."""
     if _backend.tracing(edge_index):
         return _build_csr(edge_index, num_nodes)
     key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), edge_index.dtype,
@@ -93,6 +104,7 @@ def edge_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
     if hit is not None and hit[0]() is edge_index:
         _CSR_CACHE.move_to_end(key)
         return hit[1]
+    _check_range(edge_index, num_nodes)
     csr = _build_csr(edge_index, num_nodes)
     # the entry goes when the edge_index tensor does (the batch is over)
     _CSR_CACHE[key] = (weakref.ref(edge_index, lambda _ref, k=key: _CSR_CACHE.pop(k, None)), csr)
@@ -292,10 +304,7 @@ class FusedConvTP(torch.nn.Module):
         if y.shape[0] != E or w.shape[0] != E:
             raise ValueError(f"FusedConvTP: {E} edges in edge_index but edge_attrs has {y.shape[0]} rows and "
                              f"tp_weights {w.shape[0]}")
-        if E > 0:
-            lo, hi = int(edge_index.min()), int(edge_index.max())
-            if lo < 0 or hi >= x.shape[0]:
-                raise ValueError(f"FusedConvTP: edge_index out of range [{lo}, {hi}] for {x.shape[0]} nodes")
+        # the range of edge_index is checked once per edge_index, where its CSR is built (edge_csr)
 
     @torch.jit.unused
     def _eager_graph(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,

@@ -21,6 +21,8 @@ it recognises MACE's layout whatever the class, so vendored copies are fused too
 """
 
 import logging
+import weakref
+from collections import OrderedDict
 from typing import List, Tuple
 
 import numpy as np
@@ -71,6 +73,74 @@ def _torch_polynomial(module: "FusedSymmetricContraction", x: torch.Tensor, coef
         contrib = P.index_select(0, nodes)[:, :, term_j] * ce  # [n_e, C, T]
         out = out.index_put((nodes,), contrib @ onehot)
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Nodes grouped by element (eager): one device-to-host copy per node-attribute tensor
+# ----------------------------------------------------------------------------------------------
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_GROUPS_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
+_GROUPS_CACHE_SIZE = 8
+
+
+def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array on ``device`` without waiting for the device's queue (pinned, non-blocking)."""
+    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _group(y: torch.Tensor, idx: torch.Tensor, num_elements: int, chunk: int) -> Tuple[torch.Tensor, ...]:
+    E, n, device = num_elements, idx.shape[0], idx.device
+    if y.is_floating_point():
+        valid = (((y == 0) | (y == 1)).all(-1) & (y.sum(-1) == 1)).all()
+    else:
+        valid = ((idx >= 0) & (idx < E)).all()
+    counts = torch.zeros(E, dtype=torch.int64, device=device)
+    counts.index_add_(0, idx.clamp(0, E - 1), torch.ones_like(idx))  # no bincount: on CUDA it syncs for its size
+    host = torch.cat([valid.reshape(1).long(), counts]).tolist()  # the one copy to the host
+    if not host[0]:
+        if y.is_floating_point():
+            raise ValueError("y must be one-hot (exactly one 1 per node, zeros elsewhere); "
+                             "mixtures of elements are not supported by the fused contraction")
+        raise ValueError(f"element indices must lie in [0, {E}), got range [{int(idx.min())}, {int(idx.max())}]")
+    counts_h = np.asarray(host[1:], dtype=np.int64)
+    present_h = np.flatnonzero(counts_h)
+    counts_p = counts_h[present_h]
+    lut = np.zeros(E, dtype=np.int64)
+    lut[present_h] = np.arange(present_h.size)
+    # chunks of <= chunk nodes of one element, in element order: chunk_ptr = their first sorted nodes, then n
+    starts = np.cumsum(counts_p) - counts_p
+    chunk_ptr = np.concatenate([np.arange(s, s + c, chunk) for s, c in zip(starts, counts_p)] + [np.array([n])])
+    inv = _to_device(lut, device)[idx]
+    order = torch.argsort(inv, stable=True)
+    return (_to_device(present_h, device), inv, _to_device(counts_p, device), order,
+            _to_device(chunk_ptr, device))
+
+
+def node_groups(y: torch.Tensor, idx: torch.Tensor, num_elements: int,
+                chunk: int = CHUNK) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The nodes of one batch by element: (present elements, sorted; each node's index into them;
+    nodes per present element; the nodes sorted by element, stably; chunk pointers: runs of at most
+    ``chunk`` nodes of one element, then the node count). ``y`` is the node attributes (one-hot
+    or indices), ``idx`` their element indices.
+
+    A ValueError if ``y`` is not one-hot or an index is not an element. Its values reach the host
+    once (on a GPU, the one wait for the queued kernels; the grouping is then done on the host and
+    copied back without waiting), and the result is cached on ``y``'s identity and version: every
+    layer of a forward gets the same node attributes."""
+    key = (y.data_ptr(), y._version, tuple(y.shape), y.dtype, y.device, int(num_elements), int(chunk))
+    hit = _GROUPS_CACHE.get(key)
+    if hit is not None and hit[0]() is y:
+        _GROUPS_CACHE.move_to_end(key)
+        return hit[1]
+    groups = _group(y, idx, num_elements, chunk)
+    # the entry goes when y does (the batch is over)
+    _GROUPS_CACHE[key] = (weakref.ref(y, lambda _ref, k=key: _GROUPS_CACHE.pop(k, None)), groups)
+    while len(_GROUPS_CACHE) > _GROUPS_CACHE_SIZE:
+        _GROUPS_CACHE.popitem(last=False)
+    return groups
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,20 +254,16 @@ class FusedSymmetricContraction(torch.nn.Module):
         E = self.num_elements
         if not isinstance(y, torch.Tensor):
             raise ValueError(f"y must be a one-hot tensor [nodes, {E}] or element indices [nodes], got {type(y).__name__}")
-        checking = not _backend.tracing(y)
-        if y.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        # shapes and types here; the values (one-hot, indices in range) where the nodes are grouped
+        # by element, in the same device-to-host copy (node_groups)
+        if y.dtype in _INDEX_DTYPES:
             if y.dim() != 1 or y.shape[0] != n:
                 raise ValueError(f"integer y must be element indices of shape [{n}], got {list(y.shape)}")
-            if checking and n and (int(y.min()) < 0 or int(y.max()) >= E):
-                raise ValueError(f"element indices must lie in [0, {E}), got range [{int(y.min())}, {int(y.max())}]")
             return
         if not y.is_floating_point():
             raise ValueError(f"y must be a floating one-hot [nodes, {E}] or integer indices, got {y.dtype}")
         if y.dim() != 2 or y.shape[0] != n or y.shape[1] != E:
             raise ValueError(f"one-hot y must have shape [{n}, {E}] (nodes, num_elements), got {list(y.shape)}")
-        if checking and n and not bool(((y == 0) | (y == 1)).all() and (y.sum(-1) == 1).all()):
-            raise ValueError("y must be one-hot (exactly one 1 per node, zeros elsewhere); "
-                             "mixtures of elements are not supported by the fused contraction")
 
     @torch.jit.unused
     def _eager_backend(self, x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -207,13 +273,18 @@ class FusedSymmetricContraction(torch.nn.Module):
         return self.use_kernel and x.shape[0] > 0 and _backend.choose(x.device) != "torch"
 
     @torch.jit.unused
-    def _eager_elements(self, idx: torch.Tensor, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(present elements, each node's index into them, nodes per present element). Traced
-        (export, AOTInductor): every element, so that no shape depends on the data."""
-        if _backend.tracing(x):
+    def _eager_groups(self, y: torch.Tensor, idx: torch.Tensor,
+                      x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(present elements, each node's index into them, nodes per present element, nodes sorted
+        by element, chunk pointers). Eager: :func:`node_groups` (one host copy per y, shared by the
+        layers). Traced (torch.compile, export, AOTInductor): every element, so that no shape
+        depends on the data."""
+        if _backend.tracing(x) or _backend.tracing(y):
             present = torch.arange(self.num_elements, device=idx.device)
-            return present, idx, torch.bincount(idx, minlength=self.num_elements)
-        return torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+            counts = torch.bincount(idx, minlength=self.num_elements)
+            order, chunk_ptr = self._chunks(idx, counts, idx.shape[0])
+            return present, idx, counts, order, chunk_ptr
+        return node_groups(y, idx, self.num_elements, self._chunk)
 
     @torch.jit.unused
     def _torch_forward(self, x: torch.Tensor, coeff: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -262,13 +333,13 @@ class FusedSymmetricContraction(torch.nn.Module):
         idx = y.argmax(dim=-1) if y.is_floating_point() else y.long()
         if torch.jit.is_scripting():
             present, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+            order, chunk_ptr = self._chunks(inv, counts, n)
         else:
-            present, inv, counts = self._eager_elements(idx, x)
+            present, inv, counts, order, chunk_ptr = self._eager_groups(y, idx, x)
         coeff = self._fold(present, x.dtype)
         x = x.contiguous()
         if not use_ops:
             return self._torch_forward(x, coeff, inv)
-        order, chunk_ptr = self._chunks(inv, counts, n)
         return torch.ops.cfm.symmetric_contraction_fwd(x, coeff, inv.contiguous(), order, chunk_ptr,
                                                        self._desc_tensors(), self._meta)
 

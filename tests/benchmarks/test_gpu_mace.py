@@ -51,6 +51,45 @@ def test_backends_give_one_fused_row_each_on_cuda():
     assert gpu_mace.expand_ways(["fused"], ["cuda", "triton"], torch.device("cpu")) == [("fused", None)]
 
 
+def test_epoch_ways_add_static_capture_per_backend():
+    import torch
+
+    mpirun = ["mpirun", "-np", "1"]
+    ways = gpu_mace.epoch_commands(["stock", "fused", "fused+capture"], ["cuda", "triton"], torch.device("cuda"), mpirun)
+    assert list(ways) == ["stock", "fused+binpack[cuda]", "fused+binpack[triton]", "fused+binpack+static+capture[cuda]",
+                          "fused+binpack+static+capture[triton]"]
+    captured = ways["fused+binpack+static+capture[triton]"]
+    assert captured[:3] == mpirun and captured[-1] == "mace_run_train"
+    assert "mace,binpack,fused,static" in captured and "compile=reduce-overhead" in captured
+    assert "fused_backend=triton" in captured
+    assert "static" not in " ".join(ways["fused+binpack[triton]"])
+    # no CUDA graphs on a CPU: inductor's default mode, one row
+    cpu = gpu_mace.epoch_commands(["fused+capture"], ["cuda", "triton"], torch.device("cpu"), mpirun)
+    assert list(cpu) == ["fused+binpack+static+capture"] and "compile=default" in cpu["fused+binpack+static+capture"]
+
+
+def test_an_epoch_run_past_its_timeout_is_stopped_with_its_children_and_keeps_its_log():
+    import os
+    import time
+
+    child = "import time; time.sleep(120)"
+    script = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', %r]); "
+              "print('child', p.pid, flush=True); time.sleep(120)" % child)
+    start = time.monotonic()
+    text, rc = gpu_mace.run_logged([sys.executable, "-c", script], dict(os.environ), timeout=3)
+    assert rc is None and time.monotonic() - start < 60
+    pid = int(re.search(r"child (\d+)", text).group(1))
+    for _ in range(50):  # the grandchild (an MPI rank, in a real run) is stopped too
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"process {pid} of the stopped run is still alive")
+    assert gpu_mace.run_logged([sys.executable, "-c", "print('done')"], dict(os.environ), timeout=30) == ("done\n", 0)
+
+
 def test_md_smoke_run_on_cpu_times_each_way_and_compares_forces():
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_md.py"), "--device", "cpu", "--atoms", "32",
                           "--dtypes", "float64", "--hidden", "8x0e+8x1o", "--steps", "2", "--repeats", "1",
