@@ -351,8 +351,10 @@ def shutdown(dist: DistInfo | None) -> None:
         gc.collect()
         try:
             tdist.barrier()
-        except Exception:  # noqa: BLE001 - a peer already gone: still destroy ours
-            pass
+        except Exception as e:  # noqa: BLE001 - a peer already gone: still destroy ours
+            log.warning("rank %d: the final barrier failed (%s: %s): another rank ended first, likely after an "
+                        "error of its own (see its log); closing this rank's process group anyway",
+                        dist.rank, type(e).__name__, e)
         tdist.destroy_process_group()
 
 

@@ -77,3 +77,22 @@ def test_each_rank_takes_its_own_gpu_with_nccl():
     assert out.returncode == 0, out.stdout[-3000:]
     devices = dict(re.findall(r"DEVICE rank=(\d) (cuda:\d) backend=nccl LOCAL_RANK=\d", out.stdout))
     assert devices == {"0": "cuda:0", "1": "cuda:1"}, out.stdout[-3000:]
+
+
+def test_shutdown_says_when_the_final_barrier_fails_and_still_closes_the_group(tmp_path, monkeypatch, caplog):
+    """A peer that ended first (after an error of its own) makes the final barrier raise: the rank
+    says so and closes its process group anyway, rather than hang or abort at exit."""
+    import torch.distributed as tdist
+
+    from cfm_plugins.distributed import DistInfo, shutdown
+
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+
+    def gone(*a, **k):
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:12345")
+
+    monkeypatch.setattr(tdist, "barrier", gone)
+    with caplog.at_level("WARNING", logger="cfm_plugins"):
+        shutdown(DistInfo(rank=0, world_size=1, backend="gloo"))
+    assert not tdist.is_initialized()
+    assert "rank 0: the final barrier failed (RuntimeError: Connection closed by peer" in caplog.text
