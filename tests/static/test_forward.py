@@ -133,7 +133,7 @@ def test_compiled_forces_under_ddp_with_several_buckets_match_eager():
         (e1, f1, g1), (e2, f2, g2) = results
         torch.testing.assert_close(e1, e2)
         torch.testing.assert_close(f1, f2)
-        for a, b in zip(g1, g2):
+        for a, b in zip(g1, g2, strict=True):
             torch.testing.assert_close(a, b)
     finally:
         dist.destroy_process_group()
