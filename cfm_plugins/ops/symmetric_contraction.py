@@ -273,15 +273,18 @@ class FusedSymmetricContraction(torch.nn.Module):
         return self.use_kernel and x.shape[0] > 0 and _backend.choose(x.device) != "torch"
 
     @torch.jit.unused
-    def _eager_groups(self, y: torch.Tensor, idx: torch.Tensor,
-                      x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _eager_groups(self, y: torch.Tensor, idx: torch.Tensor, x: torch.Tensor,
+                      use_ops: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(present elements, each node's index into them, nodes per present element, nodes sorted
         by element, chunk pointers). Eager: :func:`node_groups` (one host copy per y, shared by the
         layers). Traced (torch.compile, export, AOTInductor): every element, so that no shape
-        depends on the data."""
+        depends on the data, and the chunks only for the operators (the pure-torch evaluation
+        needs none, and their count depends on the data)."""
         if _backend.tracing(x) or _backend.tracing(y):
             present = torch.arange(self.num_elements, device=idx.device)
             counts = torch.bincount(idx, minlength=self.num_elements)
+            if not use_ops:
+                return present, idx, counts, idx.new_empty(0), idx.new_empty(0)
             order, chunk_ptr = self._chunks(idx, counts, idx.shape[0])
             return present, idx, counts, order, chunk_ptr
         return node_groups(y, idx, self.num_elements, self._chunk)
@@ -335,7 +338,7 @@ class FusedSymmetricContraction(torch.nn.Module):
             present, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
             order, chunk_ptr = self._chunks(inv, counts, n)
         else:
-            present, inv, counts, order, chunk_ptr = self._eager_groups(y, idx, x)
+            present, inv, counts, order, chunk_ptr = self._eager_groups(y, idx, x, use_ops)
         coeff = self._fold(present, x.dtype)
         x = x.contiguous()
         if not use_ops:
