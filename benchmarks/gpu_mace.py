@@ -158,11 +158,31 @@ def add_way_arguments(p, device: str, atoms: list[int], dtypes: list[str], ways:
     p.add_argument("--out", default=None)
 
 
+def way_report(args, argv, script: str, title: str, section) -> int:
+    """The main of gpu_profile.py and memory_peak.py: on ``args.device`` (the fused way's GPU
+    backend ``args.backend``), a heading naming the device and the command, then
+    :func:`way_sections`, printed as it comes and written to ``args.out`` if given."""
+    import mace  # noqa: F401  (before e3nn)
+    import torch
+
+    from cfm_plugins.ops import _backend
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        _backend.set_gpu_backend(args.backend)
+    lines = [f"## {title}, {device_name(device)}", "",
+             f"`python benchmarks/{script} {' '.join(argv if argv is not None else sys.argv[1:])}`", ""]
+    print("\n".join(lines), flush=True)
+    lines += way_sections(args, device, section)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
 def way_sections(args, device, section) -> list[str]:
-    """The markdown of ``section(label, model, batch, e_ref, f_ref, dtype) -> lines`` for every dtype,
-    size and way of ``args`` (``dtypes``, ``atoms``, ``ways``, ``hidden``, ``backend``), printed as
-    each comes; a way that cannot run here, or runs out of GPU memory, says so instead. The loop of
-    gpu_profile.py and memory_peak.py."""
+    """The markdown of ``section(label, model, batch, e_ref, f_ref, dtype, device) -> lines`` for
+    every dtype, size and way of ``args`` (``dtypes``, ``atoms``, ``ways``, ``hidden``, ``backend``),
+    printed as each comes; a way that cannot run here, or runs out of GPU memory, says so instead."""
     import torch
 
     lines: list[str] = []
@@ -179,7 +199,7 @@ def way_sections(args, device, section) -> list[str]:
                     out = [f"### {label}", "", f"not run: {model}", ""]
                 else:
                     try:
-                        out = section(label, model, batch, e_ref, f_ref, dtype)
+                        out = section(label, model, batch, e_ref, f_ref, dtype, device)
                     except torch.cuda.OutOfMemoryError:
                         out = [f"### {label}", "", "out of memory", ""]
                     del model

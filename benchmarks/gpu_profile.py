@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_mace import add_way_arguments, device_name, train_step, way_sections  # noqa: E402
+from benchmarks.gpu_mace import add_way_arguments, train_step, way_report  # noqa: E402
 
 
 def _short(name: str, width: int = 70) -> str:
@@ -100,22 +100,10 @@ def main(argv=None) -> int:
     if args.quick:
         args.hidden, args.atoms, args.warmup = "8x0e+8x1o", [32], 1
 
-    import mace  # noqa: F401  (before e3nn)
-    import torch
-
-    from cfm_plugins.ops import _backend
-
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        _backend.set_gpu_backend(args.backend)
-    lines = [f"## Train-step profile on {device_name(device)}", "",
-             f"`python benchmarks/gpu_profile.py {' '.join(argv if argv is not None else sys.argv[1:])}`", ""]
-    print("\n".join(lines), flush=True)
-    lines += way_sections(args, device, lambda label, model, batch, e_ref, f_ref, dtype: report(
-        label, profile_step(lambda: train_step(model, batch, e_ref, f_ref), device, args.warmup, args.top)))
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
-    return 0
+    return way_report(args, argv, "gpu_profile.py", "Train-step profile",
+                      lambda label, model, batch, e_ref, f_ref, dtype, device: report(
+                          label, profile_step(lambda: train_step(model, batch, e_ref, f_ref), device, args.warmup,
+                                              args.top)))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_mace import add_way_arguments, device_name, train_step, way_sections  # noqa: E402
+from benchmarks.gpu_mace import add_way_arguments, train_step, way_report  # noqa: E402
 
 
 def _creators(mp) -> dict:
@@ -121,23 +121,10 @@ def main(argv=None) -> int:
     if args.quick:
         args.hidden, args.atoms = "8x0e+8x1o", [32]
 
-    import mace  # noqa: F401  (before e3nn)
-    import torch
-
-    from cfm_plugins.ops import _backend
-
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        _backend.set_gpu_backend(args.backend)
-    lines = [f"## What is alive at the train step's memory peak, {device_name(device)}", "",
-             f"`python benchmarks/memory_peak.py {' '.join(argv if argv is not None else sys.argv[1:])}`", ""]
-    print("\n".join(lines), flush=True)
-    lines += way_sections(args, device, lambda label, model, batch, e_ref, f_ref, dtype: report(
-        label, measure(model, batch, e_ref, f_ref, device), batch["edge_index"].shape[1] * 1280 * dtype.itemsize,
-        args.top))
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
-    return 0
+    return way_report(args, argv, "memory_peak.py", "What is alive at the train step's memory peak",
+                      lambda label, model, batch, e_ref, f_ref, dtype, device: report(
+                          label, measure(model, batch, e_ref, f_ref, device),
+                          batch["edge_index"].shape[1] * 1280 * dtype.itemsize, args.top))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ then any other uvu tensor product with per-edge weights, whatever its class.
 """
 import inspect
 import logging
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from cfm_plugins.ops import _backend
+from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors import conv_tp as _desc
 from cfm_plugins.ops.kernel_table import Form, Kernel
 from cfm_plugins.ops.silu import restore_radial_silu, swap_radial_silu
@@ -78,8 +78,7 @@ def _build_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
     return EdgeCSR(*_graph_tensors(edge_index, num_nodes))
 
 
-_CSR_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
-_CSR_CACHE_SIZE = 8
+_CSR_CACHE = TensorCache(8)
 
 
 def _check_range(edge_index: torch.Tensor, num_nodes: int) -> None:
@@ -98,19 +97,12 @@ def edge_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
     range check (eager; a ValueError names an index that is not a node)."""
     if _backend.tracing(edge_index):
         return _build_csr(edge_index, num_nodes)
-    key = (edge_index.data_ptr(), edge_index._version, tuple(edge_index.shape), edge_index.dtype,
-           edge_index.device, int(num_nodes))
-    hit = _CSR_CACHE.get(key)
-    if hit is not None and hit[0]() is edge_index:
-        _CSR_CACHE.move_to_end(key)
-        return hit[1]
-    _check_range(edge_index, num_nodes)
-    csr = _build_csr(edge_index, num_nodes)
-    # the entry goes when the edge_index tensor does (the batch is over)
-    _CSR_CACHE[key] = (weakref.ref(edge_index, lambda _ref, k=key: _CSR_CACHE.pop(k, None)), csr)
-    while len(_CSR_CACHE) > _CSR_CACHE_SIZE:
-        _CSR_CACHE.popitem(last=False)
-    return csr
+
+    def make() -> EdgeCSR:
+        _check_range(edge_index, num_nodes)
+        return _build_csr(edge_index, num_nodes)
+
+    return _CSR_CACHE.get(edge_index, int(num_nodes), make)
 
 
 # ----------------------------------------------------------------------------------------------

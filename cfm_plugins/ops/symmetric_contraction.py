@@ -21,14 +21,13 @@ it recognises MACE's layout whatever the class, so vendored copies are fused too
 """
 
 import logging
-import weakref
-from collections import OrderedDict
 from typing import List, Tuple
 
 import numpy as np
 import torch
 
 from cfm_plugins.ops import _backend
+from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors.symmetric_contraction import SCDescriptor, build_descriptor
 from cfm_plugins.ops.kernel_table import Form, Kernel
 
@@ -79,8 +78,7 @@ def _torch_polynomial(module: "FusedSymmetricContraction", x: torch.Tensor, coef
 # Nodes grouped by element (eager): one device-to-host copy per node-attribute tensor
 # ----------------------------------------------------------------------------------------------
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_GROUPS_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
-_GROUPS_CACHE_SIZE = 8
+_GROUPS_CACHE = TensorCache(8)
 
 
 def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -130,17 +128,7 @@ def node_groups(y: torch.Tensor, idx: torch.Tensor, num_elements: int,
     once (on a GPU, the one wait for the queued kernels; the grouping is then done on the host and
     copied back without waiting), and the result is cached on ``y``'s identity and version: every
     layer of a forward gets the same node attributes."""
-    key = (y.data_ptr(), y._version, tuple(y.shape), y.dtype, y.device, int(num_elements), int(chunk))
-    hit = _GROUPS_CACHE.get(key)
-    if hit is not None and hit[0]() is y:
-        _GROUPS_CACHE.move_to_end(key)
-        return hit[1]
-    groups = _group(y, idx, num_elements, chunk)
-    # the entry goes when y does (the batch is over)
-    _GROUPS_CACHE[key] = (weakref.ref(y, lambda _ref, k=key: _GROUPS_CACHE.pop(k, None)), groups)
-    while len(_GROUPS_CACHE) > _GROUPS_CACHE_SIZE:
-        _GROUPS_CACHE.popitem(last=False)
-    return groups
+    return _GROUPS_CACHE.get(y, (int(num_elements), int(chunk)), lambda: _group(y, idx, num_elements, chunk))
 
 
 # ----------------------------------------------------------------------------------------------
