@@ -52,10 +52,10 @@ def _torch_polynomial(module: "FusedSymmetricContraction", x: torch.Tensor, coef
     d = module.descriptor
     N, C, _ = x.shape
     parent, last = module._sc_parent.long(), module._sc_last.long()
-    # Monomials degree by degree: P[..., j] = P[..., parent[j]] * x[..., last[j]].
+    # Monomials degree by degree (_degree_ranges: one (lo, hi) per degree, degree 1 first): P[..., j] = P[..., parent[j]] * x[..., last[j]].
     P = x.new_empty(N, C, 0)
     for lo, hi in module._degree_ranges:
-        if parent[lo] < 0:
+        if lo == 0:  # degree 1 (the first range): the input components themselves, no parent
             new = x[:, :, last[lo:hi]]
         else:
             new = P[:, :, parent[lo:hi]] * x[:, :, last[lo:hi]]
@@ -63,6 +63,11 @@ def _torch_polynomial(module: "FusedSymmetricContraction", x: torch.Tensor, coef
     term_j = module._sc_term_j.long()
     onehot = torch.nn.functional.one_hot(module._sc_term_out.long(), d.num_out).to(x.dtype)  # [T, O]
     rows = module._sc_term_row.long()
+    if _backend.tracing(x):
+        # torch.compile / export: no shape may depend on the data, so every node gathers its own
+        # element's coefficients (memory N x terms x C, as stock mace's weights per node)
+        ce = coeff.index_select(0, elem)[:, rows, :C]  # [N, T, C]
+        return (P[:, :, term_j] * ce.transpose(1, 2)) @ onehot
     out = x.new_zeros(N, C, d.num_out)
     for e in range(coeff.shape[0]):
         nodes = (elem == e).nonzero().squeeze(1)

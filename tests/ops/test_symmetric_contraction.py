@@ -29,6 +29,13 @@ def rel_err(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
+def force_loss(module, x, y):
+    """|d(sum out^2)/dx|^2: its gradient in the weights is force training's double backward."""
+    x = x.clone().requires_grad_(True)
+    (gx,) = torch.autograd.grad(module(x, y).pow(2).sum(), x, create_graph=True)
+    return gx.pow(2).sum()
+
+
 # (hidden, mul, correlation, elements, reduced): every hidden/correlation/cg pair with 8 channels,
 # element counts rotated; a few with 128 channels and 89 elements.
 CASES = [
@@ -244,12 +251,25 @@ def test_torch_compile_double_backward():
     x, idx, y = inputs(12, 8, 3, torch.float64)
     params = [p for p in sc.parameters() if p.requires_grad]
 
-    def loss(module, x, y):
-        x = x.clone().requires_grad_(True)
-        (gx,) = torch.autograd.grad(module(x, y).pow(2).sum(), x, create_graph=True)
-        return gx.pow(2).sum()
+    compiled = torch.compile(fused, backend="eager", fullgraph=True)
+    got = torch.autograd.grad(force_loss(compiled, x, idx), params)
+    ref = torch.autograd.grad(force_loss(sc, x, y), params)
+    assert all(rel_err(a, b) < 1e-10 for a, b in zip(got, ref))
+
+
+def test_torch_fallback_compiles_in_one_graph(monkeypatch):
+    """The pure-torch evaluation (no compiled library, or CFM_PLUGINS_FORCE_TORCH=1) under
+    torch.compile(fullgraph=True): no shape or branch depends on the data (one element absent
+    from the batch), and forward and force-training gradients match mace's module."""
+    monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", "1")
+    sc = mace_module("0e+1o", 8, 3, 4, False)
+    fused = FusedSymmetricContraction.from_mace(sc)
+    x, idx, y = inputs(15, 8, 3, torch.float64)  # elements 0..2 of 4: element 3 has no node
+    y = torch.nn.functional.one_hot(idx, 4).to(torch.float64)
+    params = [p for p in sc.parameters() if p.requires_grad]
 
     compiled = torch.compile(fused, backend="eager", fullgraph=True)
-    got = torch.autograd.grad(loss(compiled, x, idx), params)
-    ref = torch.autograd.grad(loss(sc, x, y), params)
+    assert rel_err(compiled(x, y), sc(x, y)) < 1e-12
+    got = torch.autograd.grad(force_loss(compiled, x, y), params)
+    ref = torch.autograd.grad(force_loss(sc, x, y), params)
     assert all(rel_err(a, b) < 1e-10 for a, b in zip(got, ref))
