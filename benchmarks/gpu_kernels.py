@@ -85,6 +85,14 @@ def tp_case(model, graph, dtype, device, layer: int):
     return call, [], [x, y, w]
 
 
+def case(kernel: str, model, n: int, graphs: dict, dtype, device):
+    """(call, parameters, inputs) of ``kernel`` ("sc": layer 0's product block on ``n`` nodes; "tp":
+    layer 1's conv TP on the graph of ``n`` atoms)."""
+    if kernel == "sc":
+        return sc_case(model, n, dtype, device, 0)
+    return tp_case(model, graphs[n], dtype, device, 1)
+
+
 def run_mode(kernel: str, call, params, inputs, mode: str):
     import torch
 
@@ -131,6 +139,56 @@ def top_kernels(fn, device, top: int) -> list[str]:
     return [f"    {t(e) / 1e3:8.2f} ms {t(e) / total:4.0%} x{e.count:<4d} {' '.join(e.key.split())[:90]}" for e in rows]
 
 
+#: the Triton kernels (``cfm_plugins/ops/triton/configs.py`` names) each family launches
+TILE_KERNELS = {"sc": ("sc_fwd", "sc_bwd", "sc_bwd2"), "tp": ("tp_segment", "tp_edge")}
+
+
+def tile_sweep(args, device, graphs: dict) -> list[str]:
+    """The fused way with each Triton kernel's tile configs (its default, then the autotuning
+    alternatives of configs.py), one kernel at a time, the others at their defaults: per mode, ms
+    and the ratio to the default. On a CPU the C++ kernels run and tiles change nothing (a smoke run)."""
+    import torch
+
+    from benchmarks.gpu_mace import build_model
+    from cfm_plugins.ops.triton import configs
+
+    lines = ["", "Tile configs of the Triton kernels (`--tiles`; fused way only, one kernel's tile changed at "
+             "a time; ms, and vs the default in the same run)"
+             + ("" if device.type == "cuda" else ": on a CPU the C++ kernels run, tiles change nothing") + ":", "",
+             "| family | Triton kernel | dtype | nodes | tile | " + " | ".join(f"{m} ms" for m in args.modes) + " |",
+             "|---|---|---|---:|---|" + "---:|" * len(args.modes)]
+    print("\n".join(lines), flush=True)
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        model = prepare("fused", build_model(dtype, "128x0e+128x1o").to(device), device)
+        for family in args.kernels:
+            for n in args.nodes:
+                call, params, inputs = case(family, model, n, graphs, dtype, device)
+                for name in TILE_KERNELS[family]:
+                    base: dict = {}  # mode -> the default tile's seconds
+                    for i, cfg in enumerate(configs.configs_for(name, dtype_name)):
+                        cells = []
+                        with configs.override(**{name: cfg}):
+                            for mode in args.modes:
+                                try:
+                                    t = measure(lambda: run_mode(family, call, params, inputs, mode), device,
+                                                args.reps, args.warmup)[0]
+                                except torch.cuda.OutOfMemoryError:
+                                    t = None
+                                if i == 0:
+                                    base[mode] = t
+                                cells.append("OOM" if t is None else f"{t * 1e3:.2f}" + (
+                                    f" ({t / base[mode]:.2f}x)" if i and base.get(mode) else ""))
+                        lines.append(f"| {family} | {name} | {dtype_name} | {n} | {cfg.label()}"
+                                     f"{' (default)' if i == 0 else ''} | " + " | ".join(cells) + " |")
+                        print(lines[-1], flush=True)
+                call = params = inputs = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        del model
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -143,6 +201,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="print the top kernels of each bwd2 case")
+    p.add_argument("--tiles", action="store_true",
+                   help="also time the fused way with each Triton kernel's alternative tile configs")
     p.add_argument("--quick", action="store_true", help="smoke run: 32 nodes, float64, 1 rep")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -183,8 +243,7 @@ def main(argv=None) -> int:
                             res[way, mode] = (None, None, "missing")
                             continue
                         try:
-                            call, params, inputs = (sc_case(model, n, dtype, device, 0) if kernel == "sc"
-                                                    else tp_case(model, graphs[n], dtype, device, 1))
+                            call, params, inputs = case(kernel, model, n, graphs, dtype, device)
                             fn = lambda: run_mode(kernel, call, params, inputs, mode)  # noqa: E731
                             s, gib = measure(fn, device, args.reps, args.warmup)
                             res[way, mode] = (s, gib, "")
@@ -211,6 +270,8 @@ def main(argv=None) -> int:
                     print(lines[-1], flush=True)
         del models, stock
     lines += ([""] + notes) if notes else []
+    if args.tiles and "fused" in args.ways:
+        lines += tile_sweep(args, device, graphs)
     if profiles:
         section = ["", "Top kernels of each bwd2 case (torch.profiler):", "", "```", *profiles, "```"]
         lines += section

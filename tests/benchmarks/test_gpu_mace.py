@@ -130,6 +130,24 @@ def test_kernels_smoke_run_on_cpu_times_both_kernels_in_every_mode_and_names_wha
         assert "cueq: not run: cuequivariance-torch not installed" in res.stdout
 
 
+def test_kernels_tile_sweep_times_every_tile_config_of_each_triton_kernel_against_its_default():
+    from cfm_plugins.ops.triton.configs import configs_for
+
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kernels.py"), "--device", "cpu", "--quick",
+                          "--ways", "fused", "--kernels", "tp", "--modes", "fwd", "--tiles"],
+                         capture_output=True, text=True, env=clean_env(), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [[c.strip() for c in line.split("|")] for line in res.stdout.splitlines()
+            if line.startswith("| tp | tp_")]
+    want = [(k, c.label() + (" (default)" if i == 0 else "")) for k in ("tp_segment", "tp_edge")
+            for i, c in enumerate(configs_for(k, "float64"))]
+    assert [(r[2], r[5]) for r in rows] == want
+    for r in rows:
+        ms = float(r[6].split()[0])
+        assert ms > 0 and (r[6].endswith("x)") != r[5].endswith("(default)"))  # alternatives vs the default
+    assert "on a CPU the C++ kernels run, tiles change nothing" in res.stdout
+
+
 def test_memory_peak_smoke_run_on_cpu_accounts_for_the_whole_peak_and_names_our_operators(tmp_path):
     out = tmp_path / "peak.md"
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_peak.py"), "--device", "cpu", "--quick",
