@@ -143,50 +143,51 @@ def top_kernels(fn, device, top: int) -> list[str]:
 TILE_KERNELS = {"sc": ("sc_fwd", "sc_bwd", "sc_bwd2"), "tp": ("tp_segment", "tp_edge")}
 
 
-def tile_sweep(args, device, graphs: dict) -> list[str]:
-    """The fused way with each Triton kernel's tile configs (its default, then the autotuning
-    alternatives of configs.py), one kernel at a time, the others at their defaults: per mode, ms
-    and the ratio to the default. On a CPU the C++ kernels run and tiles change nothing (a smoke run)."""
-    import torch
-
-    from benchmarks.gpu_mace import build_model
-    from cfm_plugins.ops.triton import configs
-
+def tile_sweep(args, fused: dict, graphs: dict, device) -> list[str]:
+    """The fused models (dtype name -> model) with each Triton kernel's tile configs (its default,
+    then the autotuning alternatives of configs.py), one kernel at a time, the others at their
+    defaults: per mode, ms and the ratio to the default. On a CPU the C++ kernels run and tiles
+    change nothing (a smoke run)."""
     lines = ["", "Tile configs of the Triton kernels (`--tiles`; fused way only, one kernel's tile changed at "
              "a time; ms, and vs the default in the same run)"
              + ("" if device.type == "cuda" else ": on a CPU the C++ kernels run, tiles change nothing") + ":", "",
              "| family | Triton kernel | dtype | nodes | tile | " + " | ".join(f"{m} ms" for m in args.modes) + " |",
              "|---|---|---|---:|---|" + "---:|" * len(args.modes)]
     print("\n".join(lines), flush=True)
-    for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
-        model = prepare("fused", build_model(dtype, "128x0e+128x1o").to(device), device)
+    for dtype_name, model in fused.items():
         for family in args.kernels:
             for n in args.nodes:
-                call, params, inputs = case(family, model, n, graphs, dtype, device)
                 for name in TILE_KERNELS[family]:
-                    base: dict = {}  # mode -> the default tile's seconds
-                    for i, cfg in enumerate(configs.configs_for(name, dtype_name)):
-                        cells = []
-                        with configs.override(**{name: cfg}):
-                            for mode in args.modes:
-                                try:
-                                    t = measure(lambda: run_mode(family, call, params, inputs, mode), device,
-                                                args.reps, args.warmup)[0]
-                                except torch.cuda.OutOfMemoryError:
-                                    t = None
-                                if i == 0:
-                                    base[mode] = t
-                                cells.append("OOM" if t is None else f"{t * 1e3:.2f}" + (
-                                    f" ({t / base[mode]:.2f}x)" if i and base.get(mode) else ""))
-                        lines.append(f"| {family} | {name} | {dtype_name} | {n} | {cfg.label()}"
-                                     f"{' (default)' if i == 0 else ''} | " + " | ".join(cells) + " |")
-                        print(lines[-1], flush=True)
-                call = params = inputs = None
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-        del model
+                    lines += tile_rows(args, family, name, model, dtype_name, n, graphs, device)
     return lines
+
+
+def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, graphs: dict, device) -> list[str]:
+    """One row per tile config of the Triton kernel ``name``, timed on ``family``'s case of ``n`` nodes."""
+    import torch
+
+    from cfm_plugins.ops.triton import configs
+
+    call, params, inputs = case(family, model, n, graphs, getattr(torch, dtype_name), device)
+    rows, base = [], {}  # base: mode -> the default tile's seconds
+    for i, cfg in enumerate(configs.configs_for(name, dtype_name)):
+        with configs.override(**{name: cfg}):
+            times = {}
+            for mode in args.modes:
+                try:
+                    times[mode] = measure(lambda: run_mode(family, call, params, inputs, mode), device,
+                                          args.reps, args.warmup)[0]
+                except torch.cuda.OutOfMemoryError:
+                    times[mode] = None
+        base = base or times
+        cells = ["OOM" if times[m] is None else f"{times[m] * 1e3:.2f}"
+                 + (f" ({times[m] / base[m]:.2f}x)" if i and base[m] else "") for m in args.modes]
+        rows.append(f"| {family} | {name} | {dtype_name} | {n} | {cfg.label()}{' (default)' if i == 0 else ''} | "
+                    + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
 
 
 def main(argv=None) -> int:
@@ -224,11 +225,14 @@ def main(argv=None) -> int:
              "|---|---|---:|---:|---|" + "---:|---:|" * len(args.ways) + "---:|---:|"]
     print("\n".join(lines), flush=True)
     profiles, notes = [], []
+    fused = {}  # dtype name -> the fused model, kept for the tile sweep
     graphs = {n: cuni_graph(n, 6.0) for n in args.nodes} if "tp" in args.kernels else {}
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, "128x0e+128x1o").to(device)
         models = {way: prepare(way, stock, device) for way in args.ways}
+        if args.tiles and not isinstance(models.get("fused", ""), str):
+            fused[dtype_name] = models["fused"]
         for way, m in models.items():
             if isinstance(m, str) and dtype_name == args.dtypes[0]:
                 print(f"{way}: not run: {m}", flush=True)
@@ -270,8 +274,8 @@ def main(argv=None) -> int:
                     print(lines[-1], flush=True)
         del models, stock
     lines += ([""] + notes) if notes else []
-    if args.tiles and "fused" in args.ways:
-        lines += tile_sweep(args, device, graphs)
+    if fused:
+        lines += tile_sweep(args, fused, graphs, device)
     if profiles:
         section = ["", "Top kernels of each bwd2 case (torch.profiler):", "", "```", *profiles, "```"]
         lines += section

@@ -52,7 +52,8 @@ def _torch_polynomial(module: "FusedSymmetricContraction", x: torch.Tensor, coef
     d = module.descriptor
     N, C, _ = x.shape
     parent, last = module._sc_parent.long(), module._sc_last.long()
-    # Monomials degree by degree (_degree_ranges: one (lo, hi) per degree, degree 1 first): P[..., j] = P[..., parent[j]] * x[..., last[j]].
+    # Monomials degree by degree: P[..., j] = P[..., parent[j]] * x[..., last[j]]; _degree_ranges
+    # holds one (lo, hi) per degree, degree 1 (no parent) first.
     P = x.new_empty(N, C, 0)
     for lo, hi in module._degree_ranges:
         if lo == 0:  # degree 1 (the first range): the input components themselves, no parent

@@ -175,10 +175,12 @@ struct BwdFn : Function<BwdFn> {
       if (nw) acc(dw, b_w);
     }
     if (hy && (nx || nw)) {
-      const bool sliced = nw && sum_weight_term_in_slices(dw, y);
-      auto [b_x, b_y, b_w] = call_bwd(g, x, ay, w, s.graph, s.desc, s.desc_t, s.meta, nx, false, nw && !sliced);
-      if (nx) acc(dx, b_x);
-      if (nw && !sliced) acc(dw, b_w);
+      const bool sliced = nw && sum_weight_term_in_slices(dw, y), whole_w = nw && !sliced;
+      if (nx || whole_w) {  // sliced and no dx wanted: nothing left for a whole-edge call to do
+        auto [b_x, b_y, b_w] = call_bwd(g, x, ay, w, s.graph, s.desc, s.desc_t, s.meta, nx, false, whole_w);
+        if (nx) acc(dx, b_x);
+        if (whole_w) acc(dw, b_w);
+      }
       if (sliced) add_weight_term_in_slices(dw, g, x, ay, w, s);
     }
     variable_list res(11);
