@@ -179,7 +179,8 @@ def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, grap
                                           args.reps, args.warmup)[0]
                 except torch.cuda.OutOfMemoryError:
                     times[mode] = None
-        base = base or times
+        if i == 0:
+            base = times
         cells = ["OOM" if times[m] is None else f"{times[m] * 1e3:.2f}"
                  + (f" ({times[m] / base[m]:.2f}x)" if i and base[m] else "") for m in args.modes]
         rows.append(f"| {family} | {name} | {dtype_name} | {n} | {cfg.label()}{' (default)' if i == 0 else ''} | "
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, "128x0e+128x1o").to(device)
         models = {way: prepare(way, stock, device) for way in args.ways}
-        if args.tiles and not isinstance(models.get("fused", ""), str):
+        if args.tiles and "fused" in models and not isinstance(models["fused"], str):  # a str: why it did not run
             fused[dtype_name] = models["fused"]
         for way, m in models.items():
             if isinstance(m, str) and dtype_name == args.dtypes[0]:
