@@ -14,7 +14,9 @@ one process, one after the other:
 - ``fused[triton]+capture``: the same with ``compile="reduce-overhead"`` (padded static shapes,
   CUDA graphs).
 
-Each row also gives the largest force difference from ``stock`` on the starting structure. Prints a
+Each row gives its time as a ratio to ``stock`` and to ``cueq`` where those ran before it in the
+same run (the MD target at 4000 atoms is against ``cueq``), and the largest force difference from
+``stock`` on the starting structure. Prints a
 markdown table naming the device; ``--out`` writes it to a file too.
 """
 from __future__ import annotations
@@ -27,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+WAYS = ("stock", "cueq", "fused[cuda]", "fused[triton]", "fused[triton]+capture")
 
 
 def calculators(path: str, dtype: str, device: str, ways):
@@ -57,8 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--atoms", type=int, nargs="+", default=[500, 4000])
     p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
-    p.add_argument("--ways", nargs="+", default=["stock", "cueq", "fused[cuda]", "fused[triton]",
-                                                  "fused[triton]+capture"])
+    p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
@@ -77,7 +81,7 @@ def main(argv=None) -> int:
              f"Device: {device_name(torch.device(args.device))}", "",
              f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, r_max 6; CuNi fcc cells; "
              f"VelocityVerlet 2 fs, best of {args.repeats} x {args.steps} steps.", "",
-             "| dtype | atoms | way | ms per MD step | vs stock | max abs dF vs stock |", "|---|---|---|---|---|---|"]
+             "| dtype | atoms | way | ms per MD step | vs stock | vs cueq | max abs dF vs stock |", "|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="cfm_gpu_md_"))
     for dtype in args.dtypes:
@@ -85,7 +89,7 @@ def main(argv=None) -> int:
         torch.save(build_model(getattr(torch, dtype), args.hidden).cpu(), path)
         for n in args.atoms:
             atoms = cuni_atoms(n)
-            base_t, base_f = None, None
+            base_t, base_f, cueq_t = None, None, None
             for way, make in calculators(str(path), dtype, args.device, args.ways):
                 label = f"| {dtype} | {len(atoms)} | {way} |"
                 try:
@@ -96,14 +100,17 @@ def main(argv=None) -> int:
                     seconds = min(time_md(calc, atoms, steps=args.steps) for _ in range(args.repeats))
                 except Exception as exc:  # one way failing must not lose the others
                     traceback.print_exc()
-                    lines.append(f"{label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | | |")
+                    lines.append(f"{label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | | | |")
                     print(lines[-1], flush=True)
                     continue
                 if way == "stock":
                     base_t, base_f = seconds, forces
+                elif way == "cueq":
+                    cueq_t = seconds
                 ratio = f"{seconds / base_t:.2f}x" if base_t else "-"
+                vs_cueq = f"{seconds / cueq_t:.2f}x" if cueq_t else "-"
                 df = f"{np.abs(forces - base_f).max():.1e}" if base_f is not None else "-"
-                lines.append(f"{label} {seconds * 1e3:.1f} | {ratio} | {df} |")
+                lines.append(f"{label} {seconds * 1e3:.1f} | {ratio} | {vs_cueq} | {df} |")
                 print(lines[-1], flush=True)
                 del calc
                 if torch.cuda.is_available():

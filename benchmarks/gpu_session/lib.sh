@@ -1,12 +1,17 @@
 # Sourced by the numbered scripts, on the GPU machine, from the project root with .gpu/ carried:
 # set-up (skipped when done; SETUP=setup builds the C++ CUDA kernels too, default setup_nocuda),
 # the environment, and `step TIMEOUT cmd...`, which runs a command with a time limit and logs it.
-# Everything printed also goes to $OUT/<script>.log; `left` is what remains of BUDGET seconds.
+# Everything printed also goes to $OUT/<script>.log. Each script sets BUDGET (seconds; the caller's
+# BUDGET=... wins, for a session with less device time left): `left` is what remains of it, and the
+# run call's timeout_s is BUDGET + 30.
 T0=${T0:-$SECONDS}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/$(basename "$0" .sh).log") 2>&1
+echo "### $(basename "$0"): budget ${BUDGET:-570} s; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -1)"
 [ -e .gpu/env.sh ] || { echo "no .gpu/: run bash benchmarks/gpu_session/prepare.sh here and carry .gpu"; exit 1; }
+t_setup=$SECONDS
 bash ".gpu/${SETUP:-setup_nocuda}.sh" || { echo "set-up failed"; exit 1; }
+echo "### set-up (${SETUP:-setup_nocuda}) in $((SECONDS - t_setup)) s"
 . .gpu/env.sh
 cd /tmp/proj
 step() {

@@ -98,7 +98,15 @@ def test_md_smoke_run_on_cpu_times_each_way_and_compares_forces():
     rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")]
             for line in res.stdout.splitlines() if line.startswith("| float64 |")}
     assert set(rows) == {"stock", "fused[cuda]"}, res.stdout  # on CPU tensors the C++ CPU kernels run
-    assert float(rows["fused[cuda]"][4]) > 0 and float(rows["fused[cuda]"][6]) < 1e-8  # timed; forces equal stock's
+    assert float(rows["fused[cuda]"][4]) > 0 and float(rows["fused[cuda]"][7]) < 1e-8  # timed; forces equal stock's
+    assert rows["fused[cuda]"][5].endswith("x") and rows["fused[cuda]"][6] == "-"  # vs stock; cueq did not run
+
+
+def test_md_rejects_an_unknown_way_before_building_anything():
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_md.py"), "--device", "cpu",
+                          "--ways", "stock", "fused[triton]+captured"], capture_output=True, text=True,
+                         env=clean_env(), timeout=120)
+    assert res.returncode == 2 and "invalid choice: 'fused[triton]+captured'" in res.stderr, res.stderr[-2000:]
 
 
 def test_profile_smoke_run_on_cpu_shows_the_fused_operators_only_in_the_fused_step(tmp_path):

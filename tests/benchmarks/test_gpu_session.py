@@ -1,9 +1,9 @@
 """benchmarks/gpu_session/*.sh: what a GPU session runs, checked here.
 
-The scripts run only when a GPU machine is lent, in a few long calls of scarce device time: a
-misspelt option found there costs a whole call. Here every script must be valid bash, every
-benchmark command in it must parse with that benchmark's own options, and the test selection
-must select tests.
+The scripts run only when a GPU machine is lent, 15 minutes of device time in all, start included:
+a misspelt option found there costs a whole call. Here every script must be valid bash, every
+benchmark command in it must parse with that benchmark's own options, each test selection must
+select tests, and the calls of one session must fit its device time.
 """
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ def test_the_session_has_its_preparation_library_and_numbered_calls():
     names = [s.name for s in SCRIPTS]
     assert {"prepare.sh", "lib.sh"} <= set(names)
     calls = [n for n in names if n[0].isdigit()]
-    assert len(calls) >= 3 and all("benchmarks/gpu_session/lib.sh" in (SESSION / n).read_text() for n in calls)
+    assert len(calls) >= 5 and all("benchmarks/gpu_session/lib.sh" in (SESSION / n).read_text() for n in calls)
+    backends = {b for n in calls for b in re.findall(r"CFM_PLUGINS_GPU_BACKEND=(\w+) step", (SESSION / n).read_text())}
+    assert backends == {"triton", "cuda"}  # the CUDA tests run with each GPU backend
     assert len(benchmark_commands()) >= 8
 
 
@@ -66,10 +68,37 @@ def test_benchmark_command_parses_with_the_benchmarks_own_options(monkeypatch, s
         main(argv)
 
 
-def test_the_cuda_test_selection_selects_tests():
-    text = (SESSION / "3_tests_memory_epochs.sh").read_text()
-    m = re.search(r"pytest (.*) -k \"([^\"]+)\" ([\w/ ]+?) -rs", text)
-    assert m, "the CUDA test command moved: update this test"
+def budget(script) -> int:
+    """The seconds a numbered script plans for (its ``BUDGET=${BUDGET:-N}``)."""
+    m = re.search(r"^BUDGET=\$\{BUDGET:-(\d+)\}$", script.read_text(), re.M)
+    assert m, f"{script.name} sets no BUDGET"
+    return int(m.group(1))
+
+
+def test_each_call_sets_a_budget_and_its_run_line_leaves_30_s_over_it():
+    for script in SCRIPTS:
+        if not script.name[0].isdigit():
+            continue
+        m = re.search(r'run\(command="bash benchmarks/gpu_session/([\w.]+)", carry=\["\.gpu"\], timeout_s=(\d+)\)',
+                      script.read_text())
+        assert m and m.group(1) == script.name, f"{script.name}: its header names no run(...) line for itself"
+        assert int(m.group(2)) == budget(script) + 30 <= 600  # one command runs 10 minutes at most
+
+
+def test_a_sessions_two_calls_fit_its_15_minutes_with_a_start_and_an_idle_wait():
+    calls = sorted(s for s in SCRIPTS if s.name[0].isdigit())
+    assert len(calls) >= 5
+    for first, second in zip(calls[0::2], calls[1::2]):
+        start, idle = 120, 60
+        assert start + budget(first) + 30 + budget(second) + 30 + idle <= 900, (first.name, second.name)
+
+
+PYTEST = re.compile(r"pytest (.*) -k \"([^\"]+)\" ([\w/ ]+?) -rs")
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if PYTEST.search(s.read_text())], ids=lambda p: p.name)
+def test_the_cuda_test_selection_selects_tests(script):
+    m = PYTEST.search(script.read_text())
     res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-k",
                           m.group(2), *m.group(3).split()], capture_output=True, text=True, env=clean_env(),
                          cwd=ROOT, timeout=300)
