@@ -31,7 +31,15 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import setuptools
 from setuptools import Extension, find_packages, setup
+
+# pyproject.toml's `license = "MIT"` (an SPDX string; the table form is deprecated) needs setuptools 77.
+# A build without isolation uses the environment's setuptools (a Python 3.11 venv brings 65): say so
+# here rather than fail in setuptools' validation of pyproject.toml.
+if int(setuptools.__version__.split(".")[0]) < 77:
+    sys.exit(f"cfm-plugins: building needs setuptools >= 77, this environment has {setuptools.__version__}: "
+             "run `pip install --upgrade 'setuptools>=77' wheel` and install again (`make venv` does this).")
 from setuptools.command.build_ext import build_ext
 
 

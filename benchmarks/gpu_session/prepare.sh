@@ -2,7 +2,8 @@
 # Here (no GPU needed), from the project root: fill the git-ignored .gpu/ that a GPU session carries.
 #   bash benchmarks/gpu_session/prepare.sh
 # - the offline wheels of ../shared/gpu/bundle.sh (mace-torch and what it needs, cuEquivariance);
-# - pytest and its dependencies (the CUDA tests run there; the GPU image has no package registry);
+# - pytest and its dependencies (the CUDA tests run there; the GPU image has no package registry)
+#   and setuptools >= 77 (the project's build needs it; the image's may be older);
 # - ../shared/gpu/setup.sh and env.sh (only the checkout travels, not ../shared), and
 #   setup_nocuda.sh: the same set-up without the C++ CUDA kernels (Triton only; ~1 min less).
 # Then on the GPU machine, one call per script, two per session (docs/gpu.md, "A GPU session"):
@@ -11,7 +12,8 @@ set -euo pipefail
 SHARED=${SHARED:-../shared/gpu}
 bash "$SHARED/bundle.sh" .gpu
 PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64"
-python3 -m pip download -q --no-deps $PLAT -d .gpu/whl pytest pytest-timeout iniconfig pluggy packaging pygments
+python3 -m pip download -q --no-deps $PLAT -d .gpu/whl pytest pytest-timeout iniconfig pluggy packaging pygments \
+    'setuptools>=77'  # the build's (pyproject.toml's SPDX license); /tmp/site shadows the image's
 cp "$SHARED/setup.sh" "$SHARED/env.sh" .gpu/
 # setup_nocuda.sh: no CFM_PLUGINS_CUDA build; it marks its build so that setup.sh rebuilds with CUDA
 sed -e 's/CFM_PLUGINS_CUDA=1 CFM_PLUGINS_CUDA_ARCH=\$ARCH/CFM_PLUGINS_CUDA=0/' \
