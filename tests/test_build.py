@@ -1,0 +1,66 @@
+"""setup.py: what it checks before building, and how many sources it compiles at a time.
+
+setup.py is run as pip runs it (``python setup.py ...`` in a fresh interpreter); ``--name`` makes
+``setup()`` print the name and stop, so its helpers can be called afterwards without building.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests.helpers import ROOT, clean_env
+
+
+def run_setup(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs setup.py with ``--name`` in a fresh interpreter, then ``code`` with its globals as ``g``."""
+    prog = textwrap.dedent(f"""
+        import runpy, sys
+        sys.argv = ["setup.py", "--name"]
+        g = runpy.run_path("setup.py")
+    """) + textwrap.dedent(code)
+    env = clean_env()
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+
+
+def test_an_old_setuptools_stops_the_build_with_the_command_that_fixes_it():
+    res = subprocess.run([sys.executable, "-c", "import runpy, sys, setuptools; setuptools.__version__ = '65.5.0'; "
+                          "sys.argv = ['setup.py', '--name']; runpy.run_path('setup.py')"],
+                         capture_output=True, text=True, cwd=ROOT, env=clean_env(), timeout=120)
+    assert res.returncode == 1
+    assert "needs setuptools >= 77, this environment has 65.5.0" in res.stderr
+    assert "pip install --upgrade 'setuptools>=77' wheel" in res.stderr
+
+
+def test_build_jobs_default_to_the_usable_cpus_and_follow_the_environment():
+    res = run_setup("import os; print('jobs', g['build_jobs'](), len(os.sched_getaffinity(0)))")
+    assert res.returncode == 0, res.stderr[-2000:]
+    jobs, cpus = res.stdout.split("jobs ")[1].split()
+    assert jobs == cpus
+    res = run_setup("print('jobs', g['build_jobs']())", {"CFM_PLUGINS_BUILD_JOBS": "3"})
+    assert res.returncode == 0 and "jobs 3" in res.stdout, res.stderr[-2000:]
+    for bad in ("0", "x", "-2"):
+        res = run_setup("g['build_jobs']()", {"CFM_PLUGINS_BUILD_JOBS": bad})
+        assert res.returncode == 1 and f"CFM_PLUGINS_BUILD_JOBS='{bad}': give a whole number of jobs" in res.stderr
+
+
+def test_run_parallel_keeps_the_order_and_raises_a_failure():
+    res = run_setup("""
+        import time
+        def slow(x):
+            time.sleep(0.05 * (5 - x))  # the first finishes last
+            return x * x
+        assert g['run_parallel'](slow, [1, 2, 3, 4], 4) == [1, 4, 9, 16]
+        assert g['run_parallel'](slow, [1, 2], 1) == [1, 4]
+        def fail(x):
+            if x == 2:
+                raise RuntimeError("compile of 2 failed")
+            return x
+        try:
+            g['run_parallel'](fail, [1, 2, 3], 3)
+        except RuntimeError as exc:
+            print("raised:", exc)
+    """)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "raised: compile of 2 failed" in res.stdout
