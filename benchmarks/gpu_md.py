@@ -16,8 +16,8 @@ one process, one after the other:
 
 Each row gives its time as a ratio to ``stock`` and to ``cueq`` where those ran before it in the
 same run (the MD target at 4000 atoms is against ``cueq``), and the largest force difference from
-``stock`` on the starting structure. Prints a
-markdown table naming the device; ``--out`` writes it to a file too.
+``stock`` on the starting structure. Prints a markdown table naming the device; ``--out`` writes
+it to a file too.
 """
 from __future__ import annotations
 

@@ -12,9 +12,10 @@ import textwrap
 from tests.helpers import ROOT, clean_env
 
 
-def run_setup(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    """Runs setup.py with ``--name`` in a fresh interpreter, then ``code`` with its globals as ``g``."""
-    prog = textwrap.dedent(f"""
+def run_setup(code: str = "", env_extra: dict | None = None, before: str = "") -> subprocess.CompletedProcess:
+    """Runs ``before``, then setup.py with ``--name``, in a fresh interpreter, then ``code`` with its
+    globals as ``g``."""
+    prog = textwrap.dedent(before) + textwrap.dedent("""
         import runpy, sys
         sys.argv = ["setup.py", "--name"]
         g = runpy.run_path("setup.py")
@@ -25,9 +26,7 @@ def run_setup(code: str, env_extra: dict | None = None) -> subprocess.CompletedP
 
 
 def test_an_old_setuptools_stops_the_build_with_the_command_that_fixes_it():
-    res = subprocess.run([sys.executable, "-c", "import runpy, sys, setuptools; setuptools.__version__ = '65.5.0'; "
-                          "sys.argv = ['setup.py', '--name']; runpy.run_path('setup.py')"],
-                         capture_output=True, text=True, cwd=ROOT, env=clean_env(), timeout=120)
+    res = run_setup(before="import setuptools; setuptools.__version__ = '65.5.0'")
     assert res.returncode == 1
     assert "needs setuptools >= 77, this environment has 65.5.0" in res.stderr
     assert "pip install --upgrade 'setuptools>=77' wheel" in res.stderr

@@ -4,10 +4,14 @@
 # Everything printed also goes to $OUT/<script>.log. Each script sets BUDGET (seconds; the caller's
 # BUDGET=... wins, for a session with less device time left): `left` is what remains of it, and the
 # run call's timeout_s is BUDGET + 30.
+: "${BUDGET:?set BUDGET (seconds) in the calling script}"
 T0=${T0:-$SECONDS}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/$(basename "$0" .sh).log") 2>&1
-echo "### $(basename "$0"): budget ${BUDGET:-570} s; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -1)"
+# at exit, end tee's input and wait for it: $OUT is collected once the script returns
+TEE_PID=$!
+trap 'exec >&- 2>&-; wait "$TEE_PID" 2>/dev/null' EXIT
+echo "### $(basename "$0"): budget $BUDGET s; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -1)"
 [ -e .gpu/env.sh ] || { echo "no .gpu/: run bash benchmarks/gpu_session/prepare.sh here and carry .gpu"; exit 1; }
 t_setup=$SECONDS
 bash ".gpu/${SETUP:-setup_nocuda}.sh" || { echo "set-up failed"; exit 1; }
@@ -21,4 +25,4 @@ step() {
   timeout -k 10 "$to" "$@"; local rc=$?
   echo "### rc=$rc in $((SECONDS - t)) s"
 }
-left() { local l=$(( ${BUDGET:-570} - (SECONDS - T0) )); echo $(( l > 30 ? l : 30 )); }
+left() { local l=$(( BUDGET - (SECONDS - T0) )); echo $(( l > 30 ? l : 30 )); }
