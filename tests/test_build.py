@@ -1,10 +1,12 @@
-"""setup.py: what it checks before building, and how many sources it compiles at a time.
+"""setup.py: what it checks before building, and how many sources it compiles at a time; the
+license the package declares and ships.
 
 setup.py is run as pip runs it (``python setup.py ...`` in a fresh interpreter); ``--name`` makes
 ``setup()`` print the name and stop, so its helpers can be called afterwards without building.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -63,3 +65,14 @@ def test_run_parallel_keeps_the_order_and_raises_a_failure():
     """)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "raised: compile of 2 failed" in res.stdout
+
+
+def test_the_license_pyproject_declares_ships_as_its_text():
+    """pyproject's SPDX ``license`` and the LICENSE file setuptools puts in every sdist and wheel agree."""
+    # a regex, not tomllib: the package supports Python 3.10
+    declared = re.search(r'^license = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert declared, "pyproject.toml has no SPDX `license = \"...\"` line"
+    text = (ROOT / "LICENSE").read_text()
+    assert declared.group(1) == "MIT"
+    assert text.startswith("MIT License\n") and "Permission is hereby granted, free of charge" in text
+    assert "Copyright (c)" in text
