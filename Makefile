@@ -7,6 +7,9 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.cfm-installed
 SOURCES := pyproject.toml setup.py $(shell find cuda -name '*.cpp' -o -name '*.h' -o -name '*.cu' 2>/dev/null)
 TORCH_VERSION ?= 2.13.0
+# the triton torch 2.13's CUDA wheels pin (the [test] extra takes any >= 3.7); none where it has no wheels
+TRITON_VERSION ?= 3.7.1
+TRITON_PIN := $(if $(filter Linux,$(shell uname -s)),triton==$(TRITON_VERSION))
 # HydraGNN 3.0 shares .venv with mace (no pin conflicts); --no-deps: its metadata asks for
 # torch-scatter/torch-sparse, which the stacks we use do not import and which have no torch 2.13 wheels.
 HYDRAGNN_VERSION ?= 3.0
@@ -20,7 +23,7 @@ $(STAMP): $(SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	@# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
-	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q torch==$(TORCH_VERSION) $(TRITON_PIN)
 	@# --no-build-isolation: the C++ operators build against this torch (its C++ ABI is per release)
 	$(PIP) install -q --no-build-isolation -e '.[mace,hydragnn,mpi,test,plot]'
 	$(PIP) install -q --no-deps HydraGNN==$(HYDRAGNN_VERSION)
@@ -83,7 +86,7 @@ venv-nequip: $(STAMP_NEQUIP)
 $(STAMP_NEQUIP): $(SOURCES)
 	@test -x $(PY_NEQUIP) || $(PYTHON) -m venv $(VENV_NEQUIP)
 	$(PIP_NEQUIP) install -q --upgrade pip setuptools wheel
-	$(PIP_NEQUIP) install -q torch==$(TORCH_VERSION)
+	$(PIP_NEQUIP) install -q torch==$(TORCH_VERSION) $(TRITON_PIN)
 	$(PIP_NEQUIP) install -q --no-build-isolation -e '.[nequip,mpi,test]'
 	@touch $@
 
@@ -125,7 +128,7 @@ $(STAMP_HG): $(SOURCES) $(HYDRAGNN_TARBALL) $(TORCH_SCATTER_WHEEL)
 	@test -n "$(TORCH_SCATTER_WHEEL)" || { echo "$(HYDRAGNN_DEPS) has no torch_scatter-*.whl"; exit 1; }
 	@test -x $(PY_HG) || $(PYTHON) -m venv $(VENV_HG)
 	$(PIP_HG) install -q --upgrade pip setuptools wheel
-	$(PIP_HG) install -q torch==$(TORCH_VERSION)
+	$(PIP_HG) install -q torch==$(TORCH_VERSION) $(TRITON_PIN)
 	$(PIP_HG) install -q --no-build-isolation -e '.[hydragnn,mpi,test]'
 	$(PIP_HG) install -q $(TORCH_SCATTER_WHEEL) vesin e3nn==$(HYDRAGNN_E3NN)
 	rm -rf $(VENV_HG)/src && mkdir -p $(VENV_HG)/src && tar -xzf $(HYDRAGNN_TARBALL) -C $(VENV_HG)/src

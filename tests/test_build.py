@@ -76,3 +76,16 @@ def test_the_license_pyproject_declares_ships_as_its_text():
     assert declared.group(1) == "MIT"
     assert text.startswith("MIT License\n") and "Permission is hereby granted, free of charge" in text
     assert "Copyright (c)" in text
+
+
+def test_no_extra_pins_triton_exactly_so_a_newer_torch_keeps_its_own():
+    """torch's CUDA wheels pin their triton (2.13: 3.7.1, 2.14: 3.8.0). An exact pin in an extra made
+    ``pip install -e '.[test]'`` beside torch 2.14.1 replace torch with 2.13 (seen 2026-11-26); the
+    exact version belongs to the Makefile, beside its pinned torch."""
+    text = (ROOT / "pyproject.toml").read_text()
+    extras = text.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    assert re.search(r'"triton>=[\d.]+; sys_platform == \'linux\'"', extras), extras
+    assert not re.search(r'"triton\s*==', extras)
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^TRITON_VERSION \?= \d+\.\d+\.\d+$", makefile, re.M)
+    assert makefile.count("install -q torch==$(TORCH_VERSION) $(TRITON_PIN)") == 3  # .venv, -nequip, -hydragnn

@@ -51,8 +51,8 @@ _LIBS: dict[str, object] = {}
 def available() -> tuple[bool, str]:
     """(whether Triton can be imported, why not)."""
     if importlib.util.find_spec("triton") is None:
-        return False, ("triton is not installed (it comes with torch's CUDA wheels; or pip install "
-                       "'cfm-plugins[test]', which pins triton==3.7.1)")
+        return False, ("triton is not installed (it comes with torch's CUDA and ROCm wheels; or pip "
+                       "install 'cfm-plugins[test]' on Linux)")
     try:
         import triton  # noqa: F401
     except Exception as exc:  # a broken install: say so, never fall back silently

@@ -18,7 +18,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def triton_cpu(tmp_path_factory):
-    pytest.importorskip("triton", reason="triton is not installed (the [test] extra pins triton==3.7.1 on Linux)")
+    pytest.importorskip("triton", reason="triton is not installed (the [test] extra installs it on Linux)")
     from cfm_plugins.ops import _backend
     from cfm_plugins.ops import triton as triton_kernels
 
