@@ -18,6 +18,8 @@ bash ".gpu/${SETUP:-setup_nocuda}.sh" || { echo "set-up failed"; exit 1; }
 echo "### set-up (${SETUP:-setup_nocuda}) in $((SECONDS - t_setup)) s"
 . .gpu/env.sh
 cd /tmp/proj
+# the versions the figures go with (triton's decides the tiles' registers and spills)
+python3 -c 'import torch, triton; print("### torch", torch.__version__, "triton", triton.__version__)' 2>&1 | tail -1
 step() {
   local to=$1; shift
   echo; echo "### [t=$((SECONDS - T0)) s] $*"

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 log = logging.getLogger("cfm_plugins.ops.triton")
 
-__all__ = ["TileConfig", "DEFAULTS", "INTERPRETER", "pick", "override", "autotuning", "configs_for"]
+__all__ = ["TileConfig", "DEFAULTS", "INTERPRETER", "pick", "launch", "note_spills", "override", "autotuning",
+           "configs_for"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ INTERPRETER: dict[str, TileConfig] = {
 
 _OVERRIDE: dict[str, TileConfig] = {}
 _TUNED: dict[tuple, TileConfig] = {}
+_SPILLS_NOTED: set[tuple] = set()
 
 
 def configs_for(kernel: str, dtype_name: str) -> list[TileConfig]:
@@ -139,3 +141,39 @@ def pick(kernel: str, dtype_name: str, rows: int, run=None, idempotent: bool = T
         log.info("autotuned %s (%s, rows <= %d): %s; picked %s", kernel, dtype_name, 1 << key[2],
                  ", ".join(f"{c.label()} {t:.3f} ms" for c, (t, _) in zip(candidates, times)), best.label())
     return best
+
+
+def launch(kernel: str, dtype_name: str, rows: int, run, idempotent: bool = True,
+           fit: tuple[int, int] | None = None) -> TileConfig:
+    """Launch ``run`` with the config :func:`pick` chooses (same arguments) and check, at its first
+    launch, that Triton's compiled kernel (what ``run`` returns) does not spill (:func:`note_spills`)."""
+    cfg = pick(kernel, dtype_name, rows, run, idempotent, fit)
+    note_spills(kernel, dtype_name, cfg, run(cfg))
+    return cfg
+
+
+def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None:
+    """Warn once per (kernel, dtype, config) in the process where the kernel Triton compiled for this
+    GPU spills registers to local memory (``compiled.n_spills``, bytes per thread, set at its first
+    launch on a GPU; absent under the interpreter, where nothing is said).
+
+    The default tiles compile without spills with triton 3.6.0 and 3.7.1 (``make triton-check``); with
+    3.8.0 and 3.9.0 ``tp_segment`` float64 8x32/w4 spills on sm_80/sm_90 (with 3.8.0 ``sc_bwd2``
+    float32 8x32/w4 too; docs/benchmarks.md), and a user's triton may be any of them. This only says so: which tile is faster is the GPU's call
+    (``CFM_PLUGINS_TRITON_AUTOTUNE=1``)."""
+    key = (kernel, dtype_name, cfg)
+    if key in _SPILLS_NOTED:
+        return
+    _SPILLS_NOTED.add(key)
+    spills = getattr(compiled, "n_spills", None)
+    if not isinstance(spills, int) or spills <= 0:
+        return
+    try:
+        import triton
+        version = triton.__version__
+    except Exception:  # the kernel ran, so triton imports; never fail a launch for a message
+        version = "?"
+    log.warning("Triton kernel %s (%s, tile %s) spills %d bytes per thread to local memory on this GPU with "
+                "triton %s: the default tiles were checked for spills with triton 3.6.0 and 3.7.1. "
+                "CFM_PLUGINS_TRITON_AUTOTUNE=1 times its alternative tiles on this GPU (docs/gpu.md, 'Tiles').",
+                kernel, dtype_name, cfg.label(), spills, version)

@@ -36,7 +36,7 @@ import torch
 
 from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton._codegen import Writer, fmt_float, tl_sum
-from cfm_plugins.ops.triton.configs import pick
+from cfm_plugins.ops.triton.configs import launch
 
 __all__ = ["TPTables", "fwd", "bwd", "source", "kernel_variants"]
 
@@ -309,10 +309,11 @@ def _segment(kern, t: TPTables, node_in, y, w, ptr, perm, other, out) -> None:
 
     def run(cfg):
         grid = (n, math.ceil(t.max_mul / cfg.block_c))
-        kern[grid](ptr, perm, other, node_in, *node_in.stride(), y, *y.stride(), w, *w.stride(), out,
-                   BLOCK_E=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return kern[grid](ptr, perm, other, node_in, *node_in.stride(), y, *y.stride(), w, *w.stride(), out,
+                          BLOCK_E=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
+                          num_stages=cfg.num_stages)
 
-    run(pick("tp_segment", _dtype_name(node_in), y.shape[0], run, fit=(_codegen.widest_segment(ptr), t.max_mul)))
+    launch("tp_segment", _dtype_name(node_in), y.shape[0], run, fit=(_codegen.widest_segment(ptr), t.max_mul))
 
 
 def fwd(x, y, w, graph, desc, desc_t, meta):
@@ -350,12 +351,12 @@ def bwd(g, x, y, w, graph, desc, desc_t, meta, need_x, need_y, need_w):
 
         def run(cfg):
             grid = (math.ceil(E / cfg.block_rows),)
-            kern[grid](graph[_SENDER], graph[_RECEIVER], x, *x.stride(), g, *g.stride(), y, *y.stride(), w,
-                       *w.stride(), gy, gy.stride(0) if need_y else 0, gw, gw.stride(0) if need_w else 0, E,
-                       BLOCK_E=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
-                       num_stages=cfg.num_stages)
+            return kern[grid](graph[_SENDER], graph[_RECEIVER], x, *x.stride(), g, *g.stride(), y, *y.stride(), w,
+                              *w.stride(), gy, gy.stride(0) if need_y else 0, gw, gw.stride(0) if need_w else 0, E,
+                              BLOCK_E=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
+                              num_stages=cfg.num_stages)
 
-        run(pick("tp_edge", _dtype_name(x), E, run, fit=(E, t.max_mul)))
+        launch("tp_edge", _dtype_name(x), E, run, fit=(E, t.max_mul))
     return gx, gy, gw
 
 

@@ -54,7 +54,7 @@ import torch
 
 from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton._codegen import Writer, tl_sum
-from cfm_plugins.ops.triton.configs import TileConfig, pick
+from cfm_plugins.ops.triton.configs import TileConfig, launch
 
 __all__ = ["SCTables", "fwd", "bwd", "bwd2", "source", "kernel_variants", "CHUNK"]
 
@@ -638,10 +638,10 @@ def fwd(x, coeff, elem, order, chunk_ptr, desc, meta):
 
     def run(cfg):
         grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
-        kern[grid](*args, meta[6], split, out, BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c,
-                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return kern[grid](*args, meta[6], split, out, BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c,
+                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    run(pick("sc_fwd", _dtype_name(x), x.shape[0], run, fit=_fit(chunk_ptr, meta)))
+    launch("sc_fwd", _dtype_name(x), x.shape[0], run, fit=_fit(chunk_ptr, meta))
     return out
 
 
@@ -667,12 +667,14 @@ def bwd(gout, x, coeff, elem, order, chunk_ptr, desc, meta, need_gx, need_gc):
     def run(cfg):
         grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
         wg = _WeightGrad(coeff, n_chunks, split, atomic) if need_gc else None
-        kern[grid](*args, meta[6], split, gout, *gout.stride(), gx, wg.target if wg else none, R, Cp,
-                   BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        compiled = kern[grid](*args, meta[6], split, gout, *gout.stride(), gx, wg.target if wg else none, R, Cp,
+                              BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
+                              num_stages=cfg.num_stages)
         if wg is not None:
             result["gc"] = wg.finish(coeff, elem, order, chunk_ptr, meta[6], split, cfg.block_rows)
+        return compiled
 
-    run(pick("sc_bwd", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta)))
+    launch("sc_bwd", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta))
     return gx, result.get("gc", none)
 
 
@@ -712,13 +714,14 @@ def bwd2(gout, x, coeff, dx, dcoeff, elem, order, chunk_ptr, desc, meta, need_gg
     def run(cfg):
         grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
         wg = _WeightGrad(coeff, n_chunks, split, atomic) if gc_computed else None
-        kern[grid](*args, meta[6], split, gout, *gout.stride(), *dx_args, *dc_args, gg, gx2,
-                   wg.target if wg else none, R, Cp, BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c,
-                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        compiled = kern[grid](*args, meta[6], split, gout, *gout.stride(), *dx_args, *dc_args, gg, gx2,
+                              wg.target if wg else none, R, Cp, BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c,
+                              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if wg is not None:
             result["gc"] = wg.finish(coeff, elem, order, chunk_ptr, meta[6], split, cfg.block_rows)
+        return compiled
 
-    run(pick("sc_bwd2", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta)))
+    launch("sc_bwd2", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta))
     gc = result.get("gc", torch.zeros_like(coeff) if gc_wanted else none)
     return gg, gx2, gc
 

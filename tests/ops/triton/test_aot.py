@@ -53,7 +53,31 @@ def test_a_generated_kernel_compiles_for_nvidia_and_amd_with_its_registers():
     out = json.loads(line[len("RESULT"):])
     for target in ("sm_90", "gfx942"):
         regs, spills, error = out[target]
-        assert error is None and 0 < regs <= 255 and spills == 0, (target, out[target])
+        # a small kernel: registers well inside the budget; spills read back, at most a few words
+        # (triton 3.7.1's code spills none on sm_90, 3.8.0's one word: 4 B stored, 4 B loaded)
+        assert error is None and 0 < regs <= 255 and 0 <= spills <= 16, (target, out[target])
     assert out["bad"][0] is False and "arange" in out["bad"][1]
     # a contiguous launch: pointers typed, the unit stride a constant, sizes 32-bit, tiles constexpr
     assert out["spec"] == ["*fp32", "constexpr", 1, "i32", "constexpr"]
+
+
+# ptxas -v's report of the kernel above, as triton 3.8.0 (its ptxas 12.9) printed it for sm_90a
+PTXAS_LOG_TRITON_3_8 = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'sc_bwd' for 'sm_90a'
+ptxas info    : Function properties for sc_bwd
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 72 registers, used 1 barriers, 8 bytes cumulative stack size
+ptxas info    : Compile time = 27.075 ms
+"""
+
+
+def test_the_ptxas_report_gives_registers_and_spill_stores_plus_loads():
+    from cfm_plugins.ops.triton import aot
+
+    assert aot._nvidia_usage(PTXAS_LOG_TRITON_3_8) == (72, 8)
+    unspilled = PTXAS_LOG_TRITON_3_8.replace("8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads",
+                                             "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+    assert aot._nvidia_usage(unspilled) == (72, 0)
+    with pytest.raises(RuntimeError, match="no register count"):
+        aot._nvidia_usage("ptxas info    : 0 bytes gmem\n")
