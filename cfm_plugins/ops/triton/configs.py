@@ -1,7 +1,9 @@
 """Tile sizes of the Triton kernels: a default per (kernel, dtype), alternatives for autotuning.
 
 Every default config compiles without register spills for sm_80, sm_90, gfx90a and gfx942 at the
-MACE-MP-medium sizes (``make triton-check`` checks it and prints the registers: docs/benchmarks.md).
+MACE-MP-medium sizes with triton 3.6.0 and 3.7.1 (``make triton-check`` checks it and prints the
+registers: docs/benchmarks.md); with 3.8.0 and later, two do not (:func:`note_spills`), and a launch
+on a GPU whose compiled kernel spills says so once.
 The alternatives are what autotuning may pick on the user's GPU; they are allowed to spill (a
 spilling config that is still the fastest on a GPU is the GPU's call) and are compiled by the
 same check, which reports their spills without failing on them.
@@ -157,10 +159,10 @@ def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None
     GPU spills registers to local memory (``compiled.n_spills``, bytes per thread, set at its first
     launch on a GPU; absent under the interpreter, where nothing is said).
 
-    The default tiles compile without spills with triton 3.6.0 and 3.7.1 (``make triton-check``); with
-    3.8.0 and 3.9.0 ``tp_segment`` float64 8x32/w4 spills on sm_80/sm_90 (with 3.8.0 ``sc_bwd2``
-    float32 8x32/w4 too; docs/benchmarks.md), and a user's triton may be any of them. This only says so: which tile is faster is the GPU's call
-    (``CFM_PLUGINS_TRITON_AUTOTUNE=1``)."""
+    The default tiles compile without spills with triton 3.6.0 and 3.7.1 (``make triton-check``);
+    with 3.8.0 and 3.9.0 ``tp_segment`` float64 8x32/w4 spills on sm_80/sm_90 (with 3.8.0 ``sc_bwd2``
+    float32 8x32/w4 too; docs/benchmarks.md), and a user's triton may be any of them. This only
+    says so: which tile is faster is the GPU's call (``CFM_PLUGINS_TRITON_AUTOTUNE=1``)."""
     key = (kernel, dtype_name, cfg)
     if key in _SPILLS_NOTED:
         return
