@@ -68,7 +68,7 @@ def test_run_parallel_keeps_the_order_and_raises_a_failure():
 
 
 def test_the_license_pyproject_declares_ships_as_its_text():
-    """pyproject's SPDX ``license`` and the LICENSE file setuptools puts in every sdist and wheel agree."""
+    """pyproject's SPDX ``license`` and the LICENSE file setuptools ships with the package agree."""
     # a regex, not tomllib: the package supports Python 3.10
     declared = re.search(r'^license = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
     assert declared, "pyproject.toml has no SPDX `license = \"...\"` line"
