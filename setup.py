@@ -167,20 +167,20 @@ class BuildExt(build_ext):
         """The *.cu kernels compiled by nvcc (no torch headers: raw pointers and a stream)."""
         archs = os.environ.get("CFM_PLUGINS_CUDA_ARCH", "80;90").split(";")
         gencode = sum((["-gencode", f"arch=compute_{a},code=sm_{a}"] for a in archs), [])
-        jobs = []
+        commands = []  # (nvcc command, object file)
         for kdir in KERNEL_DIRS:
             for src in sorted(kdir.glob("*.cu")):
                 obj = Path(self.build_temp) / "cuda" / (src.stem + ".o")
                 obj.parent.mkdir(parents=True, exist_ok=True)
-                jobs.append(([self._nvcc(), "-c", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+                commands.append(([self._nvcc(), "-c", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
                               *gencode, f"-I{COMMON}", f"-I{kdir}", str(src), "-o", str(obj)], str(obj)))
 
-        def nvcc(job):
-            print(" ".join(job[0]))
-            subprocess.check_call(job[0])
-            return job[1]
+        def nvcc(command):
+            print(" ".join(command[0]))
+            subprocess.check_call(command[0])
+            return command[1]
 
-        return run_parallel(nvcc, jobs, build_jobs())
+        return run_parallel(nvcc, commands, build_jobs())
 
 
 packages = find_packages(include=["cfm_plugins", "cfm_plugins.*"]) + ["cfm_plugins_adapters"] + \

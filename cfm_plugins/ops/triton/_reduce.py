@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from cfm_plugins.ops.triton._codegen import interpreting
-from cfm_plugins.ops.triton.configs import note_spills, pick
+from cfm_plugins.ops.triton.configs import launch
 
 _JITTED: dict[bool, object] = {}
 
@@ -57,13 +57,14 @@ def element_sum(partial: torch.Tensor, coeff: torch.Tensor, elem: torch.Tensor, 
     lo = torch.searchsorted(chunk_elem, ids)
     hi = torch.searchsorted(chunk_elem, ids, right=True)
     W = R * Cp
-    dtype_name = "float64" if coeff.dtype == torch.float64 else "float32"
-    cfg = pick("sc_reduce", dtype_name, W)
-    block = min(cfg.block_c, triton.next_power_of_2(W))
     mode = interpreting()
     if mode not in _JITTED:
         _JITTED[mode] = triton.jit(_element_sum)
-    compiled = _JITTED[mode][(E, math.ceil(W / block))](partial, chunk_ptr, lo, hi, gc, W, channels, Cp, split,
+
+    def run(cfg):
+        block = min(cfg.block_c, triton.next_power_of_2(W))
+        return _JITTED[mode][(E, math.ceil(W / block))](partial, chunk_ptr, lo, hi, gc, W, channels, Cp, split,
                                                         block_n, BLOCK=block, num_warps=cfg.num_warps)
-    note_spills("sc_reduce", dtype_name, cfg, compiled)
+
+    launch("sc_reduce", "float64" if coeff.dtype == torch.float64 else "float32", W, run)
     return gc

@@ -80,14 +80,11 @@ def test_an_interpreted_launch_goes_through_the_note_and_says_nothing(triton_cpu
     from cfm_plugins.ops.conv_tp import FusedConvTP
     from tests.helpers.conv_tp_cases import graph, inputs
     from tests.helpers.mace_models import mace_tp
-    from tests.ops.triton.test_conv_tp import op_args
 
-    tp = mace_tp("0e+1o", 2, 3)
-    fused = FusedConvTP.from_e3nn(tp)
+    tp = mace_tp("0e+1o", 2, 3, torch.float64)
     x, y, w = inputs(tp, 4, 9, torch.float64)
-    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(4, 9))
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        out = torch.ops.cfm.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta)
+        out = FusedConvTP.from_e3nn(tp)(x, y, w, graph(4, 9))
     assert out.abs().max() > 0
     assert [k[:2] for k in configs._SPILLS_NOTED] == [("tp_segment", "float64")]
     assert warnings_of(caplog) == []
