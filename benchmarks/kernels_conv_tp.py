@@ -161,22 +161,10 @@ def fmt_table(rows) -> list[str]:
 
 
 GPU_NOTE = """\
-GPU: no GPU was lent to this task, so the CUDA kernel (`cuda/conv_tp/conv_tp.cu`, built with
-`CFM_PLUGINS_CUDA=1 CFM_PLUGINS_CUDA_ARCH="80;90" python setup.py build_ext`, nvcc 13.0) compiles for
-sm_80 and sm_90 but has never run. Its design: edges sorted by receiver (the same cached CSR as the CPU
-path), one thread block per receiver segment, channels across the threads (coalesced loads of the
-node and weight rows), the descriptor tables and the per-edge pair coefficients in shared memory,
-accumulation in the block's own output row (no atomics, no per-edge message in global memory);
-the node-feature gradient is the same kernel on the sender grouping with the transposed tables;
-weight/edge-attribute gradients are one block per edge with a fixed-order shared-memory reduction.
-Expected standing: memory like the CPU path (no E x irreps_out message tensor, which e3nn+scatter
-materializes, plus its einsum intermediates); speed bounded by reading the per-edge weight rows,
-so well ahead of e3nn+scatter but likely behind hand-tuned kernels (cuEquivariance's
-`channelwise_tensor_product` with `uniform_1d`, OpenEquivariance) that also fuse the radial MLP or
-use warp-level tiling. To verify on a GPU: `pytest tests/ops/test_conv_tp.py -k cuda` (CUDA vs CPU
-results, gradients, gradgradcheck), then time it against e3nn+scatter and cuEquivariance with this
-script on CUDA tensors (not yet wired: `--device cuda` is future work), and profile occupancy of
-the segment kernel for the 512-atom (about 22k edges) and 4096-atom cases."""
+GPU: this script times the CPU kernels. The same operator's GPU kernels (Triton, the default on
+GPUs, and C++ CUDA, `cuda/conv_tp/conv_tp.cu`, with `fused_backend=cuda`) are timed on a GPU by
+`benchmarks/gpu_kernels.py` (the conv TP with its scatter alone, against stock and cuEquivariance) and
+`benchmarks/gpu_mace.py` (the MACE step): docs/benchmarks.md's GPU sections and docs/gpu.md."""
 
 
 def main(argv=None) -> int:

@@ -208,13 +208,10 @@ Command: `{command}`
 Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with other jobs
 (timings are noisy; compare ratios within this table), torch {torch.__version__}, CPU kernel ISA: {isa}.
 
-GPU kernel (`cuda/symmetric_contraction/sc_cuda.cu`): compiled for sm_80 and sm_90 here, never run
-(no GPU lent). It runs the same `sc_math.h` arithmetic with one thread per channel, nodes of one
-element per block, monomials in shared memory and coefficient gradients by `atomicAdd`. Expected
-standing: far ahead of mace-torch's einsum chain (no dense U contraction per node), behind
-cuEquivariance's closed GPU kernels (its scratch of ~150 monomial rows per thread limits occupancy,
-especially the float64 double backward). To verify on a GPU: `pytest tests/ops/test_symmetric_contraction.py
--k cuda` (values and derivatives vs mace on CUDA), then timings and occupancy (Nsight Compute).
+GPU: this script times the CPU kernels. The same operator's GPU kernels (Triton, the default on
+GPUs, and C++ CUDA, `cuda/symmetric_contraction/sc_cuda.cu`, with `fused_backend=cuda`) are timed on a GPU by
+`benchmarks/gpu_kernels.py` (the symmetric contraction alone, against stock and cuEquivariance) and
+`benchmarks/gpu_mace.py` (the MACE step): docs/benchmarks.md's GPU sections and docs/gpu.md.
 """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
