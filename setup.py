@@ -172,13 +172,15 @@ class BuildExt(build_ext):
             for src in sorted(kdir.glob("*.cu")):
                 obj = Path(self.build_temp) / "cuda" / (src.stem + ".o")
                 obj.parent.mkdir(parents=True, exist_ok=True)
-                commands.append(([self._nvcc(), "-c", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-                              *gencode, f"-I{COMMON}", f"-I{kdir}", str(src), "-o", str(obj)], str(obj)))
+                command = [self._nvcc(), "-c", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+                           *gencode, f"-I{COMMON}", f"-I{kdir}", str(src), "-o", str(obj)]
+                commands.append((command, str(obj)))
 
-        def nvcc(command):
-            print(" ".join(command[0]))
-            subprocess.check_call(command[0])
-            return command[1]
+        def nvcc(command_obj):
+            command, obj = command_obj
+            print(" ".join(command) + "\n", end="", flush=True)  # one write: parallel compiles, whole lines
+            subprocess.check_call(command)
+            return obj
 
         return run_parallel(nvcc, commands, build_jobs())
 

@@ -18,7 +18,13 @@ from cfm_plugins.testing import BIN, clean_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["ROOT", "BIN", "clean_env", "load_example", "mpirun_cmd", "run_mpi"]
+__all__ = ["ROOT", "BIN", "clean_env", "import_triton", "load_example", "mpirun_cmd", "run_mpi"]
+
+
+def import_triton():
+    """``triton``, or the calling test (module) skipped with why: it is missing here (GPU-less tests
+    use its interpreter and its ahead-of-time compiler; the [test] extra installs it on Linux)."""
+    return pytest.importorskip("triton", reason="triton is not installed (the [test] extra installs it on Linux)")
 
 
 @functools.lru_cache(maxsize=None)

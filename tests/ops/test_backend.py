@@ -16,6 +16,7 @@ from cfm_plugins.config import Config
 from cfm_plugins.manager import create_manager
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops import triton as triton_kernels
+from tests.helpers import import_triton
 
 OPS = ("symmetric_contraction_fwd", "symmetric_contraction_bwd", "symmetric_contraction_bwd2", "conv_tp_fwd",
        "conv_tp_bwd")
@@ -56,7 +57,7 @@ def test_gpu_backend_from_the_environment_and_the_setter(clean_backend, monkeypa
 
 @needs_ops
 def test_triton_backend_becomes_the_operators_cuda_kernels_and_goes_away(clean_backend):
-    pytest.importorskip("triton", reason="triton is not installed (the [test] extra installs it on Linux)")
+    import_triton()
     _backend.set_gpu_backend("triton")
     assert _backend.choose(torch.device("cuda")) == "cuda"
     assert all(cuda_kernel_is_triton(op) for op in OPS)
@@ -69,7 +70,7 @@ def test_triton_backend_becomes_the_operators_cuda_kernels_and_goes_away(clean_b
 
 @needs_ops
 def test_auto_is_triton_where_it_imports_else_the_cpp_cuda_kernels(clean_backend, monkeypatch):
-    pytest.importorskip("triton", reason="triton is not installed (the [test] extra installs it on Linux)")
+    import_triton()
     assert _backend.gpu_backend() == "auto" and _backend.resolved_gpu_backend() == "triton"
     assert _backend.choose(torch.device("cuda")) == "cuda" and all(cuda_kernel_is_triton(op) for op in OPS)
     _backend.set_gpu_backend("auto")  # still triton: stays registered
@@ -94,7 +95,7 @@ def test_triton_asked_for_but_unusable_is_an_error_not_a_fallback(clean_backend,
 
 @needs_ops
 def test_fused_backend_option_reaches_the_chooser_through_cfm_patch_model(clean_backend):
-    pytest.importorskip("triton", reason="triton is not installed (the [test] extra installs it on Linux)")
+    import_triton()
     with pytest.raises(ValueError, match="fused_backend"):
         create_manager(Config(enabled=["fused"], options={"fused_backend": "opencl"}))
     config = Config(enabled=["fused"], options={"fused_backend": "triton", "fused_kernels": "conv_tp"})

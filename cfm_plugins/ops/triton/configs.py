@@ -170,12 +170,9 @@ def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None
     spills = getattr(compiled, "n_spills", None)
     if not isinstance(spills, int) or spills <= 0:
         return
-    try:
-        import triton
-        version = triton.__version__
-    except Exception:  # the kernel ran, so triton imports; never fail a launch for a message
-        version = "?"
+    import triton  # a compiled kernel came back: triton is imported
+
     log.warning("Triton kernel %s (%s, tile %s) spills %d bytes per thread to local memory on this GPU with "
                 "triton %s: the default tiles were checked for spills with triton 3.6.0 and 3.7.1. "
                 "CFM_PLUGINS_TRITON_AUTOTUNE=1 times its alternative tiles on this GPU (docs/gpu.md, 'Tiles').",
-                kernel, dtype_name, cfg.label(), spills, version)
+                kernel, dtype_name, cfg.label(), spills, triton.__version__)

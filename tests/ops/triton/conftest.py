@@ -15,10 +15,12 @@ import os
 
 import pytest
 
+from tests.helpers import import_triton
+
 
 @pytest.fixture(scope="module")
 def triton_cpu(tmp_path_factory):
-    pytest.importorskip("triton", reason="triton is not installed (the [test] extra installs it on Linux)")
+    import_triton()
     from cfm_plugins.ops import _backend
     from cfm_plugins.ops import triton as triton_kernels
 

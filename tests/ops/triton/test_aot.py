@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, clean_env
+from tests.helpers import ROOT, clean_env, import_triton
 
 SCRIPT = r'''
 import json, torch
@@ -43,7 +43,7 @@ print("RESULT" + json.dumps(out))
 
 
 def test_a_generated_kernel_compiles_for_nvidia_and_amd_with_its_registers():
-    pytest.importorskip("triton", reason="triton is not installed (the [test] extra installs it on Linux)")
+    import_triton()
     env = clean_env()
     env.pop("TRITON_INTERPRET", None)
     res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,

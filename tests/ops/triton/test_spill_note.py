@@ -13,7 +13,9 @@ import types
 
 import pytest
 
-pytest.importorskip("triton", reason="triton is not installed (the [test] extra installs it on Linux)")
+from tests.helpers import import_triton
+
+import_triton()
 
 from cfm_plugins.ops.triton import configs  # noqa: E402
 from cfm_plugins.ops.triton.configs import TileConfig  # noqa: E402
