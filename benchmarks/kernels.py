@@ -15,6 +15,16 @@ import sys
 KERNELS = ("symmetric_contraction", "conv_tp")
 
 
+def gpu_note(cuda_source: str, alone: str) -> str:
+    """The note under a CPU kernel table (its fragment) on where the same operator's GPU kernels
+    are timed: ``cuda_source`` is its C++ CUDA file, ``alone`` what ``gpu_kernels.py`` times."""
+    return f"""\
+GPU: this script times the CPU kernels. The same operator's GPU kernels (Triton, the default on
+GPUs, and C++ CUDA, `{cuda_source}`, with `fused_backend=cuda`) are timed on a GPU by
+`benchmarks/gpu_kernels.py` ({alone}, against stock and cuEquivariance) and
+`benchmarks/gpu_mace.py` (the MACE step): docs/benchmarks.md's GPU sections and docs/gpu.md."""
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = [a for a in argv if a in KERNELS] or list(KERNELS)

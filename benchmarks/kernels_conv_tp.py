@@ -160,13 +160,6 @@ def fmt_table(rows) -> list[str]:
     return out
 
 
-GPU_NOTE = """\
-GPU: this script times the CPU kernels. The same operator's GPU kernels (Triton, the default on
-GPUs, and C++ CUDA, `cuda/conv_tp/conv_tp.cu`, with `fused_backend=cuda`) are timed on a GPU by
-`benchmarks/gpu_kernels.py` (the conv TP with its scatter alone, against stock and cuEquivariance) and
-`benchmarks/gpu_mace.py` (the MACE step): docs/benchmarks.md's GPU sections and docs/gpu.md."""
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: small cell, float32, one repeat")
@@ -220,6 +213,8 @@ def main(argv=None) -> int:
     if not args.quick and not args.no_write:
         import torch
 
+        from benchmarks.kernels import gpu_note  # here: the worker runs this file as a script
+
         cpu = platform.processor() or platform.machine()
         text = "\n".join([
             "### Fused conv TP + scatter (MACE message construction), CPU",
@@ -244,7 +239,7 @@ def main(argv=None) -> int:
             "fails cleanly instead of waking the OOM killer on a shared machine): 'out of memory' means the "
             "case needs more than that.",
             "",
-            GPU_NOTE,
+            gpu_note("cuda/conv_tp/conv_tp.cu", "the conv TP with its scatter alone"),
             "",
         ])
         FRAGMENT.parent.mkdir(parents=True, exist_ok=True)

@@ -186,6 +186,7 @@ def _write_fragment(path: Path, command: str, table: list, args) -> None:
 
     import torch
 
+    from benchmarks.kernels import gpu_note
     from cfm_plugins.ops import _backend
 
     isa = ("C++ operators (AVX2 when the CPU has it)" if _backend.choose(torch.device("cpu")) == "cpu"
@@ -208,10 +209,7 @@ Command: `{command}`
 Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with other jobs
 (timings are noisy; compare ratios within this table), torch {torch.__version__}, CPU kernel ISA: {isa}.
 
-GPU: this script times the CPU kernels. The same operator's GPU kernels (Triton, the default on
-GPUs, and C++ CUDA, `cuda/symmetric_contraction/sc_cuda.cu`, with `fused_backend=cuda`) are timed on a GPU by
-`benchmarks/gpu_kernels.py` (the symmetric contraction alone, against stock and cuEquivariance) and
-`benchmarks/gpu_mace.py` (the MACE step): docs/benchmarks.md's GPU sections and docs/gpu.md.
+{gpu_note("cuda/symmetric_contraction/sc_cuda.cu", "the symmetric contraction alone")}
 """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
