@@ -89,3 +89,16 @@ def test_no_extra_pins_triton_exactly_so_a_newer_torch_keeps_its_own():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^TRITON_VERSION \?= \d+\.\d+\.\d+$", makefile, re.M)
     assert makefile.count("install -q torch==$(TORCH_VERSION) $(TRITON_PIN)") == 3  # .venv, -nequip, -hydragnn
+
+
+def test_the_readme_command_for_another_torch_sets_variables_the_makefile_takes():
+    """README's ``make test TORCH_VERSION=... TRITON_VERSION=... HYDRAGNN_DEPS=none``: each name is a
+    Makefile variable a command line may set (``?=``), so a rename cannot leave the README setting
+    nothing (make takes an unknown variable silently)."""
+    command = re.search(r"`(make test (?:\w+=\S+ ?)+)`", (ROOT / "README.md").read_text())
+    assert command, "README.md lost its `make test TORCH_VERSION=...` line"
+    names = re.findall(r"(\w+)=", command.group(1))
+    assert set(names) == {"TORCH_VERSION", "TRITON_VERSION", "HYDRAGNN_DEPS"}, names
+    makefile = (ROOT / "Makefile").read_text()
+    for name in names:
+        assert re.search(rf"^{name} \?= ", makefile, re.M), f"Makefile has no `{name} ?=`"
