@@ -53,6 +53,7 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -290,21 +291,36 @@ def compare(label: str, got: dict, ref: dict, tol: float) -> dict:
 
 
 def sync_check(device, step) -> str:
-    """``step`` under ``set_sync_debug_mode("error")``: PASS, or FAIL with the exception."""
+    """``step`` under ``set_sync_debug_mode("warn")``: PASS, or FAIL with the number of synchronizing
+    calls and where the first was made. Every call's Python stack (its last frames) is printed: a
+    failed check says at once what to fix, where the "error" mode showed only the message."""
     import torch
 
     if device.type != "cuda":
         return "skipped (CUDA only)"
+    sites: list[str] = []
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            frames = [f for f in traceback.extract_stack()[:-1] if "/warnings.py" not in f.filename]
+            sites.append("".join(traceback.format_list(frames[-8:])))
+
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    except Exception as exc:  # noqa: BLE001 - a sync is a finding, not a crash
-        return f"FAIL: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = note
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
-    return "PASS"
+    if not sites:
+        return "PASS"
+    for i, site in enumerate(dict.fromkeys(sites)):
+        say(f"synchronizing call {i + 1} of {len(set(sites))} distinct ({len(sites)} in all), its stack:\n{site}")
+    last = sites[0].strip().splitlines()[-2].strip()
+    return f"FAIL: {len(sites)} synchronizing call(s), the first at {last}"
 
 
 def timed(fn, reps: int, warmup: int, device) -> tuple[float, float | None]:

@@ -271,15 +271,19 @@ class FusedSymmetricContraction(torch.nn.Module):
                       use_ops: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(present elements, each node's index into them, nodes per present element, nodes sorted
         by element, chunk pointers). Eager: :func:`node_groups` (one host copy per y, shared by the
-        layers). Traced (torch.compile, export, AOTInductor): every element, so that no shape
-        depends on the data, and the chunks only for the operators (the pure-torch evaluation
-        needs none, and their count depends on the data)."""
+        layers). Traced (torch.compile, export, AOTInductor): every element and a number of chunks
+        that depends only on the shapes (:meth:`_static_chunks`), so that nothing is sized by a
+        value: no host copy, and a CUDA graph captures the whole step (``bincount`` and
+        ``repeat_interleave`` would each wait for the device and cut the captured graph). The
+        chunks only for the operators (the pure-torch evaluation needs none)."""
         if _backend.tracing(x) or _backend.tracing(y):
-            present = torch.arange(self.num_elements, device=idx.device)
-            counts = torch.bincount(idx, minlength=self.num_elements)
+            E = self.num_elements
+            present = torch.arange(E, device=idx.device)
+            counts = torch.zeros(E, dtype=torch.int64, device=idx.device)
+            counts = counts.index_add(0, idx.clamp(0, E - 1), torch.ones_like(idx))
             if not use_ops:
                 return present, idx, counts, idx.new_empty(0), idx.new_empty(0)
-            order, chunk_ptr = self._chunks(idx, counts, idx.shape[0])
+            order, chunk_ptr = self._static_chunks(idx, counts, idx.shape[0])
             return present, idx, counts, order, chunk_ptr
         return node_groups(y, idx, self.num_elements, self._chunk)
 
@@ -351,6 +355,26 @@ class FusedSymmetricContraction(torch.nn.Module):
         k = torch.arange(chunk_seg.shape[0], device=inv.device) - first
         chunk_ptr = torch.cat([seg_start[chunk_seg] + k * chunk,
                                torch.full([1], n, dtype=torch.int64, device=inv.device)])
+        return order.contiguous(), chunk_ptr.contiguous()
+
+    @torch.jit.unused
+    def _static_chunks(self, inv: torch.Tensor, counts: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(order, chunk_ptr) of :meth:`_chunks`, with ``n // CHUNK + elements`` chunks whatever the
+        values: the real chunks, then empty ones at ``n`` (which the kernels skip). An element of
+        ``c`` nodes has ``ceil(c / CHUNK) <= c // CHUNK + 1`` chunks, so that many always suffice.
+        Every size here is a shape: traced, nothing waits for the device."""
+        chunk = self._chunk
+        E = counts.shape[0]
+        order = torch.argsort(inv, stable=True)
+        nch = torch.div(counts + (chunk - 1), chunk, rounding_mode="floor")
+        ends = torch.cumsum(nch, 0)  # chunks of the elements up to e
+        seg_start = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(n // chunk + E, device=inv.device)
+        seg = torch.searchsorted(ends, slot, right=True)  # the element of each slot; E past the last chunk
+        e = seg.clamp(max=E - 1)
+        start = seg_start[e] + (slot - (ends - nch)[e]) * chunk
+        start = torch.where(seg < E, start, torch.full_like(start, n))
+        chunk_ptr = torch.cat([start, torch.full([1], n, dtype=torch.int64, device=inv.device)])
         return order.contiguous(), chunk_ptr.contiguous()
 
     @torch.jit.unused

@@ -21,7 +21,11 @@ constexpr int TC = 16;  // channel lanes per task
 
 using cfm::sc::Desc;
 
-inline std::int64_t chunk_elem(const ScArgs& a, std::int64_t k) { return a.elem[a.order[a.chunk_ptr[k]]]; }
+// The element of chunk k; -1 for an empty chunk (a traced forward pads its chunk list with empty
+// chunks at the end, so that their number depends only on the shapes).
+inline std::int64_t chunk_elem(const ScArgs& a, std::int64_t k) {
+  return a.chunk_ptr[k] < a.chunk_ptr[k + 1] ? a.elem[a.order[a.chunk_ptr[k]]] : -1;
+}
 
 inline bool chunk_shared(const ScArgs& a, std::int64_t k) {
   const std::int64_t e = chunk_elem(a, k);
@@ -60,6 +64,7 @@ void for_each_task(const ScArgs& a, std::size_t scratch_rows, T* gc, Body body) 
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < ntasks; ++task) {
       const std::int64_t k = task / ntiles;
+      if (a.chunk_ptr[k] == a.chunk_ptr[k + 1]) continue;  // an empty chunk: nothing to do
       const int c0 = static_cast<int>((task % ntiles) * TC);
       const int nvalid = static_cast<int>(std::min<std::int64_t>(TC, a.C - c0));
       if (gc) std::fill(local.begin(), local.end(), T(0));

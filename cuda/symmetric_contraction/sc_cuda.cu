@@ -38,6 +38,7 @@ __global__ void sc_kernel(ScArgs a) {
   const std::int64_t k = blockIdx.x;
   const int c = static_cast<int>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= a.C) return;  // no block-level synchronisation below: idle lanes may leave
+  if (a.chunk_ptr[k] == a.chunk_ptr[k + 1]) return;  // an empty chunk (a traced forward pads with them)
   extern __shared__ unsigned char smem_raw[];
   T* s = reinterpret_cast<T*>(smem_raw) + threadIdx.x;
   const int ld = blockDim.x;

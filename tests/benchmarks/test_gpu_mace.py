@@ -169,3 +169,35 @@ def test_memory_peak_smoke_run_on_cpu_accounts_for_the_whole_peak_and_names_our_
         rows = [line.split("|") for line in body.splitlines() if line.startswith("| `")]
         assert peak > 1 and abs(sum(float(r[4]) for r in rows) - peak) < 0.05 * len(rows) + 0.1  # all of it, by maker
         assert any("cfm::conv_tp" in r[1] for r in rows) == (way == "fused")
+
+
+def test_the_sync_check_lists_every_synchronizing_call_with_its_stack(monkeypatch, capsys):
+    """gpu_capture.sync_check on a GPU: torch warns at each synchronizing call ("warn" mode); the
+    check counts them and prints each distinct call's stack. The GPU's warning is raised here by
+    hand (torch.cuda's mode switch and synchronize are stood in for: no GPU here)."""
+    import types
+    import warnings
+
+    import torch
+
+    from benchmarks import gpu_capture
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    cuda = types.SimpleNamespace(type="cuda")
+
+    def waits_for_the_device():
+        warnings.warn("called a synchronizing CUDA operation")
+
+    def step():
+        waits_for_the_device()
+        waits_for_the_device()
+        warnings.warn("something else")  # not a sync: not counted
+
+    result = gpu_capture.sync_check(cuda, step)
+    assert result.startswith("FAIL: 2 synchronizing call(s), the first at") and "test_gpu_mace.py" in result
+    assert modes == ["warn", 0]
+    out = capsys.readouterr().out
+    assert out.count("its stack:") == 2 and "waits_for_the_device" in out  # two lines: two distinct stacks
+    assert gpu_capture.sync_check(cuda, lambda: None) == "PASS" and modes[-2:] == ["warn", 0]

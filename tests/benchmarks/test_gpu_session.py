@@ -106,3 +106,15 @@ def test_the_cuda_test_selection_selects_tests(script):
     selected = [line for line in res.stdout.splitlines() if "::" in line]
     assert len(selected) >= 9  # the C++ CUDA and Triton kernels, gradgradcheck, CFMCalculator on cuda
     assert any("calculators" in s for s in selected) and any("triton" in s for s in selected)
+
+
+def test_each_call_runs_its_own_benchmarks_and_tests_on_a_warm_machine():
+    """The set-up copies the checkout to /tmp/proj only when the package's sources changed; a call
+    on a warm machine with only a benchmark or test changed ran the last call's copy (an H200 call
+    was spent so). lib.sh copies them over after the set-up, before it works in /tmp/proj."""
+    lines = (SESSION / "lib.sh").read_text().splitlines()
+    setup = next(i for i, line in enumerate(lines) if line.startswith('bash ".gpu/${SETUP'))
+    copy = next(i for i, line in enumerate(lines) if "tar -x -C /tmp/proj" in line)
+    cd = lines.index("cd /tmp/proj")
+    assert setup < copy < cd
+    assert {"benchmarks", "tests"} <= set(shlex.split(lines[copy].split("|")[0])[2:])

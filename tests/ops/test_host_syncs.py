@@ -98,6 +98,40 @@ def test_an_eager_fused_mace_train_step_copies_to_the_host_twice_per_batch():
     assert (dict(c.ops), c.host_lists) == ({}, 0)
 
 
+@needs_ext
+def test_a_traced_fused_mace_train_step_sizes_nothing_by_values():
+    """The static forward as compiled (forces inside, the backward of the loss): no operator in the
+    forward or backward graphs is sized by a value and no size is an unbacked symbol, so on a GPU
+    the whole step is one CUDA graph and nothing waits for the device (bincount and
+    repeat_interleave did, in the symmetric contraction's chunking: found on an H200)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    from cfm_plugins.static import forward
+    from cfm_plugins.static.mace import MACE_SPEC, e3nn_codegen_off
+
+    with e3nn_codegen_off():
+        model = tiny_mace("ScaleShiftMACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock")
+    patch_model(model)
+    graphs, sized = [], []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        for node in gm.graph.nodes:
+            name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+            val = node.meta.get("val")
+            if name in SIZED_BY_VALUES or (val is not None and free_unbacked_symbols(val)):
+                sized.append((name, (node.meta.get("stack_trace") or "").strip().splitlines()[-2:]))
+        return gm.forward
+
+    forward.install(model, MACE_SPEC, compile="default", backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+    train_step(model, fresh(mace_batch()))
+    ops = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert len(graphs) == 2 and any("cfm.symmetric_contraction" in o for o in ops), ops  # forward and backward
+    assert any("cfm.conv_tp" in o for o in ops), ops
+    assert sized == [], sized
+
+
 @pytest.mark.parametrize("chunk", [3, 128])
 @pytest.mark.parametrize("form", ["one-hot", "indices"])
 def test_node_groups_equal_unique_and_chunks(form, chunk):

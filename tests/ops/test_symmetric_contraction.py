@@ -177,6 +177,54 @@ def test_bad_inputs_raise_clear_errors():
         fused(x, 0.5 * y)
 
 
+@pytest.mark.parametrize("chunk", [3, 4, 128])
+def test_static_chunks_are_the_chunks_then_empty_ones(chunk):
+    """The traced forward's chunks: the eager chunking's, then empty chunks at n, as many as
+    n // chunk + elements in all, whatever the values (absent elements, counts a multiple of the chunk)."""
+    fused = FusedSymmetricContraction.from_mace(mace_module("0e+1o", 4, 2, 7, False))
+    fused._chunk = chunk
+    g = torch.Generator().manual_seed(5)
+    for idx in (torch.tensor([5, 5, 1, 5, 1, 1, 1, 5, 5, 5, 3, 5, 5, 1, 5, 5]), torch.full((12,), 6),
+                torch.randint(0, 7, (40,), generator=g), torch.arange(7)):
+        n = idx.shape[0]
+        _, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+        order, chunk_ptr = fused._chunks(inv, counts, n)
+        all_counts = torch.zeros(7, dtype=torch.int64).index_add(0, idx, torch.ones_like(idx))
+        s_order, s_ptr = fused._static_chunks(idx, all_counts, n)
+        real = chunk_ptr.numel() - 1
+        assert s_ptr.numel() == n // chunk + 7 + 1 >= chunk_ptr.numel()
+        assert torch.equal(s_ptr[:real + 1], chunk_ptr) and bool((s_ptr[real:] == n).all()), (s_ptr, chunk_ptr)
+        assert torch.equal(s_order, order)  # inv ranks idx: the same stable sort
+
+
+@needs_ext
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpp_kernels_skip_the_empty_chunks_of_a_traced_forward(dtype):
+    """The operators with the static chunk list (empty chunks at the end) give what they give
+    with the eager one: forward, backward, double backward."""
+    fused = FusedSymmetricContraction.from_mace(mace_module("0e+1o", 8, 3, 5, False).to(dtype))
+    fused._chunk = 4
+    x, idx, _ = inputs(23, 8, 5, dtype)
+    present, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+    coeff = fused._fold(present, dtype).detach()
+    exact = (inv, *fused._chunks(inv, counts, 23))
+    padded = (inv, *fused._static_chunks(inv, counts, 23))
+    assert padded[2].numel() > exact[2].numel() and padded[2][-2] == 23  # empty chunks there
+    g = torch.Generator().manual_seed(2)
+    gout = torch.randn(23, fused.descriptor.out_dim, generator=g, dtype=dtype)
+    dx, dc = torch.randn(x.shape, generator=g, dtype=dtype), torch.randn(coeff.shape, generator=g, dtype=dtype)
+    ops, meta = torch.ops.cfm, (fused._desc_tensors(), fused._meta)
+
+    def passes(groups):
+        return (ops.symmetric_contraction_fwd(x, coeff, *groups, *meta),
+                *ops.symmetric_contraction_bwd(gout, x, coeff, *groups, *meta, True, True),
+                *ops.symmetric_contraction_bwd2(gout, x, coeff, dx, dc, *groups, *meta, True, True, True))
+
+    tol = 1e-12 if dtype == torch.float64 else 1e-5  # element gradients of several chunks add atomically
+    for a, b in zip(passes(padded), passes(exact)):
+        assert b.abs().max() > 0 and rel_err(a, b) < tol
+
+
 @needs_ext
 def test_torch_compile_small():
     sc = mace_module("0e+1o", 8, 3, 3, False)

@@ -48,11 +48,14 @@ def element_sum(partial: torch.Tensor, coeff: torch.Tensor, elem: torch.Tensor, 
     n_chunks = chunk_ptr.numel() - 1
     if E == 0 or R * Cp == 0:
         return gc
-    if n_chunks == 0:
+    if n_chunks == 0 or order.numel() == 0:
         return gc.zero_()
-    # element of each chunk (chunks hold nodes of one element, in element order), then each
-    # element's range of chunks; no host synchronisation
-    chunk_elem = elem.index_select(0, order.index_select(0, chunk_ptr[:-1]))
+    # element of each chunk (chunks hold nodes of one element, in element order; E for an empty
+    # chunk, which a traced forward puts at the end), then each element's range of chunks; no host
+    # synchronisation
+    starts = chunk_ptr[:-1]
+    first_node = order.index_select(0, starts.clamp(max=order.numel() - 1))
+    chunk_elem = torch.where(starts < chunk_ptr[1:], elem.index_select(0, first_node), E)
     ids = torch.arange(E, device=coeff.device, dtype=chunk_elem.dtype)
     lo = torch.searchsorted(chunk_elem, ids)
     hi = torch.searchsorted(chunk_elem, ids, right=True)

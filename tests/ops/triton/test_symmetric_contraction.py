@@ -227,6 +227,44 @@ def test_tiles_smaller_than_the_problem(triton_cpu, monkeypatch):
         assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
 
+@pytest.mark.parametrize("atomic", [False, True], ids=["deterministic", "atomics"])
+def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, monkeypatch, atomic):
+    """The traced forward's chunk list (``_static_chunks``: the real chunks, then empty ones at n)
+    gives the exact chunk list's results bit for bit, forward and both backwards, and the C++ kernels' too."""
+    if atomic:
+        monkeypatch.setenv("CFM_PLUGINS_TRITON_ATOMICS", "1")
+    fused = FusedSymmetricContraction.from_mace(small_sc(5, 3, 4))
+    fused._chunk = 4
+    x, idx, _ = inputs(19, 5, 4, 4, torch.float64)
+    idx = torch.where(idx == 2, 3, idx)  # element 2 absent: no chunk of its own, a zero gradient
+    coeff, exact = op_args(fused, x, idx)
+    counts = torch.zeros(4, dtype=torch.int64).index_add(0, idx, torch.ones_like(idx))
+    present = torch.arange(4)
+    coeff_all = fused._fold(present, x.dtype).detach()
+    padded = (idx, *fused._static_chunks(idx, counts, 19), *exact[3:])
+    assert padded[2].numel() > exact[2].numel() and padded[2][-2] == 19
+    g = torch.Generator().manual_seed(4)
+    gout = torch.randn(19, fused.descriptor.out_dim, generator=g, dtype=x.dtype)
+    dx = torch.randn(x.shape, generator=g, dtype=x.dtype)
+
+    def passes(c, static):
+        return (torch.ops.cfm.symmetric_contraction_fwd(x, c, *static),
+                *torch.ops.cfm.symmetric_contraction_bwd(gout, x, c, *static, True, True),
+                *torch.ops.cfm.symmetric_contraction_bwd2(gout, x, c, dx, torch.ones_like(c), *static, True, True, True))
+
+    got, ref = passes(coeff_all, padded), passes(coeff, exact)
+    with triton_cpu():
+        cpp = passes(coeff_all, padded)
+    keep = present[torch.bincount(idx, minlength=4) > 0]  # the weight gradients of the present elements
+    for i, (a, b, c) in enumerate(zip(got, ref, cpp)):
+        if a.shape != b.shape:  # coefficient gradients: every element against the present ones (others zero)
+            assert a[keep].shape == b.shape and a[~torch.isin(present, keep)].abs().max() == 0
+            a, c = a[keep], c[keep]
+        assert b.abs().max() > 0
+        assert torch.equal(a, b) if not atomic else rel_err(a, b) < 1e-12
+        assert rel_err(c, b) < 1e-12
+
+
 def test_atomic_weight_gradient_matches_the_deterministic_reduction(monkeypatch):
     fused = FusedSymmetricContraction.from_mace(small_sc(3, 2, 3))
     x, idx, _ = inputs(15, 3, 4, 3, torch.float64)
