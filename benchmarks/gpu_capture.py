@@ -447,7 +447,9 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
     check["breaks"] = sum(breaks.values())
     check["skips"] = cudagraph_skips() - skips0
     fwd = forward.installed(cap)
-    say(f"dynamo: {check['graphs']} graph(s) compiled (expected 2: train and inference), graph breaks "
+    # the compiled call always runs training=True (MACE_SPEC.compiled_kwargs): the inference step
+    # may reuse the train step's graph (1, as on an H200) or get its own (2)
+    say(f"dynamo: {check['graphs']} graph(s) compiled for the train and inference steps (1 or 2), graph breaks "
         f"{breaks or 'none'}, shapes {fwd.shapes if fwd else '-'}; inductor cudagraph_skips: {check['skips']}")
     logged = capture.take()
     skipped = [m for m in logged if "skipping cudagraph" in m.lower()]

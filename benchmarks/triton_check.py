@@ -87,8 +87,8 @@ def _sources():
                     {d: ttp.specimen(tpt, d) for d in ("float32", "float64")}, ("BLOCK_E", "BLOCK_C")))
     fp = {"float32": "*fp32", "float64": "*fp64"}
     out.append(("sc_reduce", "sc_reduce", "", "", "_element_sum",
-                {d: dict(part_ptr=fp[d], chunk_ptr="*i64", lo_ptr="*i64", hi_ptr="*i64", out_ptr=fp[d],
-                         W=410 * 128, C=128, Cp=128, SPLIT=8, BLOCK_N=16) for d in fp}, (None, "BLOCK")))
+                {d: dict(part_ptr=fp[d], slot_ptr="*i64", chunk_ptr="*i64", lo_ptr="*i64", hi_ptr="*i64",
+                         out_ptr=fp[d], W=410 * 128, C=128, Cp=128, SPLIT=8, BLOCK_N=16) for d in fp}, (None, "BLOCK")))
     return out
 
 

@@ -1,11 +1,12 @@
 """Deterministic per-element sum of the symmetric contraction's weight-gradient partials.
 
-The backward kernels write, per program tile, the tile's sum over nodes of ``d out / d coeff``
-into its own slot ``chunk * SPLIT + sub`` of a partial buffer ``[slots, R, Cp]``. The chunks of
-one element are consecutive (the module sorts nodes by element), so the gradient of element ``e``
-is the sum of the slots of its chunks: this kernel adds them in a fixed order (chunks in order,
-tiles in order), without atomics, so a run repeats bit for bit. Slots of tiles past a chunk's end
-were never written and are never read. Padded channels (``C <= c < Cp``) are zero.
+The backward kernels write, per program tile with nodes, the tile's sum over nodes of
+``d out / d coeff`` into its own slot ``slots[chunk] + sub`` of a partial buffer ``[slots, R, Cp]``
+(a chunk's programs with nodes are its first ``min(ceil(len / BLOCK_N), SPLIT)``; an empty chunk
+has none). The chunks of one element are consecutive (the module sorts nodes by element), so the
+gradient of element ``e`` is the sum of the slots of its chunks: this kernel adds them in a fixed
+order (chunks in order, tiles in order), without atomics, so a run repeats bit for bit. Padded
+channels (``C <= c < Cp``) are zero.
 
 Not generated (no descriptor in it): an ordinary Triton kernel in this file, jitted on first use
 in the mode in force (compiled, or interpreted under ``TRITON_INTERPRET=1``).
@@ -24,7 +25,8 @@ from cfm_plugins.ops.triton.configs import launch
 _JITTED: dict[bool, object] = {}
 
 
-def _element_sum(part_ptr, chunk_ptr, lo_ptr, hi_ptr, out_ptr, W, C, Cp, SPLIT, BLOCK_N, BLOCK: tl.constexpr):
+def _element_sum(part_ptr, slot_ptr, chunk_ptr, lo_ptr, hi_ptr, out_ptr, W, C, Cp, SPLIT, BLOCK_N,
+                 BLOCK: tl.constexpr):
     e = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < W
@@ -35,14 +37,16 @@ def _element_sum(part_ptr, chunk_ptr, lo_ptr, hi_ptr, out_ptr, W, C, Cp, SPLIT, 
     for ch in range(lo, hi):
         n = tl.load(chunk_ptr + ch + 1) - tl.load(chunk_ptr + ch)
         tiles = tl.minimum((n + BLOCK_N - 1) // BLOCK_N, SPLIT)
+        first = tl.load(slot_ptr + ch)
         for sub in range(0, tiles):
-            acc += tl.load(part_ptr + (ch * SPLIT + sub) * W + offs, mask=valid, other=0.0)
+            acc += tl.load(part_ptr + (first + sub) * W + offs, mask=valid, other=0.0)
     tl.store(out_ptr + e * W + offs, acc, mask=inside)
 
 
-def element_sum(partial: torch.Tensor, coeff: torch.Tensor, elem: torch.Tensor, order: torch.Tensor,
-                chunk_ptr: torch.Tensor, channels: int, split: int, block_n: int) -> torch.Tensor:
-    """``gc[e] = sum of the partial slots of element e's chunks`` (shape and dtype of ``coeff``)."""
+def element_sum(partial: torch.Tensor, slots: torch.Tensor, coeff: torch.Tensor, elem: torch.Tensor,
+                order: torch.Tensor, chunk_ptr: torch.Tensor, channels: int, split: int, block_n: int) -> torch.Tensor:
+    """``gc[e] = sum of the partial slots of element e's chunks`` (shape and dtype of ``coeff``);
+    ``slots[k]``: the first slot of chunk ``k``."""
     E, R, Cp = coeff.shape
     gc = torch.empty(E, R, Cp, dtype=coeff.dtype, device=coeff.device)
     n_chunks = chunk_ptr.numel() - 1
@@ -66,8 +70,8 @@ def element_sum(partial: torch.Tensor, coeff: torch.Tensor, elem: torch.Tensor, 
 
     def run(cfg):
         block = min(cfg.block_c, triton.next_power_of_2(W))
-        return _JITTED[mode][(E, math.ceil(W / block))](partial, chunk_ptr, lo, hi, gc, W, channels, Cp, split,
-                                                        block_n, BLOCK=block, num_warps=cfg.num_warps)
+        return _JITTED[mode][(E, math.ceil(W / block))](partial, slots, chunk_ptr, lo, hi, gc, W, channels, Cp,
+                                                        split, block_n, BLOCK=block, num_warps=cfg.num_warps)
 
     launch("sc_reduce", "float64" if coeff.dtype == torch.float64 else "float32", W, run)
     return gc

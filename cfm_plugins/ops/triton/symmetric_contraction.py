@@ -30,10 +30,11 @@ Work decomposition (GPU-first; the C++ CUDA kernel loops over 128 nodes per thre
 - forward: the pre-order walk, outputs accumulated per component, stored in mace's layout;
 - backward: the walk with leave events (children before their parent is left) gives ``d out / d x``;
   the weight gradient ``d out / d coeff[e]`` is a sum over the element's nodes: each program writes
-  the sum over its tile into its own slot of a partial buffer, and :mod:`._reduce` adds the slots of
-  each element in a fixed order (deterministic, no atomics). ``CFM_PLUGINS_TRITON_ATOMICS=1`` adds
-  into ``coeff``'s gradient with ``tl.atomic_add`` instead (not deterministic; not timed on a
-  GPU yet);
+  the sum over its tile into its own slot of a partial buffer (the slots of a chunk's programs that
+  have nodes are consecutive, after the previous chunk's: ``slot_ptr``, so an empty chunk takes none),
+  and :mod:`._reduce` adds the slots of each element in a fixed order (deterministic, no atomics).
+  ``CFM_PLUGINS_TRITON_ATOMICS=1`` adds into ``coeff``'s gradient with ``tl.atomic_add`` instead
+  (not deterministic; not timed on a GPU yet);
 - double backward: the walk with the tangent (``T[j] = T[parent] x[last] + P[parent] dx[last]``)
   and the reverse of both, as ``cuda/symmetric_contraction/sc_math.h`` does per node.
 
@@ -159,7 +160,7 @@ class SCTables:
 # ---------------------------------------------------------------------------------------------
 # Source generation
 # ---------------------------------------------------------------------------------------------
-_ARGS = "x_ptr, s_xn, s_xc, s_xl, c_ptr, s_ce, s_cr, s_cc, elem_ptr, order_ptr, chunk_ptr, tab_ptr, C, SPLIT"
+_ARGS = "x_ptr, s_xn, s_xc, s_xl, c_ptr, s_ce, s_cr, s_cc, elem_ptr, order_ptr, chunk_ptr, slot_ptr, tab_ptr, C, SPLIT"
 
 
 class _Layout:
@@ -188,7 +189,6 @@ def _prologue(w: Writer, t: SCTables, extra_loads: list[str]) -> None:
     w("first = start + sub * BLOCK_N")
     w("elem = tl.load(elem_ptr + tl.load(order_ptr + start, mask=start < end, other=0), mask=start < end, other=0)")
     w("cb = c_ptr + elem * s_ce + cols * s_cc")
-    w("slot = chunk * SPLIT + sub")
     w("for s in range(first, end, SPLIT * BLOCK_N):")
     w.indent()
     w("rows = s + tl.arange(0, BLOCK_N)")
@@ -255,7 +255,7 @@ def _weight_grad_base(w: Writer, atomic: bool) -> None:
     if atomic:
         w("gcb = gc_ptr + elem * (R * Cp) + cols")
     else:
-        w("gcb = gc_ptr + slot * (R * Cp) + cols")
+        w("gcb = gc_ptr + (tl.load(slot_ptr + chunk) + sub) * (R * Cp) + cols")
         w("again = s != first")
 
 
@@ -600,29 +600,43 @@ def _fit(chunk_ptr, meta) -> tuple[int, int]:
     return _codegen.widest_segment(chunk_ptr), int(meta[6])
 
 
-def _common(x, coeff, elem, order, chunk_ptr, walk):
-    idx = [t.contiguous() for t in (elem, order, chunk_ptr)]
+def _common(x, coeff, elem, order, chunk_ptr, slots, walk):
+    """The arguments of ``_ARGS`` up to ``tab_ptr``; ``slots``: the first weight-gradient slot of
+    each chunk (any int64 tensor where the kernel writes no partial slots: it is not read)."""
+    idx = [t.contiguous() for t in (elem, order, chunk_ptr, slots)]
     return [x, *x.stride(), coeff, *coeff.stride(), *idx, walk]
 
 
 class _WeightGrad:
-    """The weight gradient of one launch: a partial buffer (one slot per program tile) reduced per
-    element in a fixed order, or (atomics) the gradient itself, zeroed, added into."""
+    """The weight gradient of one launch: a partial buffer (one slot per program with nodes)
+    reduced per element in a fixed order, or (atomics) the gradient itself, zeroed, added into.
 
-    def __init__(self, coeff: torch.Tensor, n_chunks: int, split: int, atomic: bool):
+    Chunk ``k``'s programs with nodes are its first ``min(ceil(len_k / block_n), split)``; their
+    slots follow the previous chunk's (``slots[k]``, computed on the device). The buffer's size
+    depends only on the shapes (a traced step's chunk list ends in empty chunks, which take no
+    slot): at most ``ceil(n / block_n) + chunks`` slots, and never more than ``chunks * split``."""
+
+    def __init__(self, coeff: torch.Tensor, chunk_ptr: torch.Tensor, n: int, split: int, block_n: int,
+                 atomic: bool):
         E, R, Cp = coeff.shape
         self.atomic = atomic
         if atomic:
             self.target = torch.zeros(E, R, Cp, dtype=coeff.dtype, device=coeff.device)
-        else:
-            self.target = torch.empty(n_chunks * split, R, Cp, dtype=coeff.dtype, device=coeff.device)
+            self.slots = chunk_ptr  # not read
+            return
+        n_chunks = chunk_ptr.numel() - 1
+        tiles = torch.clamp(torch.div(chunk_ptr[1:] - chunk_ptr[:-1] + (block_n - 1), block_n, rounding_mode="floor"),
+                            max=split)
+        self.slots = torch.cumsum(tiles, 0) - tiles
+        size = min(n_chunks * split, -(-n // block_n) + n_chunks)
+        self.target = torch.empty(size, R, Cp, dtype=coeff.dtype, device=coeff.device)
 
     def finish(self, coeff, elem, order, chunk_ptr, channels: int, split: int, block_n: int) -> torch.Tensor:
         if self.atomic:
             return self.target
         from cfm_plugins.ops.triton._reduce import element_sum
 
-        return element_sum(self.target, coeff, elem, order, chunk_ptr, channels, split, block_n)
+        return element_sum(self.target, self.slots, coeff, elem, order, chunk_ptr, channels, split, block_n)
 
 
 def fwd(x, coeff, elem, order, chunk_ptr, desc, meta):
@@ -634,7 +648,7 @@ def fwd(x, coeff, elem, order, chunk_ptr, desc, meta):
         return out
     kern, walk = _kernel(desc, meta, "fwd", x.device)
     n_chunks = chunk_ptr.numel() - 1
-    args = _common(x, coeff, elem, order, chunk_ptr, walk)
+    args = _common(x, coeff, elem, order, chunk_ptr, chunk_ptr, walk)  # no weight gradient: no slots
 
     def run(cfg):
         grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
@@ -660,13 +674,13 @@ def bwd(gout, x, coeff, elem, order, chunk_ptr, desc, meta, need_gx, need_gc):
     kern, walk = _kernel(desc, meta, "bwd", x.device, need_gx=bool(need_gx), need_gc=bool(need_gc),
                          atomic=atomic and need_gc)
     n_chunks = chunk_ptr.numel() - 1
-    args = _common(x, coeff, elem, order, chunk_ptr, walk)
     E, R, Cp = coeff.shape
     result = {}
 
     def run(cfg):
         grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
-        wg = _WeightGrad(coeff, n_chunks, split, atomic) if need_gc else None
+        wg = _WeightGrad(coeff, chunk_ptr, x.shape[0], split, cfg.block_rows, atomic) if need_gc else None
+        args = _common(x, coeff, elem, order, chunk_ptr, wg.slots if wg else chunk_ptr, walk)
         compiled = kern[grid](*args, meta[6], split, gout, *gout.stride(), gx, wg.target if wg else none, R, Cp,
                               BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
                               num_stages=cfg.num_stages)
@@ -705,7 +719,6 @@ def bwd2(gout, x, coeff, dx, dcoeff, elem, order, chunk_ptr, desc, meta, need_gg
     kern, walk = _kernel(desc, meta, "bwd2", x.device, need_gg=bool(need_ggout), need_gx=bool(need_gx),
                          need_gc=gc_computed, has_dx=has_dx, has_dc=has_dc, atomic=atomic and gc_computed)
     n_chunks = chunk_ptr.numel() - 1
-    args = _common(x, coeff, elem, order, chunk_ptr, walk)
     E, R, Cp = coeff.shape
     dx_args = [dx, *dx.stride()] if has_dx else [none, 0, 0, 0]
     dc_args = [dcoeff, *dcoeff.stride()] if has_dc else [none, 0, 0, 0]
@@ -713,7 +726,8 @@ def bwd2(gout, x, coeff, dx, dcoeff, elem, order, chunk_ptr, desc, meta, need_gg
 
     def run(cfg):
         grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
-        wg = _WeightGrad(coeff, n_chunks, split, atomic) if gc_computed else None
+        wg = _WeightGrad(coeff, chunk_ptr, x.shape[0], split, cfg.block_rows, atomic) if gc_computed else None
+        args = _common(x, coeff, elem, order, chunk_ptr, wg.slots if wg else chunk_ptr, walk)
         compiled = kern[grid](*args, meta[6], split, gout, *gout.stride(), *dx_args, *dc_args, gg, gx2,
                               wg.target if wg else none, R, Cp, BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c,
                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -733,7 +747,7 @@ def specimen(t: SCTables, channels: int, dtype_name: str, split: int = 8) -> dic
     cp = -(-channels // 16) * 16
     x = dict(s_xn=channels * t.L, s_xc=t.L, s_xl=1)
     return dict(x_ptr=fp, **x, c_ptr=fp, s_ce=t.R * cp, s_cr=cp, s_cc=1, elem_ptr="*i64", order_ptr="*i64",
-                chunk_ptr="*i64", tab_ptr="*i32", C=channels, SPLIT=split, out_ptr=fp, g_ptr=fp, s_gn=t.out_dim, s_gd=1, gx_ptr=fp,
+                chunk_ptr="*i64", slot_ptr="*i64", tab_ptr="*i32", C=channels, SPLIT=split, out_ptr=fp, g_ptr=fp, s_gn=t.out_dim, s_gd=1, gx_ptr=fp,
                 gc_ptr=fp, R=t.R, Cp=cp, dx_ptr=fp, s_dn=x["s_xn"], s_dc=x["s_xc"], s_dl=1, dc_ptr=fp, s_de=t.R * cp,
                 s_dr=cp, s_dcc=1, gg_ptr=fp)
 

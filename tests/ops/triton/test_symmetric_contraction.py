@@ -265,6 +265,20 @@ def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, monkeyp
         assert rel_err(c, b) < 1e-12
 
 
+def test_the_weight_gradient_slots_follow_the_tiles_with_nodes():
+    """The partial buffer has a slot per program with nodes, consecutive per chunk: an empty chunk
+    (a traced step ends its chunk list with them) takes none, and the buffer's size depends on the
+    shapes only: ceil(n / block_n) + chunks at most, where one slot per chunk tile took chunks * split."""
+    coeff = torch.zeros(3, 2, 16, dtype=torch.float64)
+    exact = torch.tensor([0, 3, 5, 6, 9, 12, 15, 16])
+    padded = torch.cat([exact, torch.full((5,), 16)])
+    a = tsc._WeightGrad(coeff, exact, 16, split=4, block_n=2, atomic=False)
+    b = tsc._WeightGrad(coeff, padded, 16, split=4, block_n=2, atomic=False)
+    assert a.slots.tolist() == [0, 2, 3, 4, 6, 8, 10]  # tiles with nodes: 2, 1, 1, 2, 2, 2, 1
+    assert b.slots.tolist() == a.slots.tolist() + [11] * 5  # the empty chunks write nothing
+    assert a.target.shape[0] == min(7 * 4, 8 + 7) and b.target.shape[0] == min(12 * 4, 8 + 12) >= 11
+
+
 def test_atomic_weight_gradient_matches_the_deterministic_reduction(monkeypatch):
     fused = FusedSymmetricContraction.from_mace(small_sc(3, 2, 3))
     x, idx, _ = inputs(15, 3, 4, 3, torch.float64)
