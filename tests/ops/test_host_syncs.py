@@ -102,8 +102,9 @@ def test_an_eager_fused_mace_train_step_copies_to_the_host_twice_per_batch():
 def test_a_traced_fused_mace_train_step_sizes_nothing_by_values():
     """The static forward as compiled (forces inside, the backward of the loss): no operator in the
     forward or backward graphs is sized by a value and no size is an unbacked symbol, so on a GPU
-    the whole step is one CUDA graph and nothing waits for the device (bincount and
-    repeat_interleave did, in the symmetric contraction's chunking: found on an H200)."""
+    the whole step is one CUDA graph and nothing waits for the device (an H200's sync check failed
+    on the captured step while the symmetric contraction's chunking used bincount and
+    repeat_interleave)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
