@@ -317,8 +317,9 @@ def sync_check(device, step) -> str:
     torch.cuda.synchronize()
     if not sites:
         return "PASS"
-    for i, site in enumerate(dict.fromkeys(sites)):
-        say(f"synchronizing call {i + 1} of {len(set(sites))} distinct ({len(sites)} in all), its stack:\n{site}")
+    distinct = list(dict.fromkeys(sites))
+    for i, site in enumerate(distinct):
+        say(f"synchronizing call {i + 1} of {len(distinct)} distinct ({len(sites)} in all), its stack:\n{site}")
     last = sites[0].strip().splitlines()[-2].strip()
     return f"FAIL: {len(sites)} synchronizing call(s), the first at {last}"
 

@@ -95,14 +95,20 @@ def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def _element_counts(idx: torch.Tensor, num_elements: int) -> torch.Tensor:
+    """Nodes per element (int64, ``num_elements`` long; indices out of range counted at the ends,
+    where the caller checks them). No ``bincount``: on CUDA it waits for the device to size its output."""
+    counts = torch.zeros(num_elements, dtype=torch.int64, device=idx.device)
+    return counts.index_add(0, idx.clamp(0, num_elements - 1), torch.ones_like(idx))
+
+
 def _group(y: torch.Tensor, idx: torch.Tensor, num_elements: int, chunk: int) -> Tuple[torch.Tensor, ...]:
     E, n, device = num_elements, idx.shape[0], idx.device
     if y.is_floating_point():
         valid = (((y == 0) | (y == 1)).all(-1) & (y.sum(-1) == 1)).all()
     else:
         valid = ((idx >= 0) & (idx < E)).all()
-    counts = torch.zeros(E, dtype=torch.int64, device=device)
-    counts.index_add_(0, idx.clamp(0, E - 1), torch.ones_like(idx))  # no bincount: on CUDA it syncs for its size
+    counts = _element_counts(idx, E)
     host = torch.cat([valid.reshape(1).long(), counts]).tolist()  # the one copy to the host
     if not host[0]:
         if y.is_floating_point():
@@ -277,10 +283,8 @@ class FusedSymmetricContraction(torch.nn.Module):
         ``repeat_interleave`` would each wait for the device and cut the captured graph). The
         chunks only for the operators (the pure-torch evaluation needs none)."""
         if _backend.tracing(x) or _backend.tracing(y):
-            E = self.num_elements
-            present = torch.arange(E, device=idx.device)
-            counts = torch.zeros(E, dtype=torch.int64, device=idx.device)
-            counts = counts.index_add(0, idx.clamp(0, E - 1), torch.ones_like(idx))
+            present = torch.arange(self.num_elements, device=idx.device)
+            counts = _element_counts(idx, self.num_elements)
             if not use_ops:
                 return present, idx, counts, idx.new_empty(0), idx.new_empty(0)
             order, chunk_ptr = self._static_chunks(idx, counts, idx.shape[0])

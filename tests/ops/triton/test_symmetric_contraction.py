@@ -256,7 +256,7 @@ def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, monkeyp
     with triton_cpu():
         cpp = passes(coeff_all, padded)
     keep = present[torch.bincount(idx, minlength=4) > 0]  # the weight gradients of the present elements
-    for i, (a, b, c) in enumerate(zip(got, ref, cpp)):
+    for a, b, c in zip(got, ref, cpp):
         if a.shape != b.shape:  # coefficient gradients: every element against the present ones (others zero)
             assert a[keep].shape == b.shape and a[~torch.isin(present, keep)].abs().max() == 0
             a, c = a[keep], c[keep]
