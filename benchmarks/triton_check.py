@@ -53,8 +53,8 @@ class Job:
     block_names: tuple  # (rows constexpr, channels constexpr)
 
 
-def _sources():
-    """(family, variant name, module name, source, function name, specimen per dtype) of every kernel."""
+def _workload_tables():
+    """The host tables of the workload's layer: (symmetric contraction, conv TP, conv TP transposed)."""
     import mace  # noqa: F401  (before e3nn)
     import torch
     from e3nn import o3
@@ -73,20 +73,30 @@ def _sources():
                                   num_elements=1)
     finally:
         torch.set_default_dtype(previous)
-    sct = tsc.SCTables.from_descriptor(FusedSymmetricContraction.from_mace(sc).descriptor)
+    tp = FusedConvTP.from_e3nn(mace_conv_tp("0e+1o", 3, 128, torch.float64))
+    return (tsc.SCTables.from_descriptor(FusedSymmetricContraction.from_mace(sc).descriptor),
+            ttp.TPTables.from_descriptor(tp.descriptor), ttp.TPTables.from_descriptor(tp.descriptor.transpose()))
+
+
+def _sources():
+    """(family, variant name, module name, source per ``defer`` flag of the tile configs (conv TP:
+    both variants), function name, specimen per dtype) of every kernel."""
+    from cfm_plugins.ops.triton import conv_tp as ttp
+    from cfm_plugins.ops.triton import symmetric_contraction as tsc
+
+    sct, tp_plain, tp_transposed = _workload_tables()
     out = []
     for kernel, flags in tsc.kernel_variants():
         out.append(("sc_" + kernel, tsc.compiled_name(kernel, flags), f"check_sc_{kernel}",
-                    tsc.source(sct, kernel, **flags), f"sc_{kernel}",
+                    {False: tsc.source(sct, kernel, **flags)}, f"sc_{kernel}",
                     {d: tsc.specimen(sct, 128, d) for d in ("float32", "float64")}, ("BLOCK_N", "BLOCK_C")))
-    tp = FusedConvTP.from_e3nn(mace_conv_tp("0e+1o", 3, 128, torch.float64))
     for kernel, transposed, flags in ttp.kernel_variants():
-        tpt = ttp.TPTables.from_descriptor(tp.descriptor.transpose() if transposed else tp.descriptor)
+        tpt = tp_transposed if transposed else tp_plain
         out.append(("tp_" + kernel, ttp.compiled_name(kernel, transposed, flags), f"check_tp_{kernel}",
-                    ttp.source(tpt, kernel, **flags), f"tp_{kernel}",
+                    {defer: ttp.source(tpt, kernel, defer=defer, **flags) for defer in (False, True)}, f"tp_{kernel}",
                     {d: ttp.specimen(tpt, d) for d in ("float32", "float64")}, ("BLOCK_E", "BLOCK_C")))
     fp = {"float32": "*fp32", "float64": "*fp64"}
-    out.append(("sc_reduce", "sc_reduce", "", "", "_element_sum",
+    out.append(("sc_reduce", "sc_reduce", "", {False: ""}, "_element_sum",
                 {d: dict(part_ptr=fp[d], slot_ptr="*i64", chunk_ptr="*i64", lo_ptr="*i64", hi_ptr="*i64",
                          out_ptr=fp[d], W=410 * 128, C=128, Cp=128, SPLIT=8, BLOCK_N=16) for d in fp}, (None, "BLOCK")))
     return out
@@ -96,12 +106,12 @@ def jobs(targets, quick: bool) -> list[Job]:
     from cfm_plugins.ops.triton.configs import configs_for
 
     result = []
-    for family, name, module, source, function, specimens, blocks in _sources():
+    for family, name, module, sources, function, specimens, blocks in _sources():
         for dtype, specimen in specimens.items():
             configs = configs_for(family, dtype)
             for i, cfg in enumerate(configs[:1] if quick else configs):
                 for target in targets:
-                    result.append(Job(name, module, source, function, tuple(sorted(specimen.items())), cfg, i == 0,
+                    result.append(Job(name, module + ("_defer" if cfg.defer else ""), sources[cfg.defer], function, tuple(sorted(specimen.items())), cfg, i == 0,
                                       dtype, target, blocks))
     return result
 

@@ -41,15 +41,18 @@ __all__ = ["TileConfig", "DEFAULTS", "INTERPRETER", "pick", "launch", "note_spil
 @dataclass(frozen=True)
 class TileConfig:
     """Tile of one program: ``block_rows`` nodes (contraction) or edges (conv TP) by
-    ``block_c`` channels, with ``num_warps`` warps (wavefronts on AMD)."""
+    ``block_c`` channels, with ``num_warps`` warps (wavefronts on AMD). ``defer`` (conv TP kernels
+    only): the variant that sums over edges (``tp_segment``) or channels (``tp_edge``) once per
+    program rather than per block (:mod:`cfm_plugins.ops.triton.conv_tp`)."""
 
     block_rows: int
     block_c: int
     num_warps: int = 4
     num_stages: int = 1
+    defer: bool = False
 
     def label(self) -> str:
-        return f"{self.block_rows}x{self.block_c}/w{self.num_warps}"
+        return f"{self.block_rows}x{self.block_c}/w{self.num_warps}" + ("/defer" if self.defer else "")
 
 
 _F32, _F64 = "float32", "float64"
@@ -67,10 +70,14 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
     # the w8 alternatives hold half the registers per thread of w4 (sm_90: tp_segment f32 108 vs 168,
     # f64 198 vs 254): more warps in flight for these gather-bound kernels, if a GPU says it pays
     "tp_segment": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 64, 4), TileConfig(8, 32, 8),
-                          TileConfig(16, 32, 8)],
-                   _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
-    "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8)],
-                _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
+                          TileConfig(16, 32, 8), TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True),
+                          TileConfig(16, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True)],
+                   _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4), TileConfig(8, 32, 8),
+                          TileConfig(8, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True)]},
+    "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8),
+                       TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True)],
+                _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4), TileConfig(8, 32, 8),
+                       TileConfig(8, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True)]},
     "sc_reduce": {_F32: [TileConfig(1, 512, 4)], _F64: [TileConfig(1, 512, 8)]},  # f64 w4 spilled 24 B on sm_90
 }
 

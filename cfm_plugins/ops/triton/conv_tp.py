@@ -112,8 +112,15 @@ def _mask_names(w: Writer, t: TPTables, rows: str) -> dict[int, str]:
     return names
 
 
-def _gen_segment(t: TPTables) -> str:
-    """out[n, k, c] = sum over the node's edges of sum_q R_q x[other, i_q, c] w[p, c]."""
+def _gen_segment(t: TPTables, defer: bool = False) -> str:
+    """out[n, k, c] = sum over the node's edges of sum_q R_q x[other, i_q, c] w[p, c].
+
+    ``defer``: each output row accumulates a ``[BLOCK_E, BLOCK_C]`` tile of per-lane partial sums
+    and sums over its edges once, after the loop, instead of once per block of edges (the default).
+    The sum over a block's edges crosses warps (sm_90, 8x32/w4: 40 rows, 120 barriers per block of 8
+    edges in the PTX); deferred, it happens once per program, with the same registers per thread
+    (a [BLOCK_C] accumulator is replicated over the rows' threads). Sums in another order: equal to
+    round-off, deterministic. Untimed on a GPU: an autotuning alternative (configs.py)."""
     w = Writer()
     w("@triton.jit")
     w("def tp_segment(ptr_ptr, perm_ptr, other_ptr, x_ptr, s_xn, s_xd, y_ptr, s_ye, s_yd, w_ptr, s_we, s_wd, "
@@ -124,8 +131,9 @@ def _gen_segment(t: TPTables) -> str:
     w("lo = tl.load(ptr_ptr + n)")
     w("hi = tl.load(ptr_ptr + n + 1)")
     outs = sorted({k for pairs in t.path_pairs for _, k, _ in pairs})
+    shape = "[BLOCK_E, BLOCK_C]" if defer else "[BLOCK_C]"
     for k in outs:
-        w(f"acc{k} = tl.full([BLOCK_C], 0, out_ptr.dtype.element_ty)")
+        w(f"acc{k} = tl.full({shape}, 0, out_ptr.dtype.element_ty)")
     w("for k0 in range(lo, hi, BLOCK_E):")
     w.indent()
     w("ks = k0 + tl.arange(0, BLOCK_E)")
@@ -153,17 +161,23 @@ def _gen_segment(t: TPTables) -> str:
         # the path's output rows take their sums here, so that its weights and CG factors die
         # before the next path's load (all paths' live at once spilled in float64)
         for k, parts in terms.items():
-            w(f"acc{k} += {tl_sum(' + '.join(parts), 0)}")
+            total = " + ".join(parts)
+            w(f"acc{k} += {total if defer else tl_sum(total, 0)}")
     w.dedent()
     w("orow = out_ptr + n * " + str(t.dim_out))
     mul_of = {k: t.path_mul[p] for p, pairs in enumerate(t.path_pairs) for _, k, _ in pairs}
     for k in outs:
-        w(f"tl.store(orow + {k} + cols, acc{k}, mask=cols < {mul_of[k]})")
+        w(f"tl.store(orow + {k} + cols, {tl_sum(f'acc{k}', 0) if defer else f'acc{k}'}, mask=cols < {mul_of[k]})")
     return w.text()
 
 
-def _gen_edge(t: TPTables, need_y: bool, need_w: bool) -> str:
-    """Per edge: gw[p, c] = sum_q R_q x[i_q, c] g[k_q, c]; gy[j] = sum_entries coef * sum_c x g w."""
+def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False) -> str:
+    """Per edge: gw[p, c] = sum_q R_q x[i_q, c] g[k_q, c]; gy[j] = sum_entries coef * sum_c x g w.
+
+    ``defer``: each edge-attribute gradient accumulates a ``[BLOCK_E, BLOCK_C]`` tile over the pairs
+    and channel tiles and sums over channels once, at the end, instead of one sum over channels per
+    pair and channel tile (the default: ~100 pairs, each a sum across lanes). Costs one tile of
+    registers per edge component (16 for l<=3). Sums in another order: equal to round-off."""
     w = Writer()
     w("@triton.jit")
     w("def tp_edge(sender_ptr, receiver_ptr, x_ptr, s_xn, s_xd, g_ptr, s_gn, s_gd, y_ptr, s_ye, s_yd, w_ptr, s_we, "
@@ -178,8 +192,9 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool) -> str:
     w("wrow = w_ptr + eid[:, None] * s_we")
     gy_seen: set[int] = set()
     if need_y:  # edge-attribute gradients: sums over every channel tile
+        shape = "[BLOCK_E, BLOCK_C]" if defer else "[BLOCK_E]"
         for j in t.edge_components():
-            w(f"gy{j} = tl.full([BLOCK_E], 0, gy_ptr.dtype.element_ty)")
+            w(f"gy{j} = tl.full({shape}, 0, gy_ptr.dtype.element_ty)")
     w(f"for c0 in range(0, {t.max_mul}, BLOCK_C):  # a runtime loop: one copy of the body to compile")
     w.indent()
     w("cols = c0 + tl.arange(0, BLOCK_C)")
@@ -208,7 +223,8 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool) -> str:
                 w(f"r{p}_{q} = ({_pair_coef(ents)})[:, None]")
                 gw_terms.append(f"r{p}_{q} * x{i} * g{k}")
             if need_y:  # added at once: no per-pair sum stays live to the end of the tile
-                w(f"d{p}_{q} = {tl_sum(f'x{i} * g{k} * w{p}', 1)}")
+                product = f"x{i} * g{k} * w{p}"
+                w(f"d{p}_{q} = {product if defer else tl_sum(product, 1)}")
                 for j, c in ents:
                     w(f"gy{j} += {fmt_float(c)} * d{p}_{q}")
                     gy_seen.add(j)
@@ -217,7 +233,7 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool) -> str:
               f"{' + '.join(gw_terms)}, mask={mask})")
     w.dedent()
     for j in sorted(gy_seen):
-        w(f"tl.store(gy_ptr + eid * s_gye + {j}, gy{j}, mask=em)")
+        w(f"tl.store(gy_ptr + eid * s_gye + {j}, {tl_sum(f'gy{j}', 1) if defer else f'gy{j}'}, mask=em)")
     return w.text()
 
 
@@ -225,13 +241,14 @@ _HEADER = ('"""Generated by cfm_plugins.ops.triton.conv_tp from a descriptor: do
            "import triton\nimport triton.language as tl\n\n\n")
 
 
-def source(t: TPTables, kernel: str, **flags) -> str:
+def source(t: TPTables, kernel: str, defer: bool = False, **flags) -> str:
     """The module source of one kernel: ``segment`` (any tables, plain or transposed) or ``edge``
-    (need_y, need_w; plain tables)."""
+    (need_y, need_w; plain tables); ``defer``: the deferred-sum variant (:func:`_gen_segment`,
+    :func:`_gen_edge`)."""
     if kernel == "segment":
-        body = _gen_segment(t)
+        body = _gen_segment(t, defer)
     elif kernel == "edge":
-        body = _gen_edge(t, flags["need_y"], flags["need_w"])
+        body = _gen_edge(t, flags["need_y"], flags["need_w"], defer)
     else:
         raise ValueError(f"unknown conv TP kernel {kernel!r}")
     return _HEADER + body
@@ -252,11 +269,7 @@ _TABLES = _codegen.TableCache(TPTables.from_operator)
 _SENDER, _RECEIVER, _RPERM, _RPTR, _SPERM, _SPTR = range(6)
 
 
-def _kernel(desc, meta, kernel: str, **flags):
-    tables = _TABLES.get(desc, meta)
-    name = f"tp_{kernel}" + "".join(f"_{k}{int(v)}" for k, v in sorted(flags.items()))
-    mod = _codegen.load_source(name, source(tables, kernel, **flags))
-    return getattr(mod, f"tp_{kernel}"), tables
+_KERNELS = _codegen.KernelCache("tp", source)
 
 
 def prepare(desc, desc_t, meta) -> None:
@@ -301,7 +314,7 @@ def _check(op: str, x, y, w, graph, desc, meta) -> list:
     return [t.contiguous() for t in graph]
 
 
-def _segment(kern, t: TPTables, node_in, y, w, ptr, perm, other, out) -> None:
+def _segment(t: TPTables, node_in, y, w, ptr, perm, other, out) -> None:
     """out[n] = sum over the edges ptr[n]:ptr[n+1] (in perm) of the tables' products."""
     n = out.shape[0]
     if n == 0 or y.shape[0] == 0:
@@ -309,6 +322,7 @@ def _segment(kern, t: TPTables, node_in, y, w, ptr, perm, other, out) -> None:
 
     def run(cfg):
         grid = (n, math.ceil(t.max_mul / cfg.block_c))
+        kern = _KERNELS.get(t, "segment", defer=cfg.defer)
         return kern[grid](ptr, perm, other, node_in, *node_in.stride(), y, *y.stride(), w, *w.stride(), out,
                           BLOCK_E=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
@@ -321,8 +335,7 @@ def fwd(x, y, w, graph, desc, desc_t, meta):
     graph = _check("cfm::conv_tp_fwd", x, y, w, graph, desc, meta)
     out = torch.zeros(graph[_RPTR].numel() - 1, meta[1], dtype=x.dtype, device=x.device)
     if y.shape[0] > 0:
-        kern, t = _kernel(desc, meta, "segment")
-        _segment(kern, t, x, y, w, graph[_RPTR], graph[_RPERM], graph[_SENDER], out)
+        _segment(_TABLES.get(desc, meta), x, y, w, graph[_RPTR], graph[_RPERM], graph[_SENDER], out)
     return out
 
 
@@ -344,13 +357,13 @@ def bwd(g, x, y, w, graph, desc, desc_t, meta, need_x, need_y, need_w):
         return gx, gy, gw
     if need_x:
         meta_t = [meta[1], meta[0], meta[2], meta[3], meta[4]]
-        kern, t = _kernel(desc_t, meta_t, "segment")
-        _segment(kern, t, g, y, w, graph[_SPTR], graph[_SPERM], graph[_RECEIVER], gx)
+        _segment(_TABLES.get(desc_t, meta_t), g, y, w, graph[_SPTR], graph[_SPERM], graph[_RECEIVER], gx)
     if need_y or need_w:
-        kern, t = _kernel(desc, meta, "edge", need_y=bool(need_y), need_w=bool(need_w))
+        t = _TABLES.get(desc, meta)
 
         def run(cfg):
             grid = (math.ceil(E / cfg.block_rows),)
+            kern = _KERNELS.get(t, "edge", defer=cfg.defer, need_y=bool(need_y), need_w=bool(need_w))
             return kern[grid](graph[_SENDER], graph[_RECEIVER], x, *x.stride(), g, *g.stride(), y, *y.stride(), w,
                               *w.stride(), gy, gy.stride(0) if need_y else 0, gw, gw.stride(0) if need_w else 0, E,
                               BLOCK_E=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,

@@ -529,12 +529,13 @@ _TABLES = _codegen.TableCache(SCTables.from_operator)
 _WALKS: dict[tuple[int, str], tuple] = {}
 
 
+_KERNELS = _codegen.KernelCache("sc", source)
+
+
 def _kernel(desc, meta, kernel: str, device, **flags):
     """(the jitted kernel of this variant, the walk table on ``device``)."""
     tables = _TABLES.get(desc, meta)
-    name = f"sc_{kernel}" + "".join(f"_{k}{int(v)}" for k, v in sorted(flags.items()))
-    mod = _codegen.load_source(name, source(tables, kernel, **flags))
-    return getattr(mod, f"sc_{kernel}"), _walk(tables, device)
+    return _KERNELS.get(tables, kernel, **flags), _walk(tables, device)
 
 
 def _walk(tables, device) -> torch.Tensor:

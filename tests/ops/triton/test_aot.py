@@ -42,15 +42,20 @@ print("RESULT" + json.dumps(out))
 '''
 
 
-def test_a_generated_kernel_compiles_for_nvidia_and_amd_with_its_registers():
+def compiled_in_a_child(script: str) -> dict:
+    """Run ``script`` in a child process without the interpreter; the JSON it prints after RESULT."""
     import_triton()
     env = clean_env()
     env.pop("TRITON_INTERPRET", None)
-    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
                          timeout=600)
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert res.returncode == 0 and line, res.stderr[-3000:]
-    out = json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT"):])
+
+
+def test_a_generated_kernel_compiles_for_nvidia_and_amd_with_its_registers():
+    out = compiled_in_a_child(SCRIPT)
     for target in ("sm_90", "gfx942"):
         regs, spills, error = out[target]
         # a small kernel: registers well inside the budget; spills read back, at most a few words
@@ -81,3 +86,42 @@ def test_the_ptxas_report_gives_registers_and_spill_stores_plus_loads():
     assert aot._nvidia_usage(unspilled) == (72, 0)
     with pytest.raises(RuntimeError, match="no register count"):
         aot._nvidia_usage("ptxas info    : 0 bytes gmem\n")
+
+
+DEFER_SCRIPT = r'''
+import json, torch
+import mace  # noqa: F401
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from cfm_plugins.ops.conv_tp import FusedConvTP
+from cfm_plugins.ops.triton import _codegen, aot, conv_tp as ttp
+from cfm_plugins.testing import mace_conv_tp
+
+t = ttp.TPTables.from_descriptor(FusedConvTP.from_e3nn(mace_conv_tp("0e+1o", 2, 8, torch.float64)).descriptor)
+out = {}
+for defer in (False, True):
+    mod = _codegen.load_source(f"aot_defer{int(defer)}", ttp.source(t, "segment", defer=defer))
+    jf = aot.jit_function(mod.tp_segment)
+    sig, const, attrs = aot._specialise(jf, ttp.specimen(t, "float32"), dict(BLOCK_E=8, BLOCK_C=32))
+    ttgir = triton.compile(ASTSource(jf, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 4, "num_stages": 1}).asm["ttgir"]
+    depth, inside, after = 0, 0, 0
+    for line in ttgir.splitlines():
+        if "scf.for" in line:
+            depth += 1
+        if '"tt.reduce"(' in line:
+            inside, after = (inside + 1, after) if depth else (inside, after + 1)
+        if "scf.yield" in line:
+            depth -= 1
+    out[str(defer)] = [inside, after]
+print("RESULT" + json.dumps(out))
+'''
+
+
+def test_the_deferred_segment_kernel_sums_after_its_loop_once_compiled():
+    """Compiled for sm_90: the plain segment kernel sums inside its loop over the node's edges, one
+    sum per output row and block; the ``defer`` one sums the same rows once, after the loop."""
+    out = compiled_in_a_child(DEFER_SCRIPT)
+    rows = out["False"][0]
+    assert rows > 0 and out["False"] == [rows, 0] and out["True"] == [0, rows]

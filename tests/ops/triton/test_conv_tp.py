@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cfm_plugins.ops.conv_tp import FusedConvTP, edge_csr
+from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton import conv_tp as ttp
 from cfm_plugins.ops.triton.configs import TileConfig, override
 from tests.helpers.conv_tp_cases import graph, inputs, reference, rel_err
@@ -166,6 +167,71 @@ def test_tiles_smaller_than_the_problem(triton_cpu):
         ref = passes()
     for a, b in zip(got, ref):
         assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, F32_TOL)], ids=["f64", "f32"])
+def test_deferred_sums_match_the_cpp_kernels(triton_cpu, dtype, tol):
+    """The ``defer`` variants (one sum over edges, or over channels, per program): tiles smaller
+    than the problem (several edge blocks per node, several channel tiles per edge), an isolated
+    node, every gradient subset, against the C++ kernels."""
+    tp = mace_tp("0e+1o", 2, 7, dtype)
+    fused = FusedConvTP.from_e3nn(tp)
+    N, E = 6, 27
+    x, y, w = inputs(tp, N, E, dtype, seed=8)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(N, E, seed=9, isolated=(2,)))
+    g = torch.randn(N, meta[1], dtype=dtype)
+    subsets = [(True, True, True), (False, True, False), (False, True, True), (True, False, True)]
+
+    def passes():
+        return [torch.ops.cfm.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta)] + [
+            t for need in subsets for t, wanted in zip(torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta,
+                                                                                *need), need) if wanted]
+
+    with override(tp_segment=TileConfig(2, 4, defer=True), tp_edge=TileConfig(4, 4, defer=True)):
+        got = passes()
+    launched = {(key[1], dict(key[2])["defer"]) for key in ttp._KERNELS._hits}
+    assert {("segment", True), ("edge", True)} <= launched  # the deferred kernels ran
+    with triton_cpu():
+        ref = passes()
+    assert torch.all(got[0][2] == 0)  # the isolated node receives nothing
+    for a, b in zip(got, ref):
+        assert b.abs().max() > 0 and rel_err(a, b) < tol
+
+
+def test_deferred_source_sums_once_per_program():
+    """In the ``defer`` sources every sum (``tl.reduce``) comes after the loop over edge blocks or
+    channel tiles, next to the stores; in the default ones the segment kernel sums inside it."""
+    d = FusedConvTP.from_e3nn(mace_tp("0e+1o", 2, 3)).descriptor
+    t = ttp.TPTables.from_descriptor(d)
+
+    def reduce_depths(src):  # indentation (in levels) of the lines that sum
+        return {(len(ln) - len(ln.lstrip())) // 4 for ln in src.splitlines() if "tl.reduce(" in ln}
+
+    assert reduce_depths(ttp.source(t, "segment")) == {2}  # def body 1, loop body 2
+    assert reduce_depths(ttp.source(t, "segment", defer=True)) == {1}
+    assert reduce_depths(ttp.source(t.__class__.from_descriptor(d.transpose()), "segment", defer=True)) == {1}
+    assert reduce_depths(ttp.source(t, "edge", need_y=True, need_w=True)) == {2}
+    assert reduce_depths(ttp.source(t, "edge", defer=True, need_y=True, need_w=True)) == {1}
+
+
+def test_kernel_cache_generates_each_variant_once(triton_cpu):
+    """A launch finds its kernel without generating the source again (0.3 ms a launch otherwise);
+    another flag is another kernel; equal tables in another object find the same generated module."""
+    d = FusedConvTP.from_e3nn(mace_tp("0e+1o", 1, 2)).descriptor
+    calls = []
+
+    def generate(t, kernel, **flags):
+        calls.append(kernel)
+        return ttp.source(t, kernel, **flags)
+
+    cache = _codegen.KernelCache("tp", generate)
+    t = ttp.TPTables.from_descriptor(d)
+    first = cache.get(t, "segment", defer=False)
+    assert cache.get(t, "segment", defer=False) is first and len(calls) == 1
+    assert cache.get(t, "segment", defer=True) is not first and len(calls) == 2
+    twin = ttp.TPTables.from_descriptor(d)
+    assert twin == t and twin is not t
+    assert cache.get(twin, "segment", defer=False) is first and len(calls) == 3
 
 
 def test_empty_graph_and_bad_input():
