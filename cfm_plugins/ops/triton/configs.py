@@ -67,17 +67,19 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
                _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
     "sc_bwd2": {_F32: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
                 _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
-    # the w8 alternatives hold half the registers per thread of w4 (sm_90: tp_segment f32 108 vs 168,
-    # f64 198 vs 254): more warps in flight for these gather-bound kernels, if a GPU says it pays
-    "tp_segment": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 64, 4), TileConfig(8, 32, 8),
-                          TileConfig(16, 32, 8), TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True),
-                          TileConfig(16, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True)],
-                   _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4), TileConfig(8, 32, 8),
-                          TileConfig(8, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True)]},
-    "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8),
-                       TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True)],
-                _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4), TileConfig(8, 32, 8),
-                       TileConfig(8, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True)]},
+    # conv TP: after the default its deferred-sum variants (one sum per program, not per block of edges
+    # or per pair; about the registers of the plain tiles), untimed, so first in the GPU tile sweep;
+    # then the plain alternatives. The w8 tiles hold about half the registers per thread of w4 (sm_90:
+    # tp_segment f32 108 vs 168, f64 198 vs 254): more warps in flight for these gather-bound kernels
+    "tp_segment": {_F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True),
+                          TileConfig(16, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True),
+                          TileConfig(16, 32, 4), TileConfig(8, 64, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8)],
+                   _F64: [TileConfig(8, 32, 4), TileConfig(8, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True),
+                          TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
+    "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True),
+                       TileConfig(16, 32, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8)],
+                _F64: [TileConfig(8, 32, 4), TileConfig(8, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True),
+                       TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
     "sc_reduce": {_F32: [TileConfig(1, 512, 4)], _F64: [TileConfig(1, 512, 8)]},  # f64 w4 spilled 24 B on sm_90
 }
 
