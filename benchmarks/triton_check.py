@@ -79,8 +79,8 @@ def _workload_tables():
 
 
 def _sources():
-    """(family, variant name, module name, source per ``defer`` flag of the tile configs (conv TP:
-    both variants), function name, specimen per dtype) of every kernel."""
+    """(family, variant name, module name, source per (``defer``, ``presort``) flags of the tile
+    configs (conv TP: every combination), function name, specimen per dtype) of every kernel."""
     from cfm_plugins.ops.triton import conv_tp as ttp
     from cfm_plugins.ops.triton import symmetric_contraction as tsc
 
@@ -88,15 +88,16 @@ def _sources():
     out = []
     for kernel, flags in tsc.kernel_variants():
         out.append(("sc_" + kernel, tsc.compiled_name(kernel, flags), f"check_sc_{kernel}",
-                    {False: tsc.source(sct, kernel, **flags)}, f"sc_{kernel}",
+                    {(False, False): tsc.source(sct, kernel, **flags)}, f"sc_{kernel}",
                     {d: tsc.specimen(sct, 128, d) for d in ("float32", "float64")}, ("BLOCK_N", "BLOCK_C")))
     for kernel, transposed, flags in ttp.kernel_variants():
         tpt = tp_transposed if transposed else tp_plain
         out.append(("tp_" + kernel, ttp.compiled_name(kernel, transposed, flags), f"check_tp_{kernel}",
-                    {defer: ttp.source(tpt, kernel, defer=defer, **flags) for defer in (False, True)}, f"tp_{kernel}",
+                    {(d, p): ttp.source(tpt, kernel, defer=d, presort=p, **flags) for d in (False, True)
+                     for p in (False, True)}, f"tp_{kernel}",
                     {d: ttp.specimen(tpt, d) for d in ("float32", "float64")}, ("BLOCK_E", "BLOCK_C")))
     fp = {"float32": "*fp32", "float64": "*fp64"}
-    out.append(("sc_reduce", "sc_reduce", "", {False: ""}, "_element_sum",
+    out.append(("sc_reduce", "sc_reduce", "", {(False, False): ""}, "_element_sum",
                 {d: dict(part_ptr=fp[d], slot_ptr="*i64", chunk_ptr="*i64", lo_ptr="*i64", hi_ptr="*i64",
                          out_ptr=fp[d], W=410 * 128, C=128, Cp=128, SPLIT=8, BLOCK_N=16) for d in fp}, (None, "BLOCK")))
     return out
@@ -110,9 +111,10 @@ def jobs(targets, quick: bool) -> list[Job]:
         for dtype, specimen in specimens.items():
             configs = configs_for(family, dtype)
             for i, cfg in enumerate(configs[:1] if quick else configs):
+                variant = "_defer" * cfg.defer + "_presort" * cfg.presort
                 for target in targets:
-                    result.append(Job(name, module + ("_defer" if cfg.defer else ""), sources[cfg.defer], function, tuple(sorted(specimen.items())), cfg, i == 0,
-                                      dtype, target, blocks))
+                    result.append(Job(name, module + variant, sources[cfg.defer, cfg.presort], function,
+                                      tuple(sorted(specimen.items())), cfg, i == 0, dtype, target, blocks))
     return result
 
 

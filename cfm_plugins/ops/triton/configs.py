@@ -41,18 +41,21 @@ __all__ = ["TileConfig", "DEFAULTS", "INTERPRETER", "pick", "launch", "note_spil
 @dataclass(frozen=True)
 class TileConfig:
     """Tile of one program: ``block_rows`` nodes (contraction) or edges (conv TP) by
-    ``block_c`` channels, with ``num_warps`` warps (wavefronts on AMD). ``defer`` (conv TP kernels
-    only): the variant that sums over edges (``tp_segment``) or channels (``tp_edge``) once per
-    program rather than per block (:mod:`cfm_plugins.ops.triton.conv_tp`)."""
+    ``block_c`` channels, with ``num_warps`` warps (wavefronts on AMD). Conv TP kernel variants
+    (:mod:`cfm_plugins.ops.triton.conv_tp`): ``defer``, sums over edges (``tp_segment``) or channels
+    (``tp_edge``) once per program rather than per block; ``presort`` (``tp_segment``), the other
+    ends of the edges read in CSR order, one dependent load fewer per block."""
 
     block_rows: int
     block_c: int
     num_warps: int = 4
     num_stages: int = 1
     defer: bool = False
+    presort: bool = False
 
     def label(self) -> str:
-        return f"{self.block_rows}x{self.block_c}/w{self.num_warps}" + ("/defer" if self.defer else "")
+        return (f"{self.block_rows}x{self.block_c}/w{self.num_warps}" + ("/defer" if self.defer else "")
+                + ("/presort" if self.presort else ""))
 
 
 _F32, _F64 = "float32", "float64"
@@ -67,15 +70,17 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
                _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
     "sc_bwd2": {_F32: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
                 _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
-    # conv TP: after the default its deferred-sum variants (one sum per program, not per block of edges
-    # or per pair; about the registers of the plain tiles), untimed, so first in the GPU tile sweep;
-    # then the plain alternatives. The w8 tiles hold about half the registers per thread of w4 (sm_90:
-    # tp_segment f32 108 vs 168, f64 198 vs 254): more warps in flight for these gather-bound kernels
-    "tp_segment": {_F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True),
-                          TileConfig(16, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True),
+    # conv TP: after the default its variants, untimed, so first in the GPU tile sweep: deferred sums
+    # (one per program, not per block of edges or per pair; about the registers of the plain tiles),
+    # then with the other ends presorted too; then the plain alternatives. The w8 tiles hold about
+    # half the registers per thread of w4 (sm_90: tp_segment f32 108 vs 168, f64 198 vs 254).
+    "tp_segment": {_F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, defer=True),
+                          TileConfig(8, 32, 4, defer=True, presort=True), TileConfig(8, 32, 8, defer=True, presort=True),
+                          TileConfig(16, 32, 8, defer=True, presort=True), TileConfig(8, 32, 4, presort=True),
                           TileConfig(16, 32, 4), TileConfig(8, 64, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8)],
-                   _F64: [TileConfig(8, 32, 4), TileConfig(8, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True),
-                          TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
+                   _F64: [TileConfig(8, 32, 4), TileConfig(8, 32, 8, defer=True),
+                          TileConfig(8, 32, 8, defer=True, presort=True), TileConfig(4, 32, 4, defer=True, presort=True),
+                          TileConfig(8, 32, 4, presort=True), TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
     "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True),
                        TileConfig(16, 32, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8)],
                 _F64: [TileConfig(8, 32, 4), TileConfig(8, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True),
