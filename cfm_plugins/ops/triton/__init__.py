@@ -80,6 +80,9 @@ def register(dispatch_key: str = "CUDA") -> None:
     ok, why = available()
     if not ok:
         raise RuntimeError(f"cfm_plugins: the Triton kernels cannot be used: {why}")
+    from cfm_plugins.ops.triton import configs
+
+    configs.pins()  # a bad CFM_PLUGINS_TRITON_TILES fails here, at set-up, not at a first launch
     if not _backend.load("cpu"):
         raise RuntimeError("cfm_plugins: the Triton kernels register under the cfm:: operators, which the "
                            f"compiled CPU library declares, and it is missing: {_backend.BUILD_HINT}")

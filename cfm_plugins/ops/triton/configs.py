@@ -15,7 +15,9 @@ Choice at a launch (:func:`pick`):
   the tile size;
 - inside :func:`override` (tests: small tiles, so that sizes are not multiples of the tiles and
   several programs share one element) the given config;
-- on a GPU the default, or with ``CFM_PLUGINS_TRITON_AUTOTUNE=1`` the fastest of the default and
+- on a GPU the tile pinned by ``CFM_PLUGINS_TRITON_TILES`` (:func:`pins`: what a tile sweep or an
+  autotuning log found fastest on your GPU, without autotuning again in every process);
+- otherwise the default, or with ``CFM_PLUGINS_TRITON_AUTOTUNE=1`` the fastest of the default and
   its alternatives, timed once per kernel, dtype and size class (power-of-two bucket of the rows)
   in the process. Kernels that accumulate with atomics are never autotuned (a timing run would
   add twice).
@@ -30,12 +32,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from dataclasses import dataclass
 
 log = logging.getLogger("cfm_plugins.ops.triton")
 
 __all__ = ["TileConfig", "DEFAULTS", "INTERPRETER", "pick", "launch", "note_spills", "override", "autotuning",
-           "configs_for"]
+           "configs_for", "parse_label", "pins", "TILES_ENV"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,62 @@ def autotuning() -> bool:
     return os.environ.get("CFM_PLUGINS_TRITON_AUTOTUNE", "") == "1"
 
 
+TILES_ENV = "CFM_PLUGINS_TRITON_TILES"
+_LABEL = re.compile(r"(\d+)x(\d+)/w(\d+)((?:/defer|/presort)*)")
+_VARIANTS = {"defer": ("tp_segment", "tp_edge"), "presort": ("tp_segment",)}
+_PINS: tuple = (None, {})  # (the variable's text, what it parsed to)
+
+
+def parse_label(label: str, kernel: str | None = None) -> TileConfig:
+    """The tile of a label as :meth:`TileConfig.label` writes it (``8x32/w4``, ``8x32/w8/defer``,
+    ``8x32/w4/defer/presort``): sizes and warps powers of two (Triton's ``tl.arange`` needs them),
+    variants only on the kernels that have them (``kernel``, if given)."""
+    m = _LABEL.fullmatch(label.strip())
+    if not m:
+        raise ValueError(f"tile {label!r}: expected ROWSxCHANNELS/wWARPS with optional /defer and /presort, "
+                         "e.g. 8x32/w4 or 8x32/w8/defer")
+    rows, cols, warps = (int(v) for v in m.groups()[:3])
+    for name, v in (("rows", rows), ("channels", cols), ("warps", warps)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"tile {label!r}: {name} must be a power of two, got {v}")
+    flags = [f for f in m.group(4).split("/") if f]
+    for f in flags:
+        if kernel is not None and kernel not in _VARIANTS[f]:
+            raise ValueError(f"tile {label!r}: /{f} is a variant of {', '.join(_VARIANTS[f])} only, not {kernel}")
+    return TileConfig(rows, cols, warps, defer="defer" in flags, presort="presort" in flags)
+
+
+def pins() -> dict[tuple[str, str | None], TileConfig]:
+    """The tiles pinned by ``CFM_PLUGINS_TRITON_TILES``: ``KERNEL[:DTYPE]=LABEL`` entries, comma
+    separated, e.g. ``tp_segment=8x32/w4/defer,tp_edge:float64=4x32/w4/defer``; keys (kernel, dtype
+    or None for both). Parsed once per value of the variable; a bad entry is an error naming it."""
+    global _PINS
+    text = os.environ.get(TILES_ENV, "")
+    if text == _PINS[0]:
+        return _PINS[1]
+    parsed = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        key, sep, label = entry.partition("=")
+        kernel, _, dtype = key.strip().partition(":")
+        try:
+            if not sep:
+                raise ValueError("expected KERNEL[:DTYPE]=TILE")
+            if kernel not in DEFAULTS:
+                raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(sorted(DEFAULTS))}")
+            if dtype and dtype not in (_F32, _F64):
+                raise ValueError(f"dtype {dtype!r}: float32 or float64")
+            parsed[kernel, dtype or None] = parse_label(label, kernel)
+        except ValueError as exc:
+            raise ValueError(f"{TILES_ENV}: entry {entry!r}: {exc}") from None
+    _PINS = (text, parsed)
+    if parsed:
+        log.info("Triton tiles pinned by %s: %s", TILES_ENV,
+                 ", ".join(f"{k}{':' + d if d else ''}={c.label()}" for (k, d), c in parsed.items()))
+    return parsed
+
+
 @contextlib.contextmanager
 def override(**configs: TileConfig):
     """Use the given configs (``sc_fwd=TileConfig(4, 8)``, ...) inside the block, also under the
@@ -144,6 +203,10 @@ def pick(kernel: str, dtype_name: str, rows: int, run=None, idempotent: bool = T
         if fit is None:
             return cap
         return TileConfig(min(cap.block_rows, _pow2(fit[0])), min(cap.block_c, _pow2(fit[1])), cap.num_warps)
+    pinned = pins()
+    cfg = pinned.get((kernel, dtype_name)) or pinned.get((kernel, None))
+    if cfg is not None:
+        return cfg
     candidates = configs_for(kernel, dtype_name)
     if run is None or not idempotent or len(candidates) == 1 or not autotuning():
         return candidates[0]
