@@ -154,22 +154,33 @@ def tile_sweep(args, fused: dict, graphs: dict, device) -> list[str]:
              "| family | Triton kernel | dtype | nodes | tile | " + " | ".join(f"{m} ms" for m in args.modes) + " |",
              "|---|---|---|---:|---|" + "---:|" * len(args.modes)]
     print("\n".join(lines), flush=True)
+    fastest = {}  # (kernel, dtype name) -> label of the tile with the least time over the modes, largest nodes
     for dtype_name, model in fused.items():
         for family in args.kernels:
             for n in args.nodes:
                 for name in TILE_KERNELS[family]:
-                    lines += tile_rows(args, family, name, model, dtype_name, n, graphs, device)
+                    rows, best = tile_rows(args, family, name, model, dtype_name, n, graphs, device)
+                    lines += rows
+                    if best is not None and n == max(args.nodes):
+                        fastest[name, dtype_name] = best
+    if fastest:
+        pins = ",".join(f"{k}:{d}={label}" for (k, d), label in fastest.items())
+        lines += ["", f"Fastest tile per kernel and dtype (sum over the modes; {max(args.nodes)} nodes), as a pin: "
+                  f"`CFM_PLUGINS_TRITON_TILES={pins}`"]
+        print(lines[-1], flush=True)
     return lines
 
 
-def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, graphs: dict, device) -> list[str]:
-    """One row per tile config of the Triton kernel ``name``, timed on ``family``'s case of ``n`` nodes."""
+def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, graphs: dict,
+              device) -> tuple[list[str], str | None]:
+    """One row per tile config of the Triton kernel ``name``, timed on ``family``'s case of ``n``
+    nodes; and the label of the fastest (least time summed over the modes; None if none ran all)."""
     import torch
 
     from cfm_plugins.ops.triton import configs
 
     call, params, inputs = case(family, model, n, graphs, getattr(torch, dtype_name), device)
-    rows, base = [], {}  # base: mode -> the default tile's seconds
+    rows, base, totals = [], {}, {}  # base: mode -> the default tile's seconds; totals: label -> seconds
     for i, cfg in enumerate(configs.configs_for(name, dtype_name)):
         with configs.override(**{name: cfg}):
             times = {}
@@ -181,6 +192,8 @@ def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, grap
                     times[mode] = None
         if i == 0:
             base = times
+        if all(t is not None for t in times.values()):
+            totals[cfg.label()] = sum(times.values())
         cells = ["OOM" if times[m] is None else f"{times[m] * 1e3:.2f}"
                  + (f" ({times[m] / base[m]:.2f}x)" if i and base[m] else "") for m in args.modes]
         rows.append(f"| {family} | {name} | {dtype_name} | {n} | {cfg.label()}{' (default)' if i == 0 else ''} | "
@@ -188,7 +201,7 @@ def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, grap
         print(rows[-1], flush=True)
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rows
+    return rows, (min(totals, key=totals.get) if totals else None)
 
 
 def main(argv=None) -> int:

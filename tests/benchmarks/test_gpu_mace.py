@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks import gpu_mace
 from tests.helpers import ROOT, clean_env
 
@@ -154,6 +156,15 @@ def test_kernels_tile_sweep_times_every_tile_config_of_each_triton_kernel_agains
         ms = float(r[6].split()[0])
         assert ms > 0 and (r[6].endswith("x)") != r[5].endswith("(default)"))  # alternatives vs the default
     assert "on a CPU the C++ kernels run, tiles change nothing" in res.stdout
+    # the fastest tiles, as a CFM_PLUGINS_TRITON_TILES value that the plugin reads back
+    from cfm_plugins.ops.triton import configs
+
+    pin = re.search(r"`CFM_PLUGINS_TRITON_TILES=(\S+)`", res.stdout).group(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CFM_PLUGINS_TRITON_TILES", pin)
+        pinned = configs.pins()
+    assert set(pinned) == {("tp_segment", "float64"), ("tp_edge", "float64")}
+    assert all(cfg in configs_for(k, d) for (k, d), cfg in pinned.items())
 
 
 def test_memory_peak_smoke_run_on_cpu_accounts_for_the_whole_peak_and_names_our_operators(tmp_path):
