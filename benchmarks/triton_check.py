@@ -93,8 +93,9 @@ def _sources():
     for kernel, transposed, flags in ttp.kernel_variants():
         tpt = tp_transposed if transposed else tp_plain
         out.append(("tp_" + kernel, ttp.compiled_name(kernel, transposed, flags), f"check_tp_{kernel}",
-                    {(d, p): ttp.source(tpt, kernel, defer=d, presort=p, **flags) for d in (False, True)
-                     for p in (False, True)}, f"tp_{kernel}",
+                    {(d, p): ttp.source(tpt, kernel, defer=d, presort=p, transposed=transposed, **flags)
+                     for d in (False, True) for p in (False, True)},
+                    ttp.function_name(kernel, transposed, **flags),
                     {d: ttp.specimen(tpt, d) for d in ("float32", "float64")}, ("BLOCK_E", "BLOCK_C")))
     fp = {"float32": "*fp32", "float64": "*fp64"}
     out.append(("sc_reduce", "sc_reduce", "", {(False, False): ""}, "_element_sum",

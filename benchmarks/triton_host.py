@@ -38,7 +38,7 @@ def _variants():
     out = []
     for kernel, transposed, flags in ttp.kernel_variants():
         out.append((ttp.compiled_name(kernel, transposed, flags), tpt_t if transposed else tpt, kernel,
-                    dict(defer=False, **flags), ttp.source, ttp._KERNELS, "tp"))
+                    dict(defer=False, transposed=transposed, **flags), ttp.source, ttp._KERNELS, "tp"))
     for kernel, flags in tsc.kernel_variants():
         out.append((tsc.compiled_name(kernel, flags), sct, kernel, flags, tsc.source, tsc._KERNELS, "sc"))
     return out

@@ -145,11 +145,13 @@ class KernelCache:
     The tables object (from :class:`TableCache`, the same object for the same descriptor tensors)
     keys the cache; it is kept alive with its kernels, so its ``id`` is never reused while cached.
     ``generate(tables, kernel, **flags)`` returns the source; the kernel is the function
-    ``<prefix>_<kernel>`` in it. The interpreter flag is part of the key, as in :func:`load_source`.
+    ``name_of(kernel, **flags)`` in it (default ``<prefix>_<kernel>``). The interpreter flag is part
+    of the key, as in :func:`load_source`.
     """
 
-    def __init__(self, prefix: str, generate, size: int = 256):
+    def __init__(self, prefix: str, generate, name_of=None, size: int = 256):
         self.prefix, self.generate, self.size = prefix, generate, size
+        self.name_of = name_of or (lambda kernel, **flags: f"{prefix}_{kernel}")
         self._hits: dict[tuple, tuple] = {}
 
     def get(self, tables, kernel: str, **flags):
@@ -158,7 +160,7 @@ class KernelCache:
         if hit is not None and hit[0] is tables:
             return hit[1]
         name = f"{self.prefix}_{kernel}" + "".join(f"_{k}{int(v)}" for k, v in sorted(flags.items()))
-        fn = getattr(load_source(name, self.generate(tables, kernel, **flags)), f"{self.prefix}_{kernel}")
+        fn = getattr(load_source(name, self.generate(tables, kernel, **flags)), self.name_of(kernel, **flags))
         self._hits[key] = (tables, fn)
         while len(self._hits) > self.size:
             self._hits.pop(next(iter(self._hits)))

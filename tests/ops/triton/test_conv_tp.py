@@ -284,3 +284,23 @@ def test_tables_and_source():
     assert all(repr(float(c)) in src for c in d.ent_coef)
     edge = ttp.source(ttp.TPTables.from_descriptor(d), "edge", need_y=True, need_w=False)
     assert "gw_ptr + eid" not in edge and "gy_ptr + eid" in edge
+
+
+def test_each_variant_has_its_own_name_in_a_gpu_profile(triton_cpu):
+    """A profile lists kernels by function name: the forward, the node-feature gradient and each
+    edge-gradient variant are told apart; the launches find their kernels by those names."""
+    tp = mace_tp("0e+1o", 1, 3)
+    fused = FusedConvTP.from_e3nn(tp)
+    t = ttp.TPTables.from_descriptor(fused.descriptor)
+    names = {}
+    for kernel, transposed, flags in ttp.kernel_variants():
+        src = ttp.source(t, kernel, transposed=transposed, **flags)
+        names[ttp.compiled_name(kernel, transposed, flags)] = src.split("def ", 1)[1].split("(", 1)[0]
+    assert names == {"tp_segment": "tp_segment", "tp_segment[T]": "tp_segment_t", "tp_edge[w,y]": "tp_edge_wy",
+                     "tp_edge[w]": "tp_edge_w", "tp_edge[y]": "tp_edge_y"}
+    x, y, w = inputs(tp, 5, 9, torch.float64)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(5, 9))
+    torch.ops.cfm.conv_tp_bwd(torch.randn(5, meta[1], dtype=torch.float64), xc, y, w, g_t, desc, desc_t, meta,
+                              True, True, False)
+    launched = {fn.fn.__name__ for _, fn in ttp._KERNELS._hits.values()}
+    assert {"tp_segment_t", "tp_edge_y"} <= launched
