@@ -74,8 +74,8 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
     "sc_bwd2": {_F32: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
                 _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
     # conv TP: after the default its variants, untimed, so first in the GPU tile sweep: deferred sums
-    # (one per program, not per block of edges or per pair; about the registers of the plain tiles),
-    # then with the other ends presorted too; then the plain alternatives. The w8 tiles hold about
+    # (one per program, not per block of edges or per pair; no spills on NVIDIA), then with the other
+    # ends presorted too; then the plain alternatives. The w8 tiles hold about
     # half the registers per thread of w4 (sm_90: tp_segment f32 108 vs 168, f64 198 vs 254).
     "tp_segment": {_F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, defer=True),
                           TileConfig(8, 32, 4, defer=True, presort=True), TileConfig(8, 32, 8, defer=True, presort=True),
