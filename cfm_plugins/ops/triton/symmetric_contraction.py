@@ -524,12 +524,8 @@ def kernel_variants() -> list[tuple[str, dict]]:
 # Launchers: the operators' CUDA kernels (and, in the tests, their CPU kernels under the interpreter)
 # ---------------------------------------------------------------------------------------------
 _TABLES = _codegen.TableCache(SCTables.from_operator)
-
-
-_WALKS: dict[tuple[int, str], tuple] = {}
-
-
 _KERNELS = _codegen.KernelCache("sc", source)
+_WALKS: dict[tuple[int, str], tuple] = {}
 
 
 def _kernel(desc, meta, kernel: str, device, **flags):
