@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_mace import build_model, cuni_atoms, device_name, prepare, timed  # noqa: E402
+from benchmarks.gpu_mace import build_model, cuni_atoms, device_name, out_of_memory, prepare, timed  # noqa: E402
 from benchmarks.gpu_profile import kernel_events  # noqa: E402
 
 WAYS = ("stock", "cueq", "fused")
@@ -188,7 +188,9 @@ def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, grap
                 try:
                     times[mode] = measure(lambda: run_mode(family, call, params, inputs, mode), device,
                                           args.reps, args.warmup)[0]
-                except torch.cuda.OutOfMemoryError:
+                except RuntimeError as exc:
+                    if not out_of_memory(exc):
+                        raise
                     times[mode] = None
         if i == 0:
             base = times
@@ -268,7 +270,9 @@ def main(argv=None) -> int:
                             if args.profile and mode == "bwd2":
                                 profiles += [f"{kernel} {dtype_name} {n} nodes {mode} {way}:"]
                                 profiles += top_kernels(fn, device, 6)
-                        except torch.cuda.OutOfMemoryError:
+                        except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
+                            if not out_of_memory(exc):
+                                raise
                             res[way, mode] = (None, None, "OOM")
                         finally:
                             call = params = inputs = fn = None

@@ -31,7 +31,10 @@ of mace's own "Epoch N" lines.
 ``--backend cuda triton`` runs the ``fused`` ways once per kernel backend of the ``cfm::`` operators on
 CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Triton kernels generated
 from the same descriptors, ``cfm_plugins.ops.triton``; the epoch run passes ``-o fused_backend=...``).
-``benchmarks/gpu_capture.py`` checks and times the captured static step, ``benchmarks/gpu_md.py`` MD.
+``--tiles-also VALUE ...`` adds a fused Triton row per value, run with ``CFM_PLUGINS_TRITON_TILES=VALUE``
+(the tiles a sweep found, or a former default), so that tiles are compared in one run against
+cuEquivariance (the step table's last column). ``benchmarks/gpu_capture.py`` checks and times the
+captured static step, ``benchmarks/gpu_md.py`` MD.
 
 Results go to stdout as a markdown table naming the device; with ``--device cuda`` also to
 docs/_fragments/gpu_mace.md (the figures of docs/benchmarks.md's GPU section).
@@ -39,6 +42,7 @@ docs/_fragments/gpu_mace.md (the figures of docs/benchmarks.md's GPU section).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime as dt
 import os
@@ -200,7 +204,9 @@ def way_sections(args, device, section) -> list[str]:
                 else:
                     try:
                         out = section(label, model, batch, e_ref, f_ref, dtype, device)
-                    except torch.cuda.OutOfMemoryError:
+                    except RuntimeError as exc:
+                        if not out_of_memory(exc):
+                            raise
                         out = [f"### {label}", "", "out of memory", ""]
                     del model
                     if device.type == "cuda":
@@ -208,6 +214,15 @@ def way_sections(args, device, section) -> list[str]:
                 lines += out
                 print("\n".join(out), flush=True)
     return lines
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the GPU running out of memory: ``torch.cuda.OutOfMemoryError``, or the
+    RuntimeError TorchScript wraps it in (e3nn's scripted tensor product: stock's conv TP at 32000
+    nodes on an H100 ended the run with one)."""
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "CUDA out of memory" in str(exc)
 
 
 def timed(fn, reps: int, warmup: int, device) -> float:
@@ -266,6 +281,39 @@ def expand_ways(ways, backends, device) -> list[tuple[str, str | None]]:
     return out
 
 
+@contextlib.contextmanager
+def pinned_tiles(value: str | None):
+    """``CFM_PLUGINS_TRITON_TILES=value`` inside the block (nothing if ``value`` is None): the Triton
+    kernels launched there use those tiles (the plugin reads the variable at each launch)."""
+    from cfm_plugins.ops.triton.configs import TILES_ENV
+
+    if value is None:
+        yield
+        return
+    saved = os.environ.get(TILES_ENV)
+    os.environ[TILES_ENV] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(TILES_ENV, None)
+        else:
+            os.environ[TILES_ENV] = saved
+
+
+def check_tiles(values) -> None:
+    """Each ``--tiles-also`` value parses as ``CFM_PLUGINS_TRITON_TILES`` would, before any model is
+    built (a typo found after the first rows would cost a GPU call)."""
+    from cfm_plugins.ops.triton import configs
+
+    for value in values:
+        with pinned_tiles(value):
+            try:
+                configs.pins()
+            except ValueError as exc:
+                raise SystemExit(f"--tiles-also {value!r}: {exc}") from None
+
+
 def step_table(args, device) -> list[str]:
     import mace  # noqa: F401
     import torch
@@ -273,16 +321,19 @@ def step_table(args, device) -> list[str]:
     from cfm_plugins.ops import _backend
 
     lines = ["| dtype | atoms | edges | way | inference ms | train ms | train vs stock | peak GiB (train) "
-             "| max abs dF vs stock |", "|---|---|---|---|---|---|---|---|---|"]
+             "| max abs dF vs stock | train vs cueq |", "|---|---|---|---|---|---|---|---|---|---|"]
+    ways = [(label, backend, None) for label, backend in expand_ways(args.ways, args.backends, device)]
+    ways += [(f"{'fused[triton]' if device.type == 'cuda' else 'fused'} tiles {v}", "triton", v)
+             for v in args.tiles_also]
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, args.hidden).to(device)
         for n_atoms in args.atoms:
             atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
             n_edges = batch["edge_index"].shape[1]
-            base = None
-            for label_way, backend in expand_ways(args.ways, args.backends, device):
-                way = label_way.split("[")[0]
+            base = cq = None
+            for label_way, backend, tiles in ways:
+                way = label_way.split("[")[0].split(" ")[0]
                 if backend is not None:
                     _backend.set_gpu_backend(backend)
                 model = prepare(way, stock, device)
@@ -292,19 +343,25 @@ def step_table(args, device) -> list[str]:
                     print(lines[-1], flush=True)
                     continue
                 try:
-                    row = measure(model, batch, e_ref, f_ref, args.reps, args.warmup, device)
-                except torch.cuda.OutOfMemoryError:
+                    with pinned_tiles(tiles):
+                        row = measure(model, batch, e_ref, f_ref, args.reps, args.warmup, device)
+                except RuntimeError as exc:
+                    if not out_of_memory(exc):
+                        raise
                     lines.append(f"{label} out of memory | | | | |")
                     print(lines[-1], flush=True)
                     torch.cuda.empty_cache()
                     continue
                 if way == "stock":
                     base = row
+                if way == "cueq":
+                    cq = row
                 ratio = f"{row['train_s'] / base['train_s']:.2f}x" if base else "-"
                 de = f"{float((row['forces'] - base['forces']).abs().max()):.1e}" if base else "-"
                 peak = f"{row['peak_gib']:.2f}" if row["peak_gib"] is not None else "-"
+                vs_cueq = f"{row['train_s'] / cq['train_s']:.2f}x" if cq else "-"
                 lines.append(f"{label} {row['inference_s'] * 1e3:.1f} | {row['train_s'] * 1e3:.1f} | {ratio} "
-                             f"| {peak} | {de} |")
+                             f"| {peak} | {de} | {vs_cueq} |")
                 print(lines[-1], flush=True)
                 del model
                 if device.type == "cuda":
@@ -437,6 +494,9 @@ def main(argv=None) -> int:
     p.add_argument("--backend", dest="backends", nargs="+", default=["cuda"], choices=["cuda", "triton"],
                    help="kernel backends of the fused ways on CUDA: cuda (C++ CUDA kernels), triton (generated "
                         "Triton kernels, the default where Triton imports); several give one row each")
+    p.add_argument("--tiles-also", nargs="+", default=[], metavar="VALUE",
+                   help="one more fused Triton row per value, run with CFM_PLUGINS_TRITON_TILES=VALUE (e.g. "
+                        "tp_segment=8x32/w4, the former default), in the same process as the other rows")
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -457,6 +517,7 @@ def main(argv=None) -> int:
     import mace  # noqa: F401
     import torch
 
+    check_tiles(args.tiles_also)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch sees no CUDA device: run this on a GPU machine "

@@ -12,11 +12,14 @@ one process, one after the other:
 - ``cueq``: ``MACECalculator(enable_cueq=True)`` (needs cuequivariance-torch);
 - ``fused[cuda]`` / ``fused[triton]``: ``CFMCalculator`` with the fused kernels on that backend;
 - ``fused[triton]+capture``: the same with ``compile="reduce-overhead"`` (padded static shapes,
-  CUDA graphs).
+  CUDA graphs);
+- with ``--skin S``, each fused way again as ``<way> skin S``: ``CFMCalculator(skin=S)``, the
+  neighbour list built with ``r_max + S`` and kept between steps.
 
 Each row gives its time as a ratio to ``stock`` and to ``cueq`` where those ran before it in the
-same run (the MD target at 4000 atoms is against ``cueq``), and the largest force difference from
-``stock`` on the starting structure. Prints a markdown table naming the device; ``--out`` writes
+same run (the MD target at 4000 atoms is against ``cueq``), the largest force difference from
+``stock`` on the starting structure, and how much of a step the model's input takes to make
+(``graph ms``: mace's neighbour list and data conversion on the host, the copy to the device). Prints a markdown table naming the device; ``--out`` writes
 it to a file too.
 """
 from __future__ import annotations
@@ -34,8 +37,9 @@ sys.path.insert(0, str(ROOT))
 WAYS = ("stock", "cueq", "fused[cuda]", "fused[triton]", "fused[triton]+capture")
 
 
-def calculators(path: str, dtype: str, device: str, ways):
-    """(label, factory) for each way; a factory builds the calculator when called."""
+def calculators(path: str, dtype: str, device: str, ways, skin: float | None = None):
+    """(label, factory) for each way; a factory builds the calculator when called. With ``skin``,
+    each fused way also as ``<way> skin <skin>``: ``CFMCalculator(skin=skin)``, right after it."""
     from mace.calculators import MACECalculator
 
     from cfm_plugins.calculators import CFMCalculator
@@ -54,7 +58,33 @@ def calculators(path: str, dtype: str, device: str, ways):
         "fused[triton]": cfm("triton"),
         "fused[triton]+capture": cfm("triton", compile="reduce-overhead"),
     }
-    return [(w, table[w]) for w in ways]
+    kept = {"fused[cuda]": cfm("cuda", skin=skin), "fused[triton]": cfm("triton", skin=skin),
+            "fused[triton]+capture": cfm("triton", compile="reduce-overhead", skin=skin)}
+    out = []
+    for w in ways:
+        out.append((w, table[w]))
+        if skin is not None and w in kept:
+            out.append((f"{w} skin {skin:g}", kept[w]))
+    return out
+
+
+def graph_seconds(calc, atoms, reps: int = 3) -> float:
+    """Median seconds the calculator takes to make the model's input from ``atoms``: mace's data
+    conversion, neighbour list and collation on the host, and the copy to the device
+    (``_atoms_to_batch``, what each MD step does before the model runs)."""
+    import statistics
+    import time
+
+    import torch
+
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        calc._atoms_to_batch(atoms)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def main(argv=None) -> int:
@@ -64,6 +94,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
     p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
     p.add_argument("--hidden", default="128x0e+128x1o")
+    p.add_argument("--skin", type=float, default=None,
+                   help="also run each fused way with CFMCalculator(skin=SKIN): the neighbour list kept between steps")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=None)
@@ -81,7 +113,8 @@ def main(argv=None) -> int:
              f"Device: {device_name(torch.device(args.device))}", "",
              f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, r_max 6; CuNi fcc cells; "
              f"VelocityVerlet 2 fs, best of {args.repeats} x {args.steps} steps.", "",
-             "| dtype | atoms | way | ms per MD step | vs stock | vs cueq | max abs dF vs stock |", "|---|---|---|---|---|---|---|"]
+             "| dtype | atoms | way | ms per MD step | vs stock | vs cueq | max abs dF vs stock | graph ms |",
+             "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="cfm_gpu_md_"))
     for dtype in args.dtypes:
@@ -90,7 +123,7 @@ def main(argv=None) -> int:
         for n in args.atoms:
             atoms = cuni_atoms(n)
             base_t, base_f, cueq_t = None, None, None
-            for way, make in calculators(str(path), dtype, args.device, args.ways):
+            for way, make in calculators(str(path), dtype, args.device, args.ways, args.skin):
                 label = f"| {dtype} | {len(atoms)} | {way} |"
                 try:
                     calc = make()
@@ -98,9 +131,10 @@ def main(argv=None) -> int:
                     probe.calc = calc
                     forces = probe.get_forces()
                     seconds = min(time_md(calc, atoms, steps=args.steps) for _ in range(args.repeats))
+                    graph = graph_seconds(calc, atoms)
                 except Exception as exc:  # one way failing must not lose the others
                     traceback.print_exc()
-                    lines.append(f"{label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | | | |")
+                    lines.append(f"{label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | | | | |")
                     print(lines[-1], flush=True)
                     continue
                 if way == "stock":
@@ -110,7 +144,7 @@ def main(argv=None) -> int:
                 ratio = f"{seconds / base_t:.2f}x" if base_t else "-"
                 vs_cueq = f"{seconds / cueq_t:.2f}x" if cueq_t else "-"
                 df = f"{np.abs(forces - base_f).max():.1e}" if base_f is not None else "-"
-                lines.append(f"{label} {seconds * 1e3:.1f} | {ratio} | {vs_cueq} | {df} |")
+                lines.append(f"{label} {seconds * 1e3:.1f} | {ratio} | {vs_cueq} | {df} | {graph * 1e3:.1f} |")
                 print(lines[-1], flush=True)
                 del calc
                 if torch.cuda.is_available():

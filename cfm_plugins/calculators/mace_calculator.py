@@ -1,7 +1,7 @@
 """``CFMCalculator``: mace's ASE calculator with the fused cfm-plugins kernels swapped in.
 
 It is :class:`mace.calculators.MACECalculator` (same arguments, same data conversion, neighbour
-lists, committee and unit handling, same results), with four differences:
+lists, committee and unit handling, same results), with five differences:
 
 - models are loaded by :mod:`cfm_plugins.calculators.loading` (clear errors for a missing file, a
   checkpoint or state_dict, some other module, a CUDA device without CUDA);
@@ -9,6 +9,7 @@ lists, committee and unit handling, same results), with four differences:
   patched in place with :func:`cfm_plugins.ops.patching.patch_model` (``kernels=`` chooses what to
   fuse; ``fused=False`` keeps the stock modules, to compare);
 - :meth:`CFMCalculator.get_properties_batch` evaluates many structures in one model call;
+- ``skin=`` keeps the neighbour list between MD steps (:mod:`cfm_plugins.calculators.mace_graph`);
 - ``static_shapes=True`` pads every evaluation to a budget of atoms and edges that grows in steps
   (each re-budget logged), and ``compile=`` compiles the model's forward with forces once per budget
   (:mod:`cfm_plugins.static`): in MD the edge count changes every step, the shape does not.
@@ -63,6 +64,13 @@ class CFMCalculator(MACECalculator):
         static_shapes: pad every evaluation to a budget of atoms, edges and graphs (default: on
             when compiling). The budget starts at the first structure's size plus
             ``budget_headroom`` and grows in steps, with a log line each time.
+        skin: for MD, a distance in Angstrom (0.5-2 suits room-temperature MD): the neighbour list
+            is built with ``r_max + skin`` and kept while no atom has moved more than ``skin / 2``
+            and the cell and configuration are the same; each step keeps the pairs closer than
+            ``r_max`` and remakes only the graph's position-dependent fields. The same edges as
+            mace's list built from scratch (their order may differ: round-off-level differences).
+            ``md_graphs.neighbours.builds`` / ``.reuses`` count the lists built and kept. Default
+            ``None``: mace's conversion at every evaluation.
 
     ``default_dtype`` defaults to ``"float64"``; a model of another dtype is converted to it (as
     MACECalculator does) with a warning. ``default_dtype=""`` keeps the model's dtype.
@@ -86,6 +94,7 @@ class CFMCalculator(MACECalculator):
         compile_backend: str = "inductor",
         static_shapes: bool | None = None,
         budget_headroom: float = 0.05,
+        skin: float | None = None,
         **kwargs,
     ):
         from cfm_plugins.ops.kernel_table import check_kernels
@@ -107,6 +116,13 @@ class CFMCalculator(MACECalculator):
             raise ValueError("give compile= (cfm-plugins) or compile_mode= (mace's), not both")
         if budget_headroom < 0:
             raise ValueError(f"budget_headroom={budget_headroom!r} must be >= 0")
+        if skin is not None:
+            from cfm_plugins.calculators.neighbours import check_skin
+
+            skin = check_skin(skin)
+            if compile_mode is not None:
+                raise ValueError("skin= keeps the neighbour list between steps in CFMCalculator's own batches; "
+                                 "mace's compile_mode pads them its own way: give one of them")
         if (model_paths is None) == (models is None):
             raise ValueError("give exactly one of model_paths (MACE model files) or models (loaded modules)")
         check_device(device)
@@ -141,6 +157,11 @@ class CFMCalculator(MACECalculator):
         self.patch_reports = [self._patch(model) for model in self.models]
         self.budget = None  # the BudgetTracker of the padded evaluations (static_shapes), made at the first one
         self.budget_headroom = float(budget_headroom)
+        self.md_graphs = None  # with skin: the graph of the last structure, made again from it (MD)
+        if skin is not None:
+            from cfm_plugins.calculators.mace_graph import MDGraphs
+
+            self.md_graphs = MDGraphs(self.r_max, skin, self.z_table, self.available_heads)
         if compile != "off" or self.static_shapes:
             from cfm_plugins.static import mace as static_mace
             from cfm_plugins.static.forward import install
@@ -181,12 +202,13 @@ class CFMCalculator(MACECalculator):
         self.arrays_keys.update({self.charges_key: "charges"})
         keyspec = mace_data.KeySpecification(info_keys=self.info_keys, arrays_keys=self.arrays_keys)
         with torch_tools.default_dtype(self.default_dtype):
-            graphs = [
-                mace_data.AtomicData.from_config(
-                    mace_data.config_from_atoms(atoms, key_specification=keyspec, head_name=self.head),
-                    z_table=self.z_table, cutoff=self.r_max, heads=self.available_heads)
-                for atoms in atoms_list
-            ]
+            configs = [mace_data.config_from_atoms(atoms, key_specification=keyspec, head_name=self.head)
+                       for atoms in atoms_list]
+            if self.md_graphs is not None and len(configs) == 1:  # one structure at a time: a trajectory
+                graphs = [self.md_graphs.graph(configs[0])]
+            else:
+                graphs = [mace_data.AtomicData.from_config(c, z_table=self.z_table, cutoff=self.r_max,
+                                                           heads=self.available_heads) for c in configs]
         if not self.static_shapes:
             return torch_geometric.Batch.from_data_list(graphs).to(self.device)
         return self._padded(graphs).to(self.device)
@@ -211,8 +233,9 @@ class CFMCalculator(MACECalculator):
         return batch.remake_views()
 
     def _atoms_to_batch(self, atoms):
-        """mace's conversion of one structure (``calculate``), padded with ``static_shapes``."""
-        if not self.static_shapes:
+        """mace's conversion of one structure (``calculate``); padded with ``static_shapes``; with
+        ``skin``, the neighbour list and graph of the last structure made again (:class:`MDGraphs`)."""
+        if not self.static_shapes and self.md_graphs is None:
             return super()._atoms_to_batch(atoms)
         return self._atoms_list_to_batch([atoms])
 

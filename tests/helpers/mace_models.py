@@ -34,6 +34,16 @@ def structures():
     return out
 
 
+def random_walk(atoms, steps: int, step_size: float, seed: int = 0):
+    """Positions of ``atoms`` moved a little at each step (a random walk in A, not wrapped into the
+    cell): successive MD-like structures."""
+    rng = np.random.default_rng(seed)
+    positions = atoms.positions.copy()
+    for _ in range(steps):
+        positions = positions + rng.normal(scale=step_size, size=positions.shape)
+        yield positions
+
+
 def mace_tp(hidden: str, lmax: int, channels: int, dtype=torch.float64) -> o3.TensorProduct:
     """The conv_tp of a mace RealAgnostic*InteractionBlock (see cfm_plugins.testing.mace_conv_tp)."""
     return mace_conv_tp(hidden, lmax, channels, dtype)

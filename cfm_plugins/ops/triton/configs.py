@@ -1,9 +1,9 @@
 """Tile sizes of the Triton kernels: a default per (kernel, dtype), alternatives for autotuning.
 
 Every default config compiles without register spills for sm_80, sm_90, gfx90a and gfx942 at the
-MACE-MP-medium sizes with triton 3.6.0 and 3.7.1 (``make triton-check`` checks it and prints the
-registers: docs/benchmarks.md); with 3.8.0 and later, two do not (:func:`note_spills`), and a launch
-on a GPU whose compiled kernel spills says so once.
+MACE-MP-medium sizes with triton 3.6.0, 3.7.1 and 3.9.0 (``make triton-check`` checks it and prints
+the registers: docs/benchmarks.md); with 3.8.0 one does not (:func:`note_spills`), and a launch on a
+GPU whose compiled kernel spills says so once.
 The alternatives are what autotuning may pick on the user's GPU; they are allowed to spill (a
 spilling config that is still the fastest on a GPU is the GPU's call) and are compiled by the
 same check, which reports their spills without failing on them.
@@ -25,7 +25,10 @@ Choice at a launch (:func:`pick`):
 The defaults were chosen for registers (no spills) and occupancy (enough programs for 132 SMs at
 500 nodes). Timed on an H100 (docs/benchmarks.md), autotuning picked other tiles for some kernels
 at 500 and 4000 atoms, but the MACE-MP-medium-like train step moved by less than the run-to-run
-spread (73.5 vs 77.6 ms at 500 atoms, 120.6 vs 117.2 ms at 4000, float32): the defaults stay.
+spread (73.5 vs 77.6 ms at 500 atoms, 120.6 vs 117.2 ms at 4000, float32). ``tp_segment``'s
+deferred-sum tiles, added later, did beat its default by far in a later H100 tile sweep (the conv
+TP's forward+backward+double backward in 0.61x the time in float32, 0.54x in float64): they are
+its defaults now, the former 8x32/w4 one pin away (``CFM_PLUGINS_TRITON_TILES=tp_segment=8x32/w4``).
 """
 from __future__ import annotations
 
@@ -73,17 +76,19 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
                _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
     "sc_bwd2": {_F32: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
                 _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
-    # conv TP: after the default its variants, untimed, so first in the GPU tile sweep: deferred sums
-    # (one per program, not per block of edges or per pair; no spills on NVIDIA), then with the other
-    # ends presorted too; then the plain alternatives. The w8 tiles hold about
-    # half the registers per thread of w4 (sm_90: tp_segment f32 108 vs 168, f64 198 vs 254).
-    "tp_segment": {_F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, defer=True),
-                          TileConfig(8, 32, 4, defer=True, presort=True), TileConfig(8, 32, 8, defer=True, presort=True),
+    # conv TP. tp_segment's defaults (it also sets tp_segment_t's tile) sum over edges once per program
+    # and read the other ends presorted: timed on an H100 against 8x32/w4 at 4000 nodes, the forward
+    # took 0.34x (f32) and 0.24x (f64), forward+backward+double backward 0.61x and 0.54x
+    # (docs/benchmarks.md). Then the other variants and the plain tiles, the former defaults first.
+    # The w8 tiles hold about half the registers per thread of w4 (sm_90: f32 108 vs 168, f64 198 vs 254).
+    "tp_segment": {_F32: [TileConfig(8, 32, 4, defer=True, presort=True), TileConfig(8, 32, 4),
+                          TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True, presort=True),
                           TileConfig(16, 32, 8, defer=True, presort=True), TileConfig(8, 32, 4, presort=True),
                           TileConfig(16, 32, 4), TileConfig(8, 64, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8)],
-                   _F64: [TileConfig(8, 32, 4), TileConfig(8, 32, 8, defer=True),
-                          TileConfig(8, 32, 8, defer=True, presort=True), TileConfig(4, 32, 4, defer=True, presort=True),
+                   _F64: [TileConfig(4, 32, 4, defer=True, presort=True), TileConfig(8, 32, 4),
+                          TileConfig(8, 32, 8, defer=True), TileConfig(8, 32, 8, defer=True, presort=True),
                           TileConfig(8, 32, 4, presort=True), TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
+    # tp_edge's deferred sums (over channels, once per pair) timed as the plain tile on an H100.
     "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True),
                        TileConfig(16, 32, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8)],
                 _F64: [TileConfig(8, 32, 4), TileConfig(8, 32, 8, defer=True), TileConfig(4, 32, 4, defer=True),
@@ -236,9 +241,10 @@ def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None
     GPU spills registers to local memory (``compiled.n_spills``, bytes per thread, set at its first
     launch on a GPU; absent under the interpreter, where nothing is said).
 
-    The default tiles compile without spills with triton 3.6.0 and 3.7.1 (``make triton-check``);
-    with 3.8.0 and 3.9.0 ``tp_segment`` float64 8x32/w4 spills on sm_80/sm_90 (with 3.8.0 ``sc_bwd2``
-    float32 8x32/w4 too; docs/benchmarks.md), and a user's triton may be any of them. This only
+    The default tiles compile without spills with triton 3.6.0, 3.7.1 and 3.9.0 (``make
+    triton-check``); with 3.8.0 ``sc_bwd2`` float32 8x32/w4 spills 16 B on sm_90 (docs/benchmarks.md),
+    and a user's triton may be any of them. On an H100, with triton 3.6.0, the same kernel spilled
+    2 B, where the check here (the same triton, sm_90) finds none. This only
     says so: which tile is faster is the GPU's call (``CFM_PLUGINS_TRITON_AUTOTUNE=1``)."""
     key = (kernel, dtype_name, cfg)
     if key in _SPILLS_NOTED:
@@ -250,6 +256,6 @@ def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None
     import triton  # a compiled kernel came back: triton is imported
 
     log.warning("Triton kernel %s (%s, tile %s) spills %d bytes per thread to local memory on this GPU with "
-                "triton %s: the default tiles were checked for spills with triton 3.6.0 and 3.7.1. "
+                "triton %s: the default tiles were checked for spills with triton 3.6.0, 3.7.1 and 3.9.0. "
                 "CFM_PLUGINS_TRITON_AUTOTUNE=1 times its alternative tiles on this GPU (docs/gpu.md, 'Tiles').",
                 kernel, dtype_name, cfg.label(), spills, triton.__version__)

@@ -72,7 +72,7 @@ def test_launch_runs_the_default_tile_once_and_notes_what_the_launch_returned(ca
     assert cfg == configs.DEFAULTS["tp_segment"]["float64"][0]
     assert launched == [cfg, cfg]
     msgs = warnings_of(caplog)
-    assert len(msgs) == 1 and "tp_segment (float64, tile 8x32/w4) spills 1352 bytes" in msgs[0]
+    assert len(msgs) == 1 and f"tp_segment (float64, tile {cfg.label()}) spills 1352 bytes" in msgs[0]
 
 
 def test_an_interpreted_launch_goes_through_the_note_and_says_nothing(triton_cpu, caplog):
