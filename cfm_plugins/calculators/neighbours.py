@@ -53,8 +53,8 @@ class SkinNeighbourList:
         build: the neighbour list builder (default: mace's ``get_neighborhood``).
 
     ``builds`` and ``reuses`` count what :meth:`edges` did. The kept pairs are torch tensors on the
-    CPU, filtered with torch's (multi-threaded) kernels: at 4000 atoms and a 6 A cutoff, numpy's
-    fancy indexing took about as long as a third of matscipy's build.
+    CPU, filtered with torch's kernels (at 4000 atoms and a 6 A cutoff, 14 ms on 2 cores, where
+    numpy's fancy indexing took 30).
     """
 
     def __init__(self, cutoff: float, skin: float, build: Build | None = None):
