@@ -9,16 +9,19 @@ from cfm_plugins.calculators import CFMCalculator
 from tests.helpers.mace_models import structures
 
 
-def test_md_with_a_kept_neighbour_list_follows_the_same_trajectory(model_files):
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["eager", "padded"])
+def test_md_with_a_kept_neighbour_list_follows_the_same_trajectory(model_files, static_shapes):
     """VelocityVerlet with skin=1: the forces of every step equal those of a calculator that builds
-    the list from scratch, to round-off; the list is built a few times only."""
+    the list from scratch, to round-off, also padded to static shapes (the captured path's input);
+    the list is built a few times only."""
     from ase import units
     from ase.md.verlet import VelocityVerlet
 
     atoms = structures()[0]
     runs = {}
     for skin in (None, 1.0):
-        calc = CFMCalculator(str(model_files["m64"]), device="cpu", default_dtype="float64", skin=skin)
+        calc = CFMCalculator(str(model_files["m64"]), device="cpu", default_dtype="float64", skin=skin,
+                             static_shapes=static_shapes)
         a = atoms.copy()
         a.calc = calc
         a.set_velocities(np.random.default_rng(0).normal(scale=0.02, size=a.positions.shape))
