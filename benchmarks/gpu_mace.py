@@ -322,8 +322,10 @@ def step_table(args, device) -> list[str]:
 
     lines = ["| dtype | atoms | edges | way | inference ms | train ms | train vs stock | peak GiB (train) "
              "| max abs dF vs stock | train vs cueq |", "|---|---|---|---|---|---|---|---|---|---|"]
-    ways = [(label, backend, None) for label, backend in expand_ways(args.ways, args.backends, device)]
-    ways += [(f"{'fused[triton]' if device.type == 'cuda' else 'fused'} tiles {v}", "triton", v)
+    # (row label, way, kernel backend, CFM_PLUGINS_TRITON_TILES value or None)
+    ways = [(label, label.split("[")[0], backend, None)
+            for label, backend in expand_ways(args.ways, args.backends, device)]
+    ways += [(f"{'fused[triton]' if device.type == 'cuda' else 'fused'} tiles {v}", "fused", "triton", v)
              for v in args.tiles_also]
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
@@ -332,8 +334,7 @@ def step_table(args, device) -> list[str]:
             atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
             n_edges = batch["edge_index"].shape[1]
             base = cq = None
-            for label_way, backend, tiles in ways:
-                way = label_way.split("[")[0].split(" ")[0]
+            for label_way, way, backend, tiles in ways:
                 if backend is not None:
                     _backend.set_gpu_backend(backend)
                 model = prepare(way, stock, device)

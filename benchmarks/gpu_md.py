@@ -19,8 +19,8 @@ one process, one after the other:
 Each row gives its time as a ratio to ``stock`` and to ``cueq`` where those ran before it in the
 same run (the MD target at 4000 atoms is against ``cueq``), the largest force difference from
 ``stock`` on the starting structure, and how much of a step the model's input takes to make
-(``graph ms``: mace's neighbour list and data conversion on the host, the copy to the device). Prints a markdown table naming the device; ``--out`` writes
-it to a file too.
+(``graph ms``: mace's neighbour list and data conversion on the host, the copy to the device).
+Prints a markdown table naming the device; ``--out`` writes it to a file too.
 """
 from __future__ import annotations
 
@@ -51,20 +51,19 @@ def calculators(path: str, dtype: str, device: str, ways, skin: float | None = N
             return CFMCalculator(path, device=device, default_dtype=dtype, **kw)
         return make
 
+    fused = {"fused[cuda]": ("cuda", {}), "fused[triton]": ("triton", {}),  # backend, CFMCalculator options
+             "fused[triton]+capture": ("triton", {"compile": "reduce-overhead"})}
     table = {
         "stock": lambda: MACECalculator(model_paths=path, device=device, default_dtype=dtype),
         "cueq": lambda: MACECalculator(model_paths=path, device=device, default_dtype=dtype, enable_cueq=True),
-        "fused[cuda]": cfm("cuda"),
-        "fused[triton]": cfm("triton"),
-        "fused[triton]+capture": cfm("triton", compile="reduce-overhead"),
+        **{w: cfm(backend, **kw) for w, (backend, kw) in fused.items()},
     }
-    kept = {"fused[cuda]": cfm("cuda", skin=skin), "fused[triton]": cfm("triton", skin=skin),
-            "fused[triton]+capture": cfm("triton", compile="reduce-overhead", skin=skin)}
     out = []
     for w in ways:
         out.append((w, table[w]))
-        if skin is not None and w in kept:
-            out.append((f"{w} skin {skin:g}", kept[w]))
+        if skin is not None and w in fused:
+            backend, kw = fused[w]
+            out.append((f"{w} skin {skin:g}", cfm(backend, skin=skin, **kw)))
     return out
 
 

@@ -79,12 +79,14 @@ class MDGraphs:
         edge_index, shifts, unit_shifts = self.neighbours.edges(config.positions, config.pbc, config.cell, dtype)
         cell = torch.tensor(mace_cell(config.positions, self.cutoff, config.pbc, config.cell), dtype=dtype)
         volume = torch.linalg.det(cell)
-        graph = copy.copy(self._graph)  # a new set of fields (AtomicData has no usable clone); tensors shared, not written
+        # a new set of fields (AtomicData has no usable clone); the kept tensors are shared, not written
+        graph = copy.copy(self._graph)
         graph.edge_index = edge_index
         graph.positions = torch.tensor(config.positions, dtype=dtype)
         graph.shifts = shifts
         graph.unit_shifts = unit_shifts
         graph.cell = cell
         graph.volume = volume
-        graph.rcell = 2 * torch.pi * torch.linalg.inv(cell.mT) if torch.abs(volume) > 0 else torch.zeros(3, 3, dtype=dtype)
+        graph.rcell = (2 * torch.pi * torch.linalg.inv(cell.mT) if torch.abs(volume) > 0
+                       else torch.zeros(3, 3, dtype=dtype))
         return graph

@@ -97,10 +97,9 @@ class SkinNeighbourList:
 
     def _rebuild(self, positions: torch.Tensor, pbc: tuple, cell: np.ndarray) -> None:
         # get_neighborhood may write into the cell it is given (non-periodic directions): a copy
-        edge_index, _, unit_shifts, used_cell = self._build(positions.numpy(), self.cutoff + self.skin, pbc,
-                                                            cell.copy())
-        shifts = np.dot(unit_shifts, used_cell)
+        edge_index, shifts, unit_shifts, _ = self._build(positions.numpy(), self.cutoff + self.skin, pbc, cell.copy())
         self._pairs = (torch.as_tensor(np.ascontiguousarray(edge_index), dtype=torch.long),
-                       torch.as_tensor(np.asarray(unit_shifts, dtype=float)), torch.as_tensor(shifts, dtype=torch.float64))
+                       torch.as_tensor(np.asarray(unit_shifts, dtype=float)),
+                       torch.as_tensor(np.asarray(shifts, dtype=float)))
         self._key, self._ref = (len(positions), pbc, cell), positions.clone()
         self.builds += 1
