@@ -423,6 +423,7 @@ def epoch_table(args, device) -> list[str]:
               "--forces_key=REF_forces", "--stress_key=REF_stress", "--seed=1", "--eval_interval=1",
               "--num_workers=0"]
     ways = epoch_commands(args.epoch_ways, args.backends, device, mpirun)
+    timeouts = epoch_timeouts(args.epoch_timeout, args.epoch_ways, ways)
     lines = ["| way | epoch 2 (train + validation) s | vs stock |", "|---|---|---|"]
     base = None
     env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -435,18 +436,34 @@ def epoch_table(args, device) -> list[str]:
         run.mkdir(parents=True, exist_ok=True)
         full = cmd + common + [f"--name={run.name}", f"--work_dir={run}", f"--model_dir={run}"]
         print("$", " ".join(full), flush=True)
-        text, rc = run_logged(full, env, args.epoch_timeout)
+        text, rc = run_logged(full, env, timeouts[way])
         (run / "train.log").write_text(text)
         # the second epoch is over once its validation line is logged: a run stopped later still counts
         seconds = epoch_seconds(text, 1) if rc in (0, None) else None
         if seconds is None:
-            why = (f"timed out after {args.epoch_timeout} s" if rc is None else f"failed (rc {rc})")
+            why = (f"timed out after {timeouts[way]:g} s" if rc is None else f"failed (rc {rc})")
             lines.append(f"| {way} | {why}, see {run / 'train.log'} | - |")
         else:
             base = base or seconds
             lines.append(f"| {way} | {seconds:.2f} | {seconds / base:.2f}x |")
         print(lines[-1], flush=True)
     return lines
+
+
+def epoch_timeouts(given, ways, commands) -> dict:
+    """Seconds per run of ``commands`` (label -> command): ``given`` is None (no limit), one value for
+    every run, or one value per way of ``ways`` (a fused way's value for each of its backends)."""
+    if given is None or len(given) == 1:
+        return {label: given[0] if given else None for label in commands}
+    if len(given) != len(ways):
+        raise SystemExit(f"--epoch-timeout: give one value, or one per epoch way ({len(ways)}: {' '.join(ways)}), "
+                         f"got {len(given)}")
+    per_way = dict(zip(ways, given))
+    out = {}
+    for label in commands:  # labels: stock, cueq, fused+binpack[tag], fused+binpack+static+capture[tag]
+        way = label if label in per_way else ("fused+capture" if "+capture" in label else "fused")
+        out[label] = per_way[way]
+    return out
 
 
 #: ways of the epoch table: stock mace, mace's cuEquivariance, ``cfm-run --enable mace,binpack,fused``,
@@ -507,11 +524,15 @@ def main(argv=None) -> int:
     p.add_argument("--epoch-ways", nargs="+", default=["stock", "cueq", "fused"], choices=EPOCH_WAYS,
                    help="ways of the epoch table; fused+capture adds the static plugin with compile=reduce-overhead "
                         "(CUDA graphs; compile=default on a CPU)")
-    p.add_argument("--epoch-timeout", type=float, default=None,
-                   help="seconds per epoch run; a run stopped after its second epoch still counts")
+    p.add_argument("--epoch-timeout", type=float, nargs="+", default=None,
+                   help="seconds per epoch run: one value for every way, or one per --epoch-ways way; a run "
+                        "stopped after its second epoch still counts")
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)")
     p.add_argument("--out", default="/tmp/cfm_bench_gpu_mace")
     args = p.parse_args(argv)
+    if args.epoch_timeout and len(args.epoch_timeout) not in (1, len(args.epoch_ways)):
+        p.error(f"--epoch-timeout: give one value, or one per epoch way ({len(args.epoch_ways)}: "
+                f"{' '.join(args.epoch_ways)}), got {len(args.epoch_timeout)}")
     if args.quick:
         args.atoms, args.hidden, args.reps, args.warmup, args.epoch_structures = [32], "8x0e+8x1o", 1, 1, 12
 

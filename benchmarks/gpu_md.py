@@ -14,12 +14,15 @@ one process, one after the other:
 - ``fused[triton]+capture``: the same with ``compile="reduce-overhead"`` (padded static shapes,
   CUDA graphs);
 - with ``--skin S``, each fused way again as ``<way> skin S``: ``CFMCalculator(skin=S)``, the
-  neighbour list built with ``r_max + S`` and kept between steps.
+  neighbour list built with ``r_max + S`` and kept between steps. The fused ways without it pass
+  ``skin=None`` (mace's conversion at every step), which on CUDA is not the default (1.0).
 
 Each row gives its time as a ratio to ``stock`` and to ``cueq`` where those ran before it in the
 same run (the MD target at 4000 atoms is against ``cueq``), the largest force difference from
 ``stock`` on the starting structure, and how much of a step the model's input takes to make
-(``graph ms``: mace's neighbour list and data conversion on the host, the copy to the device).
+(``graph ms``: mace's neighbour list and data conversion on the host, the copy to the device), and
+how long the first evaluation took (``first call s``: the model's first step, and with capture the
+compile and the CUDA-graph recording a calculator pays once per padded size).
 Prints a markdown table naming the device; ``--out`` writes it to a file too.
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -37,9 +41,10 @@ sys.path.insert(0, str(ROOT))
 WAYS = ("stock", "cueq", "fused[cuda]", "fused[triton]", "fused[triton]+capture")
 
 
-def calculators(path: str, dtype: str, device: str, ways, skin: float | None = None):
+def calculators(path: str, dtype: str, device: str, ways, skin: float | None = None, skin_only: bool = False):
     """(label, factory) for each way; a factory builds the calculator when called. With ``skin``,
-    each fused way also as ``<way> skin <skin>``: ``CFMCalculator(skin=skin)``, right after it."""
+    each fused way also as ``<way> skin <skin>``: ``CFMCalculator(skin=skin)``, right after it
+    (``skin_only``: instead of it)."""
     from mace.calculators import MACECalculator
 
     from cfm_plugins.calculators import CFMCalculator
@@ -51,8 +56,8 @@ def calculators(path: str, dtype: str, device: str, ways, skin: float | None = N
             return CFMCalculator(path, device=device, default_dtype=dtype, **kw)
         return make
 
-    fused = {"fused[cuda]": ("cuda", {}), "fused[triton]": ("triton", {}),  # backend, CFMCalculator options
-             "fused[triton]+capture": ("triton", {"compile": "reduce-overhead"})}
+    fused = {"fused[cuda]": ("cuda", {"skin": None}), "fused[triton]": ("triton", {"skin": None}),  # backend, options
+             "fused[triton]+capture": ("triton", {"compile": "reduce-overhead", "skin": None})}
     table = {
         "stock": lambda: MACECalculator(model_paths=path, device=device, default_dtype=dtype),
         "cueq": lambda: MACECalculator(model_paths=path, device=device, default_dtype=dtype, enable_cueq=True),
@@ -60,10 +65,11 @@ def calculators(path: str, dtype: str, device: str, ways, skin: float | None = N
     }
     out = []
     for w in ways:
-        out.append((w, table[w]))
+        if not (skin_only and skin is not None and w in fused):
+            out.append((w, table[w]))
         if skin is not None and w in fused:
             backend, kw = fused[w]
-            out.append((f"{w} skin {skin:g}", cfm(backend, skin=skin, **kw)))
+            out.append((f"{w} skin {skin:g}", cfm(backend, **{**kw, "skin": skin})))
     return out
 
 
@@ -95,10 +101,14 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--skin", type=float, default=None,
                    help="also run each fused way with CFMCalculator(skin=SKIN): the neighbour list kept between steps")
+    p.add_argument("--skin-only", action="store_true",
+                   help="with --skin, only the skin rows of the fused ways (each fused way once, with the skin)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if args.skin_only and args.skin is None:
+        p.error("--skin-only needs --skin SKIN")
 
     import mace  # noqa: F401
     import numpy as np
@@ -112,8 +122,9 @@ def main(argv=None) -> int:
              f"Device: {device_name(torch.device(args.device))}", "",
              f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, r_max 6; CuNi fcc cells; "
              f"VelocityVerlet 2 fs, best of {args.repeats} x {args.steps} steps.", "",
-             "| dtype | atoms | way | ms per MD step | vs stock | vs cueq | max abs dF vs stock | graph ms |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| dtype | atoms | way | ms per MD step | vs stock | vs cueq | max abs dF vs stock | graph ms "
+             "| first call s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="cfm_gpu_md_"))
     for dtype in args.dtypes:
@@ -122,18 +133,20 @@ def main(argv=None) -> int:
         for n in args.atoms:
             atoms = cuni_atoms(n)
             base_t, base_f, cueq_t = None, None, None
-            for way, make in calculators(str(path), dtype, args.device, args.ways, args.skin):
+            for way, make in calculators(str(path), dtype, args.device, args.ways, args.skin, args.skin_only):
                 label = f"| {dtype} | {len(atoms)} | {way} |"
                 try:
                     calc = make()
                     probe = atoms.copy()
                     probe.calc = calc
+                    t0 = time.perf_counter()
                     forces = probe.get_forces()
+                    first = time.perf_counter() - t0
                     seconds = min(time_md(calc, atoms, steps=args.steps) for _ in range(args.repeats))
                     graph = graph_seconds(calc, atoms)
                 except Exception as exc:  # one way failing must not lose the others
                     traceback.print_exc()
-                    lines.append(f"{label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | | | | |")
+                    lines.append(f"{label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | | | | | |")
                     print(lines[-1], flush=True)
                     continue
                 if way == "stock":
@@ -143,7 +156,8 @@ def main(argv=None) -> int:
                 ratio = f"{seconds / base_t:.2f}x" if base_t else "-"
                 vs_cueq = f"{seconds / cueq_t:.2f}x" if cueq_t else "-"
                 df = f"{np.abs(forces - base_f).max():.1e}" if base_f is not None else "-"
-                lines.append(f"{label} {seconds * 1e3:.1f} | {ratio} | {vs_cueq} | {df} | {graph * 1e3:.1f} |")
+                lines.append(f"{label} {seconds * 1e3:.1f} | {ratio} | {vs_cueq} | {df} | {graph * 1e3:.1f} "
+                             f"| {first:.3g} |")
                 print(lines[-1], flush=True)
                 del calc
                 if torch.cuda.is_available():

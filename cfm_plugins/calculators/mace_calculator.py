@@ -9,7 +9,8 @@ lists, committee and unit handling, same results), with five differences:
   patched in place with :func:`cfm_plugins.ops.patching.patch_model` (``kernels=`` chooses what to
   fuse; ``fused=False`` keeps the stock modules, to compare);
 - :meth:`CFMCalculator.get_properties_batch` evaluates many structures in one model call;
-- ``skin=`` keeps the neighbour list between MD steps (:mod:`cfm_plugins.calculators.mace_graph`);
+- ``skin=`` keeps the neighbour list between MD steps (:mod:`cfm_plugins.calculators.mace_graph`;
+  by default on a CUDA device);
 - ``static_shapes=True`` pads every evaluation to a budget of atoms and edges that grows in steps
   (each re-budget logged), and ``compile=`` compiles the model's forward with forces once per budget
   (:mod:`cfm_plugins.static`): in MD the edge count changes every step, the shape does not.
@@ -69,8 +70,10 @@ class CFMCalculator(MACECalculator):
             and the cell and configuration are the same; each step keeps the pairs closer than
             ``r_max`` and remakes only the graph's position-dependent fields. The same edges as
             mace's list built from scratch (their order may differ: round-off-level differences).
-            ``md_graphs.neighbours.builds`` / ``.reuses`` count the lists built and kept. Default
-            ``None``: mace's conversion at every evaluation.
+            ``md_graphs.neighbours.builds`` / ``.reuses`` count the lists built and kept. ``None``:
+            mace's conversion at every evaluation. Default ``"auto"``: 1.0 on a CUDA device (an
+            H100 timed MD at 4000 atoms in 0.38x the step without it), ``None`` elsewhere (on a CPU
+            the model's step hides the graph's time) and with ``compile_mode``.
 
     ``default_dtype`` defaults to ``"float64"``; a model of another dtype is converted to it (as
     MACECalculator does) with a warning. ``default_dtype=""`` keeps the model's dtype.
@@ -94,7 +97,7 @@ class CFMCalculator(MACECalculator):
         compile_backend: str = "inductor",
         static_shapes: bool | None = None,
         budget_headroom: float = 0.05,
-        skin: float | None = None,
+        skin: float | str | None = "auto",
         **kwargs,
     ):
         from cfm_plugins.ops.kernel_table import check_kernels
@@ -116,13 +119,12 @@ class CFMCalculator(MACECalculator):
             raise ValueError("give compile= (cfm-plugins) or compile_mode= (mace's), not both")
         if budget_headroom < 0:
             raise ValueError(f"budget_headroom={budget_headroom!r} must be >= 0")
-        if skin is not None:
-            from cfm_plugins.calculators.neighbours import check_skin
+        from cfm_plugins.calculators.neighbours import default_skin
 
-            skin = check_skin(skin)
-            if compile_mode is not None:
-                raise ValueError("skin= keeps the neighbour list between steps in CFMCalculator's own batches; "
-                                 "mace's compile_mode pads them its own way: give one of them")
+        skin = default_skin(skin, device, compile_mode)
+        if skin is not None and compile_mode is not None:
+            raise ValueError("skin= keeps the neighbour list between steps in CFMCalculator's own batches; "
+                             "mace's compile_mode pads them its own way: give one of them")
         if (model_paths is None) == (models is None):
             raise ValueError("give exactly one of model_paths (MACE model files) or models (loaded modules)")
         check_device(device)
@@ -162,6 +164,12 @@ class CFMCalculator(MACECalculator):
             from cfm_plugins.calculators.mace_graph import MDGraphs
 
             self.md_graphs = MDGraphs(self.r_max, skin, self.z_table, self.available_heads)
+            log.info("CFMCalculator: the neighbour list is kept between MD steps (skin %g A; skin=None "
+                     "rebuilds it at every evaluation, as mace does)", skin)
+        if compile == "off" and str(device).startswith("cuda") and self.kernels:
+            log.info("CFMCalculator: for long MD on a GPU, compile='reduce-overhead' captures the step in CUDA graphs "
+                     "(an H100 took 59 instead of 126 ms per step at 4000 atoms, float32); it compiles once per "
+                     "padded size first (docs/inference.md)")
         if compile != "off" or self.static_shapes:
             from cfm_plugins.static import mace as static_mace
             from cfm_plugins.static.forward import install

@@ -130,6 +130,7 @@ def test_md_smoke_run_on_cpu_times_each_way_and_compares_forces():
     assert rows["fused[cuda]"][5].endswith("x") and rows["fused[cuda]"][6] == "-"  # vs stock; cueq did not run
     for row in rows.values():  # the model's input, made on the host: part of the step, not all of it
         assert 0 < float(row[8]) < float(row[4])
+        assert float(row[9]) > 0  # the first evaluation, timed on its own
 
 
 def test_md_rejects_an_unknown_way_before_building_anything():
@@ -261,3 +262,35 @@ def test_the_sync_check_lists_every_synchronizing_call_with_its_stack(monkeypatc
     out = capsys.readouterr().out
     assert out.count("its stack:") == 2 and "waits_for_the_device" in out  # two lines: two distinct stacks
     assert gpu_capture.sync_check(cuda, lambda: None) == "PASS" and modes[-2:] == ["warn", 0]
+
+
+def test_md_ways_without_skin_convert_every_step_and_the_skin_rows_keep_the_list(tmp_path):
+    """gpu_md's plain fused rows pass skin=None (on CUDA the default would keep the list), and each
+    is followed by its ``skin S`` row with that skin."""
+    import torch
+
+    from benchmarks import gpu_md
+
+    path = tmp_path / "m.model"
+    torch.save(gpu_mace.build_model(torch.float64, "8x0e+8x1o").cpu(), path)
+    ways = gpu_md.calculators(str(path), "float64", "cpu", ["stock", "fused[cuda]"], skin=0.5)
+    assert [w for w, _ in ways] == ["stock", "fused[cuda]", "fused[cuda] skin 0.5"]
+    plain, kept = ways[1][1](), ways[2][1]()
+    assert plain.md_graphs is None and kept.md_graphs.neighbours.skin == 0.5
+    only = gpu_md.calculators(str(path), "float64", "cpu", ["stock", "fused[cuda]"], skin=0.5, skin_only=True)
+    assert [w for w, _ in only] == ["stock", "fused[cuda] skin 0.5"]
+
+
+def test_epoch_timeouts_are_one_for_all_or_one_per_way_and_a_miscount_stops_before_any_run():
+    import torch
+
+    ways = ["stock", "cueq", "fused", "fused+capture"]
+    commands = gpu_mace.epoch_commands(ways, ["triton", "cuda"], torch.device("cuda"), ["mpirun"])
+    assert gpu_mace.epoch_timeouts(None, ways, commands) == dict.fromkeys(commands)
+    assert gpu_mace.epoch_timeouts([50.0], ways, commands) == dict.fromkeys(commands, 50.0)
+    per = gpu_mace.epoch_timeouts([10.0, 20.0, 30.0, 40.0], ways, commands)
+    assert per == {"stock": 10.0, "cueq": 20.0, "fused+binpack[triton]": 30.0, "fused+binpack[cuda]": 30.0,
+                   "fused+binpack+static+capture[triton]": 40.0, "fused+binpack+static+capture[cuda]": 40.0}
+    with pytest.raises(SystemExit) as exc:
+        gpu_mace.main(["--device", "cpu", "--epoch-ways", "stock", "fused", "--epoch-timeout", "1", "2", "3"])
+    assert exc.value.code == 2
