@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU call 2 of a 15-minute session (~4.5 min), at once after call 1 on the same warm machine (its
-# set-up is then skipped): the CUDA tests with the Triton kernels compiled for real (12 passed on an
-# H100, CFMCalculator on cuda and its default skin among them; pytest took 20 s to exit after its
-# summary there), then MD at 4000 atoms, float32, with the step captured and the neighbour list kept
-# (59.4 ms a step on that H100, 0.16x cuEquivariance's calculator): its "first call s" is the
-# compile a calculator pays before its first step. Decides: capture on by default in CFMCalculator.
+# set-up is then skipped): the CUDA tests with the Triton kernels compiled for real (12 passed on
+# an H100, CFMCalculator on cuda among them; pytest reported 99 s there and the step still reached
+# its 120 s limit: start-up and exit), then MD at 4000 atoms, float32, with the step captured and
+# the neighbour list kept (59.4 ms a step on that H100, 0.16x cuEquivariance's calculator): its
+# "first call s" is the compile a calculator pays before its first step. Decides: capture on by
+# default in CFMCalculator.
 #   run(command="bash benchmarks/gpu_session/2_tests_md.sh", carry=[".gpu"], timeout_s=290)
 set -uo pipefail
 BUDGET=${BUDGET:-260}
