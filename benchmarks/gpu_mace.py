@@ -349,7 +349,7 @@ def step_table(args, device) -> list[str]:
                 except RuntimeError as exc:
                     if not out_of_memory(exc):
                         raise
-                    lines.append(f"{label} out of memory | | | | |")
+                    lines.append(f"{label} out of memory | | | | | |")
                     print(lines[-1], flush=True)
                     torch.cuda.empty_cache()
                     continue
@@ -456,7 +456,7 @@ def epoch_timeouts(given, ways, commands) -> dict:
     if given is None or len(given) == 1:
         return {label: given[0] if given else None for label in commands}
     if len(given) != len(ways):
-        raise SystemExit(f"--epoch-timeout: give one value, or one per epoch way ({len(ways)}: {' '.join(ways)}), "
+        raise ValueError(f"--epoch-timeout: give one value, or one per epoch way ({len(ways)}: {' '.join(ways)}), "
                          f"got {len(given)}")
     per_way = dict(zip(ways, given))
     out = {}
@@ -530,9 +530,10 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)")
     p.add_argument("--out", default="/tmp/cfm_bench_gpu_mace")
     args = p.parse_args(argv)
-    if args.epoch_timeout and len(args.epoch_timeout) not in (1, len(args.epoch_ways)):
-        p.error(f"--epoch-timeout: give one value, or one per epoch way ({len(args.epoch_ways)}: "
-                f"{' '.join(args.epoch_ways)}), got {len(args.epoch_timeout)}")
+    try:
+        epoch_timeouts(args.epoch_timeout, args.epoch_ways, {})  # the count, checked before anything runs
+    except ValueError as exc:
+        p.error(str(exc))
     if args.quick:
         args.atoms, args.hidden, args.reps, args.warmup, args.epoch_structures = [32], "8x0e+8x1o", 1, 1, 12
 

@@ -8,7 +8,7 @@ was the same, and replaces only what depends on positions: the positions, the ed
 shifts (:class:`~cfm_plugins.calculators.neighbours.SkinNeighbourList`), and the cell tensors mace
 derives from the cell its neighbour list returns (which, in a non-periodic direction, depends on the
 positions). Any other change of the configuration makes the graph again with ``from_config``.
-``tests/calculators/test_md_graphs.py`` compares every field with ``from_config``'s.
+``tests/calculators/test_mace_graph.py`` compares every field with ``from_config``'s.
 """
 from __future__ import annotations
 
