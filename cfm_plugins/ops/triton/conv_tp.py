@@ -18,6 +18,10 @@ Work decomposition (GPU-first):
   channel tiles; the weight gradient of each (edge, path, channel) is written once, the
   edge-attribute gradient is a sum over channels inside the program. No atomics.
 
+Outputs are allocated unfilled where the kernels store every column of every row (a node without
+edges stores zeros; MACE's tables cover every column): :func:`_output` fills with zeros only what a
+table leaves unstored (``TPTables.out_width`` and friends) and a graph without edges.
+
 Variants, chosen by the tile config (:mod:`.configs`; alternatives, untimed on a GPU): ``defer``
 sums once per program instead of per block, ``presort`` reads the edges' other ends in CSR order
 (:func:`_gen_segment`, :func:`_gen_edge`).
@@ -32,6 +36,7 @@ autograd writes every derivative with these two operators again.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -96,6 +101,37 @@ class TPTables:
     def edge_components(self) -> list[int]:
         """Edge-attribute components any entry reads."""
         return sorted({j for pairs in self.path_pairs for _, _, ents in pairs for j, _ in ents})
+
+    @functools.cached_property
+    def out_row_mul(self) -> dict[int, int]:
+        """Each output row the pairs write (its first column), with the channels the segment
+        kernel stores there."""
+        return {k: self.path_mul[p] for p, pairs in enumerate(self.path_pairs) for _, k, _ in pairs}
+
+    @functools.cached_property
+    def out_width(self) -> int | None:
+        """``n`` where the segment kernel stores exactly the output columns ``0..n-1`` for every
+        node, edges or none; None where it leaves gaps."""
+        return _width(k + c for k, mul in self.out_row_mul.items() for c in range(mul))
+
+    @functools.cached_property
+    def w_width(self) -> int | None:
+        """``n`` where the edge kernel stores exactly the weight-gradient columns ``0..n-1`` for
+        every edge (each path with pairs); None where it leaves gaps."""
+        return _width(self.path_woff[p] + c for p, pairs in enumerate(self.path_pairs) if pairs
+                      for c in range(self.path_mul[p]))
+
+    @functools.cached_property
+    def y_width(self) -> int | None:
+        """``n`` where the edge kernel stores exactly the edge-attribute gradient columns ``0..n-1``
+        (the components the entries read); None where it leaves gaps."""
+        return _width(self.edge_components())
+
+
+def _width(columns) -> int | None:
+    """``n`` where ``columns`` (ints >= 0, repeats allowed) are exactly ``0..n-1``, else None."""
+    seen = set(columns)
+    return len(seen) if seen == set(range(len(seen))) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,9 +211,9 @@ def _gen_segment(t: TPTables, defer: bool = False, presort: bool = False, name: 
             w(f"acc{k} += {total if defer else tl_sum(total, 0)}")
     w.dedent()
     w("orow = out_ptr + n * " + str(t.dim_out))
-    mul_of = {k: t.path_mul[p] for p, pairs in enumerate(t.path_pairs) for _, k, _ in pairs}
-    for k in outs:
-        w(f"tl.store(orow + {k} + cols, {tl_sum(f'acc{k}', 0) if defer else f'acc{k}'}, mask=cols < {mul_of[k]})")
+    for k in outs:  # TPTables.out_width reads these stores: the launchers leave the output unfilled
+        w(f"tl.store(orow + {k} + cols, {tl_sum(f'acc{k}', 0) if defer else f'acc{k}'}, "
+          f"mask=cols < {t.out_row_mul[k]})")
     return w.text()
 
 
@@ -354,12 +390,30 @@ def _segment(t: TPTables, node_in, y, w, ptr, perm, other, out, transposed: bool
     launch("tp_segment", _dtype_name(node_in), y.shape[0], run, fit=(_codegen.widest_segment(ptr), t.max_mul))
 
 
+def _uninitialised(shape, like: torch.Tensor) -> torch.Tensor:
+    """Memory the kernels overwrite whole (the tests fill it with NaN to prove they do)."""
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def _output(shape, like: torch.Tensor, width: int | None, launched: bool) -> torch.Tensor:
+    """An output tensor ``[rows, shape[-1]]``: left uninitialised where a kernel is ``launched``
+    that stores the columns ``0..width-1`` of every row and that is all of them, zeros otherwise (a
+    graph without edges, input rows no path reads, edge attributes no entry reads, weights of paths
+    without pairs). A fill skipped is one pass less over the tensor: the weight gradient is [edges,
+    weights] (for a MACE-MP-medium layer at 4000 atoms, hundreds of MB in float64)."""
+    if launched and width == shape[-1]:
+        return _uninitialised(shape, like)
+    return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+
 def fwd(x, y, w, graph, desc, desc_t, meta):
     """``cfm::conv_tp_fwd``: receiver sums [N, dim_out] of the channelwise product."""
     graph = _check("cfm::conv_tp_fwd", x, y, w, graph, desc, meta)
-    out = torch.zeros(graph[_RPTR].numel() - 1, meta[1], dtype=x.dtype, device=x.device)
-    if y.shape[0] > 0:
-        _segment(_TABLES.get(desc, meta), x, y, w, graph[_RPTR], graph[_RPERM], graph[_SENDER], out)
+    launched = y.shape[0] > 0
+    t = _TABLES.get(desc, meta) if launched else None
+    out = _output((graph[_RPTR].numel() - 1, meta[1]), x, t and t.out_width, launched)
+    if launched:
+        _segment(t, x, y, w, graph[_RPTR], graph[_RPERM], graph[_SENDER], out)
     return out
 
 
@@ -373,18 +427,19 @@ def bwd(g, x, y, w, graph, desc, desc_t, meta, need_x, need_y, need_w):
         raise RuntimeError(f"{op}: g must be {x.dtype} [N, {meta[1]}] on {x.device}, got {g.dtype} "
                            f"{list(g.shape)} on {g.device}")
     none = x.new_empty(0)
-    gx = torch.zeros(graph[_SPTR].numel() - 1, meta[0], dtype=x.dtype, device=x.device) if need_x else none
-    gy = torch.zeros(y.shape, dtype=x.dtype, device=x.device) if need_y else none
-    gw = torch.zeros(w.shape, dtype=x.dtype, device=x.device) if need_w else none
     E = y.shape[0]
-    if E == 0:
+    launched = E > 0
+    t = _TABLES.get(desc, meta) if launched else None
+    meta_t = [meta[1], meta[0], meta[2], meta[3], meta[4]]
+    t_t = _TABLES.get(desc_t, meta_t) if launched and need_x else None
+    gx = _output((graph[_SPTR].numel() - 1, meta[0]), x, t_t and t_t.out_width, launched) if need_x else none
+    gy = _output(tuple(y.shape), x, t and t.y_width, launched) if need_y else none
+    gw = _output(tuple(w.shape), x, t and t.w_width, launched) if need_w else none
+    if not launched:
         return gx, gy, gw
     if need_x:
-        meta_t = [meta[1], meta[0], meta[2], meta[3], meta[4]]
-        _segment(_TABLES.get(desc_t, meta_t), g, y, w, graph[_SPTR], graph[_SPERM], graph[_RECEIVER], gx,
-                 transposed=True)
+        _segment(t_t, g, y, w, graph[_SPTR], graph[_SPERM], graph[_RECEIVER], gx, transposed=True)
     if need_y or need_w:
-        t = _TABLES.get(desc, meta)
 
         def run(cfg):
             grid = (math.ceil(E / cfg.block_rows),)

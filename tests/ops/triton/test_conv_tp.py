@@ -2,7 +2,8 @@
 registered as the ``cfm::conv_tp_*`` operators' CPU kernels: against e3nn's TensorProduct +
 scatter_sum (forward, gradients, double backward, float64 and float32), against the C++ kernels
 (every gradient subset), gradcheck/gradgradcheck, opcheck, torch.compile, non-contiguous and
-expanded inputs, tiles smaller than the problem, isolated nodes and an empty graph.
+expanded inputs, tiles smaller than the problem, isolated nodes and an empty graph; outputs left
+unfilled (NaN-filled here first) where the kernels store every column, zero-filled where not.
 """
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def op_args(fused, x, ei):
     xc = x if fused._identity_in else x.index_select(1, fused._cl_perm_in)
     return xc.detach().contiguous(), graph_t, [fused._tp_ints, fused._tp_coef], [fused._tp_ints_t, fused._tp_coef_t], \
         fused._tp_meta
+
+
+def tiled_case(seed: int, isolated: int, dtype=torch.float64):
+    """7 channels (tiles of 4 split them), 6 nodes, 27 edges (blocks of 2 or 4 split them), one node
+    isolated: the module, the operator arguments and an output gradient."""
+    tp = mace_tp("0e+1o", 2, 7, dtype)
+    fused = FusedConvTP.from_e3nn(tp)
+    x, y, w = inputs(tp, 6, 27, dtype, seed=seed)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(6, 27, seed=seed + 1, isolated=(isolated,)))
+    return fused, (xc, y, w, g_t, desc, desc_t, meta), torch.randn(6, meta[1], dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, F32_TOL)], ids=["f64", "f32"])
@@ -69,6 +80,72 @@ def test_every_gradient_subset_matches_the_cpp_kernel(triton_cpu, need):
         assert a.shape == b.shape
         if wanted:
             assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """The launchers' unfilled outputs (``_uninitialised``) filled with NaN, so that any element no
+    kernel stores shows; yields the shapes handed out that way."""
+    handed = []
+
+    def nan_filled(shape, like):
+        handed.append(tuple(shape))
+        return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
+
+    monkeypatch.setattr(ttp, "_uninitialised", nan_filled)
+    return handed
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["plain", "defer"])
+def test_outputs_left_unfilled_are_stored_whole(triton_cpu, poisoned, defer):
+    """MACE's tables store every column of the forward's output and of each gradient, an isolated
+    node's row included, so the launchers leave those tensors unfilled: filled with NaN first, with
+    channel tiles and edge blocks smaller than the problem, they equal the C++ kernels' results."""
+    _, args, g = tiled_case(seed=12, isolated=2)
+    y, w, meta = args[1], args[2], args[-1]
+
+    def passes():
+        return torch.ops.cfm.conv_tp_fwd(*args), *torch.ops.cfm.conv_tp_bwd(g, *args, True, True, True)
+
+    with override(tp_segment=TileConfig(2, 4, defer=defer), tp_edge=TileConfig(4, 4, defer=defer)):
+        got = passes()
+    assert poisoned == [(6, meta[1]), (6, meta[0]), tuple(y.shape), tuple(w.shape)]
+    with triton_cpu():
+        ref = passes()
+    assert torch.all(got[0][2] == 0) and torch.all(got[1][2] == 0)  # the isolated node: no sum, no gradient
+    for a, b in zip(got, ref):
+        assert not a.isnan().any() and b.abs().max() > 0 and rel_err(a, b) < 1e-12
+
+
+def test_outputs_a_kernel_leaves_gaps_in_are_zero_filled(triton_cpu, poisoned):
+    """0e+3o features, harmonics l<=1, targets 0e+1o (mace's rule for the paths): no path reads the
+    3o rows, so the node-feature gradient's kernel stores only the 0e columns and that gradient is
+    zero-filled, the others not; a graph without edges launches nothing and fills every output."""
+    tp = mace_tp("0e+3o", 1, 2)
+    fused = FusedConvTP.from_e3nn(tp)
+    tables_t = ttp.TPTables.from_descriptor(fused.descriptor.transpose())
+    N, E = 5, 12
+    x, y, w = inputs(tp, N, E, torch.float64, seed=14)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(N, E, seed=15))
+    assert tables_t.out_width == 2 < meta[0] == 16  # 2 channels of 0e stored, of 2x0e+2x3o
+    g = torch.randn(N, meta[1], dtype=torch.float64)
+    got = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, True, True, True)
+    assert poisoned == [tuple(y.shape), tuple(w.shape)]
+    with triton_cpu():
+        ref = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, True, True, True)
+    assert torch.all(got[0][:, 2:] == 0) and got[0][:, :2].abs().max() > 0
+    for a, b in zip(got, ref):
+        assert not a.isnan().any() and rel_err(a, b) < 1e-12
+    poisoned.clear()
+    empty = op_args(fused, x, torch.zeros(2, 0, dtype=torch.int64))[1]
+    outs = (ttp.fwd(xc, y[:0], w[:0], empty, desc, desc_t, meta),
+            *ttp.bwd(g, xc, y[:0], w[:0], empty, desc, desc_t, meta, True, True, True))
+    assert poisoned == [] and all(torch.all(t == 0) for t in outs)
+
+
+def test_stored_width_of_a_set_of_columns():
+    assert ttp._width([0, 2, 1, 1]) == 3 and ttp._width([]) == 0
+    assert ttp._width([1, 2]) is None and ttp._width([0, 2]) is None
 
 
 def test_weight_gradient_of_an_edge_slice_is_those_rows_of_the_whole(triton_cpu):
@@ -174,12 +251,7 @@ def test_deferred_sums_match_the_cpp_kernels(triton_cpu, dtype, tol):
     """The ``defer`` variants (one sum over edges, or over channels, per program): tiles smaller
     than the problem (several edge blocks per node, several channel tiles per edge), an isolated
     node, gradient subsets that launch each edge kernel variant, against the C++ kernels."""
-    tp = mace_tp("0e+1o", 2, 7, dtype)
-    fused = FusedConvTP.from_e3nn(tp)
-    N, E = 6, 27
-    x, y, w = inputs(tp, N, E, dtype, seed=8)
-    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(N, E, seed=9, isolated=(2,)))
-    g = torch.randn(N, meta[1], dtype=dtype)
+    _, (xc, y, w, g_t, desc, desc_t, meta), g = tiled_case(seed=8, isolated=2, dtype=dtype)
     subsets = [(True, True, True), (False, True, False), (False, True, True), (True, False, True)]
     ttp._KERNELS._hits.clear()  # so that what ran is what this test launched
 
@@ -204,12 +276,7 @@ def test_presorted_ends_give_the_same_results_bit_for_bit(triton_cpu, defer):
     """``presort`` changes where the segment kernel reads the other end of an edge (CSR order,
     gathered once by the launcher), not the sums: the node outputs (forward) and node-feature
     gradients (the transposed kernel) equal the kernel without it, bit for bit."""
-    tp = mace_tp("0e+1o", 2, 7)
-    fused = FusedConvTP.from_e3nn(tp)
-    N, E = 6, 27
-    x, y, w = inputs(tp, N, E, torch.float64, seed=10)
-    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(N, E, seed=11, isolated=(3,)))
-    g = torch.randn(N, meta[1], dtype=torch.float64)
+    fused, (xc, y, w, g_t, desc, desc_t, meta), g = tiled_case(seed=10, isolated=3)
     results = []
     ttp._KERNELS._hits.clear()  # so that what ran is what this test launched
     for presort in (False, True):
