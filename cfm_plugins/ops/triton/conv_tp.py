@@ -336,7 +336,12 @@ def prepare(desc, desc_t, meta) -> None:
     compiled or captured region: on a GPU the first parse is a device-to-host copy, which a
     captured step must not make (see :func:`.symmetric_contraction.prepare`)."""
     _TABLES.get(desc, meta)
-    _TABLES.get(desc_t, [meta[1], meta[0], meta[2], meta[3], meta[4]])
+    _TABLES.get(desc_t, _meta_t(meta))
+
+
+def _meta_t(meta) -> list:
+    """The ``meta`` of the transposed tables: input and output widths swapped."""
+    return [meta[1], meta[0], meta[2], meta[3], meta[4]]
 
 
 def _dtype_name(x: torch.Tensor) -> str:
@@ -395,13 +400,14 @@ def _uninitialised(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
-def _output(shape, like: torch.Tensor, width: int | None, launched: bool) -> torch.Tensor:
-    """An output tensor ``[rows, shape[-1]]``: left uninitialised where a kernel is ``launched``
-    that stores the columns ``0..width-1`` of every row and that is all of them, zeros otherwise (a
-    graph without edges, input rows no path reads, edge attributes no entry reads, weights of paths
-    without pairs). A fill skipped is one pass less over the tensor: the weight gradient is [edges,
-    weights] (for a MACE-MP-medium layer at 4000 atoms, hundreds of MB in float64)."""
-    if launched and width == shape[-1]:
+def _output(shape, like: torch.Tensor, width: int | None) -> torch.Tensor:
+    """An output tensor ``[rows, shape[-1]]``: left uninitialised where the kernel launched stores
+    the columns ``0..width-1`` of every row and that is all of them, zeros otherwise (``width``
+    None: no launch, a graph without edges; or gaps: input rows no path reads, edge attributes no
+    entry reads, weights of paths without pairs). A fill skipped is one pass less over the tensor:
+    the weight gradient is [edges, weights] (for a MACE-MP-medium layer at 4000 atoms, hundreds of
+    MB in float64)."""
+    if width == shape[-1]:
         return _uninitialised(shape, like)
     return torch.zeros(shape, dtype=like.dtype, device=like.device)
 
@@ -409,10 +415,9 @@ def _output(shape, like: torch.Tensor, width: int | None, launched: bool) -> tor
 def fwd(x, y, w, graph, desc, desc_t, meta):
     """``cfm::conv_tp_fwd``: receiver sums [N, dim_out] of the channelwise product."""
     graph = _check("cfm::conv_tp_fwd", x, y, w, graph, desc, meta)
-    launched = y.shape[0] > 0
-    t = _TABLES.get(desc, meta) if launched else None
-    out = _output((graph[_RPTR].numel() - 1, meta[1]), x, t and t.out_width, launched)
-    if launched:
+    t = _TABLES.get(desc, meta) if y.shape[0] > 0 else None
+    out = _output((graph[_RPTR].numel() - 1, meta[1]), x, t and t.out_width)
+    if t is not None:
         _segment(t, x, y, w, graph[_RPTR], graph[_RPERM], graph[_SENDER], out)
     return out
 
@@ -428,18 +433,15 @@ def bwd(g, x, y, w, graph, desc, desc_t, meta, need_x, need_y, need_w):
                            f"{list(g.shape)} on {g.device}")
     none = x.new_empty(0)
     E = y.shape[0]
-    launched = E > 0
-    t = _TABLES.get(desc, meta) if launched else None
-    meta_t = [meta[1], meta[0], meta[2], meta[3], meta[4]]
-    t_t = _TABLES.get(desc_t, meta_t) if launched and need_x else None
-    gx = _output((graph[_SPTR].numel() - 1, meta[0]), x, t_t and t_t.out_width, launched) if need_x else none
-    gy = _output(tuple(y.shape), x, t and t.y_width, launched) if need_y else none
-    gw = _output(tuple(w.shape), x, t and t.w_width, launched) if need_w else none
-    if not launched:
-        return gx, gy, gw
-    if need_x:
+    # the tables of each kernel to launch: None where it is not launched
+    t_t = _TABLES.get(desc_t, _meta_t(meta)) if E > 0 and need_x else None
+    t = _TABLES.get(desc, meta) if E > 0 and (need_y or need_w) else None
+    gx = _output((graph[_SPTR].numel() - 1, meta[0]), x, t_t and t_t.out_width) if need_x else none
+    gy = _output(tuple(y.shape), x, t and t.y_width) if need_y else none
+    gw = _output(tuple(w.shape), x, t and t.w_width) if need_w else none
+    if t_t is not None:
         _segment(t_t, g, y, w, graph[_SPTR], graph[_SPERM], graph[_RECEIVER], gx, transposed=True)
-    if need_y or need_w:
+    if t is not None:
 
         def run(cfg):
             grid = (math.ceil(E / cfg.block_rows),)
