@@ -33,8 +33,10 @@ CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Trit
 from the same descriptors, ``cfm_plugins.ops.triton``; the epoch run passes ``-o fused_backend=...``).
 ``--tiles-also VALUE ...`` adds a fused Triton row per value, run with ``CFM_PLUGINS_TRITON_TILES=VALUE``
 (the tiles a sweep found, or a former default), so that tiles are compared in one run against
-cuEquivariance (the step table's last column). ``benchmarks/gpu_capture.py`` checks and times the
-captured static step, ``benchmarks/gpu_md.py`` MD.
+cuEquivariance (the step table's last column); ``--unfilled-also`` one more, run with
+``CFM_PLUGINS_TRITON_UNFILLED=1`` (the conv TP's outputs not zero-filled first; opt-in until
+timed). ``benchmarks/gpu_capture.py`` checks and times the captured static step,
+``benchmarks/gpu_md.py`` MD.
 
 Results go to stdout as a markdown table naming the device; with ``--device cuda`` also to
 docs/_fragments/gpu_mace.md (the figures of docs/benchmarks.md's GPU section).
@@ -282,23 +284,27 @@ def expand_ways(ways, backends, device) -> list[tuple[str, str | None]]:
 
 
 @contextlib.contextmanager
-def pinned_tiles(value: str | None):
-    """``CFM_PLUGINS_TRITON_TILES=value`` inside the block (nothing if ``value`` is None): the Triton
-    kernels launched there use those tiles (the plugin reads the variable at each launch)."""
-    from cfm_plugins.ops.triton.configs import TILES_ENV
-
-    if value is None:
-        yield
-        return
-    saved = os.environ.get(TILES_ENV)
-    os.environ[TILES_ENV] = value
+def pinned_env(env: dict | None):
+    """The variables of ``env`` set inside the block, as they were after it (nothing if ``env`` is
+    None): the plugin reads its Triton variables at each launch."""
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(TILES_ENV, None)
-        else:
-            os.environ[TILES_ENV] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def pinned_tiles(value: str | None):
+    """``CFM_PLUGINS_TRITON_TILES=value`` inside the block (nothing if ``value`` is None): the Triton
+    kernels launched there use those tiles."""
+    from cfm_plugins.ops.triton.configs import TILES_ENV
+
+    return pinned_env(None if value is None else {TILES_ENV: value})
 
 
 def check_tiles(values) -> None:
@@ -322,11 +328,15 @@ def step_table(args, device) -> list[str]:
 
     lines = ["| dtype | atoms | edges | way | inference ms | train ms | train vs stock | peak GiB (train) "
              "| max abs dF vs stock | train vs cueq |", "|---|---|---|---|---|---|---|---|---|---|"]
-    # (row label, way, kernel backend, CFM_PLUGINS_TRITON_TILES value or None)
+    from cfm_plugins.ops.triton.conv_tp import UNFILLED_ENV
+    from cfm_plugins.ops.triton.configs import TILES_ENV
+
+    # (row label, way, kernel backend, environment of the row or None)
     ways = [(label, label.split("[")[0], backend, None)
             for label, backend in expand_ways(args.ways, args.backends, device)]
-    ways += [(f"{'fused[triton]' if device.type == 'cuda' else 'fused'} tiles {v}", "fused", "triton", v)
-             for v in args.tiles_also]
+    triton = "fused[triton]" if device.type == "cuda" else "fused"
+    ways += [(f"{triton} tiles {v}", "fused", "triton", {TILES_ENV: v}) for v in args.tiles_also]
+    ways += [(f"{triton} unfilled", "fused", "triton", {UNFILLED_ENV: "1"})] if args.unfilled_also else []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, args.hidden).to(device)
@@ -334,7 +344,7 @@ def step_table(args, device) -> list[str]:
             atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
             n_edges = batch["edge_index"].shape[1]
             base = cq = None
-            for label_way, way, backend, tiles in ways:
+            for label_way, way, backend, env in ways:
                 if backend is not None:
                     _backend.set_gpu_backend(backend)
                 model = prepare(way, stock, device)
@@ -344,7 +354,7 @@ def step_table(args, device) -> list[str]:
                     print(lines[-1], flush=True)
                     continue
                 try:
-                    with pinned_tiles(tiles):
+                    with pinned_env(env):
                         row = measure(model, batch, e_ref, f_ref, args.reps, args.warmup, device)
                 except RuntimeError as exc:
                     if not out_of_memory(exc):
@@ -515,6 +525,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiles-also", nargs="+", default=[], metavar="VALUE",
                    help="one more fused Triton row per value, run with CFM_PLUGINS_TRITON_TILES=VALUE (e.g. "
                         "tp_segment=8x32/w4, the former default), in the same process as the other rows")
+    p.add_argument("--unfilled-also", action="store_true",
+                   help="one more fused Triton row run with CFM_PLUGINS_TRITON_UNFILLED=1 (the conv TP's outputs "
+                        "not zero-filled first), in the same process as the other rows")
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)

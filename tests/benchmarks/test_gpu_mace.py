@@ -33,14 +33,16 @@ def test_epoch_seconds_reads_mace_validation_lines():
 
 def test_smoke_run_on_cpu_names_what_it_cannot_run():
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_mace.py"), "--device", "cpu", "--quick",
-                          "--dtypes", "float64", "--no-epoch", "--tiles-also", "tp_segment=8x32/w4"],
+                          "--dtypes", "float64", "--no-epoch", "--tiles-also", "tp_segment=8x32/w4",
+                          "--unfilled-also"],
                          capture_output=True, text=True, env=clean_env(), timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {line.split("|")[4].strip(): line for line in res.stdout.splitlines() if line.startswith("| float64 |")}
     tiled = "fused tiles tp_segment=8x32/w4"  # one more fused row, the tiles pinned (on a CPU: no change)
-    assert set(rows) == {"stock", "cueq", "fused", "fused+capture", tiled}, res.stdout
+    unfilled = "fused unfilled"  # and one with CFM_PLUGINS_TRITON_UNFILLED=1 (on a CPU: no change)
+    assert set(rows) == {"stock", "cueq", "fused", "fused+capture", tiled, unfilled}, res.stdout
     assert "gpu_capture.py" in rows["fused+capture"]  # the captured step has its own script
-    for way in ("fused", tiled):
+    for way in ("fused", tiled, unfilled):
         fused = [c.strip() for c in rows[way].split("|")]
         assert float(fused[5]) > 0 and float(fused[6]) > 0  # inference and train times measured
         assert float(fused[9]) < 1e-8  # forces of the fused model equal stock's (float64)
@@ -68,6 +70,9 @@ def test_pinned_tiles_set_the_variable_inside_the_block_only(monkeypatch):
     with gpu_mace.pinned_tiles("tp_segment=8x32/w4"):
         pass
     assert "CFM_PLUGINS_TRITON_TILES" not in os.environ
+    with gpu_mace.pinned_env({"CFM_PLUGINS_TRITON_UNFILLED": "1", "CFM_PLUGINS_TRITON_TILES": "tp_edge=8x32/w8"}):
+        assert os.environ["CFM_PLUGINS_TRITON_UNFILLED"] == "1"
+    assert "CFM_PLUGINS_TRITON_UNFILLED" not in os.environ and "CFM_PLUGINS_TRITON_TILES" not in os.environ
 
 
 def test_backends_give_one_fused_row_each_on_cuda():

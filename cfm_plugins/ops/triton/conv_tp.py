@@ -18,9 +18,10 @@ Work decomposition (GPU-first):
   channel tiles; the weight gradient of each (edge, path, channel) is written once, the
   edge-attribute gradient is a sum over channels inside the program. No atomics.
 
-Outputs are allocated unfilled where the kernels store every column of every row (a node without
-edges stores zeros; MACE's tables cover every column): :func:`_output` fills with zeros only what a
-table leaves unstored (``TPTables.out_width`` and friends) and a graph without edges.
+Outputs are zero-filled, then stored. ``CFM_PLUGINS_TRITON_UNFILLED=1`` (opt-in: untimed on a
+GPU) leaves them unfilled where the kernels store every column of every row (a node without edges
+stores zeros; MACE's tables cover every column): :func:`_output` then fills only what a table
+leaves unstored (``TPTables.out_width`` and friends) and a graph without edges.
 
 Variants, chosen by the tile config (:mod:`.configs`; alternatives, untimed on a GPU): ``defer``
 sums once per program instead of per block, ``presort`` reads the edges' other ends in CSR order
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +49,10 @@ from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton._codegen import Writer, fmt_float, tl_sum
 from cfm_plugins.ops.triton.configs import launch
 
-__all__ = ["TPTables", "fwd", "bwd", "source", "kernel_variants"]
+__all__ = ["TPTables", "fwd", "bwd", "source", "kernel_variants", "UNFILLED_ENV"]
+
+#: ``=1``: outputs the kernels store whole are left unfilled (no zero fill first); untimed on a GPU
+UNFILLED_ENV = "CFM_PLUGINS_TRITON_UNFILLED"
 
 
 @dataclass(frozen=True)
@@ -401,13 +406,13 @@ def _uninitialised(shape, like: torch.Tensor) -> torch.Tensor:
 
 
 def _output(shape, like: torch.Tensor, width: int | None) -> torch.Tensor:
-    """An output tensor ``[rows, shape[-1]]``: left uninitialised where the kernel launched stores
-    the columns ``0..width-1`` of every row and that is all of them, zeros otherwise (``width``
-    None: no launch, a graph without edges; or gaps: input rows no path reads, edge attributes no
-    entry reads, weights of paths without pairs). A fill skipped is one pass less over the tensor:
-    the weight gradient is [edges, weights] (for a MACE-MP-medium layer at 4000 atoms, hundreds of
-    MB in float64)."""
-    if width == shape[-1]:
+    """An output tensor ``[rows, shape[-1]]``, zeros; with ``CFM_PLUGINS_TRITON_UNFILLED=1`` left
+    uninitialised where the kernel launched stores the columns ``0..width-1`` of every row and that
+    is all of them (``width`` None: no launch, a graph without edges; gaps: input rows no path
+    reads, edge attributes no entry reads, weights of paths without pairs). A fill skipped is one
+    pass less over the tensor: the weight gradient is [edges, weights] (for a MACE-MP-medium layer at
+    4000 atoms, hundreds of MB in float64). Untimed on a GPU, hence opt-in."""
+    if width == shape[-1] and os.environ.get(UNFILLED_ENV, "") == "1":
         return _uninitialised(shape, like)
     return torch.zeros(shape, dtype=like.dtype, device=like.device)
 

@@ -2,8 +2,9 @@
 registered as the ``cfm::conv_tp_*`` operators' CPU kernels: against e3nn's TensorProduct +
 scatter_sum (forward, gradients, double backward, float64 and float32), against the C++ kernels
 (every gradient subset), gradcheck/gradgradcheck, opcheck, torch.compile, non-contiguous and
-expanded inputs, tiles smaller than the problem, isolated nodes and an empty graph; outputs left
-unfilled (NaN-filled here first) where the kernels store every column, zero-filled where not.
+expanded inputs, tiles smaller than the problem, isolated nodes and an empty graph; zero-filled
+outputs by default, and with ``CFM_PLUGINS_TRITON_UNFILLED=1`` outputs left unfilled (NaN-filled
+here first) where the kernels store every column, zero-filled where not.
 """
 from __future__ import annotations
 
@@ -82,10 +83,9 @@ def test_every_gradient_subset_matches_the_cpp_kernel(triton_cpu, need):
             assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
 
-@pytest.fixture
-def poisoned(monkeypatch):
+def nan_filled_outputs(monkeypatch) -> list:
     """The launchers' unfilled outputs (``_uninitialised``) filled with NaN, so that any element no
-    kernel stores shows; yields the shapes handed out that way."""
+    kernel stores shows; returns the list of the shapes handed out that way."""
     handed = []
 
     def nan_filled(shape, like):
@@ -94,6 +94,27 @@ def poisoned(monkeypatch):
 
     monkeypatch.setattr(ttp, "_uninitialised", nan_filled)
     return handed
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """``CFM_PLUGINS_TRITON_UNFILLED=1`` with NaN in the unfilled outputs (:func:`nan_filled_outputs`)."""
+    monkeypatch.setenv(ttp.UNFILLED_ENV, "1")
+    return nan_filled_outputs(monkeypatch)
+
+
+def test_outputs_are_zero_filled_unless_asked(triton_cpu, monkeypatch):
+    """Without ``CFM_PLUGINS_TRITON_UNFILLED=1`` (untimed on a GPU, so opt-in) every output is
+    zero-filled first, as before: nothing is handed out unfilled, and the results are the C++ kernels'."""
+    monkeypatch.delenv(ttp.UNFILLED_ENV, raising=False)
+    handed = nan_filled_outputs(monkeypatch)
+    _, args, g = tiled_case(seed=16, isolated=1)
+    got = torch.ops.cfm.conv_tp_fwd(*args), *torch.ops.cfm.conv_tp_bwd(g, *args, True, True, True)
+    assert handed == []
+    with triton_cpu():
+        ref = torch.ops.cfm.conv_tp_fwd(*args), *torch.ops.cfm.conv_tp_bwd(g, *args, True, True, True)
+    for a, b in zip(got, ref):
+        assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
 
 @pytest.mark.parametrize("defer", [False, True], ids=["plain", "defer"])
