@@ -11,9 +11,10 @@ On AMD only VGPR spills go to memory (scratch); SGPR spills go to lanes of a VGP
 
 A kernel is compiled as a launch would specialise it: integer arguments equal to 1 (unit strides
 of contiguous tensors) become constants, pointers and integers divisible by 16 carry Triton's
-divisibility hint. The argument values are a *specimen* (:func:`cfm_plugins.ops.triton.
-symmetric_contraction.specimen`, :func:`cfm_plugins.ops.triton.conv_tp.specimen`): the sizes and
-strides of a typical launch.
+divisibility hint, except the integers the kernel marks ``do_not_specialize`` (the edge count).
+The argument values are a *specimen* (:func:`cfm_plugins.ops.triton.symmetric_contraction.
+specimen`, :func:`cfm_plugins.ops.triton.conv_tp.specimen`): the sizes and strides of a typical
+launch.
 
 Used by ``make triton-check`` (``python -m benchmarks.triton_check``, the MACE-MP-medium layer)
 and by a test (one small kernel). Nothing here imports a trainer.
@@ -64,8 +65,9 @@ def jit_function(fn):
     whatever ``TRITON_INTERPRET`` says: ahead-of-time compilation needs the real front end."""
     from triton.runtime.jit import JITFunction
 
+    unspecialised = [p.num for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False)]
     fn = getattr(fn, "fn", fn)
-    return JITFunction(fn)
+    return JITFunction(fn, do_not_specialize=unspecialised)
 
 
 def _specialise(fn, specimen: dict, blocks: dict):
@@ -82,6 +84,8 @@ def _specialise(fn, specimen: dict, blocks: dict):
         if isinstance(value, str):  # a pointer type such as "*fp32"
             signature[name] = value
             attrs[(i,)] = [["tt.divisibility", 16]]
+        elif fn.params[i].do_not_specialize:  # what a launch passes: the type only
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
         elif value == 1:
             signature[name] = "constexpr"
             constexprs[name] = 1

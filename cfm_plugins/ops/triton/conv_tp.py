@@ -230,7 +230,10 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False, name
     pair and channel tile (the default: ~100 pairs, each a sum across lanes). Costs one tile of
     registers per edge component (16 for l<=3). Sums in another order: equal to round-off."""
     w = Writer()
-    w("@triton.jit")
+    # E, the edge count, changes with every batch: specialised (divisible by 16 or not, equal to 1),
+    # each edge kernel would compile again for every class of it a run meets. It only bounds the
+    # mask of the last block, where the hint buys nothing.
+    w('@triton.jit(do_not_specialize=["E"])')
     w(f"def {name}(sender_ptr, receiver_ptr, x_ptr, s_xn, s_xd, g_ptr, s_gn, s_gd, y_ptr, s_ye, s_yd, w_ptr, s_we, "
       "s_wd, gy_ptr, s_gye, gw_ptr, s_gwe, E, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):")
     w.indent()

@@ -125,3 +125,41 @@ def test_the_deferred_segment_kernel_sums_after_its_loop_once_compiled():
     out = compiled_in_a_child(DEFER_SCRIPT)
     rows = out["False"][0]
     assert rows > 0 and out["False"] == [rows, 0] and out["True"] == [0, rows]
+
+
+EDGE_COUNT_SCRIPT = r'''
+import json, torch
+import mace  # noqa: F401
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from cfm_plugins.ops.conv_tp import FusedConvTP
+from cfm_plugins.ops.triton import _codegen, aot, conv_tp as ttp
+from cfm_plugins.testing import mace_conv_tp
+
+t = ttp.TPTables.from_descriptor(FusedConvTP.from_e3nn(mace_conv_tp("0e+1o", 2, 8, torch.float64)).descriptor)
+mod = _codegen.load_source("aot_edges", ttp.source(t, "edge", need_y=True, need_w=True))
+loaded = mod.tp_edge_wy
+jf = aot.jit_function(loaded)
+out = {"loaded": [p.name for p in loaded.params if p.do_not_specialize],
+       "aot": [p.name for p in jf.params if p.do_not_specialize]}
+for edges in (312_000, 312_001, 1):  # divisible by 16, not, and 1: the three classes Triton tells apart
+    sig, const, attrs = aot._specialise(jf, ttp.specimen(t, "float32", edges=edges), dict(BLOCK_E=8, BLOCK_C=32))
+    e = jf.arg_names.index("E")
+    ptx = triton.compile(ASTSource(jf, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
+    out[str(edges)] = [sig["E"], "E" in const, (e,) in attrs, ptx]
+print("RESULT" + json.dumps(out))
+'''
+
+
+def test_the_edge_kernels_compile_once_for_every_edge_count():
+    """The edge count changes with every batch. Specialised as Triton specialises integers (divisible
+    by 16, equal to 1, neither), each edge kernel compiled again for each class a run met; marked
+    ``do_not_specialize``, one compile serves every count: an edge count divisible by 16, one not,
+    and 1 give the same signature and the same PTX."""
+    out = compiled_in_a_child(EDGE_COUNT_SCRIPT)
+    assert out["loaded"] == ["E"] and out["aot"] == ["E"]
+    variants = [out[k] for k in ("312000", "312001", "1")]
+    assert all(v[:3] == ["i32", False, False] for v in variants), [v[:3] for v in variants]
+    assert variants[0][3] == variants[1][3] == variants[2][3] and ".entry tp_edge_wy" in variants[0][3]
