@@ -260,7 +260,9 @@ def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0
                 _ours.set_epoch(epoch)
 
             sampler.set_epoch = set_epoch
-        kwargs.pop("generator", None)
+        # the trainer's generator stays: each iteration's base seed is drawn from it, as in the stock
+        # loader, not from torch's global generator, whose draws would change the model's
+        # initialisation (mace iterates the training loader before it builds the model)
         if getattr(batch_sampler, "loss_weighting", "stock") != "stock":
             loader = scaled_loader_cls(dataset=dataset, batch_sampler=wrapped, cfm_sampler=batch_sampler, **kwargs)
         else:

@@ -52,8 +52,9 @@ def _frames():
     return make_structures(24, seed=2, max_atoms=60)
 
 
-def _loaders(weighting, frames, model_cutoff=4.0):
-    """mace's train and valid loaders as the adapter builds them under binpack (one rank)."""
+def _loaders(weighting, frames, model_cutoff=4.0, generator=None):
+    """mace's train and valid loaders as the adapter builds them under binpack (one rank); mace
+    passes each a ``generator`` seeded with ``--seed``."""
     import mace  # noqa: F401
     from mace import data as mace_data
     from mace.tools import AtomicNumberTable
@@ -74,8 +75,8 @@ def _loaders(weighting, frames, model_cutoff=4.0):
                                               loss_weightings=("stock", "per_sample")))
     factory = make_dataloader_factory(MaceLoader, session)
     train = factory(dataset=ConcatDataset([data[:16]]), batch_size=4, shuffle=True, drop_last=True,
-                    generator=None, num_workers=0)
-    valid = factory(dataset=data[16:], batch_size=4, shuffle=False, drop_last=False, generator=None,
+                    generator=generator, num_workers=0)
+    valid = factory(dataset=data[16:], batch_size=4, shuffle=False, drop_last=False, generator=generator,
                     num_workers=0)
     return train, valid
 
@@ -113,3 +114,26 @@ def test_evaluation_loaders_are_never_reweighted_and_metrics_unchanged(f64):
     metrics = [evaluate(model, loss_fn, loader, args, torch.device("cpu"))[1] for loader in (stock_valid, ps_valid)]
     for key in ("loss", "rmse_e_per_atom", "rmse_f", "mae_e", "mae_f", "rmse_stress"):
         assert metrics[1][key] == metrics[0][key], key
+
+
+@pytest.mark.parametrize("weighting", ["stock", "per_sample"])
+def test_iterating_the_loaders_leaves_torchs_global_generator_as_the_stock_loaders_do(weighting):
+    """mace iterates the training loader (the mean number of neighbours, the scale and shift) before
+    it builds the model from torch's global generator. The stock loaders draw each iteration's seed
+    from the generator mace gives them; ours did from the global one, so the same --seed gave
+    another initial model than stock mace (validation RMSEs before training differed). With the
+    generator kept, iterating leaves the global state alone and moves the loader's own."""
+    import torch
+
+    frames = _frames()
+    generator = torch.Generator().manual_seed(1)
+    train, valid = _loaders(weighting, frames, generator=generator)
+    assert train.generator is generator and valid.generator is generator
+    before, own = torch.random.get_rng_state(), generator.get_state()
+    assert sum(b.num_graphs for b in train) > 0 and sum(b.num_graphs for b in valid) > 0
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert not torch.equal(generator.get_state(), own)
+    # without a generator (what ours passed on), an iteration draws from the global one
+    unseeded, _ = _loaders(weighting, frames)
+    next(iter(unseeded))
+    assert not torch.equal(torch.random.get_rng_state(), before)
