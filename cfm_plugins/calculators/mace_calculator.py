@@ -169,7 +169,8 @@ class CFMCalculator(MACECalculator):
         if compile == "off" and str(device).startswith("cuda") and self.kernels:
             log.info("CFMCalculator: for long MD on a GPU, compile='reduce-overhead' captures the step in CUDA graphs "
                      "(an H100 took 59 instead of 126 ms per step at 4000 atoms, float32); it compiles once per "
-                     "padded size first (docs/inference.md)")
+                     "padded size first (57 s before the first step at 4000 atoms on an H200, repaid after about "
+                     "900 steps; docs/inference.md)")
         if compile != "off" or self.static_shapes:
             from cfm_plugins.static import mace as static_mace
             from cfm_plugins.static.forward import install

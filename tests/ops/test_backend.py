@@ -9,6 +9,8 @@ Triton interpreter).
 """
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -66,6 +68,22 @@ def test_triton_backend_becomes_the_operators_cuda_kernels_and_goes_away(clean_b
                                                 if ln.startswith("CPU"))
     _backend.set_gpu_backend("cuda")  # leaving triton restores whatever CUDA kernels were there
     assert not any(cuda_kernel_is_triton(op) for op in OPS)
+
+
+@needs_ops
+def test_the_triton_backend_says_once_that_its_kernels_compile_at_first_launch_and_where_they_are_kept(
+        clean_backend, monkeypatch, caplog, tmp_path):
+    """A first run on a GPU compiles every kernel (an H200's first validation pass took 4x as long):
+    the log says so once, with the cache later runs load them from, as TRITON_CACHE_DIR sets it."""
+    import_triton()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "kernels"))
+    with caplog.at_level(logging.INFO, logger="cfm_plugins.ops"):
+        _backend.set_gpu_backend("triton")
+        _backend.choose(torch.device("cuda"))
+        _backend.choose(torch.device("cuda"))
+    said = [r.getMessage() for r in caplog.records if "Triton kernels on CUDA tensors" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "first launch" in said[0] and f"({tmp_path / 'kernels'};" in said[0]
 
 
 @needs_ops
