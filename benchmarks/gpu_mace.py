@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import copy
 import datetime as dt
+import json
 import os
 import re
 import statistics
@@ -418,13 +419,27 @@ def run_logged(cmd: list[str], env: dict, timeout: float | None) -> tuple[str, i
         return proc.communicate()[0], None
 
 
-def epoch_table(args, device) -> list[str]:
+def epoch_data(folder: Path, structures: int) -> dict[str, Path]:
+    """The epochs' data set in ``folder``: made once per size (a GPU call spent ~30 s making 300
+    structures), and found again by a later run with the same ``--out`` and size."""
     from cfm_plugins.datasets.cuni import make_dataset
+
+    params = dict(n_train=structures, n_valid=max(4, structures // 10), n_test=2, seed=0, max_atoms=500)
+    stamp = folder / "made_with.json"
+    files = {name: folder / f"{name}.xyz" for name in ("train", "valid", "test", "cell512")}
+    if stamp.exists() and json.loads(stamp.read_text()) == params and all(f.exists() for f in files.values()):
+        print(f"data set: {folder} (made before, {structures} structures)", flush=True)
+        return files
+    files = make_dataset(folder, **params)
+    stamp.write_text(json.dumps(params))
+    return files
+
+
+def epoch_table(args, device) -> list[str]:
     from cfm_plugins.testing import mpirun_command
 
     out = Path(args.out)
-    files = make_dataset(out / "data", n_train=args.epoch_structures, n_valid=max(4, args.epoch_structures // 10),
-                         n_test=2, seed=0, max_atoms=500)
+    files = epoch_data(out / "data", args.epoch_structures)
     mpirun = mpirun_command(1)
     common = ["--model=MACE", f"--hidden_irreps={args.hidden}", "--r_max=6.0", "--max_L=1", "--correlation=3",
               "--num_interactions=2", "--max_num_epochs=2", "--batch_size=8", "--valid_batch_size=8",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# GPU call 4 (at once after call 3; ~6.5 min): rebuild with the C++ CUDA kernels (sm_90), the CUDA tests
+# GPU call 3 (the session after calls 1 and 2; ~6.5 min): rebuild with the C++ CUDA kernels (sm_90), the CUDA tests
 # with them (CFM_PLUGINS_GPU_BACKEND=cuda), then MD at 500 atoms, float32 and float64, every way
 # (stock, cuEquivariance, ours eager with each backend and captured with Triton), in the time left.
-#   run(command="bash benchmarks/gpu_session/4_cuda_backend.sh", carry=[".gpu"], timeout_s=390)
+#   run(command="bash benchmarks/gpu_session/3_cuda_backend.sh", carry=[".gpu"], timeout_s=390)
 set -uo pipefail
 BUDGET=${BUDGET:-360}
 SETUP=setup . benchmarks/gpu_session/lib.sh

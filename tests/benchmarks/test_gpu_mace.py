@@ -299,3 +299,22 @@ def test_epoch_timeouts_are_one_for_all_or_one_per_way_and_a_miscount_stops_befo
     with pytest.raises(SystemExit) as exc:
         gpu_mace.main(["--device", "cpu", "--epoch-ways", "stock", "fused", "--epoch-timeout", "1", "2", "3"])
     assert exc.value.code == 2
+
+
+def test_the_epochs_data_set_is_made_once_per_size_and_found_again(tmp_path, capsys):
+    """A GPU call runs the epochs twice (Triton's cache cold, then warm) into one folder: the second
+    run finds the data set the first made, and a different size makes a new one."""
+    from benchmarks.gpu_mace import epoch_data
+
+    first = epoch_data(tmp_path / "data", 6)
+    made = {k: p.stat().st_mtime_ns for k, p in first.items()}
+    again = epoch_data(tmp_path / "data", 6)
+    assert again == first and {k: p.stat().st_mtime_ns for k, p in again.items()} == made
+    assert "made before, 6 structures" in capsys.readouterr().out
+    bigger = epoch_data(tmp_path / "data", 8)
+    assert bigger["train"].stat().st_mtime_ns != made["train"]
+    assert "made before" not in capsys.readouterr().out
+    from ase.io import read
+
+    assert len(read(bigger["train"], ":")) == len(read(tmp_path / "data" / "train.xyz", ":")) == 8 + len(
+        [a for a in read(bigger["train"], ":") if len(a) == 1])

@@ -45,7 +45,9 @@ def test_the_session_has_its_preparation_library_and_numbered_calls():
     calls = [n for n in names if n[0].isdigit()]
     assert len(calls) >= 4 and all("benchmarks/gpu_session/lib.sh" in (SESSION / n).read_text() for n in calls)
     backends = {b for n in calls for b in re.findall(r"CFM_PLUGINS_GPU_BACKEND=(\w+) step", (SESSION / n).read_text())}
-    assert backends == {"triton", "cuda"}  # the CUDA tests run with each GPU backend
+    # the CUDA tests with the C++ CUDA kernels remain; those with the Triton kernels passed on an H200
+    # at 6985b02 (docs/benchmarks.md): a change to what the Triton kernels compute adds them back
+    assert "cuda" in backends
     per_call = {name: sum(1 for s, _, _ in benchmark_commands() if s == name) for name in calls}
     assert all(n >= 1 or "pytest" in (SESSION / c).read_text() for c, n in per_call.items()), per_call
     # what issue 19 still measures: the epochs and steps, MD, the kernels alone (profiled)
