@@ -9,9 +9,9 @@
 # default. Then the two fused kernels alone at 4000 and 32000 nodes against stock and
 # cuEquivariance, with their profiles (stock's conv TP ran out of an H100's memory at 32000 nodes:
 # its rows say OOM). The tile sweep is call 4's.
-#   run(command="bash benchmarks/gpu_session/2_order_kernels.sh", carry=[".gpu"], timeout_s=300)
+#   run(command="bash benchmarks/gpu_session/2_order_kernels.sh", carry=[".gpu"], timeout_s=290)
 set -uo pipefail
-BUDGET=${BUDGET:-270}
+BUDGET=${BUDGET:-260}
 . benchmarks/gpu_session/lib.sh
 step 80 python3 benchmarks/gpu_mace.py --atoms 500 --ways fused --backend triton --tiles-also tp_segment=8x32/w4 tp_segment:float32=8x32/w4/defer/presort,tp_segment:float64=4x32/w4/defer/presort --no-epoch --reps 5 --warmup 2
 step 60 python3 benchmarks/gpu_mace.py --atoms 4000 --dtypes float64 --ways fused --backend triton --unfilled-also --no-epoch --reps 5 --warmup 2
