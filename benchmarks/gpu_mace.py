@@ -335,9 +335,9 @@ def step_table(args, device) -> list[str]:
     # (row label, way, kernel backend, environment of the row or None)
     ways = [(label, label.split("[")[0], backend, None)
             for label, backend in expand_ways(args.ways, args.backends, device)]
-    triton = "fused[triton]" if device.type == "cuda" else "fused"
-    ways += [(f"{triton} tiles {v}", "fused", "triton", {TILES_ENV: v}) for v in args.tiles_also]
-    ways += [(f"{triton} unfilled", "fused", "triton", {UNFILLED_ENV: "1"})] if args.unfilled_also else []
+    fused_triton = "fused[triton]" if device.type == "cuda" else "fused"
+    ways += [(f"{fused_triton} tiles {v}", "fused", "triton", {TILES_ENV: v}) for v in args.tiles_also]
+    ways += [(f"{fused_triton} unfilled", "fused", "triton", {UNFILLED_ENV: "1"})] if args.unfilled_also else []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, args.hidden).to(device)

@@ -140,10 +140,10 @@ def _triton_on_cuda() -> None:
     if not triton_kernels.registered("CUDA"):
         triton_kernels.register("CUDA")
         log.info("cfm_plugins: the cfm:: operators run their Triton kernels on CUDA tensors; %s",
-                 first_use_note())
+                 _first_use_note())
 
 
-def first_use_note() -> str:
+def _first_use_note() -> str:
     """What a first run on a GPU pays: Triton compiles each kernel at its first launch and keeps it
     in its cache, which later runs (and other ranks) load. Measured on an H200 (docs/benchmarks.md)."""
     from triton import knobs

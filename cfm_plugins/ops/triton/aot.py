@@ -84,14 +84,14 @@ def _specialise(fn, specimen: dict, blocks: dict):
         if isinstance(value, str):  # a pointer type such as "*fp32"
             signature[name] = value
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif fn.params[i].do_not_specialize:  # what a launch passes: the type only
-            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-        elif value == 1:
+            continue
+        specialised = not fn.params[i].do_not_specialize  # not: a launch passes the type only
+        if specialised and value == 1:
             signature[name] = "constexpr"
             constexprs[name] = 1
         else:
             signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-            if value % 16 == 0:
+            if specialised and value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return signature, constexprs, attrs
 
