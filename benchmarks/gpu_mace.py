@@ -33,9 +33,9 @@ CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Trit
 from the same descriptors, ``cfm_plugins.ops.triton``; the epoch run passes ``-o fused_backend=...``).
 ``--tiles-also VALUE ...`` adds a fused Triton row per value, run with ``CFM_PLUGINS_TRITON_TILES=VALUE``
 (the tiles a sweep found, or a former default), so that tiles are compared in one run against
-cuEquivariance (the step table's last column); ``--unfilled-also`` one more, run with
-``CFM_PLUGINS_TRITON_UNFILLED=1`` (the conv TP's outputs not zero-filled first; opt-in until
-timed). ``benchmarks/gpu_capture.py`` checks and times the captured static step,
+cuEquivariance (the step table's last column); ``--zero-filled-also`` one more, run with
+``CFM_PLUGINS_TRITON_UNFILLED=0`` (the conv TP's outputs zero-filled first, the former default;
+an H200 timed the default at 0.95x of it). ``benchmarks/gpu_capture.py`` checks and times the captured static step,
 ``benchmarks/gpu_md.py`` MD.
 
 Results go to stdout as a markdown table naming the device; with ``--device cuda`` also to
@@ -337,7 +337,7 @@ def step_table(args, device) -> list[str]:
             for label, backend in expand_ways(args.ways, args.backends, device)]
     fused_triton = "fused[triton]" if device.type == "cuda" else "fused"
     ways += [(f"{fused_triton} tiles {v}", "fused", "triton", {TILES_ENV: v}) for v in args.tiles_also]
-    ways += [(f"{fused_triton} unfilled", "fused", "triton", {UNFILLED_ENV: "1"})] if args.unfilled_also else []
+    ways += [(f"{fused_triton} zero-filled", "fused", "triton", {UNFILLED_ENV: "0"})] if args.zero_filled_also else []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, args.hidden).to(device)
@@ -449,13 +449,12 @@ def epoch_table(args, device) -> list[str]:
               "--num_workers=0"]
     ways = epoch_commands(args.epoch_ways, args.backends, device, mpirun)
     timeouts = epoch_timeouts(args.epoch_timeout, args.epoch_ways, ways)
-    lines = ["| way | epoch 2 (train + validation) s | vs stock |", "|---|---|---|"]
-    base = None
+    results: dict = {}  # way -> seconds of its second epoch, or why there are none
     env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     for way, cmd in ways.items():
         if way == "cueq" and not _has_cueq():
-            lines.append(f"| {way} | cuequivariance-torch not installed: pip install 'cfm-plugins[bench]' | - |")
-            print(lines[-1], flush=True)
+            results[way] = "cuequivariance-torch not installed: pip install 'cfm-plugins[bench]'"
+            print(f"| {way} | {results[way]} |", flush=True)
             continue
         run = out / way.replace("+", "_").replace("[", "_").replace("]", "")
         run.mkdir(parents=True, exist_ok=True)
@@ -467,11 +466,24 @@ def epoch_table(args, device) -> list[str]:
         seconds = epoch_seconds(text, 1) if rc in (0, None) else None
         if seconds is None:
             why = (f"timed out after {timeouts[way]:g} s" if rc is None else f"failed (rc {rc})")
-            lines.append(f"| {way} | {why}, see {run / 'train.log'} | - |")
+            results[way] = f"{why}, see {run / 'train.log'}"
         else:
-            base = base or seconds
-            lines.append(f"| {way} | {seconds:.2f} | {seconds / base:.2f}x |")
-        print(lines[-1], flush=True)
+            results[way] = seconds
+        print(f"| {way} | {results[way] if seconds is None else f'{seconds:.2f}'} |", flush=True)
+    return epoch_rows(results)
+
+
+def epoch_rows(results: dict) -> list[str]:
+    """The epochs' table: each way's second epoch (seconds, or why there is none) and its ratio to
+    stock's and to cuEquivariance's in the same run, "-" where either has no time."""
+    def ratio(seconds, base):
+        return f"{seconds / base:.2f}x" if isinstance(seconds, float) and isinstance(base, float) else "-"
+
+    lines = ["| way | epoch 2 (train + validation) s | vs stock | vs cueq |", "|---|---|---|---|"]
+    for way, seconds in results.items():
+        shown = f"{seconds:.2f}" if isinstance(seconds, float) else seconds
+        lines.append(f"| {way} | {shown} | {ratio(seconds, results.get('stock'))} | "
+                     f"{ratio(seconds, results.get('cueq'))} |")
     return lines
 
 
@@ -540,9 +552,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiles-also", nargs="+", default=[], metavar="VALUE",
                    help="one more fused Triton row per value, run with CFM_PLUGINS_TRITON_TILES=VALUE (e.g. "
                         "tp_segment=8x32/w4, the former default), in the same process as the other rows")
-    p.add_argument("--unfilled-also", action="store_true",
-                   help="one more fused Triton row run with CFM_PLUGINS_TRITON_UNFILLED=1 (the conv TP's outputs "
-                        "not zero-filled first), in the same process as the other rows")
+    p.add_argument("--zero-filled-also", action="store_true",
+                   help="one more fused Triton row run with CFM_PLUGINS_TRITON_UNFILLED=0 (the conv TP's outputs "
+                        "zero-filled first, the former default), in the same process as the other rows")
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)

@@ -34,12 +34,12 @@ def test_epoch_seconds_reads_mace_validation_lines():
 def test_smoke_run_on_cpu_names_what_it_cannot_run():
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_mace.py"), "--device", "cpu", "--quick",
                           "--dtypes", "float64", "--no-epoch", "--tiles-also", "tp_segment=8x32/w4",
-                          "--unfilled-also"],
+                          "--zero-filled-also"],
                          capture_output=True, text=True, env=clean_env(), timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {line.split("|")[4].strip(): line for line in res.stdout.splitlines() if line.startswith("| float64 |")}
     tiled = "fused tiles tp_segment=8x32/w4"  # one more fused row, the tiles pinned (on a CPU: no change)
-    unfilled = "fused unfilled"  # and one with CFM_PLUGINS_TRITON_UNFILLED=1 (on a CPU: no change)
+    unfilled = "fused zero-filled"  # and one with CFM_PLUGINS_TRITON_UNFILLED=0 (on a CPU: no change)
     assert set(rows) == {"stock", "cueq", "fused", "fused+capture", tiled, unfilled}, res.stdout
     assert "gpu_capture.py" in rows["fused+capture"]  # the captured step has its own script
     for way in ("fused", tiled, unfilled):
@@ -318,3 +318,13 @@ def test_the_epochs_data_set_is_made_once_per_size_and_found_again(tmp_path, cap
     assert "made before" not in capsys.readouterr().out
     frames = read(tmp_path / "data" / "train.xyz", ":")  # the isolated atoms, then the 8 structures
     assert bigger["train"] == tmp_path / "data" / "train.xyz" and len(frames) - sum(len(a) == 1 for a in frames) == 8
+
+
+def test_epoch_ratios_are_to_stock_and_cueq_of_the_same_run_and_none_without_them():
+    """An H200 run had stock cut by its limit and printed ours as "1.00x" stock (its own time as
+    the base): a ratio now needs the way it is to."""
+    rows = gpu_mace.epoch_rows({"stock": 8.0, "fused+binpack[triton]": 2.0, "cueq": 4.0})
+    assert rows[2:] == ["| stock | 8.00 | 1.00x | 2.00x |", "| fused+binpack[triton] | 2.00 | 0.25x | 0.50x |",
+                        "| cueq | 4.00 | 0.50x | 1.00x |"]
+    cut = gpu_mace.epoch_rows({"stock": "timed out after 40 s, see x", "fused+binpack[triton]": 2.81})
+    assert cut[2:] == ["| stock | timed out after 40 s, see x | - | - |", "| fused+binpack[triton] | 2.81 | - | - |"]

@@ -46,8 +46,8 @@ def test_the_session_has_its_preparation_library_and_numbered_calls():
     assert len(calls) >= 4 and all("benchmarks/gpu_session/lib.sh" in (SESSION / n).read_text() for n in calls)
     backends = {b for n in calls for b in re.findall(r"CFM_PLUGINS_GPU_BACKEND=(\w+) step", (SESSION / n).read_text())}
     # the CUDA tests with the C++ CUDA kernels remain; those with the Triton kernels passed on an H200
-    # at 6985b02 (docs/benchmarks.md): a change to what the Triton kernels compute adds them back
-    assert "cuda" in backends
+    # at 6985b02 (docs/benchmarks.md), and the kernels changed since (64-bit rows, unfilled outputs)
+    assert {"cuda", "triton"} <= backends
     per_call = {name: sum(1 for s, _, _ in benchmark_commands() if s == name) for name in calls}
     assert all(n >= 1 or "pytest" in (SESSION / c).read_text() for c, n in per_call.items()), per_call
     # what issue 19 still measures: the epochs and steps, MD, the kernels alone (profiled)
@@ -135,5 +135,6 @@ def test_every_pinned_tile_in_the_calls_is_a_tile_the_kernels_know():
         if module == "gpu_mace" and "--tiles-also" in argv:
             rest = argv[argv.index("--tiles-also") + 1:]
             values += rest[:next((i for i, v in enumerate(rest) if v.startswith("--")), len(rest))]
-    assert values  # call 3 pins the former tile and the default ones
+    if not values:
+        pytest.skip("no call pins tiles now (the H200 answered the 500-atom tile question)")
     check_tiles(values)

@@ -29,6 +29,18 @@ def reference(tp, x, y, w, edge_index):
     return scatter_sum(tp(x[edge_index[0]], y, w), edge_index[1], dim=0, dim_size=x.shape[0])
 
 
+def op_args(fused, x, edge_index):
+    """The ``cfm::conv_tp_*`` operator arguments the module builds: channel-last x, the CSR graph,
+    the tables."""
+    from cfm_plugins.ops.conv_tp import edge_csr
+
+    csr = edge_csr(edge_index, x.shape[0])
+    graph_t = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]
+    xc = x if fused._identity_in else x.index_select(1, fused._cl_perm_in)
+    return xc.detach().contiguous(), graph_t, [fused._tp_ints, fused._tp_coef], [fused._tp_ints_t, fused._tp_coef_t], \
+        fused._tp_meta
+
+
 def rel_err(a, b) -> float:
     """Largest absolute difference relative to the largest reference entry."""
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()

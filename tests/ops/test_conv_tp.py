@@ -19,7 +19,7 @@ from cfm_plugins.ops import _backend
 from cfm_plugins.ops import conv_tp as ctp
 from cfm_plugins.ops.conv_tp import FusedConvTP
 from tests.helpers import ROOT
-from tests.helpers.conv_tp_cases import graph, inputs, reference, rel_err
+from tests.helpers.conv_tp_cases import graph, inputs, op_args, reference, rel_err
 from tests.helpers.mace_models import mace_tp
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -363,6 +363,28 @@ def test_cuda_matches_cpu(dtype, tol):
         assert rel_err(a.detach().cpu(), b) < tol
     (gg,) = torch.autograd.grad(gradc[1].sum(), (wc,))
     assert torch.isfinite(gg).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (20 GiB of it)")
+def test_cuda_weight_gradient_past_2_31_elements():
+    """More edges than 2**31 / weights per edge (an H200 took an illegal address in Triton's edge
+    kernel at 2,496,100 edges of this layer: edge * row stride wrapped in int32): the last edges'
+    weight-gradient rows are what those edges alone give (the gradient of an edge's weights reads
+    that edge only). The backend in force (CFM_PLUGINS_GPU_BACKEND)."""
+    tp = mace_tp("0e+1o", 3, 128, torch.float32)
+    fused = FusedConvTP.from_e3nn(tp).cuda()
+    N, E = 1000, 2 ** 31 // tp.weight_numel + 64
+    ei = graph(N, E, seed=21).cuda()
+    x, y, w = (t.cuda() for t in inputs(tp, N, E, torch.float32))
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, ei)
+    g = torch.randn(N, meta[1], device="cuda")
+    gw = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, False, False, True)[2][-3:].cpu()
+    del w
+    tail = slice(E - 3, E)
+    _, g_s, *_ = op_args(fused, x, ei[:, tail].contiguous())
+    w_s = torch.randn(3, tp.weight_numel, device="cuda")  # the weight gradient does not read the weights
+    ref = torch.ops.cfm.conv_tp_bwd(g, xc, y[tail].contiguous(), w_s, g_s, desc, desc_t, meta, False, False, True)[2]
+    assert ref.abs().max() > 0 and rel_err(gw, ref.cpu()) < 1e-5
 
 
 @needs_cuda

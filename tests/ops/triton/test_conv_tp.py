@@ -2,9 +2,10 @@
 registered as the ``cfm::conv_tp_*`` operators' CPU kernels: against e3nn's TensorProduct +
 scatter_sum (forward, gradients, double backward, float64 and float32), against the C++ kernels
 (every gradient subset), gradcheck/gradgradcheck, opcheck, torch.compile, non-contiguous and
-expanded inputs, tiles smaller than the problem, isolated nodes and an empty graph; zero-filled
-outputs by default, and with ``CFM_PLUGINS_TRITON_UNFILLED=1`` outputs left unfilled (NaN-filled
-here first) where the kernels store every column, zero-filled where not.
+expanded inputs, tiles smaller than the problem, isolated nodes and an empty graph, weight rows
+past 2**31 elements; outputs left unfilled by default (NaN-filled here first) where the kernels
+store every column, zero-filled where not, and every output zero-filled with
+``CFM_PLUGINS_TRITON_UNFILLED=0``.
 """
 from __future__ import annotations
 
@@ -12,26 +13,17 @@ import mace  # noqa: F401  (before e3nn)
 import pytest
 import torch
 
-from cfm_plugins.ops.conv_tp import FusedConvTP, edge_csr
+from cfm_plugins.ops.conv_tp import FusedConvTP
 from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton import conv_tp as ttp
 from cfm_plugins.ops.triton.configs import TileConfig, override
-from tests.helpers.conv_tp_cases import graph, inputs, reference, rel_err
+from tests.helpers.conv_tp_cases import graph, inputs, op_args, reference, rel_err
 from tests.helpers.mace_models import mace_tp
 
 pytestmark = pytest.mark.usefixtures("triton_cpu")
 
 #: float32 tolerance: no tl.dot (TF32 never enters on a GPU); float32 round-off of the sums
 F32_TOL = 2e-5
-
-
-def op_args(fused, x, ei):
-    """The operator arguments the module builds (channel-last x, CSR graph, tables)."""
-    csr = edge_csr(ei, x.shape[0])
-    graph_t = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]
-    xc = x if fused._identity_in else x.index_select(1, fused._cl_perm_in)
-    return xc.detach().contiguous(), graph_t, [fused._tp_ints, fused._tp_coef], [fused._tp_ints_t, fused._tp_coef_t], \
-        fused._tp_meta
 
 
 def tiled_case(seed: int, isolated: int, dtype=torch.float64):
@@ -98,15 +90,16 @@ def nan_filled_outputs(monkeypatch) -> list:
 
 @pytest.fixture
 def poisoned(monkeypatch):
-    """``CFM_PLUGINS_TRITON_UNFILLED=1`` with NaN in the unfilled outputs (:func:`nan_filled_outputs`)."""
-    monkeypatch.setenv(ttp.UNFILLED_ENV, "1")
+    """The default (``CFM_PLUGINS_TRITON_UNFILLED`` unset) with NaN in the unfilled outputs
+    (:func:`nan_filled_outputs`)."""
+    monkeypatch.delenv(ttp.UNFILLED_ENV, raising=False)
     return nan_filled_outputs(monkeypatch)
 
 
-def test_outputs_are_zero_filled_unless_asked(triton_cpu, monkeypatch):
-    """Without ``CFM_PLUGINS_TRITON_UNFILLED=1`` (untimed on a GPU, so opt-in) every output is
-    zero-filled first, as before: nothing is handed out unfilled, and the results are the C++ kernels'."""
-    monkeypatch.delenv(ttp.UNFILLED_ENV, raising=False)
+def test_outputs_are_zero_filled_when_asked(triton_cpu, monkeypatch):
+    """With ``CFM_PLUGINS_TRITON_UNFILLED=0`` every output is zero-filled first (the former default):
+    nothing is handed out unfilled, and the results are the C++ kernels'."""
+    monkeypatch.setenv(ttp.UNFILLED_ENV, "0")
     handed = nan_filled_outputs(monkeypatch)
     _, args, g = tiled_case(seed=16, isolated=1)
     got = torch.ops.cfm.conv_tp_fwd(*args), *torch.ops.cfm.conv_tp_bwd(g, *args, True, True, True)
@@ -162,6 +155,13 @@ def test_outputs_a_kernel_leaves_gaps_in_are_zero_filled(triton_cpu, poisoned):
     outs = (ttp.fwd(xc, y[:0], w[:0], empty, desc, desc_t, meta),
             *ttp.bwd(g, xc, y[:0], w[:0], empty, desc, desc_t, meta, True, True, True))
     assert poisoned == [] and all(torch.all(t == 0) for t in outs)
+
+
+def test_a_misspelt_unfilled_value_is_refused(triton_cpu, monkeypatch):
+    monkeypatch.setenv(ttp.UNFILLED_ENV, "yes")
+    _, args, _ = tiled_case(seed=16, isolated=1)
+    with pytest.raises(ValueError, match="CFM_PLUGINS_TRITON_UNFILLED='yes': use 1 .* or 0"):
+        ttp.fwd(*args)
 
 
 def test_stored_width_of_a_set_of_columns():
@@ -245,6 +245,44 @@ def test_noncontiguous_and_expanded_inputs():
            ttp.bwd(g, x_s, y_e, w_t, g_t, desc, desc_t, meta, True, True, True))
     assert torch.equal(got[0], ref[0])
     assert all(torch.equal(a, b) for a, b in zip(got[1], ref[1]))
+
+
+#: a row stride past 2**31 / 2 elements: the third row starts past 2**31 elements
+FAR_ROW_STRIDE = 2 ** 30 + 64
+
+
+def far_apart_rows(w: torch.Tensor) -> torch.Tensor:
+    """``w`` (3 rows) copied into a view whose rows are :data:`FAR_ROW_STRIDE` elements apart: row
+    offsets past 2**31 elements, as the weights of 1.68M edges of 1280 weights have, without their memory
+    (8 GiB of address space in float32; only the pages of the rows are touched)."""
+    if w.shape[0] != 3:
+        raise ValueError("far_apart_rows wants 3 rows")
+    storage = torch.empty(2 * FAR_ROW_STRIDE + w.shape[1], dtype=w.dtype, device=w.device)
+    view = storage.as_strided(tuple(w.shape), (FAR_ROW_STRIDE, 1))
+    view.copy_(w)
+    return view
+
+
+def test_rows_past_2_31_elements_are_addressed_in_64_bits():
+    """The edge kernel's row offsets (edge * row stride) in 64 bits: an H200 took an illegal address
+    in the weight-gradient kernel at 2,496,100 edges (edge * weights per edge past 2**31 in int32);
+    here, three edges whose weight rows lie 2**30 + 64 elements apart (32-bit offsets: a crash in
+    the interpreter). The segment kernels' output rows (node * width) are widened too: checked in
+    their source (past 2**31 elements from 2**31 / width nodes)."""
+    tp = mace_tp("0e+1o", 2, 4, torch.float32)
+    fused = FusedConvTP.from_e3nn(tp)
+    x, y, w = inputs(tp, 4, 3, torch.float32)
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(4, 3))
+    g = torch.randn(4, meta[1])
+    far = far_apart_rows(w)
+    assert torch.equal(ttp.fwd(xc, y, far, g_t, desc, desc_t, meta), ttp.fwd(xc, y, w, g_t, desc, desc_t, meta))
+    got = ttp.bwd(g, xc, y, far, g_t, desc, desc_t, meta, True, True, True)
+    ref = ttp.bwd(g, xc, y, w, g_t, desc, desc_t, meta, True, True, True)
+    assert all(torch.equal(a, b) and a.abs().max() > 0 for a, b in zip(got, ref))
+    t = ttp.TPTables.from_operator(desc, meta)
+    for kernel in ("segment", "edge"):
+        flags = {"need_y": True, "need_w": True} if kernel == "edge" else {}
+        assert "tl.program_id(0).to(tl.int64)" in ttp.source(t, kernel, **flags), kernel
 
 
 def test_tiles_smaller_than_the_problem(triton_cpu):
