@@ -454,7 +454,7 @@ def epoch_table(args, device) -> list[str]:
     for way, cmd in ways.items():
         if way == "cueq" and not _has_cueq():
             results[way] = "cuequivariance-torch not installed: pip install 'cfm-plugins[bench]'"
-            print(f"| {way} | {results[way]} |", flush=True)
+            print(epoch_rows(results)[-1], flush=True)
             continue
         run = out / way.replace("+", "_").replace("[", "_").replace("]", "")
         run.mkdir(parents=True, exist_ok=True)
@@ -466,10 +466,9 @@ def epoch_table(args, device) -> list[str]:
         seconds = epoch_seconds(text, 1) if rc in (0, None) else None
         if seconds is None:
             why = (f"timed out after {timeouts[way]:g} s" if rc is None else f"failed (rc {rc})")
-            results[way] = f"{why}, see {run / 'train.log'}"
-        else:
-            results[way] = seconds
-        print(f"| {way} | {results[way] if seconds is None else f'{seconds:.2f}'} |", flush=True)
+            seconds = f"{why}, see {run / 'train.log'}"
+        results[way] = seconds
+        print(epoch_rows(results)[-1], flush=True)  # its row so far (stock runs first)
     return epoch_rows(results)
 
 

@@ -39,10 +39,10 @@ def test_smoke_run_on_cpu_names_what_it_cannot_run():
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {line.split("|")[4].strip(): line for line in res.stdout.splitlines() if line.startswith("| float64 |")}
     tiled = "fused tiles tp_segment=8x32/w4"  # one more fused row, the tiles pinned (on a CPU: no change)
-    unfilled = "fused zero-filled"  # and one with CFM_PLUGINS_TRITON_UNFILLED=0 (on a CPU: no change)
-    assert set(rows) == {"stock", "cueq", "fused", "fused+capture", tiled, unfilled}, res.stdout
+    zero_filled = "fused zero-filled"  # and one with CFM_PLUGINS_TRITON_UNFILLED=0 (on a CPU: no change)
+    assert set(rows) == {"stock", "cueq", "fused", "fused+capture", tiled, zero_filled}, res.stdout
     assert "gpu_capture.py" in rows["fused+capture"]  # the captured step has its own script
-    for way in ("fused", tiled, unfilled):
+    for way in ("fused", tiled, zero_filled):
         fused = [c.strip() for c in rows[way].split("|")]
         assert float(fused[5]) > 0 and float(fused[6]) > 0  # inference and train times measured
         assert float(fused[9]) < 1e-8  # forces of the fused model equal stock's (float64)
@@ -302,8 +302,8 @@ def test_epoch_timeouts_are_one_for_all_or_one_per_way_and_a_miscount_stops_befo
 
 
 def test_the_epochs_data_set_is_made_once_per_size_and_found_again(tmp_path, capsys):
-    """A GPU call runs the epochs twice (Triton's cache cold, then warm) into one folder: the second
-    run finds the data set the first made, and a different size makes a new one."""
+    """A later run into the same folder (another call on a warm GPU machine) finds the data set an
+    earlier one made, and a different size makes a new one."""
     from ase.io import read
 
     from benchmarks.gpu_mace import epoch_data

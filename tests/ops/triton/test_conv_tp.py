@@ -252,12 +252,10 @@ FAR_ROW_STRIDE = 2 ** 30 + 64
 
 
 def far_apart_rows(w: torch.Tensor) -> torch.Tensor:
-    """``w`` (3 rows) copied into a view whose rows are :data:`FAR_ROW_STRIDE` elements apart: row
-    offsets past 2**31 elements, as the weights of 1.68M edges of 1280 weights have, without their memory
-    (8 GiB of address space in float32; only the pages of the rows are touched)."""
-    if w.shape[0] != 3:
-        raise ValueError("far_apart_rows wants 3 rows")
-    storage = torch.empty(2 * FAR_ROW_STRIDE + w.shape[1], dtype=w.dtype, device=w.device)
+    """``w`` copied into a view whose rows are :data:`FAR_ROW_STRIDE` elements apart: from its third
+    row, offsets past 2**31 elements, as the weights of 1.68M edges of 1280 weights have, without
+    their memory (4 GiB of address space a row in float32; only the pages of the rows are touched)."""
+    storage = torch.empty((w.shape[0] - 1) * FAR_ROW_STRIDE + w.shape[1], dtype=w.dtype, device=w.device)
     view = storage.as_strided(tuple(w.shape), (FAR_ROW_STRIDE, 1))
     view.copy_(w)
     return view
