@@ -321,17 +321,44 @@ def check_tiles(values) -> None:
                 raise SystemExit(f"--tiles-also {value!r}: {exc}") from None
 
 
+STEP_HEADER = ("| dtype | atoms | edges | way | inference ms | train ms | train vs stock | peak GiB (train) "
+               "| max abs dF vs stock | inference vs cueq | train vs cueq |",
+               "|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def step_rows(group: list[tuple[str, dict | str]]) -> list[str]:
+    """The rows of one dtype and size: each way's times and peak, and its ratios to stock's and to
+    cuEquivariance's rows of the same group wherever they ran (cuEquivariance runs after ours), "-"
+    where either has no time; a way that could not run says why."""
+    rows = {row["way"]: row for _, row in group if isinstance(row, dict)}
+    base, cq = rows.get("stock"), rows.get("cueq")
+
+    def ratio(row, key, ref):
+        return f"{row[key] / ref[key]:.2f}x" if ref else "-"
+
+    lines = []
+    for label, row in group:
+        if isinstance(row, str):
+            lines.append(f"{label} - | - | - | - | - | - | {row} |")
+            continue
+        de = f"{float((row['forces'] - base['forces']).abs().max()):.1e}" if base else "-"
+        peak = f"{row['peak_gib']:.2f}" if row["peak_gib"] is not None else "-"
+        lines.append(f"{label} {row['inference_s'] * 1e3:.1f} | {row['train_s'] * 1e3:.1f} | "
+                     f"{ratio(row, 'train_s', base)} | {peak} | {de} | {ratio(row, 'inference_s', cq)} | "
+                     f"{ratio(row, 'train_s', cq)} |")
+    return lines
+
+
 def step_table(args, device) -> list[str]:
     import mace  # noqa: F401
     import torch
 
     from cfm_plugins.ops import _backend
 
-    lines = ["| dtype | atoms | edges | way | inference ms | train ms | train vs stock | peak GiB (train) "
-             "| max abs dF vs stock | train vs cueq |", "|---|---|---|---|---|---|---|---|---|---|"]
     from cfm_plugins.ops.triton.conv_tp import UNFILLED_ENV
     from cfm_plugins.ops.triton.configs import TILES_ENV
 
+    lines = list(STEP_HEADER)
     # (row label, way, kernel backend, environment of the row or None)
     ways = [(label, label.split("[")[0], backend, None)
             for label, backend in expand_ways(args.ways, args.backends, device)]
@@ -344,40 +371,28 @@ def step_table(args, device) -> list[str]:
         for n_atoms in args.atoms:
             atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
             n_edges = batch["edge_index"].shape[1]
-            base = cq = None
+            group: list[tuple[str, dict | str]] = []  # (row label, measured row or why there is none)
             for label_way, way, backend, env in ways:
                 if backend is not None:
                     _backend.set_gpu_backend(backend)
                 model = prepare(way, stock, device)
                 label = f"| {dtype_name} | {len(atoms)} | {n_edges} | {label_way} |"
                 if isinstance(model, str):
-                    lines.append(f"{label} - | - | - | - | {model} |")
-                    print(lines[-1], flush=True)
-                    continue
-                try:
-                    with pinned_env(env):
-                        row = measure(model, batch, e_ref, f_ref, args.reps, args.warmup, device)
-                except RuntimeError as exc:
-                    if not out_of_memory(exc):
-                        raise
-                    lines.append(f"{label} out of memory | | | | | |")
-                    print(lines[-1], flush=True)
-                    torch.cuda.empty_cache()
-                    continue
-                if way == "stock":
-                    base = row
-                if way == "cueq":
-                    cq = row
-                ratio = f"{row['train_s'] / base['train_s']:.2f}x" if base else "-"
-                de = f"{float((row['forces'] - base['forces']).abs().max()):.1e}" if base else "-"
-                peak = f"{row['peak_gib']:.2f}" if row["peak_gib"] is not None else "-"
-                vs_cueq = f"{row['train_s'] / cq['train_s']:.2f}x" if cq else "-"
-                lines.append(f"{label} {row['inference_s'] * 1e3:.1f} | {row['train_s'] * 1e3:.1f} | {ratio} "
-                             f"| {peak} | {de} | {vs_cueq} |")
-                print(lines[-1], flush=True)
-                del model
+                    group.append((label, model))
+                else:
+                    try:
+                        with pinned_env(env):
+                            row = measure(model, batch, e_ref, f_ref, args.reps, args.warmup, device)
+                        group.append((label, dict(row, way=way)))
+                    except RuntimeError as exc:
+                        if not out_of_memory(exc):
+                            raise
+                        group.append((label, "out of memory"))
+                    del model
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+                print(step_rows(group)[-1], flush=True)  # its row so far (stock runs first)
+            lines += step_rows(group)
     return lines
 
 

@@ -31,6 +31,28 @@ def test_epoch_seconds_reads_mace_validation_lines():
     assert gpu_mace.epoch_seconds(LOG, 2) is None
 
 
+def test_step_ratios_are_to_stock_and_cueq_of_the_same_group_whichever_runs_first():
+    """An H100 run printed ours without a ratio to cuEquivariance, which ran after it: the rows of a
+    group now take their ratios once the group is done."""
+    import torch
+
+    def row(way, inference_ms, train_ms, force):
+        return {"way": way, "inference_s": inference_ms / 1e3, "train_s": train_ms / 1e3, "peak_gib": 2.0,
+                "forces": torch.full((3, 3), force, dtype=torch.float64)}
+
+    label = "| float64 | 4000 | 312012 | {} |".format
+    group = [(label("stock"), row("stock", 80.0, 400.0, 1.0)), (label("fused[triton]"), row("fused", 40.0, 140.0, 1.5)),
+             (label("fused[cuda]"), "no C++ CUDA kernels in this build"), (label("cueq"), row("cueq", 64.0, 140.0, 1.0))]
+    assert gpu_mace.step_rows(group) == [
+        "| float64 | 4000 | 312012 | stock | 80.0 | 400.0 | 1.00x | 2.00 | 0.0e+00 | 1.25x | 2.86x |",
+        "| float64 | 4000 | 312012 | fused[triton] | 40.0 | 140.0 | 0.35x | 2.00 | 5.0e-01 | 0.62x | 1.00x |",
+        "| float64 | 4000 | 312012 | fused[cuda] | - | - | - | - | - | - | no C++ CUDA kernels in this build |",
+        "| float64 | 4000 | 312012 | cueq | 64.0 | 140.0 | 0.35x | 2.00 | 0.0e+00 | 1.00x | 1.00x |"]
+    assert all(len(line.split("|")) == len(gpu_mace.STEP_HEADER[0].split("|")) for line in gpu_mace.step_rows(group))
+    alone = gpu_mace.step_rows(group[1:2])  # neither stock nor cuEquivariance ran
+    assert alone == ["| float64 | 4000 | 312012 | fused[triton] | 40.0 | 140.0 | - | 2.00 | - | - | - |"]
+
+
 def test_smoke_run_on_cpu_names_what_it_cannot_run():
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_mace.py"), "--device", "cpu", "--quick",
                           "--dtypes", "float64", "--no-epoch", "--tiles-also", "tp_segment=8x32/w4",
@@ -46,7 +68,7 @@ def test_smoke_run_on_cpu_names_what_it_cannot_run():
         fused = [c.strip() for c in rows[way].split("|")]
         assert float(fused[5]) > 0 and float(fused[6]) > 0  # inference and train times measured
         assert float(fused[9]) < 1e-8  # forces of the fused model equal stock's (float64)
-        assert fused[10] == "-"  # no cuEquivariance here: no ratio to it
+        assert fused[10] == fused[11] == "-"  # no cuEquivariance here: no ratios to it
 
 
 def test_a_misspelt_tiles_value_stops_the_run_before_any_model_is_built():

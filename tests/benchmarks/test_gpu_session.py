@@ -43,15 +43,16 @@ def test_the_session_has_its_preparation_library_and_numbered_calls():
     names = [s.name for s in SCRIPTS]
     assert {"prepare.sh", "lib.sh"} <= set(names)
     calls = [n for n in names if n[0].isdigit()]
-    assert len(calls) >= 4 and all("benchmarks/gpu_session/lib.sh" in (SESSION / n).read_text() for n in calls)
+    assert len(calls) >= 2 and all("benchmarks/gpu_session/lib.sh" in (SESSION / n).read_text() for n in calls)
     backends = {b for n in calls for b in re.findall(r"CFM_PLUGINS_GPU_BACKEND=(\w+) step", (SESSION / n).read_text())}
-    # the CUDA tests with the C++ CUDA kernels remain; those with the Triton kernels passed on an H200
-    # at 6985b02 (docs/benchmarks.md), and the kernels changed since (64-bit rows, unfilled outputs)
-    assert {"cuda", "triton"} <= backends
+    # the CUDA tests with the C++ CUDA kernels remain; those with the Triton kernels passed on an H100
+    # at b93c0d1 (docs/benchmarks.md), after their last change (64-bit rows, unfilled outputs)
+    assert "cuda" in backends
     per_call = {name: sum(1 for s, _, _ in benchmark_commands() if s == name) for name in calls}
     assert all(n >= 1 or "pytest" in (SESSION / c).read_text() for c, n in per_call.items()), per_call
-    # what issue 19 still measures: the epochs and steps, MD, the kernels alone (profiled)
-    assert {"gpu_mace", "gpu_md", "gpu_kernels"} <= {m for _, m, _ in benchmark_commands()}
+    # what issue 19 still measures: the steps of every backend, the float64 miss profiled, the kernels
+    # alone and their tiles (the epochs and MD met their targets on an H100: docs/benchmarks.md)
+    assert {"gpu_mace", "gpu_profile", "gpu_kernels"} <= {m for _, m, _ in benchmark_commands()}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -92,7 +93,7 @@ def test_each_call_sets_a_budget_and_its_run_line_leaves_30_s_over_it():
 
 def test_a_sessions_two_calls_fit_its_15_minutes_with_a_start_and_an_idle_wait():
     calls = sorted(s for s in SCRIPTS if s.name[0].isdigit())
-    assert len(calls) >= 4
+    assert len(calls) >= 2 and len(calls) % 2 == 0, [c.name for c in calls]  # two calls a session
     for first, second in zip(calls[0::2], calls[1::2]):
         start, idle = 120, 60
         assert start + budget(first) + 30 + budget(second) + 30 + idle <= 900, (first.name, second.name)
