@@ -1,5 +1,6 @@
 # Sourced by the numbered scripts, on the GPU machine, from the project root with .gpu/ carried:
-# set-up (skipped when done; SETUP=setup builds the C++ CUDA kernels too, default setup_nocuda),
+# set-up (skipped when done; SETUP=setup builds the C++ CUDA kernels too, default setup_nocuda; should
+# that build fail, the set-up without them, and CUDA_BUILT=0 tells the calling script),
 # the environment, and `step TIMEOUT cmd...`, which runs a command with a time limit and logs it.
 # Everything printed also goes to $OUT/<script>.log. Each script sets BUDGET (seconds; the caller's
 # BUDGET=... wins, for a session with less device time left): `left` is what remains of it, and the
@@ -14,8 +15,18 @@ trap 'exec >&- 2>&-; wait "$TEE_PID" 2>/dev/null' EXIT
 echo "### $(basename "$0"): budget $BUDGET s; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | head -1)"
 [ -e .gpu/env.sh ] || { echo "no .gpu/: run bash benchmarks/gpu_session/prepare.sh here and carry .gpu"; exit 1; }
 t_setup=$SECONDS
-bash ".gpu/${SETUP:-setup_nocuda}.sh" || { echo "set-up failed"; exit 1; }
-echo "### set-up (${SETUP:-setup_nocuda}) in $((SECONDS - t_setup)) s"
+SETUP=${SETUP:-setup_nocuda}
+CUDA_BUILT=0  # 1 once the C++ CUDA kernels are built: a call that needs them checks it
+if bash ".gpu/$SETUP.sh"; then
+  [ "$SETUP" = setup ] && CUDA_BUILT=1
+elif [ "$SETUP" = setup ]; then  # the C++ CUDA build failed (its log above): the Triton rows still run
+  echo "### the set-up with the C++ CUDA kernels failed (above); set-up without them"
+  SETUP=setup_nocuda
+  bash .gpu/setup_nocuda.sh || { echo "set-up failed"; exit 1; }
+else
+  echo "set-up failed"; exit 1
+fi
+echo "### set-up ($SETUP) in $((SECONDS - t_setup)) s"
 . .gpu/env.sh
 # the set-up copies the checkout to /tmp/proj only when the package's sources changed: a warm
 # machine would run the last call's benchmarks and tests, so this call's are copied over them

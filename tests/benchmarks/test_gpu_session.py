@@ -119,7 +119,7 @@ def test_each_call_runs_its_own_benchmarks_and_tests_on_a_warm_machine():
     on a warm machine with only a benchmark or test changed ran the last call's copy (an H200 call
     was spent so). lib.sh copies them over after the set-up, before it works in /tmp/proj."""
     lines = (SESSION / "lib.sh").read_text().splitlines()
-    setup = next(i for i, line in enumerate(lines) if line.startswith('bash ".gpu/${SETUP'))
+    setup = next(i for i, line in enumerate(lines) if '".gpu/$SETUP.sh"' in line)
     copy = next(i for i, line in enumerate(lines) if "tar -x -C /tmp/proj" in line)
     cd = lines.index("cd /tmp/proj")
     assert setup < copy < cd
@@ -139,3 +139,35 @@ def test_every_pinned_tile_in_the_calls_is_a_tile_the_kernels_know():
     if not values:
         pytest.skip("no call pins tiles now (the H200 answered the 500-atom tile question)")
     check_tiles(values)
+
+
+@pytest.mark.parametrize("setup,cuda_ok,nocuda_ok,expect", [
+    ("setup", True, True, "built 1 setup"),
+    ("setup", False, True, "built 0 setup_nocuda"),   # the C++ CUDA build failed: Triton only
+    ("setup_nocuda", True, True, "built 0 setup_nocuda"),
+    ("setup", False, False, "set-up failed"),
+])
+def test_a_failed_cuda_build_falls_back_to_the_set_up_without_it(tmp_path, setup, cuda_ok, nocuda_ok, expect):
+    """A call that builds the C++ CUDA kernels (``SETUP=setup``) would be lost whole if that build
+    failed; lib.sh then sets up without them and says so (``CUDA_BUILT=0``), and the call runs its
+    Triton rows. Run here on lib.sh's own set-up lines, with stand-in set-up scripts."""
+    lines = (SESSION / "lib.sh").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("t_setup="))
+    end = next(i for i, line in enumerate(lines) if line.startswith('echo "### set-up'))
+    (tmp_path / ".gpu").mkdir()
+    for name, ok in (("setup", cuda_ok), ("setup_nocuda", nocuda_ok)):
+        (tmp_path / ".gpu" / f"{name}.sh").write_text(f"echo ran {name}; exit {0 if ok else 1}\n")
+    script = "\n".join(["set -uo pipefail", f"SETUP={setup}", *lines[start:end + 1], 'echo "built $CUDA_BUILT $SETUP"'])
+    res = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert expect in res.stdout, res.stdout + res.stderr
+    assert (res.returncode != 0) == (expect == "set-up failed")
+    if setup == "setup" and not cuda_ok:
+        assert "the set-up with the C++ CUDA kernels failed" in res.stdout
+
+
+def test_the_cuda_backend_call_still_times_the_triton_rows_without_the_cuda_build():
+    text = (SESSION / "1_cuda_backend.sh").read_text()
+    assert 'if [ "$CUDA_BUILT" = 1 ]; then' in text
+    with_cuda, without = text.split("\nelse")
+    assert "CFM_PLUGINS_GPU_BACKEND=cuda step" in with_cuda and "--backend triton cuda" in with_cuda
+    assert "--backend triton --" in without and "pytest" not in without
