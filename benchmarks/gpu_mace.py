@@ -328,8 +328,8 @@ STEP_HEADER = ("| dtype | atoms | edges | way | inference ms | train ms | train 
 
 def step_rows(group: list[tuple[str, dict | str]]) -> list[str]:
     """The rows of one dtype and size: each way's times and peak, and its ratios to stock's and to
-    cuEquivariance's rows of the same group wherever they ran (cuEquivariance runs after ours), "-"
-    where either has no time; a way that could not run says why."""
+    cuEquivariance's rows of the same group, whichever ran first, "-" where either has no time; a
+    way that could not run says why."""
     rows = {row["way"]: row for _, row in group if isinstance(row, dict)}
     base, cq = rows.get("stock"), rows.get("cueq")
 
@@ -391,7 +391,7 @@ def step_table(args, device) -> list[str]:
                     del model
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                print(step_rows(group)[-1], flush=True)  # its row so far (stock runs first)
+                print(step_rows(group)[-1], flush=True)  # its row, with the ratios to the rows run before it
             lines += step_rows(group)
     return lines
 
