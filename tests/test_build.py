@@ -102,3 +102,17 @@ def test_the_readme_command_for_another_torch_sets_variables_the_makefile_takes(
     makefile = (ROOT / "Makefile").read_text()
     for name in names:
         assert re.search(rf"^{name} \?= ", makefile, re.M), f"Makefile has no `{name} ?=`"
+
+
+def test_every_make_target_runs_pytest_with_the_same_workers():
+    """``make test`` (and its NequIP and HydraGNN suites) run pytest with ``TEST_JOBS`` workers of
+    pytest-xdist, a test file per worker (a module's fixtures are built once): the [test] extra must
+    install xdist, and no target may call pytest without the shared arguments."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^TEST_JOBS \?= \d+$", makefile, re.M)
+    assert re.search(r"^PYTEST_ARGS := .*-n \$\(TEST_JOBS\) --dist loadfile", makefile, re.M)
+    runs = re.findall(r"-m pytest (\S+)", makefile)
+    assert len(runs) == 4 and set(runs) == {"$(PYTEST_ARGS)"}, runs  # main, hydragnn, nequip, hydragnn-src
+    text = (ROOT / "pyproject.toml").read_text()
+    extras = text.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    assert re.search(r'^test = \[.*"pytest-xdist>=[\d.]+"', extras, re.M), extras
