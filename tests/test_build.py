@@ -78,12 +78,16 @@ def test_the_license_pyproject_declares_ships_as_its_text():
     assert "Copyright (c)" in text
 
 
+def optional_dependencies() -> str:
+    """pyproject.toml's ``[project.optional-dependencies]`` table, as text."""
+    return (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1].split("\n[")[0]
+
+
 def test_no_extra_pins_triton_exactly_so_a_newer_torch_keeps_its_own():
     """torch's CUDA wheels pin their triton (2.13: 3.7.1, 2.14: 3.8.0). An exact pin in an extra made
     ``pip install -e '.[test]'`` beside torch 2.14.1 replace torch with 2.13 (seen 2026-11-26); the
     exact version belongs to the Makefile, beside its pinned torch."""
-    text = (ROOT / "pyproject.toml").read_text()
-    extras = text.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    extras = optional_dependencies()
     assert re.search(r'"triton>=[\d.]+; sys_platform == \'linux\'"', extras), extras
     assert not re.search(r'"triton\s*==', extras)
     makefile = (ROOT / "Makefile").read_text()
@@ -113,6 +117,5 @@ def test_every_make_target_runs_pytest_with_the_same_workers():
     assert re.search(r"^PYTEST_ARGS := .*-n \$\(TEST_JOBS\) --dist loadfile", makefile, re.M)
     runs = re.findall(r"-m pytest (\S+)", makefile)
     assert len(runs) == 4 and set(runs) == {"$(PYTEST_ARGS)"}, runs  # main, hydragnn, nequip, hydragnn-src
-    text = (ROOT / "pyproject.toml").read_text()
-    extras = text.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    extras = optional_dependencies()
     assert re.search(r'^test = \[.*"pytest-xdist>=[\d.]+"', extras, re.M), extras
