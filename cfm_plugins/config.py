@@ -105,7 +105,9 @@ class Config:
             except ValueError as exc:
                 errors.append(f"{exc} (from {where})" if where and "(from" not in str(exc) else str(exc))
         if errors:
-            raise ValueError("; ".join(errors) + ". `cfm-run --list` shows every option.")
+            text = "; ".join(errors)
+            end = " " if text.endswith(("?", ".")) else ". "  # no "?." after a "did you mean"
+            raise ValueError(text + end + "`cfm-run --list` shows every option.")
 
 
 def normalize_key(key: str) -> str:
