@@ -1,7 +1,7 @@
 """``CFMCalculator``: mace's ASE calculator with the fused cfm-plugins kernels swapped in.
 
 It is :class:`mace.calculators.MACECalculator` (same arguments, same data conversion, neighbour
-lists, committee and unit handling, same results), with five differences:
+lists, committee and unit handling, same results), with six differences:
 
 - models are loaded by :mod:`cfm_plugins.calculators.loading` (clear errors for a missing file, a
   checkpoint or state_dict, some other module, a CUDA device without CUDA);
@@ -9,6 +9,8 @@ lists, committee and unit handling, same results), with five differences:
   patched in place with :func:`cfm_plugins.ops.patching.patch_model` (``kernels=`` chooses what to
   fuse; ``fused=False`` keeps the stock modules, to compare);
 - :meth:`CFMCalculator.get_properties_batch` evaluates many structures in one model call;
+- a structure the model cannot evaluate (an element it was not trained on, a NaN position, no
+  atoms) is a ``ValueError`` naming the atoms (:mod:`cfm_plugins.calculators.atoms_checks`);
 - ``skin=`` keeps the neighbour list between MD steps (:mod:`cfm_plugins.calculators.mace_graph`;
   by default on a CUDA device);
 - ``static_shapes=True`` pads every evaluation to a budget of atoms and edges that grows in steps
@@ -30,6 +32,7 @@ from mace import data as mace_data
 from mace.calculators import MACECalculator
 from mace.tools import torch_geometric, torch_tools
 
+from cfm_plugins.calculators.atoms_checks import check_atoms
 from cfm_plugins.calculators.loading import (check_device, check_mace_model, expand_model_paths, load_mace_model,
                                             load_mace_weights, model_dtype)
 
@@ -243,7 +246,9 @@ class CFMCalculator(MACECalculator):
 
     def _atoms_to_batch(self, atoms):
         """mace's conversion of one structure (``calculate``); padded with ``static_shapes``; with
-        ``skin``, the neighbour list and graph of the last structure made again (:class:`MDGraphs`)."""
+        ``skin``, the neighbour list and graph of the last structure made again (:class:`MDGraphs`).
+        A structure the model cannot evaluate is a ``ValueError`` saying why (:func:`check_atoms`)."""
+        check_atoms(atoms, self.z_table.zs)
         if not self.static_shapes and self.md_graphs is None:
             return super()._atoms_to_batch(atoms)
         return self._atoms_list_to_batch([atoms])
@@ -297,6 +302,8 @@ class CFMCalculator(MACECalculator):
         if self.model_type not in ("MACE", "EnergyDipoleMACE"):
             raise NotImplementedError(f"get_properties_batch supports energy models (MACE), not {self.model_type}")
         atoms_list = list(atoms_list)
+        for i, atoms in enumerate(atoms_list):
+            check_atoms(atoms, self.z_table.zs, f"structure {i} of the list")
         chunks, current, count = [], [], 0
         for atoms in atoms_list:
             if current and max_atoms is not None and count + len(atoms) > max_atoms:

@@ -164,6 +164,32 @@ def test_bad_model_files_are_clear_errors(tmp_path, model_files):
         CFMCalculator(str(model_files["m64"]), compile_mode="default")
 
 
+def test_structures_the_model_cannot_evaluate_are_clear_errors(fused64):
+    """An element outside the model's (Fe in a CuNi model: mace's own error is "26 is not in list"),
+    a NaN position (mace evaluates it to a NaN energy), no atoms: each names the atoms and the fix,
+    through ``get_potential_energy`` and ``get_properties_batch``; the structure after still runs."""
+    good = max(structures(), key=len)
+    iron = good.copy()
+    iron.symbols[[3, 8]] = "Fe"
+    iron.calc = fused64
+    with pytest.raises(ValueError, match=r"not trained on: Fe \(atoms 3, 8\)\. The model knows Ni, Cu"):
+        iron.get_potential_energy()
+    diverged = good.copy()
+    diverged.positions[5, 1] = np.nan
+    diverged.calc = fused64
+    with pytest.raises(ValueError, match=r"positions that are not finite: atoms 5 \(atom 5 at \[.*nan"):
+        diverged.get_forces()
+    with pytest.raises(ValueError, match="structure 1 of the list .*not finite: atoms 5"):
+        fused64.get_properties_batch([good, diverged])
+    empty = good[:0]
+    empty.calc = fused64
+    with pytest.raises(ValueError, match="has no atoms"):
+        empty.get_potential_energy()
+    good = good.copy()
+    good.calc = fused64
+    assert np.isfinite(good.get_potential_energy())
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
 def test_cuda_without_cuda_is_a_clear_error(model_files):
     with pytest.raises(RuntimeError, match="device='cuda' was requested but CUDA is not available"):
