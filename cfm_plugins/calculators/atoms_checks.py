@@ -23,6 +23,11 @@ def _symbol(z: int) -> str:
     return chemical_symbols[z] if 0 <= z < len(chemical_symbols) else f"Z={z}"
 
 
+def _named(atoms, label: str) -> str:
+    """``label`` and the formula, for a message (only on the error path: the formula is not free)."""
+    return f"{label} ({atoms.get_chemical_formula()})"
+
+
 def check_atoms(atoms, known_numbers, label: str = "the structure") -> None:
     """Raise ``ValueError`` if ``atoms`` cannot be evaluated by a model of ``known_numbers``.
 
@@ -39,24 +44,24 @@ def check_atoms(atoms, known_numbers, label: str = "the structure") -> None:
     if outside.any():
         unknown = sorted(set(numbers[outside].tolist()))
         parts = "; ".join(f"{_symbol(z)} (atoms {_indices(numbers == z)})" for z in unknown)
-        raise ValueError(f"{label} ({atoms.get_chemical_formula()}) has elements the model was not trained on: "
+        raise ValueError(f"{_named(atoms, label)} has elements the model was not trained on: "
                          f"{parts}. The model knows {', '.join(_symbol(z) for z in known)}: use a model trained "
                          "on these elements (a foundation model covers most of the periodic table)")
     positions = np.asarray(atoms.positions, dtype=float)
     # the sum first (fast: an MD step at 4000 atoms pays microseconds); it overflows only past 1e308
     with np.errstate(over="ignore"):
-        total = positions.sum()
-    bad = None if np.isfinite(total) else ~np.isfinite(positions).all(axis=1)
-    if bad is not None and bad.any():
+        suspect = not np.isfinite(positions.sum())
+    bad = ~np.isfinite(positions).all(axis=1) if suspect else np.zeros(0, bool)
+    if bad.any():
         first = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{label} ({atoms.get_chemical_formula()}) has positions that are not finite: atoms "
+        raise ValueError(f"{_named(atoms, label)} has positions that are not finite: atoms "
                          f"{_indices(bad)} (atom {first} at {positions[first].tolist()}). A diverged MD run or an "
                          "optimiser step gone wrong leaves NaN or inf behind: start again from the last good "
                          "structure, with a smaller time step")
     pbc = np.asarray(atoms.pbc, dtype=bool)
     cell = np.asarray(atoms.cell[:], dtype=float)
     if pbc.any() and not np.isfinite(cell[pbc]).all():
-        raise ValueError(f"{label} ({atoms.get_chemical_formula()}) is periodic along {pbc.tolist()} but its cell "
+        raise ValueError(f"{_named(atoms, label)} is periodic along {pbc.tolist()} but its cell "
                          f"is not finite: {cell.tolist()}")
 
 
