@@ -1,8 +1,9 @@
 """Checks of an ASE structure before a MACE model sees it, with errors that say what is wrong.
 
 mace's own conversion fails on an element the model was not trained on with ``ValueError:
-np.int64(26) is not in list``, and evaluates a structure with a NaN coordinate to a NaN energy
-without a word. :func:`check_atoms` names the structure, the atoms, the values and what to do.
+np.int64(26) is not in list``, evaluates a structure with a NaN coordinate to a NaN energy without a
+word, and replaces an all-zero cell of a periodic structure by a 1 A cube (an energy of thousands
+of eV, without a word). :func:`check_atoms` names the structure, the atoms, the values and what to do.
 """
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from ase.data import chemical_symbols
 
 #: atoms listed by index in an error, at most
 SHOWN = 8
+#: a periodic cell is degenerate when the volume (area, length) its periodic vectors span is at most
+#: this fraction of the product of their lengths (1 for orthogonal vectors, however long)
+DEGENERATE = 1e-8
 
 
 def _indices(mask) -> str:
@@ -33,8 +37,9 @@ def check_atoms(atoms, known_numbers, label: str = "the structure") -> None:
 
     Refused: no atoms; an element outside ``known_numbers`` (the model's atomic numbers), named with
     the atoms that carry it and the elements the model knows; a position that is not finite; a
-    non-finite cell along a periodic direction. ``label`` names the structure in the message (e.g.
-    ``"structure 3 of the list"``).
+    cell along the periodic directions that is not finite or is degenerate (zero, flat: its
+    periodic vectors do not span as many dimensions as there are periodic directions). ``label``
+    names the structure in the message (e.g. ``"structure 3 of the list"``).
     """
     numbers = np.asarray(atoms.numbers)
     if len(numbers) == 0:
@@ -59,10 +64,24 @@ def check_atoms(atoms, known_numbers, label: str = "the structure") -> None:
                          "optimiser step gone wrong leaves NaN or inf behind: start again from the last good "
                          "structure, with a smaller time step")
     pbc = np.asarray(atoms.pbc, dtype=bool)
+    if not pbc.any():
+        return
     cell = np.asarray(atoms.cell[:], dtype=float)
-    if pbc.any() and not np.isfinite(cell[pbc]).all():
-        raise ValueError(f"{_named(atoms, label)} is periodic along {pbc.tolist()} but its cell "
-                         f"is not finite: {cell.tolist()}")
+    vectors = cell[pbc]
+    problem = None
+    if not np.isfinite(vectors).all():
+        problem = "is not finite"
+    else:
+        gram = vectors @ vectors.T
+        squared = np.diag(gram)  # the squared lengths; det(gram) is the squared volume they span
+        if not squared.any():
+            problem = "is zero"
+        elif np.linalg.det(gram) <= DEGENERATE**2 * np.prod(squared):
+            problem = "is degenerate (a periodic vector is zero, or they are parallel or coplanar)"
+    if problem is not None:
+        raise ValueError(f"{_named(atoms, label)} is periodic along {pbc.tolist()} but its cell {problem}: "
+                         f"{cell.tolist()}. Set the cell (atoms.set_cell(...)) or, for a molecule or a "
+                         "cluster, make it non-periodic (atoms.pbc = False)")
 
 
 __all__ = ["check_atoms"]

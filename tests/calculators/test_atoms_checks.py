@@ -55,3 +55,29 @@ def test_non_finite_positions_and_periodic_cells_are_refused():
 def test_no_atoms_is_refused():
     with pytest.raises(ValueError, match="the structure has no atoms"):
         check_atoms(Atoms(), CUNI)
+
+
+def test_zero_and_flat_periodic_cells_are_refused():
+    # mace alone turns an all-zero periodic cell into a 1 A cube: an energy of thousands of eV
+    atoms = cell()
+    atoms.set_cell(np.zeros((3, 3)))
+    zero = r"periodic along \[True, True, True\] but its cell is zero: .*atoms.pbc = False"
+    with pytest.raises(ValueError, match=zero):
+        check_atoms(atoms, CUNI)
+    atoms = cell()
+    atoms.cell[2] = atoms.cell[0] + atoms.cell[1]  # coplanar: mace's neighbour list said 'Singular matrix'
+    with pytest.raises(ValueError, match="its cell is degenerate"):
+        check_atoms(atoms, CUNI)
+    one_zero = cell()
+    one_zero.cell[1] = 0
+    with pytest.raises(ValueError, match=r"its cell is degenerate \(a periodic vector is zero"):
+        check_atoms(one_zero, CUNI)
+    atoms.pbc = [True, True, False]  # a slab: the third vector is not periodic, the other two span a plane
+    check_atoms(atoms, CUNI)
+    atoms.pbc = [True, False, True]  # a wire and a slab need only their own periodic vectors
+    check_atoms(atoms, CUNI)
+    cluster = Atoms("CuNi", positions=[[0, 0, 0], [2.5, 0, 0]], cell=np.zeros((3, 3)), pbc=False)
+    check_atoms(cluster, CUNI)
+    long_cell = cell()
+    long_cell.cell[2] *= 1000  # elongated is fine: only degenerate is refused
+    check_atoms(long_cell, CUNI)

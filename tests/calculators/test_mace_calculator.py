@@ -166,8 +166,8 @@ def test_bad_model_files_are_clear_errors(tmp_path, model_files):
 
 def test_structures_the_model_cannot_evaluate_are_clear_errors(fused64):
     """An element outside the model's (Fe in a CuNi model: mace's own error is "26 is not in list"),
-    a NaN position (mace evaluates it to a NaN energy), no atoms: each names the atoms and the fix,
-    through ``get_potential_energy`` and ``get_properties_batch``; the structure after still runs."""
+    a NaN position (mace evaluates it to a NaN energy), a zero periodic cell (mace makes it a 1 A
+    cube), no atoms: each names the atoms and the fix, through ``get_potential_energy`` and ``get_properties_batch``; the structure after still runs."""
     good = max(structures(), key=len)
     iron = good.copy()
     iron.symbols[[3, 8]] = "Fe"
@@ -181,6 +181,12 @@ def test_structures_the_model_cannot_evaluate_are_clear_errors(fused64):
         diverged.get_forces()
     with pytest.raises(ValueError, match="structure 1 of the list .*not finite: atoms 5"):
         fused64.get_properties_batch([good, diverged])
+    zero_cell = good.copy()
+    zero_cell.set_cell(np.zeros((3, 3)))
+    zero_cell.pbc = True
+    zero_cell.calc = fused64
+    with pytest.raises(ValueError, match="periodic along .* but its cell is zero"):
+        zero_cell.get_potential_energy()
     empty = good[:0]
     empty.calc = fused64
     with pytest.raises(ValueError, match="has no atoms"):
