@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from cfm_plugins.calculators.md import time_md
 
@@ -19,7 +20,10 @@ def _load_atoms(path):
     if path:
         from ase.io import read
 
-        return read(path)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no structure file at {path!r} (--atoms: a file ASE reads, e.g. .xyz, "
+                                    "POSCAR, .cif; leave it out for a new 512-atom CuNi cell)")
+        return read(path)  # the last frame of a trajectory
     from cfm_plugins.datasets.cuni import make_cell512
 
     return make_cell512(0)
@@ -39,10 +43,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from cfm_plugins.calculators import CFMCalculator
+    from cfm_plugins.calculators.atoms_checks import check_atoms
 
-    atoms = _load_atoms(args.atoms)
     kernels = tuple(k for k in args.kernels.split(",") if k)
-    calc = CFMCalculator(args.model, device=args.device, default_dtype=args.dtype, kernels=kernels)
+    try:
+        atoms = _load_atoms(args.atoms)
+        calc = CFMCalculator(args.model, device=args.device, default_dtype=args.dtype, kernels=kernels)
+        check_atoms(atoms, calc.z_table.zs, f"--atoms {args.atoms}" if args.atoms else "the CuNi cell")
+    except (OSError, ValueError, TypeError, RuntimeError) as err:  # the calculator's errors say what to do
+        p.error(str(err))
     print(f"{len(atoms)} atoms, {args.steps} VelocityVerlet steps of 2 fs, {calc}")
     print(f"  swapped: {'; '.join(str(r) for r in calc.patch_reports)}")
     calcs = {"CFMCalculator": calc}
