@@ -1,41 +1,51 @@
-"""examples/md.py: a short timed MD with CFMCalculator and MACECalculator, and its errors for bad input."""
+"""examples/md.py: a short timed MD with CFMCalculator and MACECalculator, and its errors for bad input.
+
+Run in this process through ``main(argv)`` (a subprocess per case would import mace four times)."""
 from __future__ import annotations
 
-import subprocess
-import sys
+import importlib.util
 
+import pytest
 import torch
 from ase.io import write
 
-from tests.helpers import ROOT, clean_env
+from tests.helpers import ROOT
 from tests.helpers.mace_models import build_model, structures
 
-SCRIPT = ROOT / "examples" / "md.py"
+
+def load_md():
+    spec = importlib.util.spec_from_file_location("examples_md", ROOT / "examples" / "md.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def md(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300, env=clean_env(), cwd=ROOT)
+def usage_error(md, capsys, *args) -> str:
+    with pytest.raises(SystemExit) as stop:
+        md.main([str(a) for a in args])
+    assert stop.value.code == 2
+    return capsys.readouterr().err
 
 
-def test_times_both_calculators_and_refuses_bad_input_with_a_usage_error(tmp_path):
+def test_times_both_calculators_and_refuses_bad_input_with_a_usage_error(tmp_path, capsys):
+    md = load_md()
     model = tmp_path / "m.model"
     torch.save(build_model(0), model)
     atoms = max(structures(), key=len)
     write(tmp_path / "cell.xyz", atoms)
-    out = md("--model", model, "--atoms", tmp_path / "cell.xyz", "--steps", 2, "--repeats", 1, "--compare")
-    assert out.returncode == 0, out.stdout
-    assert f"{len(atoms)} atoms, 2 VelocityVerlet steps" in out.stdout
-    assert "CFMCalculator:" in out.stdout and "MACECalculator:" in out.stdout and "speed-up" in out.stdout
+    assert md.main(["--model", str(model), "--atoms", str(tmp_path / "cell.xyz"), "--steps", "2", "--repeats", "1",
+                    "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(atoms)} atoms, 2 VelocityVerlet steps" in out
+    assert "CFMCalculator:" in out and "MACECalculator:" in out and "speed-up" in out
 
-    missing = md("--model", model, "--atoms", tmp_path / "nope.xyz", "--steps", 1)
-    assert missing.returncode == 2 and "no structure file at" in missing.stdout, missing.stdout
-    no_model = md("--model", tmp_path / "nope.model", "--atoms", tmp_path / "cell.xyz", "--steps", 1)
-    assert no_model.returncode == 2 and "no MACE model file at" in no_model.stdout, no_model.stdout
+    missing = usage_error(md, capsys, "--model", model, "--atoms", tmp_path / "nope.xyz")
+    assert "error: no structure file at" in missing
+    no_model = usage_error(md, capsys, "--model", tmp_path / "nope.model", "--atoms", tmp_path / "cell.xyz")
+    assert "error: no MACE model file at" in no_model
     iron = atoms.copy()
     iron.symbols[0] = "Fe"
     write(tmp_path / "iron.xyz", iron)
-    foreign = md("--model", model, "--atoms", tmp_path / "iron.xyz", "--steps", 1)
-    assert foreign.returncode == 2, foreign.stdout
-    assert "--atoms " in foreign.stdout and "not trained on: Fe (atoms 0)" in foreign.stdout
-    assert "Traceback" not in missing.stdout + no_model.stdout + foreign.stdout
+    foreign = usage_error(md, capsys, "--model", model, "--atoms", tmp_path / "iron.xyz")
+    assert f"error: --atoms {tmp_path / 'iron.xyz'} (" in foreign
+    assert "not trained on: Fe (atoms 0)" in foreign
