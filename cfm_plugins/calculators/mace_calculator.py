@@ -9,8 +9,9 @@ lists, committee and unit handling, same results), with six differences:
   patched in place with :func:`cfm_plugins.ops.patching.patch_model` (``kernels=`` chooses what to
   fuse; ``fused=False`` keeps the stock modules, to compare);
 - :meth:`CFMCalculator.get_properties_batch` evaluates many structures in one model call;
-- a structure the model cannot evaluate (an element it was not trained on, a NaN position, no
-  atoms) is a ``ValueError`` naming the atoms (:mod:`cfm_plugins.calculators.atoms_checks`);
+- a structure the model cannot evaluate (an element it was not trained on, a NaN position, a
+  zero or flat periodic cell, no atoms) is a ``ValueError`` naming the atoms
+  (:mod:`cfm_plugins.calculators.atoms_checks`);
 - ``skin=`` keeps the neighbour list between MD steps (:mod:`cfm_plugins.calculators.mace_graph`;
   by default on a CUDA device);
 - ``static_shapes=True`` pads every evaluation to a budget of atoms and edges that grows in steps

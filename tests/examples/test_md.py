@@ -3,21 +3,12 @@
 Run in this process through ``main(argv)`` (a subprocess per case would import mace four times)."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from ase.io import write
 
-from tests.helpers import ROOT
+from tests.helpers import load_example
 from tests.helpers.mace_models import build_model, structures
-
-
-def load_md():
-    spec = importlib.util.spec_from_file_location("examples_md", ROOT / "examples" / "md.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def usage_error(md, capsys, *args) -> str:
@@ -28,7 +19,7 @@ def usage_error(md, capsys, *args) -> str:
 
 
 def test_times_both_calculators_and_refuses_bad_input_with_a_usage_error(tmp_path, capsys):
-    md = load_md()
+    md = load_example("md.py")
     model = tmp_path / "m.model"
     torch.save(build_model(0), model)
     atoms = max(structures(), key=len)
