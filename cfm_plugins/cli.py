@@ -183,7 +183,16 @@ def _run(args, command, options, rank_tag) -> int:
         print(f"cfm-run: error: {exc}", file=sys.stderr)
         return 2
 
-    dist = pm.hook.cfm_init_distributed(config=config)
+    if args.device:
+        config.option_sources["device"] = "cfm-run --device"
+    from cfm_plugins.distributed import SetupError
+
+    try:
+        dist = pm.hook.cfm_init_distributed(config=config)
+    except SetupError as exc:  # every rank raises it alike: one says it
+        if rank_tag == "0":
+            print(f"cfm-run: error: {exc}", file=sys.stderr)
+        return 2
     config.dist = dist
     log.info("plugins enabled: %s (from %s); rank %d of %d", ", ".join(config.enabled) or "none",
              config.source, dist.rank, dist.world_size)

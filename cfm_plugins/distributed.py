@@ -21,7 +21,9 @@ A collective that waits longer than ``collective_timeout`` seconds (default 300)
 then names the rank(s) that never reached it (see :func:`stalled_ranks`) and ends every rank.
 
 With ``device=cuda`` each rank takes the GPU of its node-local rank (``cuda:<local_rank % GPUs>``,
-a warning when ranks must share GPUs) and the nccl backend.
+a warning when ranks must share GPUs) and the nccl backend. Where some rank's torch sees no GPU,
+every rank raises the same :class:`SetupError` (naming those ranks, their hosts and the cause)
+before the rendezvous.
 """
 from __future__ import annotations
 
@@ -187,8 +189,70 @@ def _interface_of(addr: str) -> str | None:
     return None
 
 
-def choose_device(requested: str, local_rank: int = 0, local_size: int = 1) -> str:
-    """``cpu`` or ``cuda:<index>``: with several GPUs each node-local rank takes its own."""
+class SetupError(RuntimeError):
+    """The ranks cannot be set up as configured (their device, the rendezvous address); the message
+    names the ranks, the cause and what to change. Every rank raises it alike, and cfm-run prints it
+    once, without a traceback (exit 2)."""
+
+
+def cuda_unavailable_reason() -> str:
+    """Why this process's torch sees no CUDA device, in a user's words."""
+    import torch
+
+    if not torch.version.cuda and not getattr(torch.version, "hip", None):
+        return f"torch {torch.__version__} is a CPU-only build"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in {"", "-1"}:
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda or torch.version.hip}) finds no GPU or no driver"
+
+
+def no_cuda_message(failures: list[tuple[int, str, str]], world: int, source: str | None) -> str:
+    """One message for the ranks that asked for cuda and see none: ``(rank, host, reason)`` each,
+    grouped by host and reason."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for rank, host, reason in failures:
+        groups.setdefault((host, reason), []).append(rank)
+    where = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)} on {host}: {reason}"
+                      for (host, reason), ranks in sorted(groups.items(), key=lambda kv: kv[1][0]))
+    asked = f" (from {source})" if source else ""
+    return (f"device 'cuda' was asked for{asked}, but {len(failures)} of {world} rank{'s' if world > 1 else ''} "
+            f"{'sees' if len(failures) == 1 else 'see'} no CUDA device "
+            f"({where}). Run on nodes with GPUs and a CUDA build of torch, or ask for device cpu "
+            "(the trainer's --device cpu, or cfm-run --device cpu)")
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``0-3, 7``: sorted ranks with runs shortened."""
+    ranks, parts, start = sorted(ranks), [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(parts)
+
+
+def _device_on_every_rank(requested: str, local_rank: int, local_size: int, rank: int, world: int, comm,
+                          source: str | None) -> str:
+    """:func:`choose_device` on each rank, with every rank learning which ranks cannot have the device
+    (one allgather; without ``comm``, this rank alone): all raise the same :class:`SetupError`, so no
+    rank goes on to wait for the others in the rendezvous."""
+    try:
+        device, failure = choose_device(requested, local_rank, local_size, source=source), None
+    except SetupError:
+        device, failure = None, (rank, socket.gethostname(), cuda_unavailable_reason())
+    failures = [f for f in (comm.allgather(failure) if comm is not None else [failure]) if f is not None]
+    if failures:
+        raise SetupError(no_cuda_message(failures, world, source))
+    return device
+
+
+def choose_device(requested: str, local_rank: int = 0, local_size: int = 1, source: str | None = None) -> str:
+    """``cpu`` or ``cuda:<index>``: with several GPUs each node-local rank takes its own. Asking for
+    cuda where torch sees no CUDA device is a :class:`SetupError` (``source``: where the request came
+    from, for its message)."""
     import torch
 
     requested = (requested or "auto").lower()
@@ -199,7 +263,7 @@ def choose_device(requested: str, local_rank: int = 0, local_size: int = 1) -> s
     if requested == "cpu":
         return "cpu"
     if not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device on this rank")
+        raise SetupError(no_cuda_message([(0, socket.gethostname(), cuda_unavailable_reason())], 1, source))
     count = torch.cuda.device_count()
     if local_size > count:
         log.warning("%d ranks on this node share %d GPU(s): rank %d uses cuda:%d",
@@ -236,6 +300,11 @@ def _rendezvous_plan(get, single_node: bool) -> tuple[str, str | None]:
     return _default_route_address()
 
 
+def _device_source(config) -> str | None:
+    """Where the ``device`` option was set (``mace_run_train --device``, ``cfm-run --device``, ...)."""
+    return getattr(config, "option_sources", {}).get("device") if config is not None else None
+
+
 def init_distributed(config=None) -> DistInfo:
     """Ranks from MPI and a torch.distributed process group for them (idempotent)."""
     import torch
@@ -248,8 +317,9 @@ def init_distributed(config=None) -> DistInfo:
     comm = get_comm()
     if comm is None or comm.Get_size() == 1:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        return DistInfo(device=choose_device(get("device", "auto"), local_rank, local_rank + 1), comm=comm,
-                        local_rank=local_rank, timeout_s=timeout_s)
+        device = _device_on_every_rank(get("device", "auto"), local_rank, local_rank + 1, 0, 1, None,
+                                       _device_source(config))
+        return DistInfo(device=device, comm=comm, local_rank=local_rank, timeout_s=timeout_s)
 
     rank, world = comm.Get_rank(), comm.Get_size()
     from mpi4py import MPI
@@ -259,7 +329,8 @@ def init_distributed(config=None) -> DistInfo:
     local.Free()
     single_node = comm.allreduce(local_size == world, op=MPI.LAND)
 
-    device = choose_device(get("device", "auto"), local_rank, local_size)
+    device = _device_on_every_rank(get("device", "auto"), local_rank, local_size, rank, world, comm,
+                                   _device_source(config))
     backend = get("backend") or ("nccl" if device.startswith("cuda") else "gloo")
     if device.startswith("cuda"):
         torch.cuda.set_device(int(device.split(":")[1]))
@@ -276,7 +347,7 @@ def init_distributed(config=None) -> DistInfo:
         plan = None
     addr, port, iface, error = comm.bcast(plan, root=0)
     if error:
-        raise RuntimeError(error)
+        raise SetupError(error)
     if iface:
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             os.environ.setdefault(var, iface)

@@ -1,5 +1,6 @@
 """The ranks cfm-run sets up (issues 12, 24): where the ranks listen (rendezvous, gloo and Open MPI),
-a stalled rank named after the collective timeout, one GPU per rank. Real `mpirun -np 2`."""
+a stalled rank named after the collective timeout, one GPU per rank, set-up errors said once. Real
+`mpirun -np 2`."""
 from __future__ import annotations
 
 import re
@@ -96,3 +97,47 @@ def test_shutdown_says_when_the_final_barrier_fails_and_still_closes_the_group(t
         shutdown(DistInfo(rank=0, world_size=1, backend="gloo"))
     assert not tdist.is_initialized()
     assert "rank 0: the final barrier failed (RuntimeError: Connection closed by peer" in caplog.text
+
+
+@pytest.mark.mpi
+def test_cuda_asked_for_where_no_rank_sees_one_is_one_clear_error():
+    """``--device cuda`` where torch sees no GPU (a CPU-only torch, or CUDA_VISIBLE_DEVICES hiding
+    them): every rank stops before the rendezvous and the trainer, and rank 0 alone says why and
+    what to change, without a traceback."""
+    import socket
+
+    out = run_mpi([CFM_RUN, "--device", "cuda", "--", "python", PROBE, "--device"], timeout=120,
+                  env=clean_env(CUDA_VISIBLE_DEVICES=""))
+    assert out.returncode != 0
+    errors = [l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")]
+    assert len(errors) == 1, out.stdout[-3000:]
+    assert errors[0].startswith("cfm-run: error: device 'cuda' was asked for (from cfm-run --device), but 2 of 2 "
+                                f"ranks see no CUDA device (ranks 0-1 on {socket.gethostname()}: ")
+    assert "is a CPU-only build" in errors[0] or "CUDA_VISIBLE_DEVICES='' hides every GPU" in errors[0]
+    assert "or ask for device cpu (the trainer's --device cpu, or cfm-run --device cpu)" in errors[0]
+    assert "Traceback" not in out.stdout and "DEVICE rank=" not in out.stdout  # the probe never ran
+
+
+def test_ranks_without_cuda_are_named_by_host_and_cause():
+    from cfm_plugins.distributed import no_cuda_message
+
+    text = no_cuda_message([(4, "gpu2", "x hides"), (0, "login1", "torch 2.13.0+cpu is a CPU-only build"),
+                            (5, "gpu2", "x hides"), (7, "gpu2", "x hides"), (1, "login1", "torch 2.13.0+cpu is "
+                            "a CPU-only build")], 8, "mace_run_train --device")
+    assert text.startswith("device 'cuda' was asked for (from mace_run_train --device), but 5 of 8 ranks see no "
+                           "CUDA device (ranks 0-1 on login1: torch 2.13.0+cpu is a CPU-only build; ranks 4-5, 7 "
+                           "on gpu2: x hides). ")
+    one = no_cuda_message([(0, "vm", "why")], 1, None)
+    assert one.startswith("device 'cuda' was asked for, but 1 of 1 rank sees no CUDA device (rank 0 on vm: why)")
+
+
+@pytest.mark.mpi
+def test_a_rendezvous_address_not_of_this_host_is_one_clear_error():
+    out = run_mpi([CFM_RUN, "--device", "cpu", "-o", "master_addr=10.254.1.2", "--", "python", PROBE, "--device"],
+                  timeout=120)
+    assert out.returncode != 0
+    errors = [l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")]
+    assert len(errors) == 1, out.stdout[-3000:]
+    assert errors[0].startswith("cfm-run: error: cannot open the rendezvous on 10.254.1.2:0 (")  # the OS's reason
+    assert errors[0].endswith("): set master_addr to an address of this host, or MASTER_PORT to a free port")
+    assert "Traceback" not in out.stdout and "DEVICE rank=" not in out.stdout
