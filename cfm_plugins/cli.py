@@ -33,6 +33,9 @@ from cfm_plugins.tempcopy import release as remove_temp_dirs
 log = logging.getLogger("cfm_plugins")
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cfm-run",
@@ -45,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a plugin option, e.g. -o max_tokens=3072 (repeatable)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for the process group (default auto)")
     p.add_argument("--list", action="store_true", help="list the installed plugins with every option they read, and exit")
-    p.add_argument("--log-level", default=os.environ.get("CFM_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", metavar="LEVEL",
+                   help=f"cfm-run's own log lines: {', '.join(l.lower() for l in LOG_LEVELS)} (default: "
+                        "$CFM_LOG_LEVEL, else info)")
     p.add_argument("--version", action="version", version=f"cfm-plugins {__version__}")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer command")
     return p
@@ -149,13 +154,18 @@ def _failure_message(exc: BaseException, dist) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level, given = ((args.log_level, "--log-level") if args.log_level is not None
+                    else (os.environ.get("CFM_LOG_LEVEL") or "info", "CFM_LOG_LEVEL"))
+    if level.upper() not in LOG_LEVELS:
+        parser.error(f"{given}={level!r}: expected one of {', '.join(l.lower() for l in LOG_LEVELS)}")
     rank_tag = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
     # our own logger only: trainers configure the root logger themselves
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"[cfm rank {rank_tag}] %(levelname)s %(message)s"))
     log.addHandler(handler)
-    log.setLevel(args.log_level.upper())
+    log.setLevel(level.upper())
     log.propagate = False
     if args.list:
         print_plugins()

@@ -37,6 +37,21 @@ def test_missing_command_and_missing_script_are_clear_errors():
     assert out.returncode == 2 and "no_such_script.py" in out.stdout
 
 
+def test_an_unknown_log_level_is_a_usage_error_naming_where_it_came_from(monkeypatch, capsys):
+    from cfm_plugins.cli import main
+
+    monkeypatch.setenv("CFM_LOG_LEVEL", "loud")
+    for argv, says in ((["--", "python", "x.py"], "CFM_LOG_LEVEL='loud'"),
+                       (["--log-level", "chatty", "--", "python", "x.py"], "--log-level='chatty'")):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        assert f"cfm-run: error: {says}: expected one of debug, info, warning, error, critical" \
+            in capsys.readouterr().err
+    out = run("--log-level", "WARNING", "--", "python", "no_such_script.py")  # either case
+    assert out.returncode == 2 and "no_such_script.py" in out.stdout
+
+
 def test_runs_a_console_script_in_process_with_its_exit_code():
     out = run("--", "cfm-run", "--version")  # a console script run in-process (argparse exits 0)
     assert out.returncode == 0 and "cfm-plugins" in out.stdout
