@@ -44,6 +44,25 @@ def mpirun_command(np: int = 2) -> list[str]:
     return cmd
 
 
+def at_least(minimum: float, kind=int, above: bool = False):
+    """An argparse ``type`` for the demos' counts: a ``kind`` (int or float) >= ``minimum`` (> with
+    ``above``), else a usage error saying so (``--epochs 0`` stops at the command line, not in the
+    run's summary)."""
+    import argparse
+
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (value > minimum if above else value >= minimum):  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {'>' if above else '>='} {minimum:g}")
+        return value
+
+    convert.__name__ = kind.__name__  # argparse names the type in some messages
+    return convert
+
+
 def demo_costs(parser, text: str, allowed=("atoms", "edges", "auto")) -> list[str]:
     """The demos' ``--cost a,b,...`` (one training run per binpack cost), checked against ``allowed``
     (an unknown name is a usage error through ``parser``)."""

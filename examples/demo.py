@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from cfm_plugins.testing import demo_costs, mpirun_command
+from cfm_plugins.testing import at_least, demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -46,7 +46,7 @@ def train_mace(args, files, run_dir: Path, cost: str) -> float | None:
         "--stress_key=REF_stress", "--seed=1", "--eval_interval=1", "--num_workers=0", "--save_cpu",
         f"--work_dir={run_dir}", f"--model_dir={run_dir}",
         f"--cfm-step-log={run_dir / 'steps'}", f"--cfm-cost={cost}",
-    ] + ([f"--cfm-max-tokens={args.max_tokens}"] if args.max_tokens else [])
+    ] + ([f"--cfm-max-tokens={args.max_tokens}"] if args.max_tokens is not None else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     print("  $ " + " ".join(cmd[len(mpirun):]), flush=True)
     start = time.monotonic()
@@ -66,11 +66,11 @@ def train_mace(args, files, run_dir: Path, cost: str) -> float | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(HERE / "out"))
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--n-train", type=int, default=60)
-    p.add_argument("--max-atoms", type=int, default=300)
-    p.add_argument("--np", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=None,
+    p.add_argument("--epochs", type=at_least(1), default=3)
+    p.add_argument("--n-train", type=at_least(1), default=60)
+    p.add_argument("--max-atoms", type=at_least(4), default=300)
+    p.add_argument("--np", type=at_least(1), default=2)
+    p.add_argument("--max-tokens", type=at_least(1), default=None,
                    help="bin capacity in atoms (default: the binpack plugin's, batch size x mean atoms)")
     p.add_argument("--cost", default="atoms",
                    help="binpack costs to train with, comma-separated, one run each (atoms, edges, auto)")

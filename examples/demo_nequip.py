@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cfm_plugins.testing import demo_costs, mpirun_command
+from cfm_plugins.testing import at_least, demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -57,19 +57,17 @@ def run_key(cost: str, seed: int) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(HERE / "out" / "nequip"))
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--n-train", type=int, default=40)
-    p.add_argument("--max-atoms", type=int, default=150)
-    p.add_argument("--np", type=int, default=2)
-    p.add_argument("--md-steps", type=int, default=5)
+    p.add_argument("--epochs", type=at_least(1), default=3)
+    p.add_argument("--n-train", type=at_least(1), default=40)
+    p.add_argument("--max-atoms", type=at_least(4), default=150)
+    p.add_argument("--np", type=at_least(1), default=2)
+    p.add_argument("--md-steps", type=at_least(1), default=5)
     p.add_argument("--cost", default="atoms",
                    help="binpack costs to train with, comma-separated, one run each (atoms, edges, auto)")
-    p.add_argument("--seeds", type=int, default=1,
+    p.add_argument("--seeds", type=at_least(1), default=1,
                    help="repeat every run with this many binpack packing seeds (the trainer's, 101, 102, ...); "
                         "median LIF per cost")
     args = p.parse_args(argv)
-    if args.seeds < 1:
-        p.error(f"--seeds {args.seeds}: expected 1 or more")
     costs = demo_costs(p, args.cost)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

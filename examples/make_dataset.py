@@ -12,20 +12,19 @@ import argparse
 import sys
 import time
 
-from cfm_plugins.datasets.cuni import make_dataset, summary
+from cfm_plugins.datasets.cuni import MIN_ATOMS, make_dataset, summary
+from cfm_plugins.testing import at_least
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--n-train", type=int, default=200)
-    p.add_argument("--n-valid", type=int, default=20)
-    p.add_argument("--n-test", type=int, default=None, help="default: same as --n-valid")
+    p.add_argument("--n-train", type=at_least(1), default=200)
+    p.add_argument("--n-valid", type=at_least(1), default=20)
+    p.add_argument("--n-test", type=at_least(0), default=None, help="default: same as --n-valid")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-atoms", type=int, default=500)
+    p.add_argument("--max-atoms", type=at_least(MIN_ATOMS), default=500)
     args = p.parse_args(argv)
-    if args.max_atoms < 4:
-        p.error("--max-atoms must be at least 4")
     t0 = time.perf_counter()
     print(f"making CuNi set in {args.out} (seed {args.seed}, up to {args.max_atoms} atoms)", flush=True)
     paths = make_dataset(args.out, args.n_train, args.n_valid, args.n_test, args.seed, args.max_atoms, verbose=True)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from cfm_plugins.calculators.md import time_md
+from cfm_plugins.testing import at_least
 
 
 def _load_atoms(path):
@@ -33,12 +34,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="MACE .model file (whole pickled model)")
     p.add_argument("--atoms", default=None, help="structure file (default: a new 512-atom CuNi cell)")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=at_least(1), default=20)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     p.add_argument("--kernels", default="symmetric_contraction,conv_tp",
                    help="comma list of fused kernels (empty: none)")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per calculator (best is kept)")
+    p.add_argument("--repeats", type=at_least(1), default=2, help="timed runs per calculator (best is kept)")
     p.add_argument("--compare", action="store_true", help="also time mace's MACECalculator; print the ratio")
     args = p.parse_args(argv)
 

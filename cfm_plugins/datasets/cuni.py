@@ -185,6 +185,10 @@ def label(atoms: Atoms, with_stress: bool | None = None) -> Atoms:
     return atoms
 
 
+#: the fewest atoms a structure of :func:`make_structure` has (a cubic fcc cell; the smallest cluster)
+MIN_ATOMS = 4
+
+
 def make_structure(rng: np.random.Generator, max_atoms: int = 500) -> Atoms:
     """One random, labelled structure of a random kind (see :data:`KIND_WEIGHTS`)."""
     kinds, weights = zip(*KIND_WEIGHTS.items())
@@ -224,9 +228,15 @@ def make_dataset(out, n_train: int = 200, n_valid: int = 20, n_test: int | None 
     The three splits come from independent random streams of ``seed``, so their contents do not
     depend on each other's sizes. ``train.xyz`` starts with the isolated-atom entries.
     """
+    n_test = n_valid if n_test is None else n_test
+    if max_atoms < MIN_ATOMS:
+        raise ValueError(f"max_atoms={max_atoms}: the smallest structure made has {MIN_ATOMS} atoms (a cubic fcc "
+                         f"cell); give max_atoms >= {MIN_ATOMS}")
+    for name, n in (("n_train", n_train), ("n_valid", n_valid), ("n_test", n_test)):
+        if n < 0:
+            raise ValueError(f"{name}={n}: a number of structures must be >= 0")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    n_test = n_valid if n_test is None else n_test
 
     def progress(name):
         def report(i, n):
@@ -251,14 +261,15 @@ def summary(paths: dict[str, Path]) -> str:
     """A few lines per file of :func:`make_dataset`: frames, atom counts, kinds, a size histogram."""
     lines = []
     for name, path in paths.items():
-        frames = read(path, index=":")
+        frames = read(path, index=":") if Path(path).stat().st_size else []  # a split of 0 structures
         sizes = [len(a) for a in frames if a.info.get("config_type") != "IsolatedAtom"]
         kinds: dict[str, int] = {}
         for a in frames:
             kinds[a.info.get("config_type", "?")] = kinds.get(a.info.get("config_type", "?"), 0) + 1
-        lines.append(f"{name}: {len(frames)} frames, atoms {min(sizes)}..{max(sizes)} "
-                     f"(total {sum(sizes)}) -> {path}")
-        lines.append("  kinds: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+        atoms = f"atoms {min(sizes)}..{max(sizes)} (total {sum(sizes)})" if sizes else "no structures"
+        lines.append(f"{name}: {len(frames)} frames, {atoms} -> {path}")
+        if kinds:
+            lines.append("  kinds: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
         if len(sizes) > 1:
             lines.append("  atoms histogram: " + ", ".join(f"{b}: {c}" for b, c in size_histogram(
                 [a for a in frames if a.info.get("config_type") != "IsolatedAtom"]) if c))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cfm_plugins.testing import clean_env, demo_costs, mpirun_command
+from cfm_plugins.testing import at_least, clean_env, demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -161,19 +161,19 @@ def draw_batches(out: Path, config: dict, data_path: Path, np_: int, capacity: f
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(HERE / "out"))
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--epochs", type=at_least(1), default=3)
+    p.add_argument("--np", type=at_least(1), default=2)
     p.add_argument("--num", type=int, default=400, help="structures in the data set")
     p.add_argument("--cost", default="edges,auto",
                    help="binpack costs to run, comma-separated, each against the same stock run (edges: EGNN's "
                         "forward grows with the edge count; auto: fitted by binpack on the run's own first epoch; "
                         "calibrated: atoms + b*edges with a, b >= 0 fitted offline on the stock run's step timings)")
-    p.add_argument("--seeds", type=int, default=1,
+    p.add_argument("--seeds", type=at_least(1), default=1,
                    help="repeat every run with this many training-set orders (and binpack packing seeds): "
                         "spread of the LIF and of the losses")
     p.add_argument("--cost-b", type=float, default=None,
                    help="use cost = atoms + COST_B * edges (binpack's linear cost) instead of --cost")
-    p.add_argument("--max-tokens", type=float, default=None, help="bin capacity (default: batch size x mean cost)")
+    p.add_argument("--max-tokens", type=at_least(0, float, above=True), default=None, help="bin capacity (default: batch size x mean cost)")
     p.add_argument("--default-malloc", action="store_true",
                    help=f"leave glibc's malloc as it is (default: GLIBC_TUNABLES={STEADY_MALLOC}, for every run)")
     args = p.parse_args(argv)
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     print(f"[2/3] HydraGNN ({config['NeuralNetwork']['Architecture']['model_type']}) on {args.np} ranks, "
           f"{args.epochs} epochs, stock and binpack with cost {', '.join(kinds)}; "
           f"GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '(unset)')}", flush=True)
-    common = ["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens else []
+    common = ["-o", f"max_tokens={args.max_tokens}"] if args.max_tokens is not None else []
     runs, options = {}, {}
     for seed in range(args.seeds):
         tag = "" if seed == 0 else f"_seed{seed}"
