@@ -8,6 +8,7 @@ the caller's variables.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
@@ -48,8 +49,6 @@ def at_least(minimum: float, kind=int, above: bool = False):
     """An argparse ``type`` for the demos' counts: a ``kind`` (int or float) >= ``minimum`` (> with
     ``above``), else a usage error saying so (``--epochs 0`` stops at the command line, not in the
     run's summary)."""
-    import argparse
-
     def convert(text: str):
         try:
             value = kind(text)

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from cfm_plugins.datasets.cuni import MIN_ATOMS
 from cfm_plugins.testing import at_least, demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(HERE / "out"))
     p.add_argument("--epochs", type=at_least(1), default=3)
     p.add_argument("--n-train", type=at_least(1), default=60)
-    p.add_argument("--max-atoms", type=at_least(4), default=300)
+    p.add_argument("--max-atoms", type=at_least(MIN_ATOMS), default=300)
     p.add_argument("--np", type=at_least(1), default=2)
     p.add_argument("--max-tokens", type=at_least(1), default=None,
                    help="bin capacity in atoms (default: the binpack plugin's, batch size x mean atoms)")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cfm_plugins.datasets.cuni import MIN_ATOMS
 from cfm_plugins.testing import at_least, demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(HERE / "out" / "nequip"))
     p.add_argument("--epochs", type=at_least(1), default=3)
     p.add_argument("--n-train", type=at_least(1), default=40)
-    p.add_argument("--max-atoms", type=at_least(4), default=150)
+    p.add_argument("--max-atoms", type=at_least(MIN_ATOMS), default=150)
     p.add_argument("--np", type=at_least(1), default=2)
     p.add_argument("--md-steps", type=at_least(1), default=5)
     p.add_argument("--cost", default="atoms",

@@ -173,7 +173,8 @@ def main(argv=None) -> int:
                         "spread of the LIF and of the losses")
     p.add_argument("--cost-b", type=float, default=None,
                    help="use cost = atoms + COST_B * edges (binpack's linear cost) instead of --cost")
-    p.add_argument("--max-tokens", type=at_least(0, float, above=True), default=None, help="bin capacity (default: batch size x mean cost)")
+    p.add_argument("--max-tokens", type=at_least(0, float, above=True), default=None,
+                   help="bin capacity (default: batch size x mean cost)")
     p.add_argument("--default-malloc", action="store_true",
                    help=f"leave glibc's malloc as it is (default: GLIBC_TUNABLES={STEADY_MALLOC}, for every run)")
     args = p.parse_args(argv)
