@@ -1,21 +1,27 @@
 """The two fused kernels on their own, on the GPU: stock e3nn vs cuEquivariance vs cfm-plugins.
 
     python benchmarks/gpu_kernels.py [--nodes 500 4000 32000] [--dtypes float32 float64] [--profile]
+    python benchmarks/gpu_kernels.py --layers 0 1 --modes bwd train   # both layers, the step's chain
     python benchmarks/gpu_kernels.py --device cpu --quick      # a smoke run anywhere
 
 Workload: the modules of the MACE-MP-medium-like model of benchmarks/gpu_mace.py, taken out of the
 model each way builds it (``stock``: mace's e3nn modules; ``cueq``: ``convert_e3nn_cueq``, conv
 fusion on CUDA; ``fused``: ``patch_model``, kernel backend ``--backend``):
 
-- ``sc``: the product block of layer 0 (the symmetric contraction 128x(0e+1o+2e+3o) -> 128x0e+128x1o,
-  correlation 3, 89 elements, and its linear), node features ``[nodes, 128, 16]``;
-- ``tp``: the conv TP of layer 1 with its gather and scatter (128x0e+128x1o x Y(l<=3) ->
-  128x(0e+0e+1o+1o+1o+2e+2e+2e+3o+3o), 1280 per-edge weights), on the edges of a rattled CuNi
-  fcc cell of ``nodes`` atoms at r_max 6 A (about 80 per atom).
+- ``sc``: the product block of a layer (``--layers``, default 0: the symmetric contraction
+  128x(0e+1o+2e+3o) -> 128x0e+128x1o, correlation 3, 89 elements, and its linear; layer 1's
+  gives 128x0e), node features ``[nodes, 128, 16]``;
+- ``tp``: the conv TP of a layer (default 1) with its gather and scatter (layer 1: 128x0e+128x1o x
+  Y(l<=3) -> 128x(0e+0e+1o+1o+1o+2e+2e+2e+3o+3o), 1280 per-edge weights; layer 0: 128x0e in,
+  128x(0e+1o+2e+3o) out, 512 weights), on the edges of a rattled CuNi fcc cell of ``nodes`` atoms
+  at r_max 6 A (about 80 per atom).
 
 Modes: ``fwd`` (no grad); ``bwd`` (forward and the gradients of a loss on the output w.r.t. the
 inputs, as forces need); ``bwd2`` (force training: the input gradient with ``create_graph``, then
-a loss on it differentiated w.r.t. the parameters (sc) or node features and weights (tp)).
+a loss on it differentiated w.r.t. the parameters (sc) or node features and weights (tp; the
+forces through the edge attributes only)); ``train`` (tp: force training as MACE's step runs it,
+the forces through the edge attributes and the per-edge weights, which both depend on the
+positions; sc: as ``bwd2``).
 Median of ``--reps`` synchronised calls after ``--warmup``; peak memory above the inputs. The
 last column is ours against stock in the same run. ``--profile`` prints the top kernels of each
 ``bwd2`` case (torch.profiler). ``--out`` writes the markdown to a file too.
@@ -33,7 +39,8 @@ from benchmarks.gpu_mace import build_model, cuni_atoms, device_name, out_of_mem
 from benchmarks.gpu_profile import kernel_events  # noqa: E402
 
 WAYS = ("stock", "cueq", "fused")
-MODES = ("fwd", "bwd", "bwd2")
+MODES = ("fwd", "bwd", "bwd2", "train")
+DEFAULT_MODES = ("fwd", "bwd", "bwd2")
 
 
 def cuni_graph(n_atoms: int, r_max: float, seed: int = 0):
@@ -85,12 +92,17 @@ def tp_case(model, graph, dtype, device, layer: int):
     return call, [], [x, y, w]
 
 
-def case(kernel: str, model, n: int, graphs: dict, dtype, device):
-    """(call, parameters, inputs) of ``kernel`` ("sc": layer 0's product block on ``n`` nodes; "tp":
-    layer 1's conv TP on the graph of ``n`` atoms)."""
+#: the layer each kernel is timed in without ``--layers``
+DEFAULT_LAYER = {"sc": 0, "tp": 1}
+
+
+def case(kernel: str, model, n: int, graphs: dict, dtype, device, layer: int | None = None):
+    """(call, parameters, inputs) of ``kernel`` ("sc": a layer's product block on ``n`` nodes; "tp":
+    a layer's conv TP on the graph of ``n`` atoms); ``layer`` None: :data:`DEFAULT_LAYER`."""
+    layer = DEFAULT_LAYER[kernel] if layer is None else layer
     if kernel == "sc":
-        return sc_case(model, n, dtype, device, 0)
-    return tp_case(model, graphs[n], dtype, device, 1)
+        return sc_case(model, n, dtype, device, layer)
+    return tp_case(model, graphs[n], dtype, device, layer)
 
 
 def run_mode(kernel: str, call, params, inputs, mode: str):
@@ -107,8 +119,11 @@ def run_mode(kernel: str, call, params, inputs, mode: str):
     if kernel == "sc":  # forces: d/dx with a graph, then the parameters' gradient of a loss on it
         (gx,) = torch.autograd.grad(loss, leaves[0], create_graph=True)
         return torch.autograd.grad(gx.pow(2).sum(), params)
-    x, y, w = leaves  # tp: forces flow through the edge attributes
-    (gy,) = torch.autograd.grad(loss, y, create_graph=True)
+    x, y, w = leaves
+    if mode == "train":  # forces through the edge attributes and the radial weights, as in MACE's step
+        gy, gw = torch.autograd.grad(loss, (y, w), create_graph=True)
+        return torch.autograd.grad(gy.pow(2).sum() + gw.pow(2).sum(), (x, w))
+    (gy,) = torch.autograd.grad(loss, y, create_graph=True)  # bwd2: through the edge attributes only
     return torch.autograd.grad(gy.pow(2).sum(), (x, w))
 
 
@@ -155,31 +170,50 @@ def tile_sweep(args, fused: dict, graphs: dict, device) -> list[str]:
              "|---|---|---|---:|---|" + "---:|" * len(args.modes)]
     print("\n".join(lines), flush=True)
     fastest = {}  # (kernel, dtype name) -> label of the tile with the least time over the modes, largest nodes
+    per_layer = {}  # (kernel, dtype name) -> [label -> seconds over the modes] per layer, largest nodes
     for dtype_name, model in fused.items():
         for family in args.kernels:
-            for n in args.nodes:
-                for name in TILE_KERNELS[family]:
-                    rows, best = tile_rows(args, family, name, model, dtype_name, n, graphs, device)
-                    lines += rows
-                    if best is not None and n == max(args.nodes):
-                        fastest[name, dtype_name] = best
+            for layer in layers_of(args, family):
+                for n in args.nodes:
+                    for name in (k for k in TILE_KERNELS[family] if not args.tile_kernels or k in args.tile_kernels):
+                        rows, totals = tile_rows(args, family, name, model, dtype_name, n, graphs, device, layer)
+                        lines += rows
+                        if n == max(args.nodes):
+                            per_layer.setdefault((name, dtype_name), []).append(totals)
+    fastest = {}
+    for key, totals in per_layer.items():  # a tile that did not run in every layer cannot win
+        both = {label: sum(t[label] for t in totals) for label in set.intersection(*(set(t) for t in totals))}
+        if both:
+            fastest[key] = min(both, key=both.get)
     if fastest:
         pins = ",".join(f"{k}:{d}={label}" for (k, d), label in fastest.items())
-        lines += ["", f"Fastest tile per kernel and dtype (sum over the modes; {max(args.nodes)} nodes), as a pin: "
+        over = "the modes" + (" and layers" if args.layers else "")
+        lines += ["", f"Fastest tile per kernel and dtype (sum over {over}; {max(args.nodes)} nodes), as a pin: "
                   f"`CFM_PLUGINS_TRITON_TILES={pins}`"]
         print(lines[-1], flush=True)
     return lines
 
 
+def layers_of(args, kernel: str) -> list[int]:
+    """The layers ``kernel`` is timed in: ``--layers``, or its :data:`DEFAULT_LAYER`."""
+    return list(args.layers) if args.layers else [DEFAULT_LAYER[kernel]]
+
+
+def row_label(args, kernel: str, layer: int) -> str:
+    """A row's kernel column: ``tp`` as before without ``--layers``, ``tp L0`` with it."""
+    return f"{kernel} L{layer}" if args.layers else kernel
+
+
 def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, graphs: dict,
-              device) -> tuple[list[str], str | None]:
+              device, layer: int | None = None) -> tuple[list[str], dict[str, float]]:
     """One row per tile config of the Triton kernel ``name``, timed on ``family``'s case of ``n``
-    nodes; and the label of the fastest (least time summed over the modes; None if none ran all)."""
+    nodes in ``layer``; and each tile's seconds summed over the modes (the tiles that ran them all)."""
     import torch
 
     from cfm_plugins.ops.triton import configs
 
-    call, params, inputs = case(family, model, n, graphs, getattr(torch, dtype_name), device)
+    layer = DEFAULT_LAYER[family] if layer is None else layer
+    call, params, inputs = case(family, model, n, graphs, getattr(torch, dtype_name), device, layer)
     rows, base, totals = [], {}, {}  # base: mode -> the default tile's seconds; totals: label -> seconds
     for i, cfg in enumerate(configs.configs_for(name, dtype_name)):
         with configs.override(**{name: cfg}):
@@ -198,12 +232,13 @@ def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, grap
             totals[cfg.label()] = sum(times.values())
         cells = ["OOM" if times[m] is None else f"{times[m] * 1e3:.2f}"
                  + (f" ({times[m] / base[m]:.2f}x)" if i and base[m] else "") for m in args.modes]
-        rows.append(f"| {family} | {name} | {dtype_name} | {n} | {cfg.label()}{' (default)' if i == 0 else ''} | "
+        rows.append(f"| {row_label(args, family, layer)} | {name} | {dtype_name} | {n} | "
+                    f"{cfg.label()}{' (default)' if i == 0 else ''} | "
                     + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rows, (min(totals, key=totals.get) if totals else None)
+    return rows, totals
 
 
 def main(argv=None) -> int:
@@ -213,13 +248,18 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
     p.add_argument("--kernels", nargs="+", default=["sc", "tp"], choices=["sc", "tp"])
     p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
+    p.add_argument("--layers", type=int, nargs="+", default=None, choices=[0, 1],
+                   help="the layers whose kernels are timed (default: sc in layer 0, tp in layer 1); "
+                        "rows are then labelled 'tp L0', 'sc L1', ...")
     p.add_argument("--backend", default="triton", choices=["cuda", "triton"])
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="print the top kernels of each bwd2 case")
     p.add_argument("--tiles", action="store_true",
                    help="also time the fused way with each Triton kernel's alternative tile configs")
+    p.add_argument("--tile-kernels", nargs="+", default=None, choices=[k for ks in TILE_KERNELS.values() for k in ks],
+                   help="with --tiles: sweep only these Triton kernels (default: every kernel of --kernels)")
     p.add_argument("--quick", action="store_true", help="smoke run: 32 nodes, float64, 1 rep")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -253,7 +293,7 @@ def main(argv=None) -> int:
             if isinstance(m, str) and dtype_name == args.dtypes[0]:
                 print(f"{way}: not run: {m}", flush=True)
                 notes.append(f"- {way}: not run: {m}")
-        for kernel in args.kernels:
+        for kernel, layer in ((k, layer) for k in args.kernels for layer in layers_of(args, k)):
             for n in args.nodes:
                 n_edges = graphs[n][1].shape[1] if kernel == "tp" else 0
                 res = {}
@@ -263,12 +303,12 @@ def main(argv=None) -> int:
                             res[way, mode] = (None, None, "missing")
                             continue
                         try:
-                            call, params, inputs = case(kernel, model, n, graphs, dtype, device)
+                            call, params, inputs = case(kernel, model, n, graphs, dtype, device, layer)
                             fn = lambda: run_mode(kernel, call, params, inputs, mode)  # noqa: E731
                             s, gib = measure(fn, device, args.reps, args.warmup)
                             res[way, mode] = (s, gib, "")
-                            if args.profile and mode == "bwd2":
-                                profiles += [f"{kernel} {dtype_name} {n} nodes {mode} {way}:"]
+                            if args.profile and mode in ("bwd2", "train"):
+                                profiles += [f"{row_label(args, kernel, layer)} {dtype_name} {n} nodes {mode} {way}:"]
                                 profiles += top_kernels(fn, device, 6)
                         except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
                             if not out_of_memory(exc):
@@ -287,7 +327,8 @@ def main(argv=None) -> int:
                     def ratio(other):
                         a, b = res.get(("fused", mode), (None,))[0], res.get((other, mode), (None,))[0]
                         return f"{a / b:.2f}x" if a and b else "-"
-                    lines.append(f"| {kernel} | {dtype_name} | {n} | {n_edges or '-'} | {mode} | " + " | ".join(cells)
+                    label = row_label(args, kernel, layer)
+                    lines.append(f"| {label} | {dtype_name} | {n} | {n_edges or '-'} | {mode} | " + " | ".join(cells)
                                  + f" | {ratio('stock')} | {ratio('cueq')} |")
                     print(lines[-1], flush=True)
         del models, stock

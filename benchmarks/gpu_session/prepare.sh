@@ -7,7 +7,7 @@
 # - ../shared/gpu/setup.sh and env.sh (only the checkout travels, not ../shared), and
 #   setup_nocuda.sh: the same set-up without the C++ CUDA kernels (Triton only; ~1 min less).
 # Then on the GPU machine, one call per script, two per session (docs/gpu.md, "A GPU session"):
-#   run(command="bash benchmarks/gpu_session/1_cuda_backend.sh", carry=[".gpu"], timeout_s=430)
+#   run(command="bash benchmarks/gpu_session/1_layers_edge_tiles.sh", carry=[".gpu"], timeout_s=400)
 set -euo pipefail
 SHARED=${SHARED:-../shared/gpu}
 bash "$SHARED/bundle.sh" .gpu

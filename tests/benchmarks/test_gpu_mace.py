@@ -196,6 +196,40 @@ def test_kernels_smoke_run_on_cpu_times_both_kernels_in_every_mode_and_names_wha
         assert "cueq: not run: cuequivariance-torch not installed" in res.stdout
 
 
+def test_kernels_time_each_layer_and_the_train_steps_chain():
+    """``--layers 0 1``: each kernel in both layers (layer 0's conv TP takes scalars only, layer 1's
+    product block gives scalars only), rows labelled by layer; ``train``: the conv TP's forces through
+    the edge attributes and the weights, a chain of its own (other gradients than ``bwd2``'s)."""
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kernels.py"), "--device", "cpu", "--quick",
+                          "--ways", "fused", "--layers", "0", "1", "--modes", "train"],
+                         capture_output=True, text=True, env=clean_env(), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [[c.strip() for c in line.split("|")] for line in res.stdout.splitlines() if line.startswith("| sc L")
+            or line.startswith("| tp L")]
+    assert [(r[1], r[5]) for r in rows] == [(f"{k} L{layer}", "train") for k in ("sc", "tp") for layer in (0, 1)]
+    assert all(float(r[6]) > 0 for r in rows)
+    assert rows[2][4] == rows[3][4] and int(rows[2][4]) > 0  # both layers' conv TP on the same edges
+
+
+def test_the_train_chain_differentiates_the_forces_through_the_weights_too():
+    import torch
+
+    from benchmarks.gpu_kernels import run_mode
+
+    w0 = torch.randn(5, 3, dtype=torch.float64)
+
+    def call(x, y, w):  # a trilinear toy with the conv TP's call form
+        return x * y * w
+
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    bwd2 = run_mode("tp", call, [], [x, y, w0], "bwd2")
+    train = run_mode("tp", call, [], [x, y, w0], "train")
+    # bwd2: L = sum (d/dy sum(xyw)^2)^2 = sum (2 x^2 y w^2)^2; train adds sum (2 x^2 y^2 w)^2
+    assert torch.allclose(bwd2[0], 16 * x**3 * y**2 * w0**4)
+    assert torch.allclose(train[0], 16 * x**3 * y**2 * w0**4 + 16 * x**3 * y**4 * w0**2)
+    assert torch.allclose(train[1], 16 * x**4 * y**2 * w0**3 + 8 * x**4 * y**4 * w0)
+
+
 def test_kernels_record_a_row_that_runs_out_of_gpu_memory_and_go_on():
     """Stock's conv TP at 32000 nodes ran out of an H100's memory inside e3nn's scripted tensor
     product, which wraps the OOM in a plain RuntimeError; the row says OOM, other errors still raise."""

@@ -388,6 +388,45 @@ def test_cuda_weight_gradient_past_2_31_elements():
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_cuda_triton_edge_tiles_match_the_default(dtype):
+    """Every tile of Triton's edge kernel (configs.py: the default and the alternatives a tile sweep
+    or autotuning picks, ``/presort`` and ``/defer`` among them), compiled for the GPU: the edge
+    gradients of each gradient subset equal the default tile's, bit for bit where only the order
+    of the edges changes (``/presort``), to round-off where the sums are taken in another order."""
+    if _backend.resolved_gpu_backend() != "triton" or not _backend.runs_triton(torch.device("cuda")):
+        pytest.skip("the Triton kernels are not the GPU backend here (CFM_PLUGINS_GPU_BACKEND, triton installed)")
+    from cfm_plugins.ops.triton import configs
+
+    tp = mace_tp("0e+1o", 3, 48, dtype)
+    fused = FusedConvTP.from_e3nn(tp).cuda()
+    N, E = 60, 1500
+    ei = graph(N, E, seed=31, isolated=(7,)).cuda()
+    x, y, w = (t.cuda() for t in inputs(tp, N, E, dtype, seed=32))
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, ei)
+    g = torch.randn(N, meta[1], dtype=dtype, device="cuda")
+    subsets = [(False, True, True), (False, True, False), (False, False, True)]
+
+    def edge_grads():
+        return [t for need in subsets for t, wanted in
+                zip(torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need), need) if wanted]
+
+    tiles = configs.configs_for("tp_edge", "float64" if dtype == torch.float64 else "float32")
+    with configs.override(tp_edge=tiles[0]):
+        ref = edge_grads()
+    assert all(r.abs().max() > 0 for r in ref)
+    for tile in tiles[1:]:
+        with configs.override(tp_edge=tile):
+            got = edge_grads()
+        plain = configs.TileConfig(tile.block_rows, tile.block_c, tile.num_warps, defer=tile.defer)
+        with configs.override(tp_edge=plain):
+            same_order = edge_grads()
+        for a, b, c in zip(got, ref, same_order):
+            assert rel_err(a.cpu(), b.cpu()) < (1e-12 if dtype == torch.float64 else 1e-5), tile.label()
+            assert torch.equal(a, c), tile.label()  # /presort: the same sums, in the edges' receiver order
+
+
+@needs_cuda
 def test_cuda_gradgradcheck():
     fused, ei, xyw = small_problem("2x0e+2x1o", 2)
     fused = fused.cuda()

@@ -24,9 +24,9 @@ leaves unstored (``TPTables.out_width`` and friends) and a graph without edges. 
 float64 train step at 4000 atoms in 0.95x the time of zero-filling every output first, which
 ``CFM_PLUGINS_TRITON_UNFILLED=0`` still does.
 
-Variants, chosen by the tile config (:mod:`.configs`; alternatives, untimed on a GPU): ``defer``
-sums once per program instead of per block, ``presort`` reads the edges' other ends in CSR order
-(:func:`_gen_segment`, :func:`_gen_edge`).
+Variants, chosen by the tile config (:mod:`.configs`): ``defer`` sums once per program instead of
+per block; ``presort`` reads the edges' other ends in CSR order (segment) or walks the edges in the
+receivers' order (edge; untimed on a GPU) (:func:`_gen_segment`, :func:`_gen_edge`).
 
 Compile time: the segment kernel of a MACE-MP-medium layer (0e+1o x spherical harmonics l<=3, 40
 output rows, ~100 pairs) is ~250 lines; Triton's coalescing pass costs grow with the square of a
@@ -223,27 +223,44 @@ def _gen_segment(t: TPTables, defer: bool = False, presort: bool = False, name: 
     return w.text()
 
 
-def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False, name: str = "tp_edge") -> str:
+def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False, presort: bool = False,
+              name: str = "tp_edge") -> str:
     """Per edge: gw[p, c] = sum_q R_q x[i_q, c] g[k_q, c]; gy[j] = sum_entries coef * sum_c x g w.
 
     ``defer``: each edge-attribute gradient accumulates a ``[BLOCK_E, BLOCK_C]`` tile over the pairs
     and channel tiles and sums over channels once, at the end, instead of one sum over channels per
     pair and channel tile (the default: ~100 pairs, each a sum across lanes). Costs one tile of
-    registers per edge component (16 for l<=3). Sums in another order: equal to round-off."""
+    registers per edge component (16 for l<=3). Sums in another order: equal to round-off.
+
+    ``presort``: the programs walk the edges in the receivers' CSR order (``perm_ptr``; the launcher
+    passes the senders and receivers gathered in that order, once per launch), not in the edges' own
+    order, which in MACE's graphs is the senders'. The largest rows an edge reads are its receiver's
+    gradient rows (``dim_out``: 40 rows of the channels for a MACE-MP-medium layer, ten times its
+    sender's ``dim_in``); in receiver order the edges of a block, and of neighbouring programs, read
+    the same ones. Each edge computes what it computes in the plain kernel: the same results, bit for
+    bit. Untimed on a GPU: an autotuning alternative (configs.py)."""
     w = Writer()
     # E, the edge count, changes with every batch: specialised (divisible by 16 or not, equal to 1),
     # each edge kernel would compile again for every class of it a run meets. It only bounds the
     # mask of the last block, where the hint buys nothing.
     w('@triton.jit(do_not_specialize=["E"])')
-    w(f"def {name}(sender_ptr, receiver_ptr, x_ptr, s_xn, s_xd, g_ptr, s_gn, s_gd, y_ptr, s_ye, s_yd, w_ptr, s_we, "
-      "s_wd, gy_ptr, s_gye, gw_ptr, s_gwe, E, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):")
+    w(f"def {name}(sender_ptr, receiver_ptr, {'perm_ptr, ' if presort else ''}x_ptr, s_xn, s_xd, g_ptr, s_gn, "
+      "s_gd, y_ptr, s_ye, s_yd, w_ptr, s_we, s_wd, gy_ptr, s_gye, gw_ptr, s_gwe, E, BLOCK_E: tl.constexpr, "
+      "BLOCK_C: tl.constexpr):")
     w.indent()
     # 64-bit rows: eid * s_we passes 2**31 from 2**31 / weights-per-edge edges (1.68M for 128 channels
     # of 0e+1o with l<=3: 1280 weights an edge); in 32 bits it wrapped, an illegal address on an H200
-    w("eid = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)")
-    w("em = eid < E")
-    w("snd = tl.load(sender_ptr + eid, mask=em, other=0)")
-    w("rcv = tl.load(receiver_ptr + eid, mask=em, other=0)")
+    if presort:  # sender_ptr and receiver_ptr hold the ends in perm's order; perm is int64
+        w("ks = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)")
+        w("em = ks < E")
+        w("eid = tl.load(perm_ptr + ks, mask=em, other=0)")
+        w("snd = tl.load(sender_ptr + ks, mask=em, other=0)")
+        w("rcv = tl.load(receiver_ptr + ks, mask=em, other=0)")
+    else:
+        w("eid = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)")
+        w("em = eid < E")
+        w("snd = tl.load(sender_ptr + eid, mask=em, other=0)")
+        w("rcv = tl.load(receiver_ptr + eid, mask=em, other=0)")
     w("xrow = x_ptr + snd[:, None] * s_xn")
     w("grow = g_ptr + rcv[:, None] * s_gn")
     w("wrow = w_ptr + eid[:, None] * s_we")
@@ -312,13 +329,13 @@ def source(t: TPTables, kernel: str, defer: bool = False, presort: bool = False,
     """The module source of one kernel: ``segment`` (any tables, plain or ``transposed``: only the
     name differs) or ``edge`` (need_y, need_w; plain tables); ``defer``: the deferred-sum variant
     (:func:`_gen_segment`, :func:`_gen_edge`); ``presort``: the segment kernel reading the other ends
-    in CSR order (the edge kernel has no CSR: ignored there). The function is named by
+    in CSR order, the edge kernel walking the edges in the receivers' order. The function is named by
     :func:`function_name`."""
     name = function_name(kernel, transposed, **flags)
     if kernel == "segment":
         body = _gen_segment(t, defer, presort, name)
     elif kernel == "edge":
-        body = _gen_edge(t, flags["need_y"], flags["need_w"], defer, name)
+        body = _gen_edge(t, flags["need_y"], flags["need_w"], defer, presort, name)
     else:
         raise ValueError(f"unknown conv TP kernel {kernel!r}")
     return _HEADER + body
@@ -467,8 +484,16 @@ def bwd(g, x, y, w, graph, desc, desc_t, meta, need_x, need_y, need_w):
 
         def run(cfg):
             grid = (math.ceil(E / cfg.block_rows),)
-            kern = _KERNELS.get(t, "edge", defer=cfg.defer, need_y=bool(need_y), need_w=bool(need_w))
-            return kern[grid](graph[_SENDER], graph[_RECEIVER], x, *x.stride(), g, *g.stride(), y, *y.stride(), w,
+            perm = graph[_RPERM]
+            # a slice of the edges (the C++ autograd's weight gradient in slices) keeps the whole
+            # graph's perm: it walks its own order
+            presort = cfg.presort and perm.numel() == E
+            ends = (graph[_SENDER], graph[_RECEIVER])
+            if presort:  # the ends in the receivers' order, gathered once per launch, then the order
+                ends = (ends[0].index_select(0, perm), ends[1].index_select(0, perm), perm)
+            kern = _KERNELS.get(t, "edge", defer=cfg.defer, presort=presort, need_y=bool(need_y),
+                                need_w=bool(need_w))
+            return kern[grid](*ends, x, *x.stride(), g, *g.stride(), y, *y.stride(), w,
                               *w.stride(), gy, gy.stride(0) if need_y else 0, gw, gw.stride(0) if need_w else 0, E,
                               BLOCK_E=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
                               num_stages=cfg.num_stages)

@@ -169,10 +169,17 @@ def test_stored_width_of_a_set_of_columns():
     assert ttp._width([1, 2]) is None and ttp._width([0, 2]) is None
 
 
-def test_weight_gradient_of_an_edge_slice_is_those_rows_of_the_whole(triton_cpu):
+@pytest.mark.parametrize("tile", [None, TileConfig(4, 4, presort=True)], ids=["default", "presort"])
+def test_weight_gradient_of_an_edge_slice_is_those_rows_of_the_whole(triton_cpu, tile):
     """The double backward sums its second weight-gradient term slice by slice of edges (the C++
     autograd, add_weight_term_in_slices): sender, receiver, y and w sliced, the CSR pointers and the
-    node tensors whole. The Triton kernel must give those rows of the whole gradient."""
+    node tensors whole. The Triton kernel must give those rows of the whole gradient; the presorted
+    edge tile too, whose receivers' order (the whole graph's perm) does not fit a slice."""
+    with override(**({"tp_edge": tile} if tile else {})):
+        _check_weight_gradient_of_an_edge_slice()
+
+
+def _check_weight_gradient_of_an_edge_slice():
     tp = mace_tp("0e+1o", 2, 4)
     fused = FusedConvTP.from_e3nn(tp)
     N, E, a, b = 6, 30, 11, 26
@@ -345,6 +352,33 @@ def test_presorted_ends_give_the_same_results_bit_for_bit(triton_cpu, defer):
     for a, b in zip(*results):
         assert b.abs().max() > 0 and torch.equal(a, b)
     assert "other_ptr + ks" in ttp.source(ttp.TPTables.from_descriptor(fused.descriptor), "segment", presort=True)
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["plain", "defer"])
+def test_edges_in_receiver_order_give_the_same_results_bit_for_bit(triton_cpu, defer):
+    """``presort`` makes the edge kernel walk the edges in the receivers' order (the senders and
+    receivers gathered once by the launcher), so that a block's edges read the same receiver's
+    rows; each edge's gradients are computed as before: every subset of the edge gradients (each
+    edge kernel variant) equals the kernel without it, bit for bit, on tiles smaller than the
+    problem with an isolated node."""
+    fused, (xc, y, w, g_t, desc, desc_t, meta), g = tiled_case(seed=12, isolated=4)
+    subsets = [(False, True, True), (False, True, False), (False, False, True)]
+    results = []
+    ttp._KERNELS._hits.clear()  # so that what ran is what this test launched
+    for presort in (False, True):
+        with override(tp_edge=TileConfig(4, 4, defer=defer, presort=presort)):
+            results.append([t for need in subsets for t, wanted in
+                            zip(torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need), need)
+                            if wanted])
+    launched = {(key[1], dict(key[2])["defer"], dict(key[2]).get("presort")) for key in ttp._KERNELS._hits}
+    assert {("edge", defer, False), ("edge", defer, True)} <= launched
+    assert len(results[1]) == 4
+    for a, b in zip(*results):
+        assert b.abs().max() > 0 and torch.equal(a, b)
+    edge = ttp.source(ttp.TPTables.from_descriptor(fused.descriptor), "edge", presort=True, need_y=True, need_w=True)
+    assert "eid = tl.load(perm_ptr + ks" in edge  # the plain kernel's source is the one GPUs timed:
+    assert "perm_ptr" not in ttp.source(ttp.TPTables.from_descriptor(fused.descriptor), "edge", need_y=True,
+                                        need_w=True)
 
 
 def test_deferred_source_sums_once_per_program():

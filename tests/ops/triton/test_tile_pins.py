@@ -61,7 +61,7 @@ def test_a_pinned_kernel_is_not_autotuned(gpu_branch):
     ("tp_segmnt=8x32/w4", "unknown kernel 'tp_segmnt'; known: sc_bwd"),
     ("tp_segment=8x32", "expected ROWSxCHANNELS/wWARPS"),
     ("tp_segment=8x24/w4", "channels must be a power of two, got 24"),
-    ("tp_edge=8x32/w4/presort", "/presort is a variant of tp_segment only, not tp_edge"),
+    ("sc_bwd=8x32/w4/presort", "/presort is a variant of tp_segment, tp_edge only, not sc_bwd"),
     ("sc_fwd=16x32/w4/defer", "/defer is a variant of tp_segment, tp_edge only, not sc_fwd"),
     ("tp_edge:float16=8x32/w4", "dtype 'float16': float32 or float64"),
     ("tp_edge 8x32/w4", "expected KERNEL[:DTYPE]=TILE"),
