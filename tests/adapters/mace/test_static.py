@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from tests.adapters.mace.test_adapter import CFM_RUN, make_tiny_set, mace_args
 from tests.helpers import run_mpi
+from tests.helpers.mace_runs import CFM_RUN, make_tiny_set, mace_args
 
 
 @pytest.fixture(scope="module")
