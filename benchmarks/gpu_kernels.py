@@ -169,18 +169,19 @@ def tile_sweep(args, fused: dict, graphs: dict, device) -> list[str]:
              "| family | Triton kernel | dtype | nodes | tile | " + " | ".join(f"{m} ms" for m in args.modes) + " |",
              "|---|---|---|---:|---|" + "---:|" * len(args.modes)]
     print("\n".join(lines), flush=True)
-    fastest = {}  # (kernel, dtype name) -> label of the tile with the least time over the modes, largest nodes
     per_layer = {}  # (kernel, dtype name) -> [label -> seconds over the modes] per layer, largest nodes
     for dtype_name, model in fused.items():
         for family in args.kernels:
             for layer in layers_of(args, family):
                 for n in args.nodes:
-                    for name in (k for k in TILE_KERNELS[family] if not args.tile_kernels or k in args.tile_kernels):
+                    for name in TILE_KERNELS[family]:
+                        if args.tile_kernels and name not in args.tile_kernels:
+                            continue
                         rows, totals = tile_rows(args, family, name, model, dtype_name, n, graphs, device, layer)
                         lines += rows
                         if n == max(args.nodes):
                             per_layer.setdefault((name, dtype_name), []).append(totals)
-    fastest = {}
+    fastest = {}  # (kernel, dtype name) -> label of the tile with the least time over the modes and layers
     for key, totals in per_layer.items():  # a tile that did not run in every layer cannot win
         both = {label: sum(t[label] for t in totals) for label in set.intersection(*(set(t) for t in totals))}
         if both:
@@ -205,14 +206,13 @@ def row_label(args, kernel: str, layer: int) -> str:
 
 
 def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, graphs: dict,
-              device, layer: int | None = None) -> tuple[list[str], dict[str, float]]:
+              device, layer: int) -> tuple[list[str], dict[str, float]]:
     """One row per tile config of the Triton kernel ``name``, timed on ``family``'s case of ``n``
     nodes in ``layer``; and each tile's seconds summed over the modes (the tiles that ran them all)."""
     import torch
 
     from cfm_plugins.ops.triton import configs
 
-    layer = DEFAULT_LAYER[family] if layer is None else layer
     call, params, inputs = case(family, model, n, graphs, getattr(torch, dtype_name), device, layer)
     rows, base, totals = [], {}, {}  # base: mode -> the default tile's seconds; totals: label -> seconds
     for i, cfg in enumerate(configs.configs_for(name, dtype_name)):

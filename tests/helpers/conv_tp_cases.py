@@ -41,6 +41,15 @@ def op_args(fused, x, edge_index):
         fused._tp_meta
 
 
+def edge_gradients(g, xc, y, w, g_t, desc, desc_t, meta, subsets) -> list:
+    """What ``cfm::conv_tp_bwd`` returns for each ``(need_x, need_y, need_w)`` of ``subsets``: the
+    gradients asked for, in order (each subset launches its own kernel variant)."""
+    import torch
+
+    return [t for need in subsets for t, wanted in
+            zip(torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need), need) if wanted]
+
+
 def rel_err(a, b) -> float:
     """Largest absolute difference relative to the largest reference entry."""
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()

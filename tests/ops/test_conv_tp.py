@@ -3,6 +3,7 @@ build it; gradients (first and second order), empty/isolated graphs, bad input, 
 pure-torch fallback, torch.compile, and the CUDA kernel where a GPU exists."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import subprocess
@@ -19,7 +20,7 @@ from cfm_plugins.ops import _backend
 from cfm_plugins.ops import conv_tp as ctp
 from cfm_plugins.ops.conv_tp import FusedConvTP
 from tests.helpers import ROOT
-from tests.helpers.conv_tp_cases import graph, inputs, op_args, reference, rel_err
+from tests.helpers.conv_tp_cases import edge_gradients, graph, inputs, op_args, reference, rel_err
 from tests.helpers.mace_models import mace_tp
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -407,23 +408,20 @@ def test_cuda_triton_edge_tiles_match_the_default(dtype):
     g = torch.randn(N, meta[1], dtype=dtype, device="cuda")
     subsets = [(False, True, True), (False, True, False), (False, False, True)]
 
-    def edge_grads():
-        return [t for need in subsets for t, wanted in
-                zip(torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need), need) if wanted]
+    def edge_grads(tile):
+        with configs.override(tp_edge=tile):
+            return edge_gradients(g, xc, y, w, g_t, desc, desc_t, meta, subsets)
 
     tiles = configs.configs_for("tp_edge", "float64" if dtype == torch.float64 else "float32")
-    with configs.override(tp_edge=tiles[0]):
-        ref = edge_grads()
+    ref = edge_grads(tiles[0])
     assert all(r.abs().max() > 0 for r in ref)
     for tile in tiles[1:]:
-        with configs.override(tp_edge=tile):
-            got = edge_grads()
-        plain = configs.TileConfig(tile.block_rows, tile.block_c, tile.num_warps, defer=tile.defer)
-        with configs.override(tp_edge=plain):
-            same_order = edge_grads()
-        for a, b, c in zip(got, ref, same_order):
+        got = edge_grads(tile)
+        for a, b in zip(got, ref):
             assert rel_err(a.cpu(), b.cpu()) < (1e-12 if dtype == torch.float64 else 1e-5), tile.label()
-            assert torch.equal(a, c), tile.label()  # /presort: the same sums, in the edges' receiver order
+        if tile.presort:  # the same sums as its tile without /presort, in the edges' receiver order
+            for a, c in zip(got, edge_grads(dataclasses.replace(tile, presort=False))):
+                assert torch.equal(a, c), tile.label()
 
 
 @needs_cuda

@@ -250,17 +250,15 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False, pres
     w.indent()
     # 64-bit rows: eid * s_we passes 2**31 from 2**31 / weights-per-edge edges (1.68M for 128 channels
     # of 0e+1o with l<=3: 1280 weights an edge); in 32 bits it wrapped, an illegal address on an H200
-    if presort:  # sender_ptr and receiver_ptr hold the ends in perm's order; perm is int64
-        w("ks = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)")
-        w("em = ks < E")
+    # the position in the walk: the edge itself, or (presort) where perm holds it, sender_ptr and
+    # receiver_ptr holding the ends in perm's order
+    at = "ks" if presort else "eid"
+    w(f"{at} = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)")
+    w(f"em = {at} < E")
+    if presort:
         w("eid = tl.load(perm_ptr + ks, mask=em, other=0)")
-        w("snd = tl.load(sender_ptr + ks, mask=em, other=0)")
-        w("rcv = tl.load(receiver_ptr + ks, mask=em, other=0)")
-    else:
-        w("eid = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)")
-        w("em = eid < E")
-        w("snd = tl.load(sender_ptr + eid, mask=em, other=0)")
-        w("rcv = tl.load(receiver_ptr + eid, mask=em, other=0)")
+    w(f"snd = tl.load(sender_ptr + {at}, mask=em, other=0)")
+    w(f"rcv = tl.load(receiver_ptr + {at}, mask=em, other=0)")
     w("xrow = x_ptr + snd[:, None] * s_xn")
     w("grow = g_ptr + rcv[:, None] * s_gn")
     w("wrow = w_ptr + eid[:, None] * s_we")

@@ -17,7 +17,7 @@ from cfm_plugins.ops.conv_tp import FusedConvTP
 from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton import conv_tp as ttp
 from cfm_plugins.ops.triton.configs import TileConfig, override
-from tests.helpers.conv_tp_cases import graph, inputs, op_args, reference, rel_err
+from tests.helpers.conv_tp_cases import edge_gradients, graph, inputs, op_args, reference, rel_err
 from tests.helpers.mace_models import mace_tp
 
 pytestmark = pytest.mark.usefixtures("triton_cpu")
@@ -175,20 +175,16 @@ def test_weight_gradient_of_an_edge_slice_is_those_rows_of_the_whole(triton_cpu,
     autograd, add_weight_term_in_slices): sender, receiver, y and w sliced, the CSR pointers and the
     node tensors whole. The Triton kernel must give those rows of the whole gradient; the presorted
     edge tile too, whose receivers' order (the whole graph's perm) does not fit a slice."""
-    with override(**({"tp_edge": tile} if tile else {})):
-        _check_weight_gradient_of_an_edge_slice()
-
-
-def _check_weight_gradient_of_an_edge_slice():
     tp = mace_tp("0e+1o", 2, 4)
     fused = FusedConvTP.from_e3nn(tp)
     N, E, a, b = 6, 30, 11, 26
     x, y, w = inputs(tp, N, E, torch.float64)
     xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(N, E))
     g = torch.randn(N, meta[1], dtype=torch.float64)
-    whole = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, False, False, True)[2]
     sliced = [t[a:b] if i < 2 else t for i, t in enumerate(g_t)]
-    part = torch.ops.cfm.conv_tp_bwd(g, xc, y[a:b], w[a:b], sliced, desc, desc_t, meta, False, False, True)[2]
+    with override(**({"tp_edge": tile} if tile else {})):
+        whole = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, False, False, True)[2]
+        part = torch.ops.cfm.conv_tp_bwd(g, xc, y[a:b], w[a:b], sliced, desc, desc_t, meta, False, False, True)[2]
     assert part.shape == (b - a, w.shape[1]) and part.abs().max() > 0
     assert torch.equal(part, whole[a:b])
 
@@ -367,9 +363,7 @@ def test_edges_in_receiver_order_give_the_same_results_bit_for_bit(triton_cpu, d
     ttp._KERNELS._hits.clear()  # so that what ran is what this test launched
     for presort in (False, True):
         with override(tp_edge=TileConfig(4, 4, defer=defer, presort=presort)):
-            results.append([t for need in subsets for t, wanted in
-                            zip(torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need), need)
-                            if wanted])
+            results.append(edge_gradients(g, xc, y, w, g_t, desc, desc_t, meta, subsets))
     launched = {(key[1], dict(key[2])["defer"], dict(key[2]).get("presort")) for key in ttp._KERNELS._hits}
     assert {("edge", defer, False), ("edge", defer, True)} <= launched
     assert len(results[1]) == 4
