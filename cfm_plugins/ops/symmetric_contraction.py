@@ -26,7 +26,7 @@ from typing import List, Tuple
 import numpy as np
 import torch
 
-from cfm_plugins.ops import _backend
+from cfm_plugins.ops import _backend, cueq_regime
 from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors.symmetric_contraction import SCDescriptor, build_descriptor
 from cfm_plugins.ops.kernel_table import Form, Kernel
@@ -270,6 +270,11 @@ class FusedSymmetricContraction(torch.nn.Module):
         """Whether the compiled operators run for x (eager and torch.compile; see forward)."""
         if not _backend.tracing(x):
             self._check(x, y)
+            # said once where cuEquivariance's kernels were measured faster: a training batch (its
+            # weights trainable; mace's trainer never calls .train()/.eval(), calculators freeze them)
+            weights = self._weight_list()
+            cueq_regime.note_batch(x.device, x.dtype, x.shape[0],
+                                   torch.is_grad_enabled() and bool(weights) and weights[0].requires_grad)
         return self.use_kernel and x.shape[0] > 0 and _backend.choose(x.device) != "torch"
 
     @torch.jit.unused
