@@ -27,7 +27,7 @@ log = logging.getLogger("cfm_plugins.ops")
 #: with ours or faster (an H200: 0.89x at 2048 atoms, 1.01x at 2916, 1.23x at 4000)
 FLOAT64_TRAIN_NODES = 2900
 
-_SAID: set[str] = set()
+_SAID = [False]  # whether this process has said it
 _CUEQ: list = []  # whether cuequivariance_torch is installed, looked up once
 
 
@@ -65,7 +65,7 @@ def note_batch(device: torch.device, dtype: torch.dtype, nodes: int, training: b
     tracing), once per layer and batch."""
     if not slower_than_cueq(device, dtype, nodes, training):
         return False
-    if "float64_train" not in _SAID:
-        _SAID.add("float64_train")
+    if not _SAID[0]:
+        _SAID[0] = True
         log.warning(message(nodes))
     return True

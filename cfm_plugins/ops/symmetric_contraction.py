@@ -272,9 +272,8 @@ class FusedSymmetricContraction(torch.nn.Module):
             self._check(x, y)
             # said once where cuEquivariance's kernels were measured faster: a training batch (its
             # weights trainable; mace's trainer never calls .train()/.eval(), calculators freeze them)
-            weights = self._weight_list()
             cueq_regime.note_batch(x.device, x.dtype, x.shape[0],
-                                   torch.is_grad_enabled() and bool(weights) and weights[0].requires_grad)
+                                   torch.is_grad_enabled() and self.contractions[0].weights_max.requires_grad)
         return self.use_kernel and x.shape[0] > 0 and _backend.choose(x.device) != "torch"
 
     @torch.jit.unused

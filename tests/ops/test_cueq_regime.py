@@ -24,7 +24,7 @@ LIMIT = cueq_regime.FLOAT64_TRAIN_NODES
 def fresh(monkeypatch):
     """A process that has said nothing yet, with cuEquivariance found (it is not installed on CPU
     machines: its kernels need an NVIDIA GPU)."""
-    monkeypatch.setattr(cueq_regime, "_SAID", set())
+    monkeypatch.setattr(cueq_regime, "_SAID", [False])
     monkeypatch.setattr(cueq_regime, "_CUEQ", [True])
 
 
@@ -104,7 +104,7 @@ def test_a_cpu_training_batch_past_the_limit_says_nothing(fresh, caplog):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (not counted: no GPU here)")
 def test_cuda_float64_training_batch_past_the_limit(monkeypatch, caplog):
-    monkeypatch.setattr(cueq_regime, "_SAID", set())
+    monkeypatch.setattr(cueq_regime, "_SAID", [False])
     caplog.set_level(logging.WARNING, logger="cfm_plugins.ops")
     sc = _contraction().cuda()
     x, y = _inputs(LIMIT + 100, device=torch.device("cuda"))
