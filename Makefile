@@ -18,7 +18,7 @@ HYDRAGNN_VERSION ?= 3.0
 TEST_JOBS ?= 2
 PYTEST_ARGS := -q -rs -n $(TEST_JOBS) --dist loadfile
 
-.PHONY: venv demo test cuda-check triton-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn \
+.PHONY: venv lint demo test cuda-check triton-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn \
 	test-hydragnn venv-hydragnn-src test-hydragnn-src bench-hydragnn-src
 
 venv: $(STAMP)
@@ -29,12 +29,17 @@ $(STAMP): $(SOURCES)
 	@# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
 	$(PIP) install -q torch==$(TORCH_VERSION) $(TRITON_PIN)
 	@# --no-build-isolation: the C++ operators build against this torch (its C++ ABI is per release)
-	$(PIP) install -q --no-build-isolation -e '.[mace,hydragnn,mpi,test,plot]'
+	$(PIP) install -q --no-build-isolation -e '.[mace,hydragnn,mpi,test,plot,lint]'
 	$(PIP) install -q --no-deps HydraGNN==$(HYDRAGNN_VERSION)
 	@touch $@
 
 demo: venv
 	$(PY) examples/demo.py
+
+# ruff's lint and format check over the tree (configured in pyproject.toml)
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # the main suite in .venv (the NequIP and HydraGNN-from-source tests skip there, saying so), then the
 # NequIP suite in .venv-nequip and the HydraGNN-from-source suite in .venv-hydragnn (when ../shared/deps is there)

@@ -3,10 +3,10 @@
 One library ``cfm_plugins/_C*.so`` registers every operator ``cfm::<kernel>_<pass>`` (schemas, CPU
 and Meta kernels, C++ autograd) from each folder ``cuda/<kernel>/``: its ``*_ops.cpp`` (the binding
 layer, against torch headers) and its ``*_cpu.cpp`` kernels (OpenMP, no torch headers). With
-``CFM_PLUGINS_CUDA=1`` and nvcc, ``cfm_plugins/_C_cuda*.so`` adds the CUDA kernels: ``*.cu`` compiled
-by nvcc without torch headers, registered by ``*_ops_cuda.cpp``. ``cuda/common/`` holds the shared
-headers. Nothing here is a Python module: ``cfm_plugins.ops._backend`` loads the libraries with
-``torch.ops.load_library``, and a C++ program (LAMMPS) loads them with ``dlopen``.
+``CFM_PLUGINS_CUDA=1`` and nvcc, ``cfm_plugins/_C_cuda*.so`` adds the CUDA kernels: ``*.cu``
+compiled by nvcc without torch headers, registered by ``*_ops_cuda.cpp``. ``cuda/common/`` holds the
+shared headers. Nothing here is a Python module: ``cfm_plugins.ops._backend`` loads the libraries
+with ``torch.ops.load_library``, and a C++ program (LAMMPS) loads them with ``dlopen``.
 
 Why at install time against the installed torch (docs/architecture.md, "Building the operators"):
 torch's C++ ABI changes between releases, so the library is built with the torch it will run
@@ -22,6 +22,7 @@ Environment:
   CFM_PLUGINS_REQUIRE_BUILD=1 fail the install when the library cannot be built (CI)
   CFM_PLUGINS_BUILD_JOBS=N    compile N sources at a time (default: the CPUs this process may use)
 """
+
 from __future__ import annotations
 
 import os
@@ -35,23 +36,31 @@ import setuptools
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
-# pyproject.toml's `license = "MIT"` (an SPDX string; the table form is deprecated) needs setuptools 77.
-# A build without isolation uses the environment's setuptools (a Python 3.11 venv brings 65): say so
-# here rather than fail in setuptools' validation of pyproject.toml.
+# pyproject.toml's `license = "MIT"` (an SPDX string; the table form is deprecated) needs setuptools
+# 77. A build without isolation uses the environment's setuptools (a Python 3.11 venv brings 65):
+# say so here rather than fail in setuptools' validation of pyproject.toml.
 if int(setuptools.__version__.split(".")[0]) < 77:
-    sys.exit(f"cfm-plugins: building needs setuptools >= 77, this environment has {setuptools.__version__}: "
-             "run `pip install --upgrade 'setuptools>=77' wheel` and install again (`make venv` does this).")
+    sys.exit(
+        "cfm-plugins: building needs setuptools >= 77, this environment has "
+        f"{setuptools.__version__}: "
+        "run `pip install --upgrade 'setuptools>=77' wheel` and install again (`make venv` does "
+        "this)."
+    )
 
 
 def build_jobs() -> int:
-    """How many sources to compile at a time: CFM_PLUGINS_BUILD_JOBS, else every CPU this process may use
-    (each compile against torch's headers takes a core and under 1 GB)."""
+    """How many sources to compile at a time: CFM_PLUGINS_BUILD_JOBS, else every CPU this process
+    may use (each compile against torch's headers takes a core and under 1 GB)."""
     value = os.environ.get("CFM_PLUGINS_BUILD_JOBS", "").strip()
     if value:
         if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"CFM_PLUGINS_BUILD_JOBS={value!r}: give a whole number of jobs, 1 or more")
+            raise ValueError(
+                f"CFM_PLUGINS_BUILD_JOBS={value!r}: give a whole number of jobs, 1 or more"
+            )
         return int(value)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
 
 
 def run_parallel(fn, items: list, jobs: int) -> list:
@@ -61,14 +70,19 @@ def run_parallel(fn, items: list, jobs: int) -> list:
     with ThreadPoolExecutor(min(jobs, len(items))) as pool:
         return list(pool.map(fn, items))
 
+
 ROOT = Path(__file__).resolve().parent
 CUDA_DIR = ROOT / "cuda"
 COMMON = CUDA_DIR / "common"
-KERNEL_DIRS = sorted(p for p in CUDA_DIR.iterdir() if p.is_dir() and p != COMMON and any(p.glob("*_ops.cpp")))
+KERNEL_DIRS = sorted(
+    p for p in CUDA_DIR.iterdir() if p.is_dir() and p != COMMON and any(p.glob("*_ops.cpp"))
+)
 
 NO_TORCH_HINT = (
-    "cfm-plugins: torch is not importable in this build environment, so the compiled kernels are NOT "
-    "built and the pure-torch fallback will run. Install torch first, then install cfm-plugins with "
+    "cfm-plugins: torch is not importable in this build environment, so the compiled kernels are "
+    "NOT "
+    "built and the pure-torch fallback will run. Install torch first, then install cfm-plugins "
+    "with "
     "`pip install --no-build-isolation -e .` (what `make venv` does)."
 )
 
@@ -89,8 +103,10 @@ def _torch_flags():
         include_dirs=include_paths(),
         library_dirs=libs,
         libraries=["c10", "torch", "torch_cpu"],
-        define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI))),
-                       ("CFM_TORCH_VERSION", f'"{torch.__version__}"')],
+        define_macros=[
+            ("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI))),
+            ("CFM_TORCH_VERSION", f'"{torch.__version__}"'),
+        ],
         extra_link_args=[f"-Wl,-rpath,{d}" for d in libs],
     )
 
@@ -103,17 +119,42 @@ def extensions() -> list:
         print(NO_TORCH_HINT, file=sys.stderr)
         return []
     openmp = os.environ.get("CFM_PLUGINS_NO_OPENMP") != "1" and sys.platform != "darwin"
-    cflags = ["-std=c++20", "-O3", "-ffp-contract=off", "-fvisibility=hidden"] + (["-fopenmp"] if openmp else [])
+    cflags = ["-std=c++20", "-O3", "-ffp-contract=off", "-fvisibility=hidden"] + (
+        ["-fopenmp"] if openmp else []
+    )
     includes = [_rel(COMMON)] + [_rel(k) for k in KERNEL_DIRS] + flags["include_dirs"]
-    common = dict(include_dirs=includes, library_dirs=flags["library_dirs"], libraries=flags["libraries"],
-                  define_macros=flags["define_macros"], language="c++")
-    cpu_sources = [_rel(s) for k in KERNEL_DIRS for s in sorted(k.glob("*_ops.cpp")) + sorted(k.glob("*_cpu.cpp"))]
-    exts = [Extension("cfm_plugins._C", cpu_sources, extra_compile_args=cflags,
-                      extra_link_args=flags["extra_link_args"] + (["-fopenmp"] if openmp else []), **common)]
+    common = dict(
+        include_dirs=includes,
+        library_dirs=flags["library_dirs"],
+        libraries=flags["libraries"],
+        define_macros=flags["define_macros"],
+        language="c++",
+    )
+    cpu_sources = [
+        _rel(s)
+        for k in KERNEL_DIRS
+        for s in sorted(k.glob("*_ops.cpp")) + sorted(k.glob("*_cpu.cpp"))
+    ]
+    exts = [
+        Extension(
+            "cfm_plugins._C",
+            cpu_sources,
+            extra_compile_args=cflags,
+            extra_link_args=flags["extra_link_args"] + (["-fopenmp"] if openmp else []),
+            **common,
+        )
+    ]
     if os.environ.get("CFM_PLUGINS_CUDA") == "1":
         cuda_sources = [_rel(s) for k in KERNEL_DIRS for s in sorted(k.glob("*_ops_cuda.cpp"))]
-        exts.append(Extension("cfm_plugins._C_cuda", cuda_sources, extra_compile_args=cflags,
-                              extra_link_args=flags["extra_link_args"], **common))
+        exts.append(
+            Extension(
+                "cfm_plugins._C_cuda",
+                cuda_sources,
+                extra_compile_args=cflags,
+                extra_link_args=flags["extra_link_args"],
+                **common,
+            )
+        )
     return exts
 
 
@@ -122,13 +163,18 @@ class BuildExt(build_ext):
     turns a compiler failure into a clear message and the pure-torch fallback."""
 
     def build_extensions(self):
-        # One source per compiler call, several calls at a time: setuptools compiles the sources of an
-        # extension one after another (the CPU library on 2 cores: 77 s so, 54 s with 2 jobs).
+        # One source per compiler call, several calls at a time: setuptools compiles the sources of
+        # an extension one after another (the CPU library on 2 cores: 77 s so, 54 s with 2 jobs).
         compile_one, jobs = self.compiler.compile, build_jobs()
 
         def compile_parallel(sources, *args, **kwargs):
-            return [o for objs in run_parallel(lambda src: compile_one([src], *args, **kwargs), list(sources), jobs)
-                    for o in objs]
+            return [
+                o
+                for objs in run_parallel(
+                    lambda src: compile_one([src], *args, **kwargs), list(sources), jobs
+                )
+                for o in objs
+            ]
 
         self.compiler.compile = compile_parallel
         super().build_extensions()
@@ -145,20 +191,34 @@ class BuildExt(build_ext):
         except Exception as exc:  # CompileError, LinkError, missing compiler
             if os.environ.get("CFM_PLUGINS_REQUIRE_BUILD") == "1":
                 raise
-            print(f"cfm-plugins: building {ext.name} failed ({exc}); the package installs WITHOUT the compiled "
-                  "kernels and runs the pure-torch fallback. Install a C++20 compiler (g++ >= 10) and reinstall "
-                  "with `pip install --no-build-isolation -e .`.", file=sys.stderr)
+            print(
+                f"cfm-plugins: building {ext.name} failed ({exc}); the package installs WITHOUT "
+                "the compiled "
+                "kernels and runs the pure-torch fallback. Install a C++20 compiler (g++ >= 10) "
+                "and reinstall "
+                "with `pip install --no-build-isolation -e .`.",
+                file=sys.stderr,
+            )
 
     def _cuda_home(self) -> Path:
-        """The CUDA toolkit whose runtime to link: CUDA_HOME, nvcc's own tree, or /usr/local/cuda."""
-        candidates = [os.environ.get("CUDA_HOME"), str(Path(self._nvcc()).resolve().parent.parent), "/usr/local/cuda"]
+        """The CUDA toolkit whose runtime to link: CUDA_HOME, nvcc's own tree, or
+        /usr/local/cuda."""
+        candidates = [
+            os.environ.get("CUDA_HOME"),
+            str(Path(self._nvcc()).resolve().parent.parent),
+            "/usr/local/cuda",
+        ]
         for c in filter(None, candidates):
             if any((Path(c) / sub / "libcudart.so").exists() for sub in ("lib64", "lib")):
                 return Path(c)
-        raise RuntimeError(f"CFM_PLUGINS_CUDA=1 but libcudart.so was not found under {candidates} (set CUDA_HOME)")
+        raise RuntimeError(
+            f"CFM_PLUGINS_CUDA=1 but libcudart.so was not found under {candidates} (set CUDA_HOME)"
+        )
 
     def _nvcc(self) -> str:
-        nvcc = shutil.which("nvcc") or str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
+        nvcc = shutil.which("nvcc") or str(
+            Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+        )
         if not Path(nvcc).exists():
             raise RuntimeError("CFM_PLUGINS_CUDA=1 but nvcc was not found (set CUDA_HOME or PATH)")
         return nvcc
@@ -172,21 +232,39 @@ class BuildExt(build_ext):
             for src in sorted(kdir.glob("*.cu")):
                 obj = Path(self.build_temp) / "cuda" / (src.stem + ".o")
                 obj.parent.mkdir(parents=True, exist_ok=True)
-                command = [self._nvcc(), "-c", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-                           *gencode, f"-I{COMMON}", f"-I{kdir}", str(src), "-o", str(obj)]
+                command = [
+                    self._nvcc(),
+                    "-c",
+                    "-O3",
+                    "-std=c++17",
+                    "-Xcompiler",
+                    "-fPIC",
+                    "--expt-relaxed-constexpr",
+                    *gencode,
+                    f"-I{COMMON}",
+                    f"-I{kdir}",
+                    str(src),
+                    "-o",
+                    str(obj),
+                ]
                 commands.append((command, str(obj)))
 
         def nvcc(command_obj):
             command, obj = command_obj
-            print(" ".join(command) + "\n", end="", flush=True)  # one write: parallel compiles, whole lines
+            print(
+                " ".join(command) + "\n", end="", flush=True
+            )  # one write: parallel compiles, whole lines
             subprocess.check_call(command)
             return obj
 
         return run_parallel(nvcc, commands, build_jobs())
 
 
-packages = find_packages(include=["cfm_plugins", "cfm_plugins.*"]) + ["cfm_plugins_adapters"] + \
-    [f"cfm_plugins_adapters.{p}" for p in find_packages("adapters")]
+packages = (
+    find_packages(include=["cfm_plugins", "cfm_plugins.*"])
+    + ["cfm_plugins_adapters"]
+    + [f"cfm_plugins_adapters.{p}" for p in find_packages("adapters")]
+)
 
 setup(
     packages=packages,

@@ -1,4 +1,5 @@
-"""``cost=auto`` simulated: how balanced is the plan made with a fit of the calibration's step times?
+"""``cost=auto`` simulated: how balanced is the plan made with a fit of the calibration's step
+times?
 
 No trainer, no timing: graphs of known atoms and edges, a known step-time model
 ``t = c0 + a*atoms + b*edges + g*graphs`` with noise, the calibration epoch planned as ``cost=auto``
@@ -19,8 +20,10 @@ HydraGNN example on the shared 2-core VM measured relative residuals of median 1
 ``tests``, 3-300 atoms with 4, 12 or 24 edges per atom. 320 graphs, 8 graphs' worth of atoms per
 bin, 2 ranks, the first 3 steps dropped (warm-up), the LIF averaged over the next 2 epochs' plans.
 
-    python -m benchmarks.autocost_sim [--sizes clusters] [--noise 0.02] [--outliers 0.05] [--seeds 12]
+    python -m benchmarks.autocost_sim [--sizes clusters] [--noise 0.02] [--outliers 0.05] [--seeds
+    12]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +56,9 @@ VARIANTS = {  # name: (calibration levels, outlier cutoff, select)
 def sizes(kind: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     if kind == "clusters":
         mol = rng.random(n) < 0.35
-        atoms = np.where(mol, rng.integers(3, 21, n), np.exp(rng.uniform(np.log(13), np.log(300), n)).astype(int))
+        atoms = np.where(
+            mol, rng.integers(3, 21, n), np.exp(rng.uniform(np.log(13), np.log(300), n)).astype(int)
+        )
         per_atom = np.where(mol, rng.uniform(1.5, 6, n), rng.uniform(10, 19, n))
     else:
         atoms = rng.integers(3, 300, n)
@@ -61,14 +66,18 @@ def sizes(kind: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.n
     return atoms.astype(float), np.maximum(1, (atoms * per_atom).astype(int)).astype(float)
 
 
-def one_run(kind, truth, levels, cutoff, select, seed, noise, outliers, n=320, ranks=2, per_bin=8, warmup=3):
+def one_run(
+    kind, truth, levels, cutoff, select, seed, noise, outliers, n=320, ranks=2, per_bin=8, warmup=3
+):
     """The true LIF of the plans made with the fit of one simulated calibration epoch."""
     rng = np.random.default_rng(seed)
     atoms, edges = sizes(kind, rng, n)
     c0, a, b, g = truth
 
     def true_times(plan):
-        return (c0 + a * plan.bin_costs(atoms) + b * plan.bin_costs(edges) + g * plan.bin_sizes()).reshape(-1, ranks)
+        return (
+            c0 + a * plan.bin_costs(atoms) + b * plan.bin_costs(edges) + g * plan.bin_sizes()
+        ).reshape(-1, ranks)
 
     capacity = per_bin * atoms.mean()
     plan = pack_levels(atoms, capacity, ranks, seed=seed, levels=levels)
@@ -76,9 +85,18 @@ def one_run(kind, truth, levels, cutoff, select, seed, noise, outliers, n=320, r
     t = true_times(plan)[warmup:] * (1 + noise * rng.standard_normal(counts[0].shape))
     t *= np.where(rng.random(t.shape) < outliers, 1 + rng.uniform(0.1, 0.5, t.shape), 1.0)
     fit = fit_step_times(t, *counts, outlier_cutoff=cutoff, select=select)
-    costs = fitted_costs(fit, atoms, edges, atoms) if fit.explains else atoms  # else: the initial cost stays
+    costs = (
+        fitted_costs(fit, atoms, edges, atoms) if fit.explains else atoms
+    )  # else: the initial cost stays
     cap = max(capacity, float(costs.max()))
-    return float(np.mean([load_imbalance_factor(true_times(pack(costs, cap, ranks, seed=seed + e))) for e in (1, 2)]))
+    return float(
+        np.mean(
+            [
+                load_imbalance_factor(true_times(pack(costs, cap, ranks, seed=seed + e)))
+                for e in (1, 2)
+            ]
+        )
+    )
 
 
 def main(argv=None) -> int:
@@ -88,15 +106,20 @@ def main(argv=None) -> int:
     p.add_argument("--outliers", type=float, default=0.05)
     p.add_argument("--seeds", type=int, default=12)
     args = p.parse_args(argv)
-    print(f"sizes {args.sizes}, noise {args.noise:g}, outliers {args.outliers:g}, {args.seeds} seeds: true LIF of "
-          "the plans made with the fit, mean (max) over seeds")
+    print(
+        f"sizes {args.sizes}, noise {args.noise:g}, outliers {args.outliers:g}, {args.seeds} "
+        "seeds: true LIF of "
+        "the plans made with the fit, mean (max) over seeds"
+    )
     print("| truth | " + " | ".join(VARIANTS) + " |")
     print("|---|" + "---|" * len(VARIANTS))
     for name, truth in TRUTHS.items():
         cells = []
         for levels, cutoff, select in VARIANTS.values():
-            lif = [one_run(args.sizes, truth, levels, cutoff, select, s, args.noise, args.outliers)
-                   for s in range(args.seeds)]
+            lif = [
+                one_run(args.sizes, truth, levels, cutoff, select, s, args.noise, args.outliers)
+                for s in range(args.seeds)
+            ]
             cells.append(f"{np.mean(lif):.4f} ({max(lif):.3f})")
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
     return 0

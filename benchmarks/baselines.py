@@ -1,10 +1,12 @@
-"""Packers the benchmark compares with :func:`~cfm_plugins.sampler.pack`, each a short re-implementation.
+"""Packers the benchmark compares with :func:`~cfm_plugins.sampler.pack`, each a short
+re-implementation.
 
 Every function returns a :class:`Packing` with the same step convention (bins
 ``[s*W:(s+1)*W]`` are step ``s``, one per rank). Where a method leaves a rank without a batch at
 a step, the bin is empty (that rank idles); where the original pads by repeating samples or
 batches, the repeats are kept (the benchmark counts them as duplicated).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -12,11 +14,17 @@ import math
 
 import numpy as np
 
-from cfm_plugins.sampler.packing import Packing, offsets_from_counts, packing_from_bins, validate_costs
+from cfm_plugins.sampler.packing import (
+    Packing,
+    offsets_from_counts,
+    packing_from_bins,
+    validate_costs,
+)
 
 
 def _from_bins(bins: list, world_size: int, pad_empty: bool = True) -> Packing:
-    """Packing from a list of index arrays (in step order); pad with empty bins to a multiple of W."""
+    """Packing from a list of index arrays (in step order); pad with empty bins to a multiple of
+    W."""
     if pad_empty and len(bins) % world_size:
         bins = list(bins) + [np.zeros(0, np.int64)] * (world_size - len(bins) % world_size)
     return packing_from_bins(bins, world_size)
@@ -37,7 +45,7 @@ def fixed_count(costs, capacity=None, world_size=1, seed=0, batch_size: int = 8)
     n, w = len(c), int(world_size)
     perm = np.random.default_rng(seed).permutation(n)
     total = -(-n // w) * w
-    perm = np.concatenate([perm, perm[:total - n]])
+    perm = np.concatenate([perm, perm[: total - n]])
     per_rank = total // w
     steps = -(-per_rank // batch_size)
     m = np.full((steps * batch_size, w), -1, np.int64)
@@ -78,7 +86,7 @@ def first_fit_decreasing(costs, capacity, world_size=1, seed=0) -> Packing:
         if used and cum[used - 1] > cnt:
             tk[-1] -= cum[used - 1] - cnt
         placed = int(tk.sum())
-        item_bin[a:a + placed] = np.repeat(elig[:used], tk)
+        item_bin[a : a + placed] = np.repeat(elig[:used], tk)
         rem[elig[:used]] -= tk * size
         left = cnt - placed
         if left:
@@ -87,7 +95,7 @@ def first_fit_decreasing(costs, capacity, world_size=1, seed=0) -> Packing:
             new_ids = len(rem) + np.arange(nnew)
             fill = np.full(nnew, per)
             fill[-1] = left - per * (nnew - 1)
-            item_bin[a + placed:b] = np.repeat(new_ids, fill)
+            item_bin[a + placed : b] = np.repeat(new_ids, fill)
             rem = np.concatenate([rem, cap - fill * size])
     nb = len(rem)
     shuffled = rng.permutation(nb)
@@ -101,7 +109,9 @@ def first_fit_decreasing(costs, capacity, world_size=1, seed=0) -> Packing:
     return _csr(order[g], counts, w)
 
 
-def _greedy_bins(c: np.ndarray, cap: float, order: np.ndarray, max_graphs: int | None = None) -> list:
+def _greedy_bins(
+    c: np.ndarray, cap: float, order: np.ndarray, max_graphs: int | None = None
+) -> list:
     """Consecutive runs of ``order``: add graphs until the next one would exceed ``cap``."""
     cs = np.concatenate([[0.0], np.cumsum(c[order])])
     bins, i, n = [], 0, len(order)
@@ -127,11 +137,12 @@ def greedy_budget(costs, capacity, world_size=1, seed=0) -> Packing:
 
 
 def _global_batches(n: int, world_size: int, seed: int, batch_size: int):
-    """Shuffled global batches of ``batch_size*world_size`` sample indices (DistributedSampler style)."""
+    """Shuffled global batches of ``batch_size*world_size`` sample indices (DistributedSampler
+    style)."""
     perm = np.random.default_rng(seed).permutation(n)
     g = batch_size * world_size
     for a in range(0, n, g):
-        yield perm[a:a + g]
+        yield perm[a : a + g]
 
 
 def fairchem_balanced(costs, capacity=None, world_size=1, seed=0, batch_size: int = 8) -> Packing:
@@ -178,7 +189,9 @@ def fastchgnet_pairs(costs, capacity=None, world_size=1, seed=0, batch_size: int
     return _from_bins(bins, w)
 
 
-def hydragnn_cost_aware(costs, capacity, world_size=1, seed=0, max_graphs: int | None = None) -> Packing:
+def hydragnn_cost_aware(
+    costs, capacity, world_size=1, seed=0, max_graphs: int | None = None
+) -> Packing:
     """HydraGNN ``DistributedCostAwareBatchSampler`` (``Batching: {mode: node_budget}``) style.
 
     Shuffle from ``seed``, greedy node-budget batches (``max_nodes`` = capacity, optional

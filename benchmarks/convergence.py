@@ -1,8 +1,9 @@
 """Training quality with binpack: does token batching change the model? Validation curves per epoch.
 
-    python -m benchmarks.convergence mace      [--epochs 40] [--seeds 1 2 3] [--only CONFIG,...] [--force]
-    python -m benchmarks.convergence hydragnn  [--epochs 30] [--seeds 1 2 3]
-    python -m benchmarks.convergence report    # tables (docs/_fragments/convergence.md) and plot (docs/convergence.png)
+    python -m benchmarks.convergence mace      [--epochs 40] [--seeds 1 2 3] [--only CONFIG,...]
+    [--force] python -m benchmarks.convergence hydragnn  [--epochs 30] [--seeds 1 2 3] python -m
+    benchmarks.convergence report    # tables (docs/_fragments/convergence.md) and plot
+    (docs/convergence.png)
 
 Three configurations, each trained with every seed on 2 MPI ranks (`mpirun -np 2 cfm-run ...`),
 the same learning-rate schedule and about the same number of optimizer steps (binpack's default
@@ -24,6 +25,7 @@ Every run writes ``OUT/<part>/<config>/seed<k>/result.json`` when it finishes; a
 that have one (``--force`` redoes them), so the benchmark can be resumed, or rerun per
 configuration (``--only``). ``report`` reads whatever results exist.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +43,16 @@ import numpy as np
 from benchmarks.training import FRAGMENTS, ROOT
 from cfm_plugins.testing import BIN, clean_env, mpirun_command
 
-CONFIGS = {"stock": [], "binpack": ["-o", "loss_weighting=stock"], "per_sample": ["-o", "loss_weighting=per_sample"]}
-LABELS = {"stock": "stock batches", "binpack": "binpack, loss_weighting=stock",
-          "per_sample": "binpack, loss_weighting=per_sample"}
+CONFIGS = {
+    "stock": [],
+    "binpack": ["-o", "loss_weighting=stock"],
+    "per_sample": ["-o", "loss_weighting=per_sample"],
+}
+LABELS = {
+    "stock": "stock batches",
+    "binpack": "binpack, loss_weighting=stock",
+    "per_sample": "binpack, loss_weighting=per_sample",
+}
 DEFAULT_OUT = "/tmp/cfm_bench_convergence"
 PLOTS = {part: ROOT / "docs" / f"convergence_{part}.png" for part in ("mace", "hydragnn", "nequip")}
 
@@ -66,7 +75,9 @@ def train(cmd: list[str], run: Path, what: str) -> tuple[str, float]:
     """Run a training command in ``run`` (output in ``run/train.log``); its output and wall time."""
     print("$", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=run)
+    res = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=run
+    )
     (run / "train.log").write_text(res.stdout)
     if res.returncode != 0:
         print(res.stdout[-4000:])
@@ -106,7 +117,9 @@ def mixed_set(n: int, seed, max_atoms: int = 300, molecule_share: float = 0.2) -
 
     rng = np.random.default_rng(seed)
     n_mol = int(round(n * molecule_share))
-    frames = make_structures(n - n_mol, seed=rng.integers(1 << 31), max_atoms=max_atoms) + molecules(n_mol, rng)
+    frames = make_structures(
+        n - n_mol, seed=rng.integers(1 << 31), max_atoms=max_atoms
+    ) + molecules(n_mol, rng)
     return [frames[i] for i in rng.permutation(len(frames))]
 
 
@@ -121,7 +134,9 @@ def mace_data(out: Path, n_train: int, n_valid: int, max_atoms: int) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         train, valid = mixed_set(n_train, [0, 0], max_atoms), mixed_set(n_valid, [0, 1], max_atoms)
         symbols = sorted({s for a in train + valid for s in a.get_chemical_symbols()})
-        write(files["train"], isolated_atoms(symbols) + train, format="extxyz")  # E0s of every element
+        write(
+            files["train"], isolated_atoms(symbols) + train, format="extxyz"
+        )  # E0s of every element
         write(files["valid"], valid, format="extxyz")
     return files
 
@@ -130,19 +145,50 @@ def mace_data(out: Path, n_train: int, n_valid: int, max_atoms: int) -> dict:
 def mace_command(args, files: dict, run: Path, config: str, seed: int) -> list[str]:
     gamma = args.final_lr_factor ** (1.0 / max(args.epochs - 1, 1))
     return mpirun_command(2) + [
-        str(BIN / "cfm-run"), "--enable", ("mace" if config == "stock" else "mace,binpack") + ",fused",
-        *CONFIGS[config], "--",
-        "mace_run_train", f"--name={config}", f"--train_file={files['train']}", f"--valid_file={files['valid']}",
-        "--E0s=isolated", "--model=ScaleShiftMACE", f"--hidden_irreps={args.hidden}", f"--r_max={args.r_max}", "--max_L=1",
-        "--max_ell=2", "--correlation=2", "--num_interactions=2", "--num_radial_basis=6", "--MLP_irreps=16x0e",
-        "--radial_MLP=[16, 16]", "--skip_evaluate_heads=Default",
-        f"--max_num_epochs={args.epochs}", f"--batch_size={args.batch_size}", f"--valid_batch_size={args.batch_size}",
-        "--device=cpu", "--default_dtype=float64", "--energy_key=REF_energy", "--forces_key=REF_forces",
-        "--stress_key=REF_stress", f"--seed={seed}", "--eval_interval=1", "--num_workers=0", "--save_cpu",
-        f"--lr={args.lr}", "--scheduler=ExponentialLR", f"--lr_scheduler_gamma={gamma:.6f}",
-        f"--energy_weight={args.energy_weight}", f"--forces_weight={args.forces_weight}",
-        f"--work_dir={run}", f"--model_dir={run}", f"--results_dir={run / 'results'}",
-        f"--checkpoints_dir={run / 'checkpoints'}", f"--log_dir={run / 'logs'}"]
+        str(BIN / "cfm-run"),
+        "--enable",
+        ("mace" if config == "stock" else "mace,binpack") + ",fused",
+        *CONFIGS[config],
+        "--",
+        "mace_run_train",
+        f"--name={config}",
+        f"--train_file={files['train']}",
+        f"--valid_file={files['valid']}",
+        "--E0s=isolated",
+        "--model=ScaleShiftMACE",
+        f"--hidden_irreps={args.hidden}",
+        f"--r_max={args.r_max}",
+        "--max_L=1",
+        "--max_ell=2",
+        "--correlation=2",
+        "--num_interactions=2",
+        "--num_radial_basis=6",
+        "--MLP_irreps=16x0e",
+        "--radial_MLP=[16, 16]",
+        "--skip_evaluate_heads=Default",
+        f"--max_num_epochs={args.epochs}",
+        f"--batch_size={args.batch_size}",
+        f"--valid_batch_size={args.batch_size}",
+        "--device=cpu",
+        "--default_dtype=float64",
+        "--energy_key=REF_energy",
+        "--forces_key=REF_forces",
+        "--stress_key=REF_stress",
+        f"--seed={seed}",
+        "--eval_interval=1",
+        "--num_workers=0",
+        "--save_cpu",
+        f"--lr={args.lr}",
+        "--scheduler=ExponentialLR",
+        f"--lr_scheduler_gamma={gamma:.6f}",
+        f"--energy_weight={args.energy_weight}",
+        f"--forces_weight={args.forces_weight}",
+        f"--work_dir={run}",
+        f"--model_dir={run}",
+        f"--results_dir={run / 'results'}",
+        f"--checkpoints_dir={run / 'checkpoints'}",
+        f"--log_dir={run / 'logs'}",
+    ]
 
 
 def read_mace_results(path: Path) -> tuple[list[dict], int]:
@@ -151,8 +197,14 @@ def read_mace_results(path: Path) -> tuple[list[dict], int]:
     for line in path.read_text().splitlines():
         d = json.loads(line)
         if d.get("mode") == "eval" and d.get("epoch") is not None:
-            evals.append({"epoch": int(d["epoch"]), "rmse_e_per_atom": float(d["rmse_e_per_atom"]),
-                          "rmse_f": float(d["rmse_f"]), "loss": float(d["loss"])})
+            evals.append(
+                {
+                    "epoch": int(d["epoch"]),
+                    "rmse_e_per_atom": float(d["rmse_e_per_atom"]),
+                    "rmse_f": float(d["rmse_f"]),
+                    "loss": float(d["loss"]),
+                }
+            )
         elif d.get("mode") == "opt" and d.get("epoch") == 0:
             steps0 += 1
     return evals, steps0
@@ -185,30 +237,50 @@ def subset_rmse(errors: dict, which: str) -> tuple[float, float]:
     third = max(1, len(n) // 3)
     idx = {"all": order, "small": order[:third], "large": order[-third:]}[which]
     de, f2 = np.asarray(errors["de_per_atom"])[idx], np.asarray(errors["f_sq"])[idx]
-    return float(np.sqrt(np.mean(de ** 2))), float(np.sqrt(f2.sum() / (3 * n[idx].sum())))
+    return float(np.sqrt(np.mean(de**2))), float(np.sqrt(f2.sum() / (3 * n[idx].sum())))
 
 
 def run_mace(args, files: dict, config: str, seed: int) -> dict:
     run, result = prepare_run(args, "mace", config, seed)
     if result is not None:
         return result
-    log, wall = train(mace_command(args, files, run, config, seed), run, f"mace {config} seed {seed}")
+    log, wall = train(
+        mace_command(args, files, run, config, seed), run, f"mace {config} seed {seed}"
+    )
     evals, steps = read_mace_results(next((run / "results").glob("*_train.txt")))
     errors = per_structure_errors(run / f"{config}.model", files["valid"])
-    result = finish(run, {"part": "mace", "config": config, "seed": seed, "wall_s": wall, "steps_per_epoch": steps,
-                          "epochs": evals, "final": errors,
-                          "weight_log": re.findall(r"binpack loss_weighting=.*", log)[:1]})
+    result = finish(
+        run,
+        {
+            "part": "mace",
+            "config": config,
+            "seed": seed,
+            "wall_s": wall,
+            "steps_per_epoch": steps,
+            "epochs": evals,
+            "final": errors,
+            "weight_log": re.findall(r"binpack loss_weighting=.*", log)[:1],
+        },
+    )
     e, f = subset_rmse(errors, "all")
-    print(f"  {config} seed {seed}: {wall:.0f} s, {steps} steps/epoch, final RMSE E {e * 1e3:.2f} meV/atom, "
-          f"F {f * 1e3:.1f} meV/A", flush=True)
+    print(
+        f"  {config} seed {seed}: {wall:.0f} s, {steps} steps/epoch, final RMSE E {e * 1e3:.2f} "
+        "meV/atom, "
+        f"F {f * 1e3:.1f} meV/A",
+        flush=True,
+    )
     return result
 
 
 def mace_part(args) -> None:
     data = Path(args.out) / "mace" / f"data_{args.n_train}_{args.n_valid}_{args.max_atoms}"
     files = mace_data(data, args.n_train, args.n_valid, args.max_atoms)
-    print(f"MACE convergence: {args.n_train} training / {args.n_valid} validation structures ({files['train'].parent}), "
-          f"{args.epochs} epochs, seeds {args.seeds}, configurations {', '.join(args.only)}", flush=True)
+    print(
+        f"MACE convergence: {args.n_train} training / {args.n_valid} validation structures "
+        f"({files['train'].parent}), "
+        f"{args.epochs} epochs, seeds {args.seeds}, configurations {', '.join(args.only)}",
+        flush=True,
+    )
     for seed in args.seeds:
         for config in args.only:
             run_mace(args, files, config, seed)
@@ -216,7 +288,8 @@ def mace_part(args) -> None:
 
 # ----------------------------------------------------------------------------- HydraGNN
 def run_hydragnn(args, config: str, seed: int) -> dict:
-    """examples/hydragnn/train.py with its JSON config, this seed (training-set order, packing seed)."""
+    """examples/hydragnn/train.py with its JSON config, this seed (training-set order, packing
+    seed)."""
     here = ROOT / "examples" / "hydragnn"
     run, result = prepare_run(args, "hydragnn", config, seed)
     if result is not None:
@@ -235,22 +308,46 @@ def run_hydragnn(args, config: str, seed: int) -> dict:
         data.parent.mkdir(parents=True, exist_ok=True)
         torch.save(make_dataset(args.num, seed=0), data)
     enable = "hydragnn" if config == "stock" else "hydragnn,binpack"
-    options = [] if config == "stock" else ["-o", "cost=edges", "-o", f"seed={seed}", *CONFIGS[config]]
-    cmd = mpirun_command(2) + [str(BIN / "cfm-run"), "--enable", enable, *options, "--", "python",
-                               str(here / "train.py"), str(run / "config.json"), "--log", f"conv_{config}_{seed}",
-                               "--seed", str(seed)]
+    options = (
+        [] if config == "stock" else ["-o", "cost=edges", "-o", f"seed={seed}", *CONFIGS[config]]
+    )
+    cmd = mpirun_command(2) + [
+        str(BIN / "cfm-run"),
+        "--enable",
+        enable,
+        *options,
+        "--",
+        "python",
+        str(here / "train.py"),
+        str(run / "config.json"),
+        "--log",
+        f"conv_{config}_{seed}",
+        "--seed",
+        str(seed),
+    ]
     log, wall = train(cmd, run, f"hydragnn {config} seed {seed}")
-    pat = r"Epoch: (\d+), Train Loss: ([0-9.eE+-]+), Val Loss: ([0-9.eE+-]+), Test Loss: ([0-9.eE+-]+)"
-    epochs = [{"epoch": int(e), "train_loss": float(t), "val_loss": float(v), "test_loss": float(s)}
-              for e, t, v, s in re.findall(pat, log)]
-    result = finish(run, {"part": "hydragnn", "config": config, "seed": seed, "wall_s": wall, "epochs": epochs})
-    print(f"  {config} seed {seed}: {wall:.0f} s, final val loss {epochs[-1]['val_loss']:.5f}", flush=True)
+    num = r"([0-9.eE+-]+)"
+    pat = rf"Epoch: (\d+), Train Loss: {num}, Val Loss: {num}, Test Loss: {num}"
+    epochs = [
+        {"epoch": int(e), "train_loss": float(t), "val_loss": float(v), "test_loss": float(s)}
+        for e, t, v, s in re.findall(pat, log)
+    ]
+    result = finish(
+        run, {"part": "hydragnn", "config": config, "seed": seed, "wall_s": wall, "epochs": epochs}
+    )
+    print(
+        f"  {config} seed {seed}: {wall:.0f} s, final val loss {epochs[-1]['val_loss']:.5f}",
+        flush=True,
+    )
     return result
 
 
 def hydragnn_part(args) -> None:
-    print(f"HydraGNN convergence: examples/hydragnn ({args.num} structures), {args.epochs} epochs, seeds {args.seeds}",
-          flush=True)
+    print(
+        f"HydraGNN convergence: examples/hydragnn ({args.num} structures), {args.epochs} epochs, "
+        f"seeds {args.seeds}",
+        flush=True,
+    )
     for seed in args.seeds:
         for config in args.only:
             run_hydragnn(args, config, seed)
@@ -267,19 +364,52 @@ def run_nequip(args, files: dict, config: str, seed: int) -> dict:
     run, result = prepare_run(args, "nequip", config, seed)
     if result is not None:
         return result
-    write_config(run / "cfg" / "conv.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,
-                 features=args.features, l_max=1, layers=2, batch_size=args.batch_size, seed=seed, lr=args.lr)
+    write_config(
+        run / "cfg" / "conv.yaml",
+        train=files["train"],
+        valid=files["valid"],
+        epochs=args.epochs,
+        features=args.features,
+        l_max=1,
+        layers=2,
+        batch_size=args.batch_size,
+        seed=seed,
+        lr=args.lr,
+    )
     enable = "nequip" if config == "stock" else "nequip,binpack"
-    cmd = mpirun_command(2) + [str(BIN / "cfm-run"), "--enable", enable, *CONFIGS[config], "--", "nequip-train",
-                               "-cp", str(run / "cfg"), "-cn", "conv", f"hydra.run.dir={run / 'out'}"]
+    cmd = mpirun_command(2) + [
+        str(BIN / "cfm-run"),
+        "--enable",
+        enable,
+        *CONFIGS[config],
+        "--",
+        "nequip-train",
+        "-cp",
+        str(run / "cfg"),
+        "-cn",
+        "conv",
+        f"hydra.run.dir={run / 'out'}",
+    ]
     _, wall = train(cmd, run, f"nequip {config} seed {seed}")
     with open(run / "out" / "csv" / "version_0" / "metrics.csv") as fh:
         rows = [r for r in csv.DictReader(fh) if r.get("val0_epoch/forces_rmse")]
-    epochs = [{"epoch": int(r["epoch"]), "rmse_e_per_atom": float(r["val0_epoch/per_atom_energy_rmse"]),
-               "rmse_f": float(r["val0_epoch/forces_rmse"])} for r in rows]
-    result = finish(run, {"part": "nequip", "config": config, "seed": seed, "wall_s": wall, "epochs": epochs})
-    print(f"  {config} seed {seed}: {wall:.0f} s, final RMSE E {epochs[-1]['rmse_e_per_atom'] * 1e3:.2f} "
-          f"meV/atom, F {epochs[-1]['rmse_f'] * 1e3:.1f} meV/A", flush=True)
+    epochs = [
+        {
+            "epoch": int(r["epoch"]),
+            "rmse_e_per_atom": float(r["val0_epoch/per_atom_energy_rmse"]),
+            "rmse_f": float(r["val0_epoch/forces_rmse"]),
+        }
+        for r in rows
+    ]
+    result = finish(
+        run, {"part": "nequip", "config": config, "seed": seed, "wall_s": wall, "epochs": epochs}
+    )
+    print(
+        f"  {config} seed {seed}: {wall:.0f} s, final RMSE E "
+        f"{epochs[-1]['rmse_e_per_atom'] * 1e3:.2f} "
+        f"meV/atom, F {epochs[-1]['rmse_f'] * 1e3:.1f} meV/A",
+        flush=True,
+    )
     return result
 
 
@@ -289,10 +419,20 @@ def nequip_part(args) -> None:
     data = Path(args.out) / "nequip" / f"data_{args.n_train}_{args.n_valid}_{args.max_atoms}"
     files = {"train": data / "train.xyz", "valid": data / "valid.xyz"}
     if not all(p.exists() for p in files.values()):
-        files = make_dataset(data, n_train=args.n_train, n_valid=args.n_valid, n_test=1, seed=0,
-                             max_atoms=args.max_atoms)
-    print(f"NequIP convergence: {args.n_train} training / {args.n_valid} validation CuNi structures, {args.epochs} "
-          f"epochs, seeds {args.seeds}, configurations {', '.join(args.only)}", flush=True)
+        files = make_dataset(
+            data,
+            n_train=args.n_train,
+            n_valid=args.n_valid,
+            n_test=1,
+            seed=0,
+            max_atoms=args.max_atoms,
+        )
+    print(
+        f"NequIP convergence: {args.n_train} training / {args.n_valid} validation CuNi structures, "
+        f"{args.epochs} "
+        f"epochs, seeds {args.seeds}, configurations {', '.join(args.only)}",
+        flush=True,
+    )
     for seed in args.seeds:
         for config in args.only:
             run_nequip(args, files, config, seed)
@@ -316,8 +456,8 @@ def spread(values) -> tuple[float, float]:
 
 
 def verdict(stock: list[float], other: list[float]) -> tuple[bool, float]:
-    """The issue's target: |mean - stock mean| within stock's seed spread (sample std), or within 5 %
-    of stock's mean where that spread is smaller. Returns (met, |difference| / tolerance)."""
+    """The issue's target: |mean - stock mean| within stock's seed spread (sample std), or within
+    5 % of stock's mean where that spread is smaller. Returns (met, |difference| / tolerance)."""
     m0, s0 = spread(stock)
     m1, _ = spread(other)
     tol = max(s0, 0.05 * m0)
@@ -336,22 +476,35 @@ def mean_std(values, digits: int) -> str:
 
 
 def final_tables(finals: dict, columns: list[str], digits: list[int]) -> list[str]:
-    """``finals``: config -> list (per column) of per-seed values. The values (mean ± std) and, against
-    stock, the issue's target per column."""
+    """``finals``: config -> list (per column) of per-seed values. The values (mean ± std) and,
+    against stock, the issue's target per column."""
     lines = ["| configuration | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for config, cols in finals.items():
-        lines.append(f"| {LABELS[config]} | " + " | ".join(mean_std(v, d) for v, d in zip(cols, digits)) + " |")
+        lines.append(
+            f"| {LABELS[config]} | "
+            + " | ".join(mean_std(v, d) for v, d in zip(cols, digits))
+            + " |"
+        )
     if "stock" in finals and len(finals) > 1:
-        lines += ["", "Against the target (issue 25: within stock's seed spread, its sample std, or within 5 % of "
-                  "stock's mean where that spread is smaller), |difference from stock| / tolerance; ≤ 1 meets it:", "",
-                  "| configuration | " + " | ".join(columns) + " | all met |", "|---|" + "---|" * (len(columns) + 1)]
+        lines += [
+            "",
+            "Against the target (issue 25: within stock's seed spread, its sample std, or within 5 "
+            "% of "
+            "stock's mean where that spread is smaller), |difference from stock| / tolerance; ≤ 1 "
+            "meets it:",
+            "",
+            "| configuration | " + " | ".join(columns) + " | all met |",
+            "|---|" + "---|" * (len(columns) + 1),
+        ]
         for config in (c for c in finals if c != "stock"):
             cells, met = [], True
             for ref, got in zip(finals["stock"], finals[config]):
                 ok, ratio = verdict(ref, got)
                 met &= ok
                 cells.append(f"{ratio:.2f}" + ("" if ok else " ✗"))
-            lines.append(f"| {LABELS[config]} | " + " | ".join(cells) + f" | {'yes' if met else 'no'} |")
+            lines.append(
+                f"| {LABELS[config]} | " + " | ".join(cells) + f" | {'yes' if met else 'no'} |"
+            )
     return lines
 
 
@@ -374,20 +527,33 @@ def seeds_of(res: dict, sep: str = ", ") -> str:
 
 def command_args(info: dict, part: str, res: dict) -> str:
     """The arguments of the command that makes every run of the report (with all its seeds)."""
-    return " ".join(x for x in (info.get(f"{part}_cmdline", ""), f"--seeds {seeds_of(res, ' ')}") if x)
+    return " ".join(
+        x for x in (info.get(f"{part}_cmdline", ""), f"--seeds {seeds_of(res, ' ')}") if x
+    )
 
 
 def mace_report(res: dict, info: dict) -> list[str]:
-    lines = ["## Training quality: MACE (benchmarks/convergence.py)", "",
-             "Commands (every run resumable, one seed or configuration at a time with `--seeds S --only CONFIG`; "
-             "`report` writes these tables and the plots; the figures are errors, not times, so they do not "
-             "depend on the machine's load):", "",
-             f"    .venv/bin/python -m benchmarks.convergence mace {command_args(info, 'mace', res)}",
-             "    .venv/bin/python -m benchmarks.convergence report", "",
-             f"Workload: {info.get('mace_workload', '')}", "",
-             "The model mace saves (lowest validation loss) evaluated structure by structure: RMSE of the energy per "
-             "atom (E, meV/atom) and of the force components (F, meV/Å) on the validation set and on its third with "
-             f"the fewest and the most atoms; mean ± sample std over seeds {seeds_of(res)}.", ""]
+    lines = [
+        "## Training quality: MACE (benchmarks/convergence.py)",
+        "",
+        "Commands (every run resumable, one seed or configuration at a time with `--seeds S --only "
+        "CONFIG`; "
+        "`report` writes these tables and the plots; the figures are errors, not times, so they do "
+        "not "
+        "depend on the machine's load):",
+        "",
+        f"    .venv/bin/python -m benchmarks.convergence mace {command_args(info, 'mace', res)}",
+        "    .venv/bin/python -m benchmarks.convergence report",
+        "",
+        f"Workload: {info.get('mace_workload', '')}",
+        "",
+        "The model mace saves (lowest validation loss) evaluated structure by structure: RMSE of "
+        "the energy per "
+        "atom (E, meV/atom) and of the force components (F, meV/Å) on the validation set and on "
+        "its third with "
+        f"the fewest and the most atoms; mean ± sample std over seeds {seeds_of(res)}.",
+        "",
+    ]
     finals = {}
     for config, rs in res.items():
         cols = []
@@ -395,49 +561,103 @@ def mace_report(res: dict, info: dict) -> list[str]:
             vals = np.array([subset_rmse(r["final"], which) for r in rs]) * 1e3
             cols += [vals[:, 0].tolist(), vals[:, 1].tolist()]
         finals[config] = cols
-    lines += final_tables(finals, ["E all", "F all", "E smallest third", "F smallest third", "E largest third",
-                                   "F largest third"], [1, 1] * 3)
+    lines += final_tables(
+        finals,
+        [
+            "E all",
+            "F all",
+            "E smallest third",
+            "F smallest third",
+            "E largest third",
+            "F largest third",
+        ],
+        [1, 1] * 3,
+    )
     steps = {c: sorted({r["steps_per_epoch"] for r in rs}) for c, rs in res.items()}
-    lines += ["", "Optimizer steps per epoch: " + "; ".join(f"{LABELS[c]} {'/'.join(map(str, v))}"
-                                                            for c, v in steps.items()) + ".", ""]
-    return lines + energy_force_epochs(res, "mace", "MACE", "mace's own validation RMSE on the whole set")
+    lines += [
+        "",
+        "Optimizer steps per epoch: "
+        + "; ".join(f"{LABELS[c]} {'/'.join(map(str, v))}" for c, v in steps.items())
+        + ".",
+        "",
+    ]
+    return lines + energy_force_epochs(
+        res, "mace", "MACE", "mace's own validation RMSE on the whole set"
+    )
 
 
 def energy_force_epochs(res: dict, part: str, title: str, what: str) -> list[str]:
-    """The per-epoch table and plot of a part whose runs record ``rmse_e_per_atom`` and ``rmse_f``."""
-    curves = {c: (curve(rs, "rmse_e_per_atom") * 1e3, curve(rs, "rmse_f") * 1e3) for c, rs in res.items()}
-    plot_curves(curves, ("validation RMSE E (meV/atom)", "validation RMSE F (meV/Å)"), title, PLOTS[part])
-    return [f"Per epoch, {what} (E meV/atom, F meV/Å), mean ± std (plot: "
-            f"[convergence_{part}.png](convergence_{part}.png)):", ""] + epoch_table(curves, ["E", "F"], [1, 1]) + [""]
+    """The per-epoch table and plot of a part whose runs record ``rmse_e_per_atom`` and
+    ``rmse_f``."""
+    curves = {
+        c: (curve(rs, "rmse_e_per_atom") * 1e3, curve(rs, "rmse_f") * 1e3) for c, rs in res.items()
+    }
+    plot_curves(
+        curves, ("validation RMSE E (meV/atom)", "validation RMSE F (meV/Å)"), title, PLOTS[part]
+    )
+    return (
+        [
+            f"Per epoch, {what} (E meV/atom, F meV/Å), mean ± std (plot: "
+            f"[convergence_{part}.png](convergence_{part}.png)):",
+            "",
+        ]
+        + epoch_table(curves, ["E", "F"], [1, 1])
+        + [""]
+    )
 
 
 def nequip_report(res: dict, info: dict) -> list[str]:
-    lines = ["## Training quality: NequIP (benchmarks/convergence.py)", "",
-             f"    .venv-nequip/bin/python -m benchmarks.convergence nequip "
-             f"{command_args(info, 'nequip', res)}", "",
-             f"Workload: {info.get('nequip_workload', '')}", "",
-             "nequip's validation RMSE (its `val_metrics`) after the last epoch, energy per atom (E, meV/atom) and "
-             f"force components (F, meV/Å); mean ± sample std over seeds {seeds_of(res)}.", ""]
-    finals = {c: [[r["epochs"][-1]["rmse_e_per_atom"] * 1e3 for r in rs],
-                  [r["epochs"][-1]["rmse_f"] * 1e3 for r in rs]] for c, rs in res.items()}
+    lines = [
+        "## Training quality: NequIP (benchmarks/convergence.py)",
+        "",
+        f"    .venv-nequip/bin/python -m benchmarks.convergence nequip "
+        f"{command_args(info, 'nequip', res)}",
+        "",
+        f"Workload: {info.get('nequip_workload', '')}",
+        "",
+        "nequip's validation RMSE (its `val_metrics`) after the last epoch, energy per atom (E, "
+        "meV/atom) and "
+        f"force components (F, meV/Å); mean ± sample std over seeds {seeds_of(res)}.",
+        "",
+    ]
+    finals = {
+        c: [
+            [r["epochs"][-1]["rmse_e_per_atom"] * 1e3 for r in rs],
+            [r["epochs"][-1]["rmse_f"] * 1e3 for r in rs],
+        ]
+        for c, rs in res.items()
+    }
     lines += final_tables(finals, ["E", "F"], [1, 1]) + [""]
     return lines + energy_force_epochs(res, "nequip", "NequIP", "nequip's validation RMSE")
 
 
 def hydragnn_report(res: dict, info: dict) -> list[str]:
-    lines = ["## Training quality: HydraGNN example (benchmarks/convergence.py)", "",
-             f"    .venv/bin/python -m benchmarks.convergence hydragnn "
-             f"{command_args(info, 'hydragnn', res)}", "",
-             "Workload: examples/hydragnn as it is (EGNN, hidden 64, 3 layers; the energy per atom of "
-             f"{info.get('hydragnn_num', 400)} EMT molecules and metal clusters of 3..300 atoms, 80 % for training; "
-             "batch size 8 per rank; binpack `cost=edges`), 2 MPI ranks. HydraGNN's validation loss (its own "
-             "definition: the MSE of the energy per atom, per graph) after the last epoch, mean ± sample std over "
-             f"seeds {seeds_of(res)} (the seed orders the training set and seeds the packing; HydraGNN seeds its "
-             "model itself).", ""]
+    lines = [
+        "## Training quality: HydraGNN example (benchmarks/convergence.py)",
+        "",
+        f"    .venv/bin/python -m benchmarks.convergence hydragnn "
+        f"{command_args(info, 'hydragnn', res)}",
+        "",
+        "Workload: examples/hydragnn as it is (EGNN, hidden 64, 3 layers; the energy per atom of "
+        f"{info.get('hydragnn_num', 400)} EMT molecules and metal clusters of 3..300 atoms, 80 % "
+        "for training; "
+        "batch size 8 per rank; binpack `cost=edges`), 2 MPI ranks. HydraGNN's validation loss "
+        "(its own "
+        "definition: the MSE of the energy per atom, per graph) after the last epoch, mean ± "
+        "sample std over "
+        f"seeds {seeds_of(res)} (the seed orders the training set and seeds the packing; HydraGNN "
+        "seeds its "
+        "model itself).",
+        "",
+    ]
     finals = {c: [[r["epochs"][-1]["val_loss"] * 1e3 for r in rs]] for c, rs in res.items()}
     lines += final_tables(finals, ["validation loss (x 1e-3)"], [3]) + [""]
     curves = {c: (curve(rs, "val_loss") * 1e3,) for c, rs in res.items()}
-    lines += ["Per epoch, validation loss x 1e-3 (plot: [convergence_hydragnn.png](convergence_hydragnn.png)):", ""]
+    lines += [
+        "Per epoch, validation loss x 1e-3 (plot: "
+        "[convergence_hydragnn.png](convergence_hydragnn.png)):",
+        "",
+    ]
     lines += epoch_table(curves, ["loss"], [3]) + [""]
     plot_curves(curves, ("validation loss (MSE, x 1e-3)",), "HydraGNN example", PLOTS["hydragnn"])
     return lines
@@ -464,7 +684,9 @@ def plot_curves(curves: dict, ylabels, title: str, path: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{title}: validation error per epoch (mean over seeds, band: min..max)", fontsize=10)
+    fig.suptitle(
+        f"{title}: validation error per epoch (mean over seeds, band: min..max)", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -475,7 +697,11 @@ def report(args) -> int:
     meta = out / "meta.json"
     info = json.loads(meta.read_text()) if meta.exists() else {}
     lines = []
-    for part, make in (("mace", mace_report), ("hydragnn", hydragnn_report), ("nequip", nequip_report)):
+    for part, make in (
+        ("mace", mace_report),
+        ("hydragnn", hydragnn_report),
+        ("nequip", nequip_report),
+    ):
         res = load_results(out, part)
         if res:
             lines += make(res, info)
@@ -483,8 +709,12 @@ def report(args) -> int:
         raise SystemExit(f"no finished runs under {out}")
     if info.get("loads"):
         loads = "; ".join(f"{part} {min(v):.1f}..{max(v):.1f}" for part, v in info["loads"].items())
-        lines += [f"Machine load when the runs started (1-minute load average of the shared 2-core machine): "
-                  f"{loads}. The errors do not depend on it (the run times in the results files do).", ""]
+        lines += [
+            "Machine load when the runs started (1-minute load average of the shared 2-core "
+            "machine): "
+            f"{loads}. The errors do not depend on it (the run times in the results files do).",
+            "",
+        ]
     text = "\n".join(lines)
     print(text)
     FRAGMENTS.mkdir(parents=True, exist_ok=True)
@@ -511,21 +741,33 @@ def save_meta(args, part: str) -> None:
     info[f"{part}_cmdline"] = cmdline
     if part == "mace":
         info["mace_workload"] = (
-            f"{args.n_train} training / {args.n_valid} validation structures (EMT: CuNi bulk cells, slabs and "
-            f"clusters of 1..{args.max_atoms} atoms, about 20 % H/C/N/O molecules of 2..14 atoms), ScaleShiftMACE "
-            f"{args.hidden}, max_L 1, max_ell 2, correlation 2, 2 interactions, r_max {args.r_max}, radial MLP [16, 16], "
-            f"float64, fused kernels in every configuration (equal to mace's to round-off), --loss weighted "
-            f"(energy weight {args.energy_weight}, forces weight {args.forces_weight}), --batch_size "
-            f"{args.batch_size} per rank (binpack: its default capacity, batch size x mean atoms), Adam lr "
-            f"{args.lr} decaying exponentially to {args.final_lr_factor:g} x over {args.epochs} epochs, 2 MPI "
-            "ranks x 1 thread.")
+            f"{args.n_train} training / {args.n_valid} validation structures (EMT: CuNi bulk "
+            "cells, slabs and "
+            f"clusters of 1..{args.max_atoms} atoms, about 20 % H/C/N/O molecules of 2..14 atoms), "
+            "ScaleShiftMACE "
+            f"{args.hidden}, max_L 1, max_ell 2, correlation 2, 2 interactions, r_max "
+            f"{args.r_max}, radial MLP [16, 16], "
+            "float64, fused kernels in every configuration (equal to mace's to round-off), --loss "
+            "weighted "
+            f"(energy weight {args.energy_weight}, forces weight {args.forces_weight}), "
+            "--batch_size "
+            f"{args.batch_size} per rank (binpack: its default capacity, batch size x mean atoms), "
+            "Adam lr "
+            f"{args.lr} decaying exponentially to {args.final_lr_factor:g} x over {args.epochs} "
+            "epochs, 2 MPI "
+            "ranks x 1 thread."
+        )
     elif part == "nequip":
         info["nequip_workload"] = (
-            f"{args.n_train} training / {args.n_valid} validation CuNi structures of 1..{args.max_atoms} atoms "
+            f"{args.n_train} training / {args.n_valid} validation CuNi structures of "
+            f"1..{args.max_atoms} atoms "
             "(cfm_plugins.datasets.cuni: bulk, slabs, clusters; EMT), NequIP GNN "
-            f"(cfm_plugins.datasets.nequip_config: {args.features} features, l_max 1, 2 layers, r_max 4.0, float64, "
-            f"EnergyForceLoss), batch_size {args.batch_size} per rank, Adam lr {args.lr}, {args.epochs} epochs, "
-            "2 MPI ranks x 1 thread.")
+            f"(cfm_plugins.datasets.nequip_config: {args.features} features, l_max 1, 2 layers, "
+            "r_max 4.0, float64, "
+            f"EnergyForceLoss), batch_size {args.batch_size} per rank, Adam lr {args.lr}, "
+            f"{args.epochs} epochs, "
+            "2 MPI ranks x 1 thread."
+        )
     else:
         info["hydragnn_num"] = args.num
     info.setdefault("loads", {}).setdefault(part, []).append(round(os.getloadavg()[0], 1))
@@ -545,13 +787,17 @@ def main(argv=None) -> int:
     p.add_argument("part", choices=["mace", "hydragnn", "nequip", "report"])
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--only", default=",".join(CONFIGS), help="configurations to run: " + ", ".join(CONFIGS))
+    p.add_argument(
+        "--only", default=",".join(CONFIGS), help="configurations to run: " + ", ".join(CONFIGS)
+    )
     p.add_argument("--force", action="store_true", help="redo runs that have a result")
     p.add_argument("--epochs", type=int, default=None, help="MACE 40, HydraGNN 30, NequIP 30")
     p.add_argument("--n-train", type=int, default=None, help="MACE 120, NequIP 60")
     p.add_argument("--n-valid", type=int, default=None, help="MACE 60, NequIP 30")
     p.add_argument("--max-atoms", type=int, default=None, help="300")
-    p.add_argument("--batch-size", type=int, default=None, help="graphs per rank of the stock batches: 4")
+    p.add_argument(
+        "--batch-size", type=int, default=None, help="graphs per rank of the stock batches: 4"
+    )
     p.add_argument("--lr", type=float, default=None, help="MACE 0.01, NequIP 0.005")
     # MACE
     p.add_argument("--hidden", default="16x0e+16x1o")
@@ -560,14 +806,19 @@ def main(argv=None) -> int:
     p.add_argument("--energy-weight", type=float, default=10.0)
     p.add_argument("--forces-weight", type=float, default=10.0)
     # HydraGNN
-    p.add_argument("--num", type=int, default=400, help="HydraGNN: structures in the example's data set")
+    p.add_argument(
+        "--num", type=int, default=400, help="HydraGNN: structures in the example's data set"
+    )
     # NequIP
     p.add_argument("--features", type=int, default=16)
     args = p.parse_args(argv)
     args.only = [c for c in args.only.split(",") if c]
     unknown = set(args.only) - set(CONFIGS)
     if unknown:
-        p.error(f"--only: unknown configuration(s) {', '.join(sorted(unknown))}; choose from {', '.join(CONFIGS)}")
+        p.error(
+            f"--only: unknown configuration(s) {', '.join(sorted(unknown))}; choose from "
+            f"{', '.join(CONFIGS)}"
+        )
     if args.part == "report":
         return report(args)
     for key, value in PART_DEFAULTS[args.part].items():
@@ -576,7 +827,11 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     save_meta(args, args.part)
     {"mace": mace_part, "hydragnn": hydragnn_part, "nequip": nequip_part}[args.part](args)
-    print(f"done; `python -m benchmarks.convergence report --out {args.out}` writes the tables and the plot", flush=True)
+    print(
+        f"done; `python -m benchmarks.convergence report --out {args.out}` writes the tables and "
+        "the plot",
+        flush=True,
+    )
     return 0
 
 

@@ -1,8 +1,10 @@
-"""The captured static step on the GPU (issue 19): exact against the uncaptured step, free of syncs, and timed.
+"""The captured static step on the GPU (issue 19): exact against the uncaptured step, free of syncs,
+and timed.
 
-    python benchmarks/gpu_capture.py                                        # the full check (GPU machine)
-    python benchmarks/gpu_capture.py --backend cuda triton --atoms 500 4000 # both kernel backends
-    python benchmarks/gpu_capture.py --device cpu --mode default --quick    # a smoke run anywhere
+    python benchmarks/gpu_capture.py                                        # the full check (GPU
+    machine) python benchmarks/gpu_capture.py --backend cuda triton --atoms 500 4000 # both kernel
+    backends python benchmarks/gpu_capture.py --device cpu --mode default --quick    # a smoke run
+    anywhere
 
 Workload (the one of benchmarks/gpu_mace.py and ../shared/GPU.md): the MACE-MP-medium-like
 ScaleShiftMACE of ``gpu_mace.build_model`` (hidden ``--hidden``, l<=3, correlation 3, 89 elements,
@@ -14,10 +16,10 @@ The model is set up as the ``static`` plugin's mace seam and ``CFMCalculator(com
 up: built with e3nn's code generation off, ``without_torchscript``, patched, then
 ``cfm_plugins.static.forward.install(model, MACE_SPEC, compile=..., dynamic=False)`` (TracedSwaps
 around the compiled call, ``configure_dynamo``). Two copies with the same weights (the same seeded
-build, checked equal key by key: a ``copy.deepcopy`` would hold e3nn's TorchScript again): compile=off
-(eager on the padded batch) and compile=``--mode`` (``reduce-overhead``: inductor + CUDA graph
-trees). The batch is one structure padded as the calculator pads it (``PaddingCollater``, a budget
-of the structure's size + 5 % headroom, pad edges 2 r_max long). Steps:
+build, checked equal key by key: a ``copy.deepcopy`` would hold e3nn's TorchScript again):
+compile=off (eager on the padded batch) and compile=``--mode`` (``reduce-overhead``: inductor + CUDA
+graph trees). The batch is one structure padded as the calculator pads it (``PaddingCollater``, a
+budget of the structure's size + 5 % headroom, pad edges 2 r_max long). Steps:
 
 - ``train``: ``model(batch, training=True, compute_force=True)``, a loss on energy and forces
   against the EMT labels (as ``gpu_mace.measure``), ``backward()``;
@@ -43,6 +45,7 @@ the same steps from CUDA events), of the eager step on the unpadded batch (compi
 batch), the eager step on the padded batch and the captured step. On CUDA also whether a pinned
 padded batch moves to the device without blocking. Results go to stdout and ``--out`` as markdown.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,7 +81,8 @@ def say(*lines):
 
 @contextlib.contextmanager
 def section(name: str):
-    """Run a section; an exception is printed with its traceback, counted as a failure, and skipped."""
+    """Run a section; an exception is printed with its traceback, counted as a failure, and
+    skipped."""
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - report and go on with the next section
@@ -132,7 +136,8 @@ def cudagraph_skips() -> int:
 
 # ---------------------------------------------------------------------------- batches and models
 class Workload:
-    """One cell: the unpadded batch (a dict), the padded one (a PaddedBatch) and the EMT labels, on ``device``."""
+    """One cell: the unpadded batch (a dict), the padded one (a PaddedBatch) and the EMT labels, on
+    ``device``."""
 
     def __init__(self, atoms, e, f, dtype, device, tracker=None):
         import torch
@@ -143,12 +148,17 @@ class Workload:
         from cfm_plugins.static.mace import PaddingCollater, batch_sizes
 
         with torch_tools.default_dtype(dtype):  # as CFMCalculator builds its graphs
-            graph = mace_data.AtomicData.from_config(mace_data.config_from_atoms(atoms),
-                                                     z_table=AtomicNumberTable(list(range(1, 90))), cutoff=R_MAX)
+            graph = mace_data.AtomicData.from_config(
+                mace_data.config_from_atoms(atoms),
+                z_table=AtomicNumberTable(list(range(1, 90))),
+                cutoff=R_MAX,
+            )
         self.atoms, self.edges = len(atoms), int(graph["edge_index"].shape[1])
         self.plain = torch_geometric.Batch.from_data_list([graph]).to(device).to_dict()
         if tracker is None:
-            tracker = BudgetTracker(budget_for(*batch_sizes([graph]), HEADROOM), HEADROOM, "gpu_capture")
+            tracker = BudgetTracker(
+                budget_for(*batch_sizes([graph]), HEADROOM), HEADROOM, "gpu_capture"
+            )
         self.tracker = tracker
         batch = PaddingCollater(torch_geometric.Batch.from_data_list, tracker, 2.0 * R_MAX)([graph])
         for key in batch.padded.keys:  # floats in the model's dtype, as CFMCalculator._padded
@@ -177,8 +187,9 @@ def check_cell(n_atoms: int):
 
 
 def fresh(inputs: dict) -> dict:
-    """A new input dict of the same tensors, detached: every step gets leaf positions of its own, as a
-    new batch would (no ``positions.grad`` accumulating over the steps, nothing left set by the last)."""
+    """A new input dict of the same tensors, detached: every step gets leaf positions of its own,
+    as a new batch would (no ``positions.grad`` accumulating over the steps, nothing left set by
+    the last)."""
     import torch
 
     return {k: v.detach() if torch.is_tensor(v) else v for k, v in inputs.items()}
@@ -194,7 +205,8 @@ def base_model(dtype, hidden: str, device):
 
 
 def static_model(stock, hidden: str, fused: bool, compile: str):
-    """A copy of ``stock`` (same weights), patched when ``fused``, with the static forward installed.
+    """A copy of ``stock`` (same weights), patched when ``fused``, with the static forward
+    installed.
 
     Not ``copy.deepcopy``: e3nn scripts its fx modules when a module is copied or pickled, and a
     model holding TorchScript cannot be compiled. The copy is the same seeded build, without
@@ -210,7 +222,9 @@ def static_model(stock, hidden: str, fused: bool, compile: str):
     ref, got = stock.state_dict(), model.state_dict()
     differ = [k for k in ref if k not in got or not torch.equal(ref[k], got[k])]
     if differ or ref.keys() != got.keys() or holds_torchscript(model):
-        raise RuntimeError(f"the copy of the model differs from it ({differ[:3]}...) or holds TorchScript")
+        raise RuntimeError(
+            f"the copy of the model differs from it ({differ[:3]}...) or holds TorchScript"
+        )
     if fused:
         patch_model(model)
     install(model, MACE_SPEC, compile=compile, dynamic=False)
@@ -233,8 +247,11 @@ def frozen(model):
 def train_step(model, inputs, e_ref, f_ref):
     import torch
 
-    torch.compiler.cudagraph_mark_step_begin()  # a new step: the last step's graph outputs may be reused
-    model.zero_grad(set_to_none=True)  # grads are outputs of the captured backward: never accumulate into them
+    # a new step: the last step's graph outputs may be reused
+    torch.compiler.cudagraph_mark_step_begin()
+    model.zero_grad(
+        set_to_none=True
+    )  # grads are outputs of the captured backward: never accumulate into them
     out = model(fresh(inputs), training=True, compute_force=True)
     loss = ((out["energy"] - e_ref) ** 2).mean() + ((out["forces"] - f_ref) ** 2).mean()
     loss.backward()
@@ -252,9 +269,15 @@ def infer_step(model, inputs):
 def snapshot_train(model, wl, inputs) -> dict:
     """Clones of what a train step gives (a replay may overwrite the graph's own outputs)."""
     loss, out = train_step(model, inputs, wl.e_ref, wl.f_ref)
-    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
-    return {"loss": loss.detach().clone(), "grads": grads, "energy": out["energy"].detach().clone(),
-            "forces": out["forces"].detach().clone()}
+    grads = {
+        n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()
+    }
+    return {
+        "loss": loss.detach().clone(),
+        "grads": grads,
+        "energy": out["energy"].detach().clone(),
+        "forces": out["forces"].detach().clone(),
+    }
 
 
 def snapshot_infer(model, inputs) -> dict:
@@ -294,10 +317,16 @@ def compare(label: str, got: dict, ref: dict, tol: float) -> dict:
     return errors
 
 
+def verdict(check: str) -> str:
+    """PASS, or the first word of a check's failure (``FAIL: ...`` -> ``FAIL``)."""
+    return check if check == "PASS" else check.split(":")[0].split()[0].upper()
+
+
 def sync_check(device, step) -> str:
-    """``step`` under ``set_sync_debug_mode("warn")``: PASS, or FAIL with the number of synchronizing
-    calls and where the first was made. Every call's Python stack (its last frames) is printed: a
-    failed check says at once what to fix, where the "error" mode showed only the message."""
+    """``step`` under ``set_sync_debug_mode("warn")``: PASS, or FAIL with the number of
+    synchronizing calls and where the first was made. Every call's Python stack (its last frames)
+    is printed: a failed check says at once what to fix, where the "error" mode showed only the
+    message."""
     import torch
 
     if device.type != "cuda":
@@ -323,7 +352,10 @@ def sync_check(device, step) -> str:
         return "PASS"
     distinct = list(dict.fromkeys(sites))
     for i, site in enumerate(distinct):
-        say(f"synchronizing call {i + 1} of {len(distinct)} distinct ({len(sites)} in all), its stack:\n{site}")
+        say(
+            f"synchronizing call {i + 1} of {len(distinct)} distinct ({len(sites)} in all), its "
+            f"stack:\n{site}"
+        )
     last = sites[0].strip().splitlines()[-2].strip()
     return f"FAIL: {len(sites)} synchronizing call(s), the first at {last}"
 
@@ -364,20 +396,31 @@ def pinned_check(wl, device) -> str:
         b = wl.padded_cpu.clone()
         if pin:
             b.pin_memory()
-        pinned = all(v.is_pinned() for _, v in b.padded("positions", "edge_index", "node_attrs", "shifts"))
+        pinned = all(
+            v.is_pinned() for _, v in b.padded("positions", "edge_index", "node_attrs", "shifts")
+        )
         torch.cuda.synchronize()
         if hasattr(torch.cuda, "_sleep"):
-            torch.cuda._sleep(50_000_000)  # keep the stream busy ~tens of ms: a blocking copy waits for it
+            torch.cuda._sleep(
+                50_000_000
+            )  # keep the stream busy ~tens of ms: a blocking copy waits for it
         t = time.perf_counter()
         b.to(device)  # PaddedBatch.to: non_blocking when pinned
         t_to = 1e3 * (time.perf_counter() - t)
         busy = not torch.cuda.current_stream().query()
         torch.cuda.synchronize()
         t_sync = 1e3 * (time.perf_counter() - t)
-        views = b.positions.data_ptr() == b.padded.positions.data_ptr() and b.positions.device.type == "cuda"
+        views = (
+            b.positions.data_ptr() == b.padded.positions.data_ptr()
+            and b.positions.device.type == "cuda"
+        )
         verdict = "non-blocking" if busy and t_to < 0.5 * t_sync else "blocking (or inconclusive)"
-        out.append(f"{'pinned' if pin else 'pageable'} (is_pinned {pinned}): to() returned after {t_to:.2f} ms, "
-                   f"stream still busy {busy}, synchronized after {t_sync:.2f} ms, views on device {views}: {verdict}")
+        out.append(
+            f"{'pinned' if pin else 'pageable'} (is_pinned {pinned}): to() returned after "
+            f"{t_to:.2f} ms, "
+            f"stream still busy {busy}, synchronized after {t_sync:.2f} ms, views on device "
+            f"{views}: {verdict}"
+        )
     return "; ".join(out)
 
 
@@ -390,10 +433,18 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
 
     tol = TOL[dtype_name]
     name = f"{dtype_name} {wl0.atoms} atoms {label}"
-    say("", f"### {name}: padded to {wl0.sizes[1]} atoms, {wl0.sizes[2]} edges, {wl0.sizes[0]} graphs "
-            f"(real {wl0.atoms} atoms, {wl0.edges} edges; check cell {wl1.edges} edges, padded "
-            f"{'the same' if wl1.sizes == wl0.sizes else f'to {wl1.sizes}: a second shape, compiled again'})")
-    torch._dynamo.reset()  # this configuration's graphs only (also frees the last one's CUDA graph trees)
+    say(
+        "",
+        f"### {name}: padded to {wl0.sizes[1]} atoms, {wl0.sizes[2]} edges, {wl0.sizes[0]} graphs "
+        f"(real {wl0.atoms} atoms, {wl0.edges} edges; check cell {wl1.edges} edges, padded "
+        + (
+            "the same)"
+            if wl1.sizes == wl0.sizes
+            else f"to {wl1.sizes}: a second shape, compiled again)"
+        ),
+    )
+    # this configuration's graphs only (also frees the last one's CUDA graph trees)
+    torch._dynamo.reset()
     counts0, skips0 = forward.compile_counts(), cudagraph_skips()
     capture.take()
     off = static_model(stock, args.hidden, fused, "off")
@@ -402,7 +453,9 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
 
     with section(f"{name}: compile and warm up"):
         t = time.perf_counter()
-        for _ in range(max(3, args.warmup)):  # CUDA graph trees: warm-up run, recording, then replays
+        for _ in range(
+            max(3, args.warmup)
+        ):  # CUDA graph trees: warm-up run, recording, then replays
             train_step(cap, wl0.padded_inputs, wl0.e_ref, wl0.f_ref)
             infer_step(cap, wl0.padded_inputs)
         if device.type == "cuda":
@@ -410,58 +463,97 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
         say(f"compiled and warmed up in {time.perf_counter() - t:.1f} s")
 
     with section(f"{name}: check"):
-        got_t, got_i = snapshot_train(cap, wl1, wl1.padded_inputs), snapshot_infer(cap, wl1.padded_inputs)
-        ref_t, ref_i = snapshot_train(off, wl1, wl1.padded_inputs), snapshot_infer(off, wl1.padded_inputs)
+        got_t, got_i = (
+            snapshot_train(cap, wl1, wl1.padded_inputs),
+            snapshot_infer(cap, wl1.padded_inputs),
+        )
+        ref_t, ref_i = (
+            snapshot_train(off, wl1, wl1.padded_inputs),
+            snapshot_infer(off, wl1.padded_inputs),
+        )
         plain_t, plain_i = snapshot_train(off, wl1, wl1.plain), snapshot_infer(off, wl1.plain)
         e1 = compare(f"{name} captured vs off, train:", got_t, ref_t, tol)
         e2 = compare(f"{name} captured vs off, inference:", got_i, ref_i, tol)
         e3 = compare(f"{name} padded vs unpadded (eager), train:", ref_t, plain_t, tol)
         e4 = compare(f"{name} padded vs unpadded (eager), inference:", ref_i, plain_i, tol)
-        check.update(loss=e1["loss"], grads=e1["grads"], e_train=e1["energy"], f_train=e1["forces"],
-                     e_infer=e2["energy"], f_infer=e2["forces"], padded=max(*e3.values(), *e4.values()))
+        check.update(
+            loss=e1["loss"],
+            grads=e1["grads"],
+            e_train=e1["energy"],
+            f_train=e1["forces"],
+            e_infer=e2["energy"],
+            f_infer=e2["forces"],
+            padded=max(*e3.values(), *e4.values()),
+        )
 
     with section(f"{name}: sync check"):
-        for key, step in (("sync_train", lambda: train_step(cap, wl0.padded_inputs, wl0.e_ref, wl0.f_ref)),
-                          ("sync_infer", lambda: infer_step(cap, wl0.padded_inputs))):
+        for key, step in (
+            # (F821: ruff reads the `del cap` at the end as if it came first)
+            ("sync_train", lambda: train_step(cap, wl0.padded_inputs, wl0.e_ref, wl0.f_ref)),  # noqa: F821
+            ("sync_infer", lambda: infer_step(cap, wl0.padded_inputs)),  # noqa: F821
+        ):
             check[key] = sync_check(device, step)
             if check[key].startswith("FAIL"):
                 FAILURES.append(f"{name} {key}: {check[key]}")
             step_name = "train" if key == "sync_train" else "inference"
-            say(f"{check[key] if check[key] == 'PASS' else check[key].split(':')[0].split()[0].upper()} {name} no "
-                f"sync in the captured {step_name} step{'' if check[key] == 'PASS' else ': ' + check[key]}")
+            say(
+                f"{verdict(check[key])} {name} no "
+                f"sync in the captured {step_name} "
+                f"step{'' if check[key] == 'PASS' else ': ' + check[key]}"
+            )
 
     with section(f"{name}: timing"):
-        ways = {"eager": (off, wl0.plain), "eager padded": (off, wl0.padded_inputs),
-                "captured": (cap, wl0.padded_inputs)}
+        ways = {
+            "eager": (off, wl0.plain),
+            "eager padded": (off, wl0.padded_inputs),
+            "captured": (cap, wl0.padded_inputs),
+        }
         for step in ("train", "inference"):
             times = {}
             for way, (model, inputs) in ways.items():
-                fn = ((lambda m=model, i=inputs: train_step(m, i, wl0.e_ref, wl0.f_ref)) if step == "train"
-                      else (lambda m=model, i=inputs: infer_step(m, i)))
+                fn = (
+                    (lambda m=model, i=inputs: train_step(m, i, wl0.e_ref, wl0.f_ref))
+                    if step == "train"
+                    else (lambda m=model, i=inputs: infer_step(m, i))
+                )
                 times[way] = timed(fn, args.reps, args.warmup, device)
             (w0, g0), (w1, g1), (w2, g2) = times.values()
             gpu = f"{g0:.2f} / {g1:.2f} / {g2:.2f}" if g0 is not None else "-"
-            rows.append(f"| {dtype_name} | {wl0.atoms} | {wl0.edges} | {wl0.sizes[1]} / {wl0.sizes[2]} | {label} "
-                        f"| {step} | {w0:.2f} | {w1:.2f} | {w2:.2f} | {w1 / w0:.2f}x | {w2 / w0:.2f}x | {gpu} |")
+            rows.append(
+                f"| {dtype_name} | {wl0.atoms} | {wl0.edges} | {wl0.sizes[1]} / {wl0.sizes[2]} | "
+                f"{label} "
+                f"| {step} | {w0:.2f} | {w1:.2f} | {w2:.2f} | {w1 / w0:.2f}x | {w2 / w0:.2f}x | "
+                f"{gpu} |"
+            )
             say(rows[-1])
 
     counts1 = forward.compile_counts()
     check["graphs"] = counts1["graphs"] - counts0["graphs"]
-    breaks = {k: v - counts0["graph_breaks"].get(k, 0) for k, v in counts1["graph_breaks"].items()
-              if v != counts0["graph_breaks"].get(k, 0)}
+    breaks = {
+        k: v - counts0["graph_breaks"].get(k, 0)
+        for k, v in counts1["graph_breaks"].items()
+        if v != counts0["graph_breaks"].get(k, 0)
+    }
     check["breaks"] = sum(breaks.values())
     check["skips"] = cudagraph_skips() - skips0
     fwd = forward.installed(cap)
     # the compiled call always runs training=True (MACE_SPEC.compiled_kwargs): the inference step
     # may reuse the train step's graph (1, as on an H200) or get its own (2)
-    say(f"dynamo: {check['graphs']} graph(s) compiled for the train and inference steps (1 or 2), graph breaks "
-        f"{breaks or 'none'}, shapes {fwd.shapes if fwd else '-'}; inductor cudagraph_skips: {check['skips']}")
+    say(
+        f"dynamo: {check['graphs']} graph(s) compiled for the train and inference steps (1 or 2), "
+        "graph breaks "
+        f"{breaks or 'none'}, shapes {fwd.shapes if fwd else '-'}; inductor cudagraph_skips: "
+        f"{check['skips']}"
+    )
     logged = capture.take()
     skipped = [m for m in logged if "skipping cudagraph" in m.lower()]
     if args.mode == "reduce-overhead" and (skipped or check["skips"]):
         FAILURES.append(f"{name}: CUDA graphs skipped ({check['skips']}): {skipped}")
         say(f"FAIL {name}: CUDA graphs were skipped: the step is not captured")
-    say(f"warnings logged ({len(logged)}):" if logged else "warnings logged: none", *[f"  {m}" for m in logged])
+    say(
+        f"warnings logged ({len(logged)}):" if logged else "warnings logged: none",
+        *[f"  {m}" for m in logged],
+    )
     checks.append(check)
     del off, cap
     gc.collect()
@@ -473,30 +565,71 @@ def check_table(checks) -> list[str]:
     def f(v):
         return f"{v:.1e}" if isinstance(v, float) else str(v)
 
-    lines = ["| configuration | loss | grads | E train | F train | E inference | F inference | padded vs unpadded "
-             "| no sync (train) | no sync (inference) | graphs | breaks | cudagraph skips |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| configuration | loss | grads | E train | F train | E inference | F inference | padded "
+        "vs unpadded "
+        "| no sync (train) | no sync (inference) | graphs | breaks | cudagraph skips |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in checks:
-        lines.append("| " + " | ".join(f(c.get(k, "-")) for k in (
-            "config", "loss", "grads", "e_train", "f_train", "e_infer", "f_infer", "padded", "sync_train",
-            "sync_infer", "graphs", "breaks", "skips")) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                f(c.get(k, "-"))
+                for k in (
+                    "config",
+                    "loss",
+                    "grads",
+                    "e_train",
+                    "f_train",
+                    "e_infer",
+                    "f_infer",
+                    "padded",
+                    "sync_train",
+                    "sync_infer",
+                    "graphs",
+                    "breaks",
+                    "skips",
+                )
+            )
+            + " |"
+        )
     return lines
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float32", "float64"])
+    p.add_argument(
+        "--dtypes", nargs="+", default=["float64", "float32"], choices=["float32", "float64"]
+    )
     p.add_argument("--atoms", type=int, nargs="+", default=[500])
-    p.add_argument("--mode", default="reduce-overhead", choices=["reduce-overhead", "default", "max-autotune"],
-                   help="compile mode of the captured model (reduce-overhead: CUDA graphs; default for a CPU run)")
-    p.add_argument("--backend", dest="backends", nargs="+", default=["cuda"], choices=["cuda", "triton"],
-                   help="kernel backends of the fused kernels on CUDA; several give one row each")
+    p.add_argument(
+        "--mode",
+        default="reduce-overhead",
+        choices=["reduce-overhead", "default", "max-autotune"],
+        help="compile mode of the captured model "
+        "(reduce-overhead: CUDA graphs; default for a CPU run)",
+    )
+    p.add_argument(
+        "--backend",
+        dest="backends",
+        nargs="+",
+        default=["cuda"],
+        choices=["cuda", "triton"],
+        help="kernel backends of the fused kernels on CUDA; several give one row each",
+    )
     p.add_argument("--hidden", default="128x0e+128x1o")
-    p.add_argument("--no-stock", action="store_true", help="only the fused kernels (skip the stock e3nn rows)")
+    p.add_argument(
+        "--no-stock", action="store_true", help="only the fused kernels (skip the stock e3nn rows)"
+    )
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms, 1 rep)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms, 1 rep)",
+    )
     p.add_argument("--out", default="/tmp/cfm_gpu_capture.md")
     args = p.parse_args(argv)
     if args.quick:
@@ -510,26 +643,43 @@ def main(argv=None) -> int:
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda but torch sees no CUDA device: run this on a GPU machine or pass "
-                         "--device cpu --mode default")
+        raise SystemExit(
+            "--device cuda but torch sees no CUDA device: run this on a GPU machine or pass "
+            "--device cpu --mode default"
+        )
     try:
         check_compile_mode(args.mode, device)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     capture = capture_warnings()
     command = "python benchmarks/gpu_capture.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    head = ["## The captured static step (benchmarks/gpu_capture.py, issue 19)", "", f"Command: `{command}`", "",
-            f"Device: {device_name(device)}", "",
-            f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP [64,64,64], "
-            f"r_max {R_MAX:g}, 2 layers; one rattled CuNi fcc cell padded to its size + {HEADROOM:.0%}; "
-            f"captured = compile={args.mode} of the static forward; median of {args.reps} steps after "
-            f"{args.warmup} warm-ups.", ""]
+    head = [
+        "## The captured static step (benchmarks/gpu_capture.py, issue 19)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Device: {device_name(device)}",
+        "",
+        f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP "
+        "[64,64,64], "
+        f"r_max {R_MAX:g}, 2 layers; one rattled CuNi fcc cell padded to its size + "
+        f"{HEADROOM:.0%}; "
+        f"captured = compile={args.mode} of the static forward; median of {args.reps} steps after "
+        f"{args.warmup} warm-ups.",
+        "",
+    ]
     say(*head)
-    kernels = ([] if args.no_stock else [("stock", False, None)]) + ([(f"fused[{b}]", True, b) for b in args.backends] if device.type == "cuda"
-                                          else [("fused", True, None)])
-    rows = ["| dtype | atoms | edges | padded atoms / edges | kernels | step | eager ms | eager padded ms "
-            "| captured ms | padded vs eager | captured vs eager | GPU ms (eager / padded / captured) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    kernels = ([] if args.no_stock else [("stock", False, None)]) + (
+        [(f"fused[{b}]", True, b) for b in args.backends]
+        if device.type == "cuda"
+        else [("fused", True, None)]
+    )
+    rows = [
+        "| dtype | atoms | edges | padded atoms / edges | kernels | step | eager ms "
+        "| eager padded ms | captured ms | padded vs eager | captured vs eager "
+        "| GPU ms (eager / padded / captured) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     checks, pinned = [], []
     cells = {}
     for n in args.atoms:
@@ -557,14 +707,41 @@ def main(argv=None) -> int:
                 with section(f"{dtype_name} {n} atoms {label}"):
                     if backend is not None:
                         _backend.set_gpu_backend(backend)
-                    run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture, rows, checks)
+                    run_config(
+                        args,
+                        device,
+                        dtype_name,
+                        stock,
+                        label,
+                        fused,
+                        wl0,
+                        wl1,
+                        capture,
+                        rows,
+                        checks,
+                    )
             del wl0, wl1
         del stock
-    verdict = (["**All checks PASS.**"] if not FAILURES
-               else [f"**{len(FAILURES)} FAIL/ERROR:**", ""] + [f"- {f}" for f in FAILURES])
-    lines = head + ["Checks (max relative error of captured vs compile=off; padded vs unpadded: eager, worst "
-                    f"quantity; tolerance {TOL}):", ""] + check_table(checks) + ["", "Timing (ms per step; ratios are time ratios, < 1 is faster):", ""] + rows + [
-        "", "Pinned padded batch to the device:", ""] + (pinned or ["- skipped"]) + ["", *verdict, ""]
+    verdict = (
+        ["**All checks PASS.**"]
+        if not FAILURES
+        else [f"**{len(FAILURES)} FAIL/ERROR:**", ""] + [f"- {f}" for f in FAILURES]
+    )
+    lines = (
+        head
+        + [
+            "Checks (max relative error of captured vs compile=off; padded vs unpadded: eager, "
+            "worst "
+            f"quantity; tolerance {TOL}):",
+            "",
+        ]
+        + check_table(checks)
+        + ["", "Timing (ms per step; ratios are time ratios, < 1 is faster):", ""]
+        + rows
+        + ["", "Pinned padded batch to the device:", ""]
+        + (pinned or ["- skipped"])
+        + ["", *verdict, ""]
+    )
     text = "\n".join(lines)
     say("", text)
     with section("writing --out"):

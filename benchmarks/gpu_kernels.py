@@ -1,8 +1,8 @@
 """The two fused kernels on their own, on the GPU: stock e3nn vs cuEquivariance vs cfm-plugins.
 
     python benchmarks/gpu_kernels.py [--nodes 500 4000 32000] [--dtypes float32 float64] [--profile]
-    python benchmarks/gpu_kernels.py --layers 0 1 --modes bwd train   # both layers, the step's chain
-    python benchmarks/gpu_kernels.py --device cpu --quick      # a smoke run anywhere
+    python benchmarks/gpu_kernels.py --layers 0 1 --modes bwd train   # both layers, the step's
+    chain python benchmarks/gpu_kernels.py --device cpu --quick      # a smoke run anywhere
 
 Workload: the modules of the MACE-MP-medium-like model of benchmarks/gpu_mace.py, taken out of the
 model each way builds it (``stock``: mace's e3nn modules; ``cueq``: ``convert_e3nn_cueq``, conv
@@ -26,6 +26,7 @@ Median of ``--reps`` synchronised calls after ``--warmup``; peak memory above th
 last column is ours against stock in the same run. ``--profile`` prints the top kernels of each
 ``bwd2`` case (torch.profiler). ``--out`` writes the markdown to a file too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,15 +81,22 @@ def tp_case(model, graph, dtype, device, layer: int):
     torch.manual_seed(2)
     dim_in = 128 * 4 if layer > 0 else 128
     x = torch.randn(n, dim_in, dtype=dtype, device=device)
-    y = o3.spherical_harmonics(o3.Irreps.spherical_harmonics(3), torch.from_numpy(vec).to(dtype=dtype, device=device),
-                               True, normalization="component")
+    y = o3.spherical_harmonics(
+        o3.Irreps.spherical_harmonics(3),
+        torch.from_numpy(vec).to(dtype=dtype, device=device),
+        True,
+        normalization="component",
+    )
     w = torch.randn(ei.shape[1], block.conv_tp.weight_numel, dtype=dtype, device=device)
     if hasattr(block, "conv_fusion"):
+
         def call(x, y, w):
             return block.conv_tp(x, y, w, ei)
     else:
+
         def call(x, y, w):
             return scatter_sum(block.conv_tp(x[ei[0]], y, w), ei[1], dim=0, dim_size=n)
+
     return call, [], [x, y, w]
 
 
@@ -120,10 +128,14 @@ def run_mode(kernel: str, call, params, inputs, mode: str):
         (gx,) = torch.autograd.grad(loss, leaves[0], create_graph=True)
         return torch.autograd.grad(gx.pow(2).sum(), params)
     x, y, w = leaves
-    if mode == "train":  # forces through the edge attributes and the radial weights, as in MACE's step
+    if (
+        mode == "train"
+    ):  # forces through the edge attributes and the radial weights, as in MACE's step
         gy, gw = torch.autograd.grad(loss, (y, w), create_graph=True)
         return torch.autograd.grad(gy.pow(2).sum() + gw.pow(2).sum(), (x, w))
-    (gy,) = torch.autograd.grad(loss, y, create_graph=True)  # bwd2: through the edge attributes only
+    (gy,) = torch.autograd.grad(
+        loss, y, create_graph=True
+    )  # bwd2: through the edge attributes only
     return torch.autograd.grad(gy.pow(2).sum(), (x, w))
 
 
@@ -144,14 +156,20 @@ def top_kernels(fn, device, top: int) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    ) as prof:
         fn()
         if cuda:
             torch.cuda.synchronize()
     ev, t = kernel_events(prof.key_averages(), cuda)
     total = sum(t(e) for e in ev) or 1e-9
     rows = sorted(ev, key=t, reverse=True)[:top]
-    return [f"    {t(e) / 1e3:8.2f} ms {t(e) / total:4.0%} x{e.count:<4d} {' '.join(e.key.split())[:90]}" for e in rows]
+    return [
+        f"    {t(e) / 1e3:8.2f} ms {t(e) / total:4.0%} x{e.count:<4d} "
+        f"{' '.join(e.key.split())[:90]}"
+        for e in rows
+    ]
 
 
 #: the Triton kernels (``cfm_plugins/ops/triton/configs.py`` names) each family launches
@@ -163,13 +181,22 @@ def tile_sweep(args, fused: dict, graphs: dict, device) -> list[str]:
     then the autotuning alternatives of configs.py), one kernel at a time, the others at their
     defaults: per mode, ms and the ratio to the default. On a CPU the C++ kernels run and tiles
     change nothing (a smoke run)."""
-    lines = ["", "Tile configs of the Triton kernels (`--tiles`; fused way only, one kernel's tile changed at "
-             "a time; ms, and vs the default in the same run)"
-             + ("" if device.type == "cuda" else ": on a CPU the C++ kernels run, tiles change nothing") + ":", "",
-             "| family | Triton kernel | dtype | nodes | tile | " + " | ".join(f"{m} ms" for m in args.modes) + " |",
-             "|---|---|---|---:|---|" + "---:|" * len(args.modes)]
+    lines = [
+        "",
+        "Tile configs of the Triton kernels (`--tiles`; fused way only, one kernel's tile changed "
+        "at "
+        "a time; ms, and vs the default in the same run)"
+        + ("" if device.type == "cuda" else ": on a CPU the C++ kernels run, tiles change nothing")
+        + ":",
+        "",
+        "| family | Triton kernel | dtype | nodes | tile | "
+        + " | ".join(f"{m} ms" for m in args.modes)
+        + " |",
+        "|---|---|---|---:|---|" + "---:|" * len(args.modes),
+    ]
     print("\n".join(lines), flush=True)
-    per_layer = {}  # (kernel, dtype name) -> [label -> seconds over the modes] per layer, largest nodes
+    # (kernel, dtype name) -> [label -> seconds over the modes] per layer, largest nodes
+    per_layer = {}
     for dtype_name, model in fused.items():
         for family in args.kernels:
             for layer in layers_of(args, family):
@@ -177,20 +204,30 @@ def tile_sweep(args, fused: dict, graphs: dict, device) -> list[str]:
                     for name in TILE_KERNELS[family]:
                         if args.tile_kernels and name not in args.tile_kernels:
                             continue
-                        rows, totals = tile_rows(args, family, name, model, dtype_name, n, graphs, device, layer)
+                        rows, totals = tile_rows(
+                            args, family, name, model, dtype_name, n, graphs, device, layer
+                        )
                         lines += rows
                         if n == max(args.nodes):
                             per_layer.setdefault((name, dtype_name), []).append(totals)
-    fastest = {}  # (kernel, dtype name) -> label of the tile with the least time over the modes and layers
+    # (kernel, dtype name) -> label of the tile with the least time over the modes and layers
+    fastest = {}
     for key, totals in per_layer.items():  # a tile that did not run in every layer cannot win
-        both = {label: sum(t[label] for t in totals) for label in set.intersection(*(set(t) for t in totals))}
+        both = {
+            label: sum(t[label] for t in totals)
+            for label in set.intersection(*(set(t) for t in totals))
+        }
         if both:
             fastest[key] = min(both, key=both.get)
     if fastest:
         pins = ",".join(f"{k}:{d}={label}" for (k, d), label in fastest.items())
         over = "the modes" + (" and layers" if args.layers else "")
-        lines += ["", f"Fastest tile per kernel and dtype (sum over {over}; {max(args.nodes)} nodes), as a pin: "
-                  f"`CFM_PLUGINS_TRITON_TILES={pins}`"]
+        lines += [
+            "",
+            f"Fastest tile per kernel and dtype (sum over {over}; {max(args.nodes)} nodes), as a "
+            "pin: "
+            f"`CFM_PLUGINS_TRITON_TILES={pins}`",
+        ]
         print(lines[-1], flush=True)
     return lines
 
@@ -205,23 +242,33 @@ def row_label(args, kernel: str, layer: int) -> str:
     return f"{kernel} L{layer}" if args.layers else kernel
 
 
-def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, graphs: dict,
-              device, layer: int) -> tuple[list[str], dict[str, float]]:
+def tile_rows(
+    args, family: str, name: str, model, dtype_name: str, n: int, graphs: dict, device, layer: int
+) -> tuple[list[str], dict[str, float]]:
     """One row per tile config of the Triton kernel ``name``, timed on ``family``'s case of ``n``
-    nodes in ``layer``; and each tile's seconds summed over the modes (the tiles that ran them all)."""
+    nodes in ``layer``; and each tile's seconds summed over the modes (the tiles that ran them
+    all)."""
     import torch
 
     from cfm_plugins.ops.triton import configs
 
     call, params, inputs = case(family, model, n, graphs, getattr(torch, dtype_name), device, layer)
-    rows, base, totals = [], {}, {}  # base: mode -> the default tile's seconds; totals: label -> seconds
+    rows, base, totals = (
+        [],
+        {},
+        {},
+    )  # base: mode -> the default tile's seconds; totals: label -> seconds
     for i, cfg in enumerate(configs.configs_for(name, dtype_name)):
         with configs.override(**{name: cfg}):
             times = {}
             for mode in args.modes:
                 try:
-                    times[mode] = measure(lambda: run_mode(family, call, params, inputs, mode), device,
-                                          args.reps, args.warmup)[0]
+                    times[mode] = measure(
+                        lambda: run_mode(family, call, params, inputs, mode),
+                        device,
+                        args.reps,
+                        args.warmup,
+                    )[0]
                 except RuntimeError as exc:
                     if not out_of_memory(exc):
                         raise
@@ -230,11 +277,17 @@ def tile_rows(args, family: str, name: str, model, dtype_name: str, n: int, grap
             base = times
         if all(t is not None for t in times.values()):
             totals[cfg.label()] = sum(times.values())
-        cells = ["OOM" if times[m] is None else f"{times[m] * 1e3:.2f}"
-                 + (f" ({times[m] / base[m]:.2f}x)" if i and base[m] else "") for m in args.modes]
-        rows.append(f"| {row_label(args, family, layer)} | {name} | {dtype_name} | {n} | "
-                    f"{cfg.label()}{' (default)' if i == 0 else ''} | "
-                    + " | ".join(cells) + " |")
+        cells = [
+            "OOM"
+            if times[m] is None
+            else f"{times[m] * 1e3:.2f}"
+            + (f" ({times[m] / base[m]:.2f}x)" if i and base[m] else "")
+            for m in args.modes
+        ]
+        rows.append(
+            f"| {row_label(args, family, layer)} | {name} | {dtype_name} | {n} | "
+            f"{cfg.label()}{' (default)' if i == 0 else ''} | " + " | ".join(cells) + " |"
+        )
         print(rows[-1], flush=True)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -245,21 +298,37 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--nodes", type=int, nargs="+", default=[500, 4000, 32000])
-    p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
+    p.add_argument(
+        "--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"]
+    )
     p.add_argument("--kernels", nargs="+", default=["sc", "tp"], choices=["sc", "tp"])
     p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
     p.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
-    p.add_argument("--layers", type=int, nargs="+", default=None, choices=[0, 1],
-                   help="the layers whose kernels are timed (default: sc in layer 0, tp in layer 1); "
-                        "rows are then labelled 'tp L0', 'sc L1', ...")
+    p.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        default=None,
+        choices=[0, 1],
+        help="the layers whose kernels are timed (default: sc in layer 0, tp in layer 1); "
+        "rows are then labelled 'tp L0', 'sc L1', ...",
+    )
     p.add_argument("--backend", default="triton", choices=["cuda", "triton"])
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="print the top kernels of each bwd2 case")
-    p.add_argument("--tiles", action="store_true",
-                   help="also time the fused way with each Triton kernel's alternative tile configs")
-    p.add_argument("--tile-kernels", nargs="+", default=None, choices=[k for ks in TILE_KERNELS.values() for k in ks],
-                   help="with --tiles: sweep only these Triton kernels (default: every kernel of --kernels)")
+    p.add_argument(
+        "--tiles",
+        action="store_true",
+        help="also time the fused way with each Triton kernel's alternative tile configs",
+    )
+    p.add_argument(
+        "--tile-kernels",
+        nargs="+",
+        default=None,
+        choices=[k for ks in TILE_KERNELS.values() for k in ks],
+        help="with --tiles: sweep only these Triton kernels (default: every kernel of --kernels)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 32 nodes, float64, 1 rep")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -274,11 +343,16 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
         _backend.set_gpu_backend(args.backend)
-    lines = [f"## Fused kernels alone on {device_name(device)}", "",
-             f"`python benchmarks/gpu_kernels.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
-             "| kernel | dtype | nodes | edges | mode | " + " | ".join(f"{w} ms | {w} GiB" for w in args.ways)
-             + " | fused vs stock | fused vs cueq |",
-             "|---|---|---:|---:|---|" + "---:|---:|" * len(args.ways) + "---:|---:|"]
+    lines = [
+        f"## Fused kernels alone on {device_name(device)}",
+        "",
+        f"`python benchmarks/gpu_kernels.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        "",
+        "| kernel | dtype | nodes | edges | mode | "
+        + " | ".join(f"{w} ms | {w} GiB" for w in args.ways)
+        + " | fused vs stock | fused vs cueq |",
+        "|---|---|---:|---:|---|" + "---:|---:|" * len(args.ways) + "---:|---:|",
+    ]
     print("\n".join(lines), flush=True)
     profiles, notes = [], []
     fused = {}  # dtype name -> the fused model, kept for the tile sweep
@@ -287,7 +361,9 @@ def main(argv=None) -> int:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, "128x0e+128x1o").to(device)
         models = {way: prepare(way, stock, device) for way in args.ways}
-        if args.tiles and "fused" in models and not isinstance(models["fused"], str):  # a str: why it did not run
+        if (
+            args.tiles and "fused" in models and not isinstance(models["fused"], str)
+        ):  # a str: why it did not run
             fused[dtype_name] = models["fused"]
         for way, m in models.items():
             if isinstance(m, str) and dtype_name == args.dtypes[0]:
@@ -303,12 +379,17 @@ def main(argv=None) -> int:
                             res[way, mode] = (None, None, "missing")
                             continue
                         try:
-                            call, params, inputs = case(kernel, model, n, graphs, dtype, device, layer)
+                            call, params, inputs = case(
+                                kernel, model, n, graphs, dtype, device, layer
+                            )
                             fn = lambda: run_mode(kernel, call, params, inputs, mode)  # noqa: E731
                             s, gib = measure(fn, device, args.reps, args.warmup)
                             res[way, mode] = (s, gib, "")
                             if args.profile and mode in ("bwd2", "train"):
-                                profiles += [f"{row_label(args, kernel, layer)} {dtype_name} {n} nodes {mode} {way}:"]
+                                profiles += [
+                                    f"{row_label(args, kernel, layer)} {dtype_name} {n} nodes "
+                                    f"{mode} {way}:"
+                                ]
                                 profiles += top_kernels(fn, device, 6)
                         except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
                             if not out_of_memory(exc):
@@ -321,22 +402,41 @@ def main(argv=None) -> int:
                     cells = []
                     for way in args.ways:
                         s, gib, why = res[way, mode]
-                        cells.append(f"{s * 1e3:.2f} | {gib:.2f}" if s is not None and gib is not None
-                                     else f"{s * 1e3:.2f} | -" if s is not None else f"{why} | -")
+                        cells.append(
+                            f"{s * 1e3:.2f} | {gib:.2f}"
+                            if s is not None and gib is not None
+                            else f"{s * 1e3:.2f} | -"
+                            if s is not None
+                            else f"{why} | -"
+                        )
 
                     def ratio(other):
-                        a, b = res.get(("fused", mode), (None,))[0], res.get((other, mode), (None,))[0]
+                        a, b = (
+                            res.get(("fused", mode), (None,))[0],
+                            res.get((other, mode), (None,))[0],
+                        )
                         return f"{a / b:.2f}x" if a and b else "-"
+
                     label = row_label(args, kernel, layer)
-                    lines.append(f"| {label} | {dtype_name} | {n} | {n_edges or '-'} | {mode} | " + " | ".join(cells)
-                                 + f" | {ratio('stock')} | {ratio('cueq')} |")
+                    lines.append(
+                        f"| {label} | {dtype_name} | {n} | {n_edges or '-'} | {mode} | "
+                        + " | ".join(cells)
+                        + f" | {ratio('stock')} | {ratio('cueq')} |"
+                    )
                     print(lines[-1], flush=True)
         del models, stock
     lines += ([""] + notes) if notes else []
     if fused:
         lines += tile_sweep(args, fused, graphs, device)
     if profiles:
-        section = ["", "Top kernels of each bwd2 case (torch.profiler):", "", "```", *profiles, "```"]
+        section = [
+            "",
+            "Top kernels of each bwd2 case (torch.profiler):",
+            "",
+            "```",
+            *profiles,
+            "```",
+        ]
         lines += section
         print("\n".join(section), flush=True)
     if args.out:

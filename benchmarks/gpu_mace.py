@@ -21,26 +21,28 @@ captured once and replayed on padded static shapes; reported as not built until 
 it, never silently replaced by another way).
 
 Then, unless ``--no-epoch``, the epoch time of ``mace_run_train`` on the example data set
-(cfm_plugins.datasets.cuni, ``--epoch-structures`` CuNi structures of 4..500 atoms), by default three
+(cfm_plugins.datasets.cuni, ``--epoch-structures`` CuNi structures of 4..500 atoms), by default
+three
 ways: stock, ``--enable_cueq=True``, and ``mpirun -np 1 cfm-run --enable mace,binpack,fused``;
 ``--epoch-ways ... fused+capture`` adds ``--enable mace,binpack,fused,static -o
 compile=reduce-overhead`` (padded static batches, the step compiled and captured as CUDA graphs; the
 first epoch compiles). The time of the second epoch (train + validation) is read from the timestamps
 of mace's own "Epoch N" lines.
 
-``--backend cuda triton`` runs the ``fused`` ways once per kernel backend of the ``cfm::`` operators on
-CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Triton kernels generated
-from the same descriptors, ``cfm_plugins.ops.triton``; the epoch run passes ``-o fused_backend=...``).
-``--tiles-also VALUE ...`` adds a fused Triton row per value, run with ``CFM_PLUGINS_TRITON_TILES=VALUE``
-(the tiles a sweep found, or a former default), so that tiles are compared in one run against
-cuEquivariance (the step table's last column); ``--zero-filled-also`` one more, run with
-``CFM_PLUGINS_TRITON_UNFILLED=0`` (the conv TP's outputs zero-filled first, the former default;
-an H200 timed the default at 0.95x of it). ``benchmarks/gpu_capture.py`` checks and times the captured static step,
-``benchmarks/gpu_md.py`` MD.
+``--backend cuda triton`` runs the ``fused`` ways once per kernel backend of the ``cfm::`` operators
+on CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Triton kernels
+generated from the same descriptors, ``cfm_plugins.ops.triton``; the epoch run passes ``-o
+fused_backend=...``). ``--tiles-also VALUE ...`` adds a fused Triton row per value, run with
+``CFM_PLUGINS_TRITON_TILES=VALUE`` (the tiles a sweep found, or a former default), so that tiles are
+compared in one run against cuEquivariance (the step table's last column); ``--zero-filled-also``
+one more, run with ``CFM_PLUGINS_TRITON_UNFILLED=0`` (the conv TP's outputs zero-filled first, the
+former default; an H200 timed the default at 0.95x of it). ``benchmarks/gpu_capture.py`` checks and
+times the captured static step, ``benchmarks/gpu_md.py`` MD.
 
 Results go to stdout as a markdown table naming the device; with ``--device cuda`` also to
 docs/_fragments/gpu_mace.md (the figures of docs/benchmarks.md's GPU section).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,9 +73,21 @@ def build_model(dtype, hidden: str, seed: int = 0):
 
     from cfm_plugins.testing import mace_model
 
-    return mace_model(hidden, atomic_numbers=range(1, 90), atomic_energies=np.linspace(-5.0, -1.0, 89),
-                      r_max=6.0, num_bessel=10, avg_num_neighbors=40.0, radial_mlp=[64, 64, 64], scale=1.0,
-                      shift=0.0, dtype=dtype, seed=seed, perturb=0.05)
+    return mace_model(
+        hidden,
+        atomic_numbers=range(1, 90),
+        atomic_energies=np.linspace(-5.0, -1.0, 89),
+        r_max=6.0,
+        num_bessel=10,
+        avg_num_neighbors=40.0,
+        radial_mlp=[64, 64, 64],
+        scale=1.0,
+        shift=0.0,
+        dtype=dtype,
+        seed=seed,
+        perturb=0.05,
+    )
+
 
 def cuni_atoms(n_atoms: int, seed: int = 0):
     """A rattled CuNi fcc cell (30 % Ni) of about ``n_atoms`` atoms (ase.Atoms, no calculator)."""
@@ -119,7 +133,12 @@ def workload(n_atoms: int, dtype, device):
 
     atoms, e, f = cuni_cell(n_atoms)
     batch = make_batch(atoms, 6.0, dtype, device)
-    return atoms, batch, torch.tensor([e], dtype=dtype, device=device), torch.as_tensor(f, dtype=dtype, device=device)
+    return (
+        atoms,
+        batch,
+        torch.tensor([e], dtype=dtype, device=device),
+        torch.as_tensor(f, dtype=dtype, device=device),
+    )
 
 
 # ---------------------------------------------------------------------------- the ways
@@ -157,11 +176,19 @@ def add_way_arguments(p, device: str, atoms: list[int], dtypes: list[str], ways:
     p.add_argument("--atoms", type=int, nargs="+", default=atoms)
     p.add_argument("--dtypes", nargs="+", default=dtypes, choices=["float32", "float64"])
     p.add_argument("--ways", nargs="+", default=ways, choices=("stock", "cueq", "fused"))
-    p.add_argument("--backend", default="triton", choices=["cuda", "triton"],
-                   help="kernel backend of the fused way on CUDA")
+    p.add_argument(
+        "--backend",
+        default="triton",
+        choices=["cuda", "triton"],
+        help="kernel backend of the fused way on CUDA",
+    )
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--top", type=int, default=12)
-    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)",
+    )
     p.add_argument("--out", default=None)
 
 
@@ -177,8 +204,12 @@ def way_report(args, argv, script: str, title: str, section) -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
         _backend.set_gpu_backend(args.backend)
-    lines = [f"## {title}, {device_name(device)}", "",
-             f"`python benchmarks/{script} {' '.join(argv if argv is not None else sys.argv[1:])}`", ""]
+    lines = [
+        f"## {title}, {device_name(device)}",
+        "",
+        f"`python benchmarks/{script} {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        "",
+    ]
     print("\n".join(lines), flush=True)
     lines += way_sections(args, device, section)
     if args.out:
@@ -188,8 +219,10 @@ def way_report(args, argv, script: str, title: str, section) -> int:
 
 def way_sections(args, device, section) -> list[str]:
     """The markdown of ``section(label, model, batch, e_ref, f_ref, dtype, device) -> lines`` for
-    every dtype, size and way of ``args`` (``dtypes``, ``atoms``, ``ways``, ``hidden``, ``backend``),
-    printed as each comes; a way that cannot run here, or runs out of GPU memory, says so instead."""
+    every dtype, size and way of ``args`` (``dtypes``, ``atoms``, ``ways``, ``hidden``,
+    ``backend``),
+    printed as each comes; a way that cannot run here, or runs out of GPU memory, says so
+    instead."""
     import torch
 
     lines: list[str] = []
@@ -199,8 +232,14 @@ def way_sections(args, device, section) -> list[str]:
         for n_atoms in args.atoms:
             atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
             for way in args.ways:
-                label = f"{dtype_name}, {len(atoms)} atoms, {batch['edge_index'].shape[1]} edges: " + (
-                    f"{way}[{args.backend}]" if way == "fused" and device.type == "cuda" else way)
+                label = (
+                    f"{dtype_name}, {len(atoms)} atoms, {batch['edge_index'].shape[1]} edges: "
+                    + (
+                        f"{way}[{args.backend}]"
+                        if way == "fused" and device.type == "cuda"
+                        else way
+                    )
+                )
                 model = prepare(way, stock, device)
                 if isinstance(model, str):
                     out = [f"### {label}", "", f"not run: {model}", ""]
@@ -301,8 +340,8 @@ def pinned_env(env: dict | None):
 
 
 def pinned_tiles(value: str | None):
-    """``CFM_PLUGINS_TRITON_TILES=value`` inside the block (nothing if ``value`` is None): the Triton
-    kernels launched there use those tiles."""
+    """``CFM_PLUGINS_TRITON_TILES=value`` inside the block (nothing if ``value`` is None): the
+    Triton kernels launched there use those tiles."""
     from cfm_plugins.ops.triton.configs import TILES_ENV
 
     return pinned_env(None if value is None else {TILES_ENV: value})
@@ -321,9 +360,11 @@ def check_tiles(values) -> None:
                 raise SystemExit(f"--tiles-also {value!r}: {exc}") from None
 
 
-STEP_HEADER = ("| dtype | atoms | edges | way | inference ms | train ms | train vs stock | peak GiB (train) "
-               "| max abs dF vs stock | inference vs cueq | train vs cueq |",
-               "|---|---|---|---|---|---|---|---|---|---|---|")
+STEP_HEADER = (
+    "| dtype | atoms | edges | way | inference ms | train ms | train vs stock | peak GiB (train) "
+    "| max abs dF vs stock | inference vs cueq | train vs cueq |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+)
 
 
 def step_rows(group: list[tuple[str, dict | str]]) -> list[str]:
@@ -343,9 +384,11 @@ def step_rows(group: list[tuple[str, dict | str]]) -> list[str]:
             continue
         de = f"{float((row['forces'] - base['forces']).abs().max()):.1e}" if base else "-"
         peak = f"{row['peak_gib']:.2f}" if row["peak_gib"] is not None else "-"
-        lines.append(f"{label} {row['inference_s'] * 1e3:.1f} | {row['train_s'] * 1e3:.1f} | "
-                     f"{ratio(row, 'train_s', base)} | {peak} | {de} | {ratio(row, 'inference_s', cq)} | "
-                     f"{ratio(row, 'train_s', cq)} |")
+        lines.append(
+            f"{label} {row['inference_s'] * 1e3:.1f} | {row['train_s'] * 1e3:.1f} | "
+            f"{ratio(row, 'train_s', base)} | {peak} | {de} | {ratio(row, 'inference_s', cq)} | "
+            f"{ratio(row, 'train_s', cq)} |"
+        )
     return lines
 
 
@@ -354,24 +397,33 @@ def step_table(args, device) -> list[str]:
     import torch
 
     from cfm_plugins.ops import _backend
-
-    from cfm_plugins.ops.triton.conv_tp import UNFILLED_ENV
     from cfm_plugins.ops.triton.configs import TILES_ENV
+    from cfm_plugins.ops.triton.conv_tp import UNFILLED_ENV
 
     lines = list(STEP_HEADER)
     # (row label, way, kernel backend, environment of the row or None)
-    ways = [(label, label.split("[")[0], backend, None)
-            for label, backend in expand_ways(args.ways, args.backends, device)]
+    ways = [
+        (label, label.split("[")[0], backend, None)
+        for label, backend in expand_ways(args.ways, args.backends, device)
+    ]
     fused_triton = "fused[triton]" if device.type == "cuda" else "fused"
-    ways += [(f"{fused_triton} tiles {v}", "fused", "triton", {TILES_ENV: v}) for v in args.tiles_also]
-    ways += [(f"{fused_triton} zero-filled", "fused", "triton", {UNFILLED_ENV: "0"})] if args.zero_filled_also else []
+    ways += [
+        (f"{fused_triton} tiles {v}", "fused", "triton", {TILES_ENV: v}) for v in args.tiles_also
+    ]
+    ways += (
+        [(f"{fused_triton} zero-filled", "fused", "triton", {UNFILLED_ENV: "0"})]
+        if args.zero_filled_also
+        else []
+    )
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, args.hidden).to(device)
         for n_atoms in args.atoms:
             atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
             n_edges = batch["edge_index"].shape[1]
-            group: list[tuple[str, dict | str]] = []  # (row label, measured row or why there is none)
+            group: list[
+                tuple[str, dict | str]
+            ] = []  # (row label, measured row or why there is none)
             for label_way, way, backend, env in ways:
                 if backend is not None:
                     _backend.set_gpu_backend(backend)
@@ -382,7 +434,9 @@ def step_table(args, device) -> list[str]:
                 else:
                     try:
                         with pinned_env(env):
-                            row = measure(model, batch, e_ref, f_ref, args.reps, args.warmup, device)
+                            row = measure(
+                                model, batch, e_ref, f_ref, args.reps, args.warmup, device
+                            )
                         group.append((label, dict(row, way=way)))
                     except RuntimeError as exc:
                         if not out_of_memory(exc):
@@ -391,7 +445,9 @@ def step_table(args, device) -> list[str]:
                     del model
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                print(step_rows(group)[-1], flush=True)  # its row, with the ratios to the rows run before it
+                print(
+                    step_rows(group)[-1], flush=True
+                )  # its row, with the ratios to the rows run before it
             lines += step_rows(group)
     return lines
 
@@ -415,11 +471,18 @@ def epoch_seconds(log_text: str, epoch: int) -> float | None:
 
 def run_logged(cmd: list[str], env: dict, timeout: float | None) -> tuple[str, int | None]:
     """(stdout and stderr, exit code) of ``cmd``; past ``timeout`` seconds its whole process group
-    (mpirun and its ranks) is stopped and the code is None, the output so far kept (how far it got)."""
+    (mpirun and its ranks) is stopped and the code is None, the output so far kept (how far it
+    got)."""
     import signal
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         return proc.communicate(timeout=timeout)[0], proc.returncode
     except subprocess.TimeoutExpired:
@@ -439,10 +502,16 @@ def epoch_data(folder: Path, structures: int) -> dict[str, Path]:
     structures), and found again by a later run with the same ``--out`` and size."""
     from cfm_plugins.datasets.cuni import make_dataset
 
-    params = dict(n_train=structures, n_valid=max(4, structures // 10), n_test=2, seed=0, max_atoms=500)
+    params = dict(
+        n_train=structures, n_valid=max(4, structures // 10), n_test=2, seed=0, max_atoms=500
+    )
     stamp = folder / "made_with.json"
     files = {name: folder / f"{name}.xyz" for name in ("train", "valid", "test", "cell512")}
-    if stamp.exists() and json.loads(stamp.read_text()) == params and all(f.exists() for f in files.values()):
+    if (
+        stamp.exists()
+        and json.loads(stamp.read_text()) == params
+        and all(f.exists() for f in files.values())
+    ):
         print(f"data set: {folder} (made before, {structures} structures)", flush=True)
         return files
     files = make_dataset(folder, **params)
@@ -456,16 +525,34 @@ def epoch_table(args, device) -> list[str]:
     out = Path(args.out)
     files = epoch_data(out / "data", args.epoch_structures)
     mpirun = mpirun_command(1)
-    common = ["--model=MACE", f"--hidden_irreps={args.hidden}", "--r_max=6.0", "--max_L=1", "--correlation=3",
-              "--num_interactions=2", "--max_num_epochs=2", "--batch_size=8", "--valid_batch_size=8",
-              f"--device={device.type}", "--default_dtype=float32", f"--train_file={files['train']}",
-              f"--valid_file={files['valid']}", "--E0s=isolated", "--energy_key=REF_energy",
-              "--forces_key=REF_forces", "--stress_key=REF_stress", "--seed=1", "--eval_interval=1",
-              "--num_workers=0"]
+    common = [
+        "--model=MACE",
+        f"--hidden_irreps={args.hidden}",
+        "--r_max=6.0",
+        "--max_L=1",
+        "--correlation=3",
+        "--num_interactions=2",
+        "--max_num_epochs=2",
+        "--batch_size=8",
+        "--valid_batch_size=8",
+        f"--device={device.type}",
+        "--default_dtype=float32",
+        f"--train_file={files['train']}",
+        f"--valid_file={files['valid']}",
+        "--E0s=isolated",
+        "--energy_key=REF_energy",
+        "--forces_key=REF_forces",
+        "--stress_key=REF_stress",
+        "--seed=1",
+        "--eval_interval=1",
+        "--num_workers=0",
+    ]
     ways = epoch_commands(args.epoch_ways, args.backends, device, mpirun)
     timeouts = epoch_timeouts(args.epoch_timeout, args.epoch_ways, ways)
     results: dict = {}  # way -> seconds of its second epoch, or why there are none
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = dict(
+        os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    )
     for way, cmd in ways.items():
         if way == "cueq" and not _has_cueq():
             results[way] = "cuequivariance-torch not installed: pip install 'cfm-plugins[bench]'"
@@ -477,10 +564,11 @@ def epoch_table(args, device) -> list[str]:
         print("$", " ".join(full), flush=True)
         text, rc = run_logged(full, env, timeouts[way])
         (run / "train.log").write_text(text)
-        # the second epoch is over once its validation line is logged: a run stopped later still counts
+        # the second epoch is over once its validation line is logged: a run stopped later still
+        # counts
         seconds = epoch_seconds(text, 1) if rc in (0, None) else None
         if seconds is None:
-            why = (f"timed out after {timeouts[way]:g} s" if rc is None else f"failed (rc {rc})")
+            why = f"timed out after {timeouts[way]:g} s" if rc is None else f"failed (rc {rc})"
             seconds = f"{why}, see {run / 'train.log'}"
         results[way] = seconds
         print(epoch_rows(results)[-1], flush=True)  # its row so far (stock runs first)
@@ -490,36 +578,49 @@ def epoch_table(args, device) -> list[str]:
 def epoch_rows(results: dict) -> list[str]:
     """The epochs' table: each way's second epoch (seconds, or why there is none) and its ratio to
     stock's and to cuEquivariance's in the same run, "-" where either has no time."""
+
     def ratio(seconds, base):
-        return f"{seconds / base:.2f}x" if isinstance(seconds, float) and isinstance(base, float) else "-"
+        return (
+            f"{seconds / base:.2f}x"
+            if isinstance(seconds, float) and isinstance(base, float)
+            else "-"
+        )
 
     lines = ["| way | epoch 2 (train + validation) s | vs stock | vs cueq |", "|---|---|---|---|"]
     for way, seconds in results.items():
         shown = f"{seconds:.2f}" if isinstance(seconds, float) else seconds
-        lines.append(f"| {way} | {shown} | {ratio(seconds, results.get('stock'))} | "
-                     f"{ratio(seconds, results.get('cueq'))} |")
+        lines.append(
+            f"| {way} | {shown} | {ratio(seconds, results.get('stock'))} | "
+            f"{ratio(seconds, results.get('cueq'))} |"
+        )
     return lines
 
 
 def epoch_timeouts(given, ways, commands) -> dict:
-    """Seconds per run of ``commands`` (label -> command): ``given`` is None (no limit), one value for
-    every run, or one value per way of ``ways`` (a fused way's value for each of its backends)."""
+    """Seconds per run of ``commands`` (label -> command): ``given`` is None (no limit), one
+    value for every run, or one value per way of ``ways`` (a fused way's value for each of its
+    backends)."""
     if given is None or len(given) == 1:
         return {label: given[0] if given else None for label in commands}
     if len(given) != len(ways):
-        raise ValueError(f"--epoch-timeout: give one value, or one per epoch way ({len(ways)}: {' '.join(ways)}), "
-                         f"got {len(given)}")
+        raise ValueError(
+            f"--epoch-timeout: give one value, or one per epoch way ({len(ways)}: "
+            f"{' '.join(ways)}), "
+            f"got {len(given)}"
+        )
     per_way = dict(zip(ways, given))
     out = {}
-    for label in commands:  # labels: stock, cueq, fused+binpack[tag], fused+binpack+static+capture[tag]
+    for (
+        label
+    ) in commands:  # labels: stock, cueq, fused+binpack[tag], fused+binpack+static+capture[tag]
         way = label if label in per_way else ("fused+capture" if "+capture" in label else "fused")
         out[label] = per_way[way]
     return out
 
 
-#: ways of the epoch table: stock mace, mace's cuEquivariance, ``cfm-run --enable mace,binpack,fused``,
-#: and the same with ``static`` and the step compiled and captured (CUDA graphs; inductor's default
-#: mode on a CPU, where there are no graphs to capture)
+#: ways of the epoch table: stock mace, mace's cuEquivariance, ``cfm-run --enable
+# mace,binpack,fused``, : and the same with ``static`` and the step compiled and captured (CUDA
+# graphs; inductor's default : mode on a CPU, where there are no graphs to capture)
 EPOCH_WAYS = ("stock", "cueq", "fused", "fused+capture")
 
 
@@ -536,11 +637,23 @@ def epoch_commands(ways, backends, device, mpirun) -> dict[str, list[str]]:
             capture = way == "fused+capture"
             features = "mace,binpack,fused" + (",static" if capture else "")
             label = "fused+binpack" + ("+static+capture" if capture else "")
-            mode = ["-o", "compile=" + ("reduce-overhead" if device.type == "cuda" else "default")] if capture else []
-            for backend in (backends if device.type == "cuda" else ["cuda"]):
+            mode = (
+                ["-o", "compile=" + ("reduce-overhead" if device.type == "cuda" else "default")]
+                if capture
+                else []
+            )
+            for backend in backends if device.type == "cuda" else ["cuda"]:
                 tag = f"[{backend}]" if device.type == "cuda" else ""
-                out[label + tag] = mpirun + ["cfm-run", "--enable", features, "-o", f"fused_backend={backend}",
-                                             *mode, "--", "mace_run_train"]
+                out[label + tag] = mpirun + [
+                    "cfm-run",
+                    "--enable",
+                    features,
+                    "-o",
+                    f"fused_backend={backend}",
+                    *mode,
+                    "--",
+                    "mace_run_train",
+                ]
     return out
 
 
@@ -551,45 +664,86 @@ def device_name(device) -> str:
 
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    return f"CPU ({platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads), torch {torch.__version__}"
+    cores, threads = os.cpu_count(), torch.get_num_threads()
+    return (
+        f"CPU ({platform.machine()}, {cores} cores, {threads} threads), torch {torch.__version__}"
+    )
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--atoms", type=int, nargs="+", default=[500, 4000])
-    p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
+    p.add_argument(
+        "--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"]
+    )
     p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
-    p.add_argument("--backend", dest="backends", nargs="+", default=["cuda"], choices=["cuda", "triton"],
-                   help="kernel backends of the fused ways on CUDA: cuda (C++ CUDA kernels), triton (generated "
-                        "Triton kernels, the default where Triton imports); several give one row each")
-    p.add_argument("--tiles-also", nargs="+", default=[], metavar="VALUE",
-                   help="one more fused Triton row per value, run with CFM_PLUGINS_TRITON_TILES=VALUE (e.g. "
-                        "tp_segment=8x32/w4, the former default), in the same process as the other rows")
-    p.add_argument("--zero-filled-also", action="store_true",
-                   help="one more fused Triton row run with CFM_PLUGINS_TRITON_UNFILLED=0 (the conv TP's outputs "
-                        "zero-filled first, the former default), in the same process as the other rows")
+    p.add_argument(
+        "--backend",
+        dest="backends",
+        nargs="+",
+        default=["cuda"],
+        choices=["cuda", "triton"],
+        help="kernel backends of the fused ways on CUDA: cuda (C++ CUDA kernels), triton "
+        "(generated Triton kernels, the default where Triton imports); several give one row each",
+    )
+    p.add_argument(
+        "--tiles-also",
+        nargs="+",
+        default=[],
+        metavar="VALUE",
+        help="one more fused Triton row per value, run with CFM_PLUGINS_TRITON_TILES=VALUE (e.g. "
+        "tp_segment=8x32/w4, the former default), in the same process as the other rows",
+    )
+    p.add_argument(
+        "--zero-filled-also",
+        action="store_true",
+        help="one more fused Triton row run with CFM_PLUGINS_TRITON_UNFILLED=0 (the conv TP's "
+        "outputs zero-filled first, the former default), in the same process as the other rows",
+    )
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--epoch-structures", type=int, default=600)
     p.add_argument("--no-epoch", action="store_true", help="skip the mace_run_train epoch timings")
     p.add_argument("--no-steps", action="store_true", help="skip the step table (only the epochs)")
-    p.add_argument("--epoch-ways", nargs="+", default=["stock", "cueq", "fused"], choices=EPOCH_WAYS,
-                   help="ways of the epoch table; fused+capture adds the static plugin with compile=reduce-overhead "
-                        "(CUDA graphs; compile=default on a CPU)")
-    p.add_argument("--epoch-timeout", type=float, nargs="+", default=None,
-                   help="seconds per epoch run: one value for every way, or one per --epoch-ways way; a run "
-                        "stopped after its second epoch still counts")
-    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)")
+    p.add_argument(
+        "--epoch-ways",
+        nargs="+",
+        default=["stock", "cueq", "fused"],
+        choices=EPOCH_WAYS,
+        help="ways of the epoch table; fused+capture adds the static plugin with "
+        "compile=reduce-overhead (CUDA graphs; compile=default on a CPU)",
+    )
+    p.add_argument(
+        "--epoch-timeout",
+        type=float,
+        nargs="+",
+        default=None,
+        help="seconds per epoch run: one value for every way, or one per --epoch-ways way; a run "
+        "stopped after its second epoch still counts",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)",
+    )
     p.add_argument("--out", default="/tmp/cfm_bench_gpu_mace")
     args = p.parse_args(argv)
     try:
-        epoch_timeouts(args.epoch_timeout, args.epoch_ways, {})  # the count, checked before anything runs
+        epoch_timeouts(
+            args.epoch_timeout, args.epoch_ways, {}
+        )  # the count, checked before anything runs
     except ValueError as exc:
         p.error(str(exc))
     if args.quick:
-        args.atoms, args.hidden, args.reps, args.warmup, args.epoch_structures = [32], "8x0e+8x1o", 1, 1, 12
+        args.atoms, args.hidden, args.reps, args.warmup, args.epoch_structures = (
+            [32],
+            "8x0e+8x1o",
+            1,
+            1,
+            12,
+        )
 
     import mace  # noqa: F401
     import torch
@@ -597,21 +751,42 @@ def main(argv=None) -> int:
     check_tiles(args.tiles_also)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda but torch sees no CUDA device: run this on a GPU machine "
-                         "(docs/benchmarks.md, ../shared/GPU.md) or pass --device cpu")
+        raise SystemExit(
+            "--device cuda but torch sees no CUDA device: run this on a GPU machine "
+            "(docs/benchmarks.md, ../shared/GPU.md) or pass --device cpu"
+        )
     command = "python benchmarks/gpu_mace.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    head = ["## MACE on the GPU end to end (benchmarks/gpu_mace.py)", "", f"Command: `{command}`", "",
-            f"Device: {device_name(device)}", "",
-            f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP [64,64,64], "
-            f"r_max 6, 2 layers; CuNi fcc cells; median of {args.reps} steps after {args.warmup} warm-ups.", ""]
+    head = [
+        "## MACE on the GPU end to end (benchmarks/gpu_mace.py)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Device: {device_name(device)}",
+        "",
+        f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP "
+        "[64,64,64], "
+        f"r_max 6, 2 layers; CuNi fcc cells; median of {args.reps} steps after {args.warmup} "
+        "warm-ups.",
+        "",
+    ]
     print("\n".join(head), flush=True)
     lines = head + ([] if args.no_steps else step_table(args, device) + [""])
     if not args.no_epoch:
-        lines += [f"`mace_run_train` on {args.epoch_structures} example CuNi structures (4..500 atoms), "
-                  f"{args.hidden}, max_L 1, float32, batch 8:", ""] + epoch_table(args, device) + [""]
+        lines += (
+            [
+                f"`mace_run_train` on {args.epoch_structures} example CuNi structures (4..500 "
+                "atoms), "
+                f"{args.hidden}, max_L 1, float32, batch 8:",
+                "",
+            ]
+            + epoch_table(args, device)
+            + [""]
+        )
     text = "\n".join(lines)
     print(text)
-    if device.type == "cuda" and not args.no_steps:  # an epochs-only run leaves the step figures there
+    if (
+        device.type == "cuda" and not args.no_steps
+    ):  # an epochs-only run leaves the step figures there
         FRAGMENT.write_text(text)
     return 0
 

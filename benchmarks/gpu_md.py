@@ -25,6 +25,7 @@ how long the first evaluation took (``first call s``: the model's first step, an
 compile and the CUDA-graph recording a calculator pays once per padded size).
 Prints a markdown table naming the device; ``--out`` writes it to a file too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,9 @@ sys.path.insert(0, str(ROOT))
 WAYS = ("stock", "cueq", "fused[cuda]", "fused[triton]", "fused[triton]+capture")
 
 
-def calculators(path: str, dtype: str, device: str, ways, skin: float | None = None, skin_only: bool = False):
+def calculators(
+    path: str, dtype: str, device: str, ways, skin: float | None = None, skin_only: bool = False
+):
     """(label, factory) for each way; a factory builds the calculator when called. With ``skin``,
     each fused way also as ``<way> skin <skin>``: ``CFMCalculator(skin=skin)``, right after it
     (``skin_only``: instead of it)."""
@@ -54,13 +57,19 @@ def calculators(path: str, dtype: str, device: str, ways, skin: float | None = N
         def make():
             _backend.set_gpu_backend(backend)
             return CFMCalculator(path, device=device, default_dtype=dtype, **kw)
+
         return make
 
-    fused = {"fused[cuda]": ("cuda", {"skin": None}), "fused[triton]": ("triton", {"skin": None}),  # backend, options
-             "fused[triton]+capture": ("triton", {"compile": "reduce-overhead", "skin": None})}
+    fused = {
+        "fused[cuda]": ("cuda", {"skin": None}),
+        "fused[triton]": ("triton", {"skin": None}),  # backend, options
+        "fused[triton]+capture": ("triton", {"compile": "reduce-overhead", "skin": None}),
+    }
     table = {
         "stock": lambda: MACECalculator(model_paths=path, device=device, default_dtype=dtype),
-        "cueq": lambda: MACECalculator(model_paths=path, device=device, default_dtype=dtype, enable_cueq=True),
+        "cueq": lambda: MACECalculator(
+            model_paths=path, device=device, default_dtype=dtype, enable_cueq=True
+        ),
         **{w: cfm(backend, **kw) for w, (backend, kw) in fused.items()},
     }
     out = []
@@ -96,13 +105,24 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--atoms", type=int, nargs="+", default=[500, 4000])
-    p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
+    p.add_argument(
+        "--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"]
+    )
     p.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
     p.add_argument("--hidden", default="128x0e+128x1o")
-    p.add_argument("--skin", type=float, default=None,
-                   help="also run each fused way with CFMCalculator(skin=SKIN): the neighbour list kept between steps")
-    p.add_argument("--skin-only", action="store_true",
-                   help="with --skin, only the skin rows of the fused ways (each fused way once, with the skin)")
+    p.add_argument(
+        "--skin",
+        type=float,
+        default=None,
+        help="also run each fused way with CFMCalculator(skin=SKIN): the neighbour list kept "
+        "between steps",
+    )
+    p.add_argument(
+        "--skin-only",
+        action="store_true",
+        help="with --skin, only the skin rows of the fused ways "
+        "(each fused way once, with the skin)",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=None)
@@ -118,13 +138,22 @@ def main(argv=None) -> int:
     from cfm_plugins.calculators.md import time_md
 
     command = "python benchmarks/gpu_md.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    lines = ["## MD with CFMCalculator on the GPU (benchmarks/gpu_md.py)", "", f"Command: `{command}`", "",
-             f"Device: {device_name(torch.device(args.device))}", "",
-             f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, r_max 6; CuNi fcc cells; "
-             f"VelocityVerlet 2 fs, best of {args.repeats} x {args.steps} steps.", "",
-             "| dtype | atoms | way | ms per MD step | vs stock | vs cueq | max abs dF vs stock | graph ms "
-             "| first call s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## MD with CFMCalculator on the GPU (benchmarks/gpu_md.py)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Device: {device_name(torch.device(args.device))}",
+        "",
+        f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, r_max 6; CuNi "
+        "fcc cells; "
+        f"VelocityVerlet 2 fs, best of {args.repeats} x {args.steps} steps.",
+        "",
+        "| dtype | atoms | way | ms per MD step | vs stock | vs cueq | max abs dF vs stock | graph "
+        "ms "
+        "| first call s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     print("\n".join(lines), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="cfm_gpu_md_"))
     for dtype in args.dtypes:
@@ -133,7 +162,9 @@ def main(argv=None) -> int:
         for n in args.atoms:
             atoms = cuni_atoms(n)
             base_t, base_f, cueq_t = None, None, None
-            for way, make in calculators(str(path), dtype, args.device, args.ways, args.skin, args.skin_only):
+            for way, make in calculators(
+                str(path), dtype, args.device, args.ways, args.skin, args.skin_only
+            ):
                 label = f"| {dtype} | {len(atoms)} | {way} |"
                 try:
                     calc = make()
@@ -142,11 +173,16 @@ def main(argv=None) -> int:
                     t0 = time.perf_counter()
                     forces = probe.get_forces()
                     first = time.perf_counter() - t0
-                    seconds = min(time_md(calc, atoms, steps=args.steps) for _ in range(args.repeats))
+                    seconds = min(
+                        time_md(calc, atoms, steps=args.steps) for _ in range(args.repeats)
+                    )
                     graph = graph_seconds(calc, atoms)
                 except Exception as exc:  # one way failing must not lose the others
                     traceback.print_exc()
-                    lines.append(f"{label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | | | | | |")
+                    lines.append(
+                        f"{label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | "
+                        "| | | | |"
+                    )
                     print(lines[-1], flush=True)
                     continue
                 if way == "stock":
@@ -156,8 +192,10 @@ def main(argv=None) -> int:
                 ratio = f"{seconds / base_t:.2f}x" if base_t else "-"
                 vs_cueq = f"{seconds / cueq_t:.2f}x" if cueq_t else "-"
                 df = f"{np.abs(forces - base_f).max():.1e}" if base_f is not None else "-"
-                lines.append(f"{label} {seconds * 1e3:.1f} | {ratio} | {vs_cueq} | {df} | {graph * 1e3:.1f} "
-                             f"| {first:.3g} |")
+                lines.append(
+                    f"{label} {seconds * 1e3:.1f} | {ratio} | {vs_cueq} | {df} | {graph * 1e3:.1f} "
+                    f"| {first:.3g} |"
+                )
                 print(lines[-1], flush=True)
                 del calc
                 if torch.cuda.is_available():

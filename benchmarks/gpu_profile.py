@@ -1,9 +1,10 @@
 """Where a MACE train step spends its GPU time and memory: torch.profiler, one step per way.
 
-    python benchmarks/gpu_profile.py [--atoms 500 4000] [--dtypes float32 float64] [--ways stock cueq fused]
-    python benchmarks/gpu_profile.py --device cpu --quick     # a smoke run anywhere
+    python benchmarks/gpu_profile.py [--atoms 500 4000] [--dtypes float32 float64] [--ways stock
+    cueq fused] python benchmarks/gpu_profile.py --device cpu --quick     # a smoke run anywhere
 
-Workload: the train step of benchmarks/gpu_mace.py (its MACE-MP-medium-like model on its rattled CuNi
+Workload: the train step of benchmarks/gpu_mace.py (its MACE-MP-medium-like model on its rattled
+CuNi
 cells: energy + forces, a loss on both, ``backward()``). Each way (``stock``, ``cueq``, ``fused``
 with the kernel backend of ``--backend``) runs ``--warmup`` steps, then one step under
 ``torch.profiler`` with ``profile_memory=True``. Per way it prints:
@@ -18,6 +19,7 @@ with the kernel backend of ``--backend``) runs ``--warmup`` steps, then one step
 On the CPU the "kernels" are the profiler's CPU operators (self time); the tables are a smoke test.
 ``--out`` writes the markdown to a file too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,13 +44,20 @@ def kernel_events(events, cuda: bool):
     import torch
 
     if cuda:
-        return ([e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA],
-                lambda e: e.self_device_time_total)
+        return (
+            [
+                e
+                for e in events
+                if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+            ],
+            lambda e: e.self_device_time_total,
+        )
     return [e for e in events if e.self_cpu_time_total > 0], lambda e: e.self_cpu_time_total
 
 
 def profile_step(step, device, warmup: int, top: int) -> dict:
-    """Profile one call of ``step`` after ``warmup`` calls: wall, kernels, memory (see module doc)."""
+    """Profile one call of ``step`` after ``warmup`` calls: wall, kernels, memory (see module
+    doc)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -67,25 +76,37 @@ def profile_step(step, device, warmup: int, top: int) -> dict:
         wall = time.perf_counter() - t
     events = prof.key_averages()
     kernels, time_of = kernel_events(events, cuda)
-    mem_of = (lambda e: e.self_device_memory_usage) if cuda else (lambda e: e.self_cpu_memory_usage)  # bytes
+    mem_of = (
+        (lambda e: e.self_device_memory_usage) if cuda else (lambda e: e.self_cpu_memory_usage)
+    )  # bytes
     kernel_us = sum(time_of(e) for e in kernels)
     launches = sum(e.count for e in kernels)
     by_time = sorted(kernels, key=time_of, reverse=True)[:top]
     by_mem = sorted((e for e in events if mem_of(e) > 0), key=mem_of, reverse=True)[:top]
     return {
-        "wall_ms": wall * 1e3, "kernel_ms": kernel_us / 1e3, "launches": launches,
+        "wall_ms": wall * 1e3,
+        "kernel_ms": kernel_us / 1e3,
+        "launches": launches,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-        "kernels": [(_short(e.key), e.count, time_of(e) / 1e3, time_of(e) / max(kernel_us, 1e-9)) for e in by_time],
+        "kernels": [
+            (_short(e.key), e.count, time_of(e) / 1e3, time_of(e) / max(kernel_us, 1e-9))
+            for e in by_time
+        ],
         "memory": [(_short(e.key), e.count, mem_of(e) / 2**20) for e in by_mem],
     }
 
 
 def report(label: str, r: dict) -> list[str]:
     peak = f"{r['peak_gib']:.2f} GiB" if r["peak_gib"] is not None else "-"
-    lines = [f"### {label}", "",
-             f"wall {r['wall_ms']:.1f} ms, kernels {r['kernel_ms']:.1f} ms in {r['launches']} launches "
-             f"(busy {r['kernel_ms'] / max(r['wall_ms'], 1e-9):.0%}), peak {peak}", "",
-             "| kernel | launches | ms | share |", "|---|---:|---:|---:|"]
+    lines = [
+        f"### {label}",
+        "",
+        f"wall {r['wall_ms']:.1f} ms, kernels {r['kernel_ms']:.1f} ms in {r['launches']} launches "
+        f"(busy {r['kernel_ms'] / max(r['wall_ms'], 1e-9):.0%}), peak {peak}",
+        "",
+        "| kernel | launches | ms | share |",
+        "|---|---:|---:|---:|",
+    ]
     lines += [f"| `{n}` | {c} | {ms:.2f} | {s:.0%} |" for n, c, ms, s in r["kernels"]]
     lines += ["", "| operator (allocates itself) | calls | MiB |", "|---|---:|---:|"]
     lines += [f"| `{n}` | {c} | {mib:.0f} |" for n, c, mib in r["memory"]]
@@ -100,10 +121,18 @@ def main(argv=None) -> int:
     if args.quick:
         args.hidden, args.atoms, args.warmup = "8x0e+8x1o", [32], 1
 
-    return way_report(args, argv, "gpu_profile.py", "Train-step profile",
-                      lambda label, model, batch, e_ref, f_ref, dtype, device: report(
-                          label, profile_step(lambda: train_step(model, batch, e_ref, f_ref), device, args.warmup,
-                                              args.top)))
+    return way_report(
+        args,
+        argv,
+        "gpu_profile.py",
+        "Train-step profile",
+        lambda label, model, batch, e_ref, f_ref, dtype, device: report(
+            label,
+            profile_step(
+                lambda: train_step(model, batch, e_ref, f_ref), device, args.warmup, args.top
+            ),
+        ),
+    )
 
 
 if __name__ == "__main__":

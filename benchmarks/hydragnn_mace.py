@@ -1,22 +1,26 @@
-"""HydraGNN's MACE stack trained with and without the plugins, 2 MPI ranks on this CPU, ratios in one run.
+"""HydraGNN's MACE stack trained with and without the plugins, 2 MPI ranks on this CPU, ratios in
+one run.
 
-    flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 .venv-hydragnn/bin/python -m benchmarks.hydragnn_mace [--n-train 80]
+    flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 .venv-hydragnn/bin/python -m
+    benchmarks.hydragnn_mace [--n-train 80]
 
-(``make bench-hydragnn-src``). Needs HydraGNN from source (``.venv-hydragnn``, ``make venv-hydragnn-src``).
+(``make bench-hydragnn-src``). Needs HydraGNN from source (``.venv-hydragnn``, ``make
+venv-hydragnn-src``).
 
 Workload: the example ``examples/hydragnn/mace/`` (its train.py and config.json: ``MACEStack``,
 hidden --hidden, 2 layers, correlation 3, max_ell 2, node_max_ell 1, float64, energy + forces
 loss, ``batch_size`` --batch-size) on EMT structures of :mod:`cfm_plugins.datasets.clusters`
 (molecules and metal clusters, 3 to --max-atoms atoms, energies and forces), --n-train of them for
 training (80 %, the example's split), under ``mpirun -np 2 cfm-run --enable
-hydragnn[,binpack][,fused]``. "stock" is ``--enable hydragnn`` alone: HydraGNN's DistributedSampler batches and its e3nn modules (cfm-run
-provides the rendezvous and the step log, nothing else). Per configuration, from the step logs
-of the last epoch: the training time of the epoch (per rank the sum over its steps of data
-loading, forward with forces, backward and optimizer step; the slowest rank), the same in CPU
-time of the training threads (what a rank computed, unaffected by other processes on a shared
-machine; per step the slowest rank's, summed over the steps), the steps, and the load imbalance factor of the forward's CPU time. Writes
-docs/_fragments/hydragnn_mace.md.
+hydragnn[,binpack][,fused]``. "stock" is ``--enable hydragnn`` alone: HydraGNN's DistributedSampler
+batches and its e3nn modules (cfm-run provides the rendezvous and the step log, nothing else). Per
+configuration, from the step logs of the last epoch: the training time of the epoch (per rank the
+sum over its steps of data loading, forward with forces, backward and optimizer step; the slowest
+rank), the same in CPU time of the training threads (what a rank computed, unaffected by other
+processes on a shared machine; per step the slowest rank's, summed over the steps), the steps, and
+the load imbalance factor of the forward's CPU time. Writes docs/_fragments/hydragnn_mace.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,9 +48,17 @@ def epoch_times(ranks: list[list[dict]], epochs: int) -> dict:
     last = [rank[-steps:] for rank in ranks]
     wall = max(sum(r.get(f"{g}_s", 0.0) for r in rank for g in REGIONS) for rank in last)
     # ranks step together: the CPU time of a step is that of its slowest rank
-    cpu = sum(max(sum(rank[s].get(f"{g}_cpu_s", 0.0) for g in REGIONS) for rank in last) for s in range(steps))
-    return dict(epoch_s=wall, cpu_s=cpu, steps=steps, lif=load_imbalance(last, "forward_cpu_s"),
-                lif_atoms=load_imbalance(last, "atoms"))
+    cpu = sum(
+        max(sum(rank[s].get(f"{g}_cpu_s", 0.0) for g in REGIONS) for rank in last)
+        for s in range(steps)
+    )
+    return dict(
+        epoch_s=wall,
+        cpu_s=cpu,
+        steps=steps,
+        lif=load_imbalance(last, "forward_cpu_s"),
+        lif_atoms=load_imbalance(last, "atoms"),
+    )
 
 
 def main(argv=None) -> int:
@@ -54,7 +66,9 @@ def main(argv=None) -> int:
     p.set_defaults(n_train=80, batch_size=8)
     p.add_argument("--hidden", type=int, default=16, help="HydraGNN hidden_dim (channels)")
     args = p.parse_args(argv)
-    n = math.ceil(args.n_train / 0.8)  # the example's perc_train: 80 % training, 10 % validation, 10 % test
+    n = math.ceil(
+        args.n_train / 0.8
+    )  # the example's perc_train: 80 % training, 10 % validation, 10 % test
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -73,9 +87,14 @@ def main(argv=None) -> int:
     (out / "config.json").write_text(json.dumps(config, indent=2))
     atoms = [g.num_nodes for g in graphs]
     load = os.getloadavg()[0]  # the machine at the start (the fragment reports it with the figures)
-    print(f"command: {' '.join(['python -m benchmarks.hydragnn_mace'] + sys.argv[1:])}\nworkload: {args}; "
-          f"{len(graphs)} graphs of {min(atoms)}..{max(atoms)} atoms (mean {sum(atoms) / len(atoms):.1f}); "
-          f"load average {load:.1f}", flush=True)
+    print(
+        f"command: {' '.join(['python -m benchmarks.hydragnn_mace'] + sys.argv[1:])}\nworkload: "
+        f"{args}; "
+        f"{len(graphs)} graphs of {min(atoms)}..{max(atoms)} atoms (mean "
+        f"{sum(atoms) / len(atoms):.1f}); "
+        f"load average {load:.1f}",
+        flush=True,
+    )
     mpirun = mpirun_command(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
@@ -84,43 +103,85 @@ def main(argv=None) -> int:
         steps = out / "steps" / label
         for f in steps.parent.glob(f"{label}.rank*.jsonl"):
             f.unlink()
-        cmd = mpirun + [str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={steps}", "--", str(sys.executable),
-                        str(EXAMPLE / "train.py"), str(out / "config.json"), "--log", label]
+        cmd = mpirun + [
+            str(BIN / "cfm-run"),
+            "--enable",
+            enable,
+            "-o",
+            f"step_log={steps}",
+            "--",
+            str(sys.executable),
+            str(EXAMPLE / "train.py"),
+            str(out / "config.json"),
+            "--log",
+            label,
+        ]
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=out)
+        res = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=out
+        )
         (out / f"{label}.log").write_text(res.stdout)
         if res.returncode != 0:
             print(res.stdout[-3000:])
             raise SystemExit(f"{label} failed (log: {out / label}.log)")
-        rows[label] = dict(epoch_times(read_step_logs(str(steps)), args.epochs), run_s=time.perf_counter() - t0,
-                           load=os.getloadavg()[0])
+        rows[label] = dict(
+            epoch_times(read_step_logs(str(steps)), args.epochs),
+            run_s=time.perf_counter() - t0,
+            load=os.getloadavg()[0],
+        )
         r = rows[label]
-        print(f"{label:8s} epoch {r['epoch_s']:7.2f} s (cpu {r['cpu_s']:7.2f} s)  steps {r['steps']:3d}  "
-              f"LIF {r['lif']:.3f} (atoms {r['lif_atoms']:.3f})  whole run {r['run_s']:.0f} s  "
-              f"load average {r['load']:.1f}", flush=True)
+        print(
+            f"{label:8s} epoch {r['epoch_s']:7.2f} s (cpu {r['cpu_s']:7.2f} s)  steps "
+            f"{r['steps']:3d}  "
+            f"LIF {r['lif']:.3f} (atoms {r['lif_atoms']:.3f})  whole run {r['run_s']:.0f} s  "
+            f"load average {r['load']:.1f}",
+            flush=True,
+        )
 
-    lines = ["## HydraGNN MACE-stack training (benchmarks/hydragnn_mace.py)", "",
-             f"Command: `flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 .venv-hydragnn/bin/python -m "
-             f"benchmarks.hydragnn_mace --n-train {args.n_train} --max-atoms {args.max_atoms} --epochs {args.epochs} "
-             f"--hidden {args.hidden} --batch-size {args.batch_size}`", "",
-             f"Workload: HydraGNN from source (d251f81) `MACEStack` as `examples/hydragnn/mace/` builds it "
-             f"(hidden_dim {args.hidden}, 2 layers, correlation 3, max_ell 2, node_max_ell 1, float64, "
-             f"energy + forces loss, AdamW), {n} EMT molecules and metal clusters of {min(atoms)}..{max(atoms)} "
-             f"atoms (mean {sum(atoms) / len(atoms):.1f}), {args.n_train} of them for training, `batch_size` "
-             f"{args.batch_size}; `mpirun -np 2 cfm-run --enable hydragnn[,binpack][,fused] -- python train.py "
-             f"config.json`, 2 MPI ranks x 1 thread (gloo) on a shared 2-core CPU; last of {args.epochs} epochs. "
-             "Epoch = the training steps of the slowest rank (data loading, forward with forces, backward, "
-             "optimizer step); LIF of the forward's CPU time (forward with forces: the model's work).", ""]
+    lines = [
+        "## HydraGNN MACE-stack training (benchmarks/hydragnn_mace.py)",
+        "",
+        f"Command: `flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 .venv-hydragnn/bin/python -m "
+        f"benchmarks.hydragnn_mace --n-train {args.n_train} --max-atoms {args.max_atoms} --epochs "
+        f"{args.epochs} "
+        f"--hidden {args.hidden} --batch-size {args.batch_size}`",
+        "",
+        "Workload: HydraGNN from source (d251f81) `MACEStack` as `examples/hydragnn/mace/` builds "
+        "it "
+        f"(hidden_dim {args.hidden}, 2 layers, correlation 3, max_ell 2, node_max_ell 1, float64, "
+        f"energy + forces loss, AdamW), {n} EMT molecules and metal clusters of "
+        f"{min(atoms)}..{max(atoms)} "
+        f"atoms (mean {sum(atoms) / len(atoms):.1f}), {args.n_train} of them for training, "
+        "`batch_size` "
+        f"{args.batch_size}; `mpirun -np 2 cfm-run --enable hydragnn[,binpack][,fused] -- python "
+        "train.py "
+        "config.json`, 2 MPI ranks x 1 thread (gloo) on a shared 2-core CPU; last of "
+        f"{args.epochs} epochs. "
+        "Epoch = the training steps of the slowest rank (data loading, forward with forces, "
+        "backward, "
+        "optimizer step); LIF of the forward's CPU time (forward with forces: the model's work).",
+        "",
+    ]
     lines += config_table(rows, "epoch (s, slowest rank)", "ratio to stock", speedup=False)
     base = rows["stock"]["cpu_s"]
-    lines += ["", "The same epochs in CPU time of the training threads (per step the slowest rank's, summed: what "
-              "the epoch costs without other processes on the machine): " + ", ".join(f"{label} {r['cpu_s']:.2f} s ({r['cpu_s'] / base:.2f}x)"
-                                                          for label, r in rows.items()) + ".",
-              "", f"Load average (1 min) at the start {load:.1f}, after each configuration: "
-              + ", ".join(f"{label} {r['load']:.1f}" for label, r in rows.items())
-              + ". On a loaded machine the wall times include the time a rank waited for a core; the CPU times do "
-              "not.", ""]
+    lines += [
+        "",
+        "The same epochs in CPU time of the training threads (per step the slowest rank's, summed: "
+        "what "
+        "the epoch costs without other processes on the machine): "
+        + ", ".join(
+            f"{label} {r['cpu_s']:.2f} s ({r['cpu_s'] / base:.2f}x)" for label, r in rows.items()
+        )
+        + ".",
+        "",
+        f"Load average (1 min) at the start {load:.1f}, after each configuration: "
+        + ", ".join(f"{label} {r['load']:.1f}" for label, r in rows.items())
+        + ". On a loaded machine the wall times include the time a rank waited for a core; "
+        "the CPU times do not.",
+        "",
+    ]
     return write_fragment("hydragnn_mace", lines)
+
 
 if __name__ == "__main__":
     sys.exit(main())

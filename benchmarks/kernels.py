@@ -7,6 +7,7 @@
 Each kernel's benchmark lives in ``kernels_<kernel>.py`` (``main(argv)``) and prints its workload,
 its command and a markdown table (also written to ``docs/_fragments/kernels_<kernel>.md``).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -15,6 +15,7 @@ differentiated w.r.t. node feats and weights). Each (size, dtype, implementation
 fresh subprocess: time is the median of the repeats after one warm-up call, memory is that
 process's peak RSS (ru_maxrss) and its rise above the RSS once the inputs are built.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,6 +54,7 @@ def build_tp(dtype):
 
     return mace_conv_tp(HIDDEN, LMAX, CHANNELS, dtype)
 
+
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -77,8 +79,12 @@ def worker(args) -> dict:
     ei = torch.from_numpy(ei_np)
     E = ei.shape[1]
     x = torch.randn(N, tp.irreps_in1.dim, dtype=dtype)
-    y = o3.spherical_harmonics(o3.Irreps.spherical_harmonics(LMAX), torch.from_numpy(vec).to(dtype), True,
-                               normalization="component")
+    y = o3.spherical_harmonics(
+        o3.Irreps.spherical_harmonics(LMAX),
+        torch.from_numpy(vec).to(dtype),
+        True,
+        normalization="component",
+    )
     w = torch.randn(E, tp.weight_numel, dtype=dtype)
     if args.impl == "fused":
         from cfm_plugins.ops import _backend
@@ -112,18 +118,48 @@ def worker(args) -> dict:
         step()
         times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return dict(atoms=N, edges=E, dtype=args.dtype, impl=args.impl, mode=args.mode, backend=backend,
-                time_s=float(np.median(times[1:])), peak_mib=peak, rise_mib=peak - base)
+    return dict(
+        atoms=N,
+        edges=E,
+        dtype=args.dtype,
+        impl=args.impl,
+        mode=args.mode,
+        backend=backend,
+        time_s=float(np.median(times[1:])),
+        peak_mib=peak,
+        rise_mib=peak - base,
+    )
 
 
 def run_case(graph_file, dtype, impl, mode, repeat, threads, timeout, mem_limit) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--graph", str(graph_file),
-           "--dtype", dtype, "--impl", impl, "--mode", mode, "--repeat", str(repeat), "--threads", str(threads),
-           "--mem-limit-gib", str(mem_limit)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": str(threads)}
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--graph",
+        str(graph_file),
+        "--dtype",
+        dtype,
+        "--impl",
+        impl,
+        "--mode",
+        mode,
+        "--repeat",
+        str(repeat),
+        "--threads",
+        str(threads),
+        "--mem-limit-gib",
+        str(mem_limit),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": str(threads),
+    }
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        res = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+        )
     except subprocess.TimeoutExpired:
         return dict(dtype=dtype, impl=impl, mode=mode, error=f"timeout {timeout}s")
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
@@ -139,9 +175,12 @@ def run_case(graph_file, dtype, impl, mode, repeat, threads, timeout, mem_limit)
 
 
 def fmt_table(rows) -> list[str]:
-    out = ["| atoms | edges | dtype | mode | e3nn+scatter (ms) | fused (ms) | speed-up | e3nn peak / rise (MiB) "
-           "| fused peak / rise (MiB) | peak ratio | rise ratio |",
-           "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| atoms | edges | dtype | mode | e3nn+scatter (ms) | fused (ms) | speed-up | e3nn peak / "
+        "rise (MiB) "
+        "| fused peak / rise (MiB) | peak ratio | rise ratio |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for (atoms, edges, dtype, mode), pair in rows.items():
         ref, fu = pair.get("e3nn", {}), pair.get("fused", {})
 
@@ -155,22 +194,31 @@ def fmt_table(rows) -> list[str]:
         sp = f"{ref['time_s'] / fu['time_s']:.1f}x" if ok else "-"
         pr = f"{fu['peak_mib'] / ref['peak_mib']:.2f}" if ok else "-"
         rr = f"{fu['rise_mib'] / max(ref['rise_mib'], 1e-9):.3f}" if ok else "-"
-        out.append(f"| {atoms} | {edges} | {dtype} | {mode} | {cell_t(ref)} | {cell_t(fu)} | {sp} | {cell_m(ref)} "
-                   f"| {cell_m(fu)} | {pr} | {rr} |")
+        out.append(
+            f"| {atoms} | {edges} | {dtype} | {mode} | {cell_t(ref)} | {cell_t(fu)} | {sp} | "
+            f"{cell_m(ref)} "
+            f"| {cell_m(fu)} | {pr} | {rr} |"
+        )
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run: small cell, float32, one repeat")
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: small cell, float32, one repeat"
+    )
     ap.add_argument("--sizes", default="512,4096", help="atom counts out of 32,108,256,512,4096")
     ap.add_argument("--dtypes", default="float32,float64")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--mem-limit-gib", type=float, default=12.0,
-                    help="address-space limit of each case (0: none); a case over it reports out of memory")
+    ap.add_argument(
+        "--mem-limit-gib",
+        type=float,
+        default=12.0,
+        help="address-space limit of each case (0: none); a case over it reports out of memory",
+    )
     ap.add_argument("--no-write", action="store_true", help="do not write the docs fragment")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--graph", help=argparse.SUPPRESS)
@@ -187,10 +235,16 @@ def main(argv=None) -> int:
     dtypes = ["float32"] if args.quick else args.dtypes.split(",")
     modes = args.modes.split(",")
     repeat = 1 if args.quick else args.repeat
-    command = "python benchmarks/kernels_conv_tp.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/kernels_conv_tp.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     print(f"command: {command.strip()}")
-    print(f"workload: node feats {CHANNELS}x({HIDDEN}), sh l<={LMAX}, target {CHANNELS}x(0e+1o+2e+3o), "
-          f"CuNi fcc, r_max {R_MAX} A; torch threads {args.threads}; repeats {repeat} (median)", flush=True)
+    print(
+        f"workload: node feats {CHANNELS}x({HIDDEN}), sh l<={LMAX}, target "
+        f"{CHANNELS}x(0e+1o+2e+3o), "
+        f"CuNi fcc, r_max {R_MAX} A; torch threads {args.threads}; repeats {repeat} (median)",
+        flush=True,
+    )
     rows: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
@@ -203,10 +257,25 @@ def main(argv=None) -> int:
             for dtype in dtypes:
                 for mode in modes:
                     for impl in ("e3nn", "fused"):
-                        r = run_case(gfile, dtype, impl, mode, repeat, args.threads, args.timeout, args.mem_limit_gib)
+                        r = run_case(
+                            gfile,
+                            dtype,
+                            impl,
+                            mode,
+                            repeat,
+                            args.threads,
+                            args.timeout,
+                            args.mem_limit_gib,
+                        )
                         rows.setdefault((n, ei.shape[1], dtype, mode), {})[impl] = r
-                        shown = (f"{1e3 * r['time_s']:9.1f} ms  peak {r['peak_mib']:7.0f} MiB  rise "
-                                 f"{r['rise_mib']:7.0f} MiB  [{r['backend']}]") if "time_s" in r else r["error"]
+                        shown = (
+                            (
+                                f"{1e3 * r['time_s']:9.1f} ms  peak {r['peak_mib']:7.0f} MiB  rise "
+                                f"{r['rise_mib']:7.0f} MiB  [{r['backend']}]"
+                            )
+                            if "time_s" in r
+                            else r["error"]
+                        )
                         print(f"  {dtype:8s} {mode:12s} {impl:6s} {shown}", flush=True)
     table = fmt_table(rows)
     print("\n" + "\n".join(table))
@@ -216,32 +285,45 @@ def main(argv=None) -> int:
         from benchmarks.kernels import gpu_note  # here: the worker runs this file as a script
 
         cpu = platform.processor() or platform.machine()
-        text = "\n".join([
-            "### Fused conv TP + scatter (MACE message construction), CPU",
-            "",
-            f"Workload: MACE-MP-0 medium-like interaction: node features {CHANNELS}x0e+{CHANNELS}x1o, "
-            f"spherical harmonics l<={LMAX}, e3nn `TensorProduct` built as mace builds it (10 uvu paths, "
-            "1280 per-edge weights, 5120 output components per node); periodic CuNi fcc cells, "
-            f"neighbour list at r_max {R_MAX} A. Baseline: e3nn `TensorProduct` on gathered sender "
-            "features + `scatter_sum`, in the same run. fwd: forward only; fwd+bwd: gradients w.r.t. "
-            "node feats, edge attrs and weights; fwd+bwd+dbl: force-training pattern (edge-attr "
-            "gradient with create_graph, then its loss differentiated w.r.t. node feats and weights).",
-            "",
-            f"Command: `{command.strip()}`",
-            "",
-            *table,
-            "",
-            f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, "
-            f"{args.threads} torch threads, shared with other jobs (timings noisy; ratios are from the "
-            "same run). Peak = the case's process ru_maxrss (includes the interpreter, torch and the "
-            "inputs); rise = peak minus the RSS once the inputs were built (the operation's own memory). "
-            f"Each case runs under a {args.mem_limit_gib:g} GiB address-space limit (so a case that needs more "
-            "fails cleanly instead of waking the OOM killer on a shared machine): 'out of memory' means the "
-            "case needs more than that.",
-            "",
-            gpu_note("cuda/conv_tp/conv_tp.cu", "the conv TP with its scatter alone"),
-            "",
-        ])
+        text = "\n".join(
+            [
+                "### Fused conv TP + scatter (MACE message construction), CPU",
+                "",
+                "Workload: MACE-MP-0 medium-like interaction: node features "
+                f"{CHANNELS}x0e+{CHANNELS}x1o, "
+                f"spherical harmonics l<={LMAX}, e3nn `TensorProduct` built as mace builds it (10 "
+                "uvu paths, "
+                "1280 per-edge weights, 5120 output components per node); periodic CuNi fcc cells, "
+                f"neighbour list at r_max {R_MAX} A. Baseline: e3nn `TensorProduct` on gathered "
+                "sender "
+                "features + `scatter_sum`, in the same run. fwd: forward only; fwd+bwd: gradients "
+                "w.r.t. "
+                "node feats, edge attrs and weights; fwd+bwd+dbl: force-training pattern "
+                "(edge-attr "
+                "gradient with create_graph, then its loss differentiated w.r.t. node feats and "
+                "weights).",
+                "",
+                f"Command: `{command.strip()}`",
+                "",
+                *table,
+                "",
+                f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, "
+                f"{args.threads} torch threads, shared with other jobs (timings noisy; ratios are "
+                "from the "
+                "same run). Peak = the case's process ru_maxrss (includes the interpreter, torch "
+                "and the "
+                "inputs); rise = peak minus the RSS once the inputs were built (the operation's "
+                "own memory). "
+                f"Each case runs under a {args.mem_limit_gib:g} GiB address-space limit (so a case "
+                "that needs more "
+                "fails cleanly instead of waking the OOM killer on a shared machine): 'out of "
+                "memory' means the "
+                "case needs more than that.",
+                "",
+                gpu_note("cuda/conv_tp/conv_tp.cu", "the conv TP with its scatter alone"),
+                "",
+            ]
+        )
         FRAGMENT.parent.mkdir(parents=True, exist_ok=True)
         FRAGMENT.write_text(text)
         print(f"\nwrote {FRAGMENT.relative_to(ROOT)}")

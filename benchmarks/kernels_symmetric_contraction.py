@@ -11,8 +11,10 @@ time limit, so an out-of-memory peer is reported ("OOM"/"timeout") without killi
 peak RSS (ru_maxrss minus the RSS before the first call) is reported per mode (modes run in
 increasing memory order, so each figure is that mode's peak). Ratios are from the same run.
 
-    python -m benchmarks.kernels_symmetric_contraction [--quick] [--nodes 512 4096] [--dtypes float32 float64]
+    python -m benchmarks.kernels_symmetric_contraction [--quick] [--nodes 512 4096] [--dtypes
+    float32 float64]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,15 +56,25 @@ def _worker(impl: str, dtype_name: str, nodes: int, reps: int, threads: int) -> 
         import cuequivariance as cue
         import cuequivariance_torch as cuet
 
-        mod = cuet.SymmetricContraction(cue.Irreps("O3", str(irreps_in)), cue.Irreps("O3", HIDDEN),
-                                        contraction_degree=CORR, num_elements=ELEMENTS, layout_in=cue.ir_mul,
-                                        layout_out=cue.mul_ir, original_mace=True, dtype=dtype, math_dtype=dtype,
-                                        method="naive")
+        mod = cuet.SymmetricContraction(
+            cue.Irreps("O3", str(irreps_in)),
+            cue.Irreps("O3", HIDDEN),
+            contraction_degree=CORR,
+            num_elements=ELEMENTS,
+            layout_in=cue.ir_mul,
+            layout_out=cue.mul_ir,
+            original_mace=True,
+            dtype=dtype,
+            math_dtype=dtype,
+            method="naive",
+        )
 
         def call(x):
             return mod(x.transpose(1, 2).flatten(1), idx.int())
     else:
-        sc = SymmetricContraction(irreps_in, o3.Irreps(HIDDEN), CORR, num_elements=ELEMENTS, use_reduced_cg=False)
+        sc = SymmetricContraction(
+            irreps_in, o3.Irreps(HIDDEN), CORR, num_elements=ELEMENTS, use_reduced_cg=False
+        )
         if impl == "fused":
             from cfm_plugins.ops.symmetric_contraction import FusedSymmetricContraction
 
@@ -72,6 +84,7 @@ def _worker(impl: str, dtype_name: str, nodes: int, reps: int, threads: int) -> 
 
         def call(x):
             return mod(x, y)
+
     params = [p for p in mod.parameters() if p.requires_grad]
 
     def run(mode):
@@ -95,8 +108,10 @@ def _worker(impl: str, dtype_name: str, nodes: int, reps: int, threads: int) -> 
             run(mode)
             times.append(time.perf_counter() - t)
         times.sort()
-        res[mode] = {"s": times[len(times) // 2],
-                     "peak_mib": max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024}
+        res[mode] = {
+            "s": times[len(times) // 2],
+            "peak_mib": max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024,
+        }
     return res
 
 
@@ -104,24 +119,46 @@ def _limit_memory(gib: float):
     def apply():
         lim = int(gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+
     return apply
 
 
 def run_case(impl, dtype, nodes, reps, threads, timeout, mem_gib) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.kernels_symmetric_contraction", "--worker",
-           json.dumps([impl, dtype, nodes, reps, threads])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.kernels_symmetric_contraction",
+        "--worker",
+        json.dumps([impl, dtype, nodes, reps, threads]),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-                           preexec_fn=_limit_memory(mem_gib))
+        p = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=_limit_memory(mem_gib),
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout>{timeout:.0f}s"}
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     tail = (p.stderr or "")[-400:]
-    oom = "out of memory" in tail.lower() or "MemoryError" in tail or "std::bad_alloc" in tail or p.returncode < 0
-    return {"error": "OOM" if oom else f"failed (rc {p.returncode}): {tail.strip().splitlines()[-1] if tail.strip() else ''}"}
+    oom = (
+        "out of memory" in tail.lower()
+        or "MemoryError" in tail
+        or "std::bad_alloc" in tail
+        or p.returncode < 0
+    )
+    return {
+        "error": "OOM"
+        if oom
+        else f"failed (rc {p.returncode}): {tail.strip().splitlines()[-1] if tail.strip() else ''}"
+    }
 
 
 def _fmt(case, mode):
@@ -132,15 +169,23 @@ def _fmt(case, mode):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: 128 nodes, float32, 1 repetition")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: 128 nodes, float32, 1 repetition"
+    )
     ap.add_argument("--nodes", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per (impl, dtype, nodes) subprocess")
-    ap.add_argument("--mem-gib", type=float, default=12.0, help="address-space limit per subprocess")
+    ap.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per (impl, dtype, nodes) subprocess"
+    )
+    ap.add_argument(
+        "--mem-gib", type=float, default=12.0, help="address-space limit per subprocess"
+    )
     ap.add_argument("--out", type=Path, default=FRAGMENT, help="markdown results ('-' to skip)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -149,22 +194,36 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.nodes, args.dtypes, args.reps, args.timeout = [128], ["float32"], 1, 300.0
-    command = "python -m benchmarks.kernels_symmetric_contraction " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"workload: hidden {HIDDEN}, x [nodes, {MUL}, 16] (l<=3), correlation {CORR}, {ELEMENTS} elements, "
-          f"{args.threads} threads; nodes {args.nodes}; dtypes {args.dtypes}")
+    command = "python -m benchmarks.kernels_symmetric_contraction " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    print(
+        f"workload: hidden {HIDDEN}, x [nodes, {MUL}, 16] (l<=3), correlation {CORR}, {ELEMENTS} "
+        "elements, "
+        f"{args.threads} threads; nodes {args.nodes}; dtypes {args.dtypes}"
+    )
     print(f"command: {command}")
     rows = []
     for dtype in args.dtypes:
         for nodes in args.nodes:
-            cases = {impl: run_case(impl, dtype, nodes, args.reps, args.threads, args.timeout, args.mem_gib)
-                     for impl in args.impls}
+            cases = {
+                impl: run_case(
+                    impl, dtype, nodes, args.reps, args.threads, args.timeout, args.mem_gib
+                )
+                for impl in args.impls
+            }
             for mode in MODES:
                 row = [dtype, str(nodes), mode]
                 for impl in args.impls:
                     row += list(_fmt(cases[impl], mode))
                 f = cases.get("fused", {})
                 for peer in ("mace", "cueq"):
-                    if peer in cases and "error" not in cases[peer] and "error" not in f and "fused" in cases:
+                    if (
+                        peer in cases
+                        and "error" not in cases[peer]
+                        and "error" not in f
+                        and "fused" in cases
+                    ):
                         row.append(f"{cases[peer][mode]['s'] / f[mode]['s']:.1f}x")
                     elif peer in cases:
                         row.append(cases[peer].get("error", "-") if "error" in cases[peer] else "-")
@@ -174,7 +233,9 @@ def main(argv=None) -> int:
     for impl in args.impls:
         header += [f"{impl} ms", f"{impl} peak MiB"]
     header += [f"speed-up vs {p}" for p in ("mace", "cueq") if p in args.impls]
-    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
     if str(args.out) != "-":
         _write_fragment(args.out, command, table, args)
     print("\n".join(table))
@@ -189,8 +250,11 @@ def _write_fragment(path: Path, command: str, table: list, args) -> None:
     from benchmarks.kernels import gpu_note
     from cfm_plugins.ops import _backend
 
-    isa = ("C++ operators (AVX2 when the CPU has it)" if _backend.choose(torch.device("cpu")) == "cpu"
-           else "not built (torch fallback)")
+    isa = (
+        "C++ operators (AVX2 when the CPU has it)"
+        if _backend.choose(torch.device("cpu")) == "cpu"
+        else "not built (torch fallback)"
+    )
     text = f"""## Fused symmetric contraction (MACE product basis)
 
 Workload (MACE-MP-0 "medium"-like): hidden `{HIDDEN}`, node features with spherical harmonics up
@@ -210,7 +274,7 @@ Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores sh
 (timings are noisy; compare ratios within this table), torch {torch.__version__}, CPU kernel ISA: {isa}.
 
 {gpu_note("cuda/symmetric_contraction/sc_cuda.cu", "the symmetric contraction alone")}
-"""
+"""  # noqa: E501
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
 

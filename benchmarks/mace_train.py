@@ -13,6 +13,7 @@ LIF = sum_steps max_rank / sum_steps mean_rank of the forward (energy+forces) co
 Then CFMCalculator vs MACECalculator time per MD step on a 512-atom cell with the trained model.
 Writes docs/_fragments/mace_train.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     from cfm_plugins.datasets.cuni import make_dataset
 
-    files = make_dataset(out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms)
-    print(f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}", flush=True)
+    files = make_dataset(
+        out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms
+    )
+    print(
+        f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}",
+        flush=True,
+    )
     mpirun = mpirun_command(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     from cfm_plugins.steplog import load_imbalance, read_step_logs
@@ -45,15 +51,41 @@ def main(argv=None) -> int:
     for label, enable in CONFIGS.items():
         run = out / label
         run.mkdir(exist_ok=True)
-        cmd = mpirun + [str(BIN / "cfm-run"), "--enable", enable, "--", "mace_run_train", f"--name={label}",
-                        f"--train_file={files['train']}", f"--valid_file={files['valid']}", "--E0s=isolated",
-                        "--model=MACE", f"--hidden_irreps={args.hidden}", "--r_max=4.5", "--max_L=1",
-                        "--correlation=3", "--num_interactions=2", f"--max_num_epochs={args.epochs}",
-                        f"--batch_size={args.batch_size}", f"--valid_batch_size={args.batch_size}", "--device=cpu",
-                        "--default_dtype=float64", "--energy_key=REF_energy", "--forces_key=REF_forces",
-                        "--stress_key=REF_stress", "--seed=1", "--eval_interval=100", "--num_workers=0",
-                        "--save_cpu", f"--work_dir={run}", f"--model_dir={run}", f"--cfm-step-log={run / 'steps'}"]
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        cmd = mpirun + [
+            str(BIN / "cfm-run"),
+            "--enable",
+            enable,
+            "--",
+            "mace_run_train",
+            f"--name={label}",
+            f"--train_file={files['train']}",
+            f"--valid_file={files['valid']}",
+            "--E0s=isolated",
+            "--model=MACE",
+            f"--hidden_irreps={args.hidden}",
+            "--r_max=4.5",
+            "--max_L=1",
+            "--correlation=3",
+            "--num_interactions=2",
+            f"--max_num_epochs={args.epochs}",
+            f"--batch_size={args.batch_size}",
+            f"--valid_batch_size={args.batch_size}",
+            "--device=cpu",
+            "--default_dtype=float64",
+            "--energy_key=REF_energy",
+            "--forces_key=REF_forces",
+            "--stress_key=REF_stress",
+            "--seed=1",
+            "--eval_interval=100",
+            "--num_workers=0",
+            "--save_cpu",
+            f"--work_dir={run}",
+            f"--model_dir={run}",
+            f"--cfm-step-log={run / 'steps'}",
+        ]
+        res = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         (run / "train.log").write_text(res.stdout)
         if res.returncode != 0:
             print(res.stdout[-3000:])
@@ -62,32 +94,59 @@ def main(argv=None) -> int:
         per_epoch = len(ranks[0]) // args.epochs
         last = [r[-per_epoch:] for r in ranks]
         epoch_s = max(sum(s["wall_s"] for s in r) for r in last)
-        rows[label] = dict(epoch_s=epoch_s, steps=per_epoch, lif=load_imbalance(last),
-                           lif_atoms=load_imbalance(last, "atoms"))
-        print(f"{label:8s} epoch {epoch_s:7.2f} s  steps {per_epoch:3d}  LIF {rows[label]['lif']:.3f} "
-              f"(atoms {rows[label]['lif_atoms']:.3f})", flush=True)
+        rows[label] = dict(
+            epoch_s=epoch_s,
+            steps=per_epoch,
+            lif=load_imbalance(last),
+            lif_atoms=load_imbalance(last, "atoms"),
+        )
+        print(
+            f"{label:8s} epoch {epoch_s:7.2f} s  steps {per_epoch:3d}  LIF "
+            f"{rows[label]['lif']:.3f} "
+            f"(atoms {rows[label]['lif_atoms']:.3f})",
+            flush=True,
+        )
 
     from ase.io import read
+    from mace.calculators import MACECalculator
 
     from cfm_plugins.calculators import CFMCalculator
     from cfm_plugins.calculators.md import time_md
-    from mace.calculators import MACECalculator
 
     model = str(out / "stock" / "stock.model")
     atoms = read(files["cell512"])
-    md_stock = time_md(MACECalculator(model_paths=model, device="cpu", default_dtype="float64"), atoms, args.md_steps)
-    md_fused = time_md(CFMCalculator(model, device="cpu", default_dtype="float64"), atoms, args.md_steps)
+    md_stock = time_md(
+        MACECalculator(model_paths=model, device="cpu", default_dtype="float64"),
+        atoms,
+        args.md_steps,
+    )
+    md_fused = time_md(
+        CFMCalculator(model, device="cpu", default_dtype="float64"), atoms, args.md_steps
+    )
 
-    lines = ["## MACE training and MD (benchmarks/mace_train.py)", "",
-             f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/mace_train.py "
-             f"--n-train {args.n_train} --epochs {args.epochs} --hidden {args.hidden}`", "",
-             f"Workload: {args.n_train} CuNi structures (4..{args.max_atoms} atoms, EMT), MACE {args.hidden}, "
-             "correlation 3, max_L 1, r_max 4.5, 2 interactions, float64, `--batch_size "
-             f"{args.batch_size}`, 2 MPI ranks x 1 thread on a shared 2-core CPU; last of {args.epochs} epochs.", ""]
-    lines += config_table(rows, "optimizer steps per epoch (s, slowest rank)", "speed-up vs stock", speedup=True)
-    lines += ["", f"MD, 512-atom CuNi cell, {args.md_steps} steps, same trained model: MACECalculator "
-              f"{md_stock * 1e3:.0f} ms/step, CFMCalculator {md_fused * 1e3:.0f} ms/step, "
-              f"speed-up {md_stock / md_fused:.2f}x.", ""]
+    lines = [
+        "## MACE training and MD (benchmarks/mace_train.py)",
+        "",
+        f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/mace_train.py "
+        f"--n-train {args.n_train} --epochs {args.epochs} --hidden {args.hidden}`",
+        "",
+        f"Workload: {args.n_train} CuNi structures (4..{args.max_atoms} atoms, EMT), MACE "
+        f"{args.hidden}, "
+        "correlation 3, max_L 1, r_max 4.5, 2 interactions, float64, `--batch_size "
+        f"{args.batch_size}`, 2 MPI ranks x 1 thread on a shared 2-core CPU; last of {args.epochs} "
+        "epochs.",
+        "",
+    ]
+    lines += config_table(
+        rows, "optimizer steps per epoch (s, slowest rank)", "speed-up vs stock", speedup=True
+    )
+    lines += [
+        "",
+        f"MD, 512-atom CuNi cell, {args.md_steps} steps, same trained model: MACECalculator "
+        f"{md_stock * 1e3:.0f} ms/step, CFMCalculator {md_fused * 1e3:.0f} ms/step, "
+        f"speed-up {md_stock / md_fused:.2f}x.",
+        "",
+    ]
     return write_fragment("mace_train", lines)
 
 

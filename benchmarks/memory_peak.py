@@ -4,7 +4,8 @@
     python benchmarks/memory_peak.py --device cuda --atoms 4000 --ways stock cueq fused
     python benchmarks/memory_peak.py --device cpu --quick                          # a smoke run
 
-Workload: the train step of benchmarks/gpu_mace.py (its MACE-MP-medium-like model on its rattled CuNi
+Workload: the train step of benchmarks/gpu_mace.py (its MACE-MP-medium-like model on its rattled
+CuNi
 cells: energy + forces, a loss on both, ``backward()``). Each way runs one warm-up step, then one
 step under ``torch.profiler`` (``profile_memory``, ``record_shapes``, ``with_stack``), whose tensor
 timeline (``torch.profiler._memory_profiler.MemoryProfile``: every tensor's creation and release,
@@ -12,8 +13,8 @@ with the operator that made it; a private torch API, read for torch 2.11 and 2.1
 find the step's peak. Per way it prints:
 
 - the peak of the tensors alive during the step on ``--device`` (inputs and parameters included;
-  the allocator's caching and fragmentation come on top on a GPU: ``torch.cuda.max_memory_allocated``
-  in gpu_profile.py);
+  the allocator's caching and fragmentation come on top on a GPU:
+  ``torch.cuda.max_memory_allocated`` in gpu_profile.py);
 - the peak as a multiple of one ``[edges, 1280]`` buffer (the per-edge weights of a 128-channel
   layer-1 convolution), the unit in which the force-training peak grows with the edges;
 - what is alive at the peak, by the operator that made it and torch's category (activation,
@@ -23,6 +24,7 @@ find the step's peak. Per way it prints:
 The composition is the same on any device for the same operators, so a CPU run says what a GPU
 peak is made of; ``--out`` writes the markdown to a file too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +80,10 @@ def peak_of(prof, device) -> dict:
     for (key, version), size in at_peak.items():
         category = mp._categories.get(key, version)
         unnamed = "(before the step)" if key in before else "(inside an operator)"
-        g = (made.get((key, version), made.get((key, 0), unnamed)),
-             category.name.lower() if category else "unknown")
+        g = (
+            made.get((key, version), made.get((key, 0), unnamed)),
+            category.name.lower() if category else "unknown",
+        )
         groups[g] += size
         counts[g] += 1
     return {"peak": peak, "groups": groups, "counts": counts, "when": last_before_peak}
@@ -91,7 +95,9 @@ def measure(model, batch, e_ref, f_ref, device) -> dict:
 
     train_step(model, batch, e_ref, f_ref)  # warm-up: kernels built, caches filled
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    with profile(
+        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
         train_step(model, batch, e_ref, f_ref)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -100,12 +106,19 @@ def measure(model, batch, e_ref, f_ref, device) -> dict:
 
 def report(label: str, r: dict, unit: int, top: int) -> list[str]:
     mib = 2**20
-    lines = [f"### {label}", "",
-             f"peak {r['peak'] / mib:.1f} MiB = {r['peak'] / unit:.2f} x [edges, 1280]; "
-             f"the last tensor before it made by `{_short(r['when'])}`", "",
-             "| made by | category | tensors | MiB |", "|---|---|---|---|"]
+    lines = [
+        f"### {label}",
+        "",
+        f"peak {r['peak'] / mib:.1f} MiB = {r['peak'] / unit:.2f} x [edges, 1280]; "
+        f"the last tensor before it made by `{_short(r['when'])}`",
+        "",
+        "| made by | category | tensors | MiB |",
+        "|---|---|---|---|",
+    ]
     for (op, category), size in r["groups"].most_common(top):
-        lines.append(f"| `{_short(op)}` | {category} | {r['counts'][(op, category)]} | {size / mib:.1f} |")
+        lines.append(
+            f"| `{_short(op)}` | {category} | {r['counts'][(op, category)]} | {size / mib:.1f} |"
+        )
     return lines + [""]
 
 
@@ -121,10 +134,18 @@ def main(argv=None) -> int:
     if args.quick:
         args.hidden, args.atoms = "8x0e+8x1o", [32]
 
-    return way_report(args, argv, "memory_peak.py", "What is alive at the train step's memory peak",
-                      lambda label, model, batch, e_ref, f_ref, dtype, device: report(
-                          label, measure(model, batch, e_ref, f_ref, device),
-                          batch["edge_index"].shape[1] * 1280 * dtype.itemsize, args.top))
+    return way_report(
+        args,
+        argv,
+        "memory_peak.py",
+        "What is alive at the train step's memory peak",
+        lambda label, model, batch, e_ref, f_ref, dtype, device: report(
+            label,
+            measure(model, batch, e_ref, f_ref, device),
+            batch["edge_index"].shape[1] * 1280 * dtype.itemsize,
+            args.top,
+        ),
+    )
 
 
 if __name__ == "__main__":

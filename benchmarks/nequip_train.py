@@ -12,6 +12,7 @@ configuration: the training step time of the last epoch (slowest rank, summed ov
 per epoch, and the load imbalance factor LIF = sum_steps max_rank / sum_steps mean_rank of the
 forward (energy + forces) time and of the atoms. Writes docs/_fragments/nequip_train.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,10 +37,23 @@ def main(argv=None) -> int:
     from cfm_plugins.datasets.nequip_config import write_config
     from cfm_plugins.steplog import load_imbalance, read_step_logs
 
-    files = make_dataset(out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms)
-    write_config(out / "cfg" / "bench.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,
-                 features=args.features, l_max=1, layers=args.layers, batch_size=args.batch_size)
-    print(f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}", flush=True)
+    files = make_dataset(
+        out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms
+    )
+    write_config(
+        out / "cfg" / "bench.yaml",
+        train=files["train"],
+        valid=files["valid"],
+        epochs=args.epochs,
+        features=args.features,
+        l_max=1,
+        layers=args.layers,
+        batch_size=args.batch_size,
+    )
+    print(
+        f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}",
+        flush=True,
+    )
     mpirun = mpirun_command(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
@@ -48,9 +62,23 @@ def main(argv=None) -> int:
         steps = out / f"{label}_steps"
         for f in out.glob(f"{label}_steps.rank*.jsonl"):
             f.unlink()
-        cmd = mpirun + [str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={steps}", "--", "nequip-train",
-                        "-cp", str(out / "cfg"), "-cn", "bench", f"hydra.run.dir={out / label}"]
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        cmd = mpirun + [
+            str(BIN / "cfm-run"),
+            "--enable",
+            enable,
+            "-o",
+            f"step_log={steps}",
+            "--",
+            "nequip-train",
+            "-cp",
+            str(out / "cfg"),
+            "-cn",
+            "bench",
+            f"hydra.run.dir={out / label}",
+        ]
+        res = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         (out / f"{label}.log").write_text(res.stdout)
         if res.returncode != 0:
             print(res.stdout[-3000:])
@@ -58,20 +86,39 @@ def main(argv=None) -> int:
         ranks = [[r for r in rank if r["stage"] == "train"] for rank in read_step_logs(str(steps))]
         last = [[r for r in rank if r["epoch"] == args.epochs - 1] for rank in ranks]
         epoch_s = max(sum(r["wall_s"] for r in rank) for rank in last)
-        rows[label] = dict(epoch_s=epoch_s, steps=len(last[0]), lif=load_imbalance(last),
-                           lif_atoms=load_imbalance(last, "atoms"))
-        print(f"{label:8s} epoch {epoch_s:7.2f} s  steps {len(last[0]):3d}  LIF {rows[label]['lif']:.3f} "
-              f"(atoms {rows[label]['lif_atoms']:.3f})", flush=True)
+        rows[label] = dict(
+            epoch_s=epoch_s,
+            steps=len(last[0]),
+            lif=load_imbalance(last),
+            lif_atoms=load_imbalance(last, "atoms"),
+        )
+        print(
+            f"{label:8s} epoch {epoch_s:7.2f} s  steps {len(last[0]):3d}  LIF "
+            f"{rows[label]['lif']:.3f} "
+            f"(atoms {rows[label]['lif_atoms']:.3f})",
+            flush=True,
+        )
 
-    lines = ["## NequIP training (benchmarks/nequip_train.py)", "",
-             f"Command: `OMP_NUM_THREADS=1 .venv-nequip/bin/python benchmarks/nequip_train.py --n-train {args.n_train} "
-             f"--max-atoms {args.max_atoms} --epochs {args.epochs} --features {args.features} --layers {args.layers} "
-             f"--batch-size {args.batch_size}`", "",
-             f"Workload: {args.n_train} CuNi structures (up to {args.max_atoms} atoms, EMT), NequIP GNN "
-             f"{args.features} features, l_max 1, {args.layers} layers, r_max 4.0, float64, energy + forces loss, "
-             f"`batch_size: {args.batch_size}`; unmodified nequip-train 0.19.1 under `mpirun -np 2 cfm-run`, "
-             f"2 MPI ranks x 1 thread (gloo) on a shared 2-core CPU; last of {args.epochs} epochs.", ""]
-    lines += config_table(rows, "training steps per epoch (s, slowest rank)", "ratio to stock", speedup=False)
+    lines = [
+        "## NequIP training (benchmarks/nequip_train.py)",
+        "",
+        "Command: `OMP_NUM_THREADS=1 .venv-nequip/bin/python benchmarks/nequip_train.py --n-train "
+        f"{args.n_train} "
+        f"--max-atoms {args.max_atoms} --epochs {args.epochs} --features {args.features} --layers "
+        f"{args.layers} "
+        f"--batch-size {args.batch_size}`",
+        "",
+        f"Workload: {args.n_train} CuNi structures (up to {args.max_atoms} atoms, EMT), NequIP GNN "
+        f"{args.features} features, l_max 1, {args.layers} layers, r_max 4.0, float64, energy + "
+        "forces loss, "
+        f"`batch_size: {args.batch_size}`; unmodified nequip-train 0.19.1 under `mpirun -np 2 "
+        "cfm-run`, "
+        f"2 MPI ranks x 1 thread (gloo) on a shared 2-core CPU; last of {args.epochs} epochs.",
+        "",
+    ]
+    lines += config_table(
+        rows, "training steps per epoch (s, slowest rank)", "ratio to stock", speedup=False
+    )
     lines.append("")
     return write_fragment("nequip_train", lines)
 

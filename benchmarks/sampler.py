@@ -1,7 +1,9 @@
-"""Benchmark of the bin-packing sampler against the usual batchers on the MACE paper's 2.65M-graph mix.
+"""Benchmark of the bin-packing sampler against the usual batchers on the MACE paper's 2.65M-graph
+mix.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler            # full run, writes docs/_fragments/sampler.md
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler --quick    # 100k graphs smoke test (no file written)
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler            # full run, writes
+    docs/_fragments/sampler.md OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler --quick    #
+    100k graphs smoke test (no file written)
 
 Workload: atom counts of Table 3 of the MACE paper (see benchmarks/workload.py for the
 distribution inside each range), capacity 3072 atoms, world sizes 8, 64, 740. Per packer and world
@@ -13,6 +15,7 @@ again in epoch 1 (seed vs seed+1).
 Padding is ``1 - total / (bins * M)`` with ``M = max(capacity, largest bin)``: the memory a rank
 must provision for its largest batch, left empty on average (fixed-count batches exceed 3072).
 """
+
 from __future__ import annotations
 
 import os
@@ -56,23 +59,40 @@ def measure(name, fn, atoms, w, seed, repeats):
     rep, tot, frac = repeated_pairs(p, q, len(atoms))
     provision = max(CAPACITY, r.max_bin_cost)
     return {
-        "packer": name, "W": w, "time": statistics.median(times), "time_min": min(times), "cpu": statistics.median(cpu),
-        "bins": r.num_bins, "bins_lb": r.num_bins / r.lower_bound_bins,
-        "padding": 1 - r.total_cost / (r.num_bins * provision), "min_padding": r.min_padding,
-        "max_bin": r.max_bin_cost, "imb": r.mean_imbalance, "imb_max": r.max_imbalance,
-        "straggler": r.straggler_ratio, "lost": r.samples_lost, "dup": r.samples_duplicated,
-        "repeat": frac, "pairs": tot,
+        "packer": name,
+        "W": w,
+        "time": statistics.median(times),
+        "time_min": min(times),
+        "cpu": statistics.median(cpu),
+        "bins": r.num_bins,
+        "bins_lb": r.num_bins / r.lower_bound_bins,
+        "padding": 1 - r.total_cost / (r.num_bins * provision),
+        "min_padding": r.min_padding,
+        "max_bin": r.max_bin_cost,
+        "imb": r.mean_imbalance,
+        "imb_max": r.max_imbalance,
+        "straggler": r.straggler_ratio,
+        "lost": r.samples_lost,
+        "dup": r.samples_duplicated,
+        "repeat": frac,
+        "pairs": tot,
     }
 
 
 def table(rows):
-    head = ("| W | packer | pack CPU time (s) | pack wall time (s) | bins / lower bound | padding | max bin / capacity | "
-            "mean step imbalance | straggler epoch / ideal | lost / dup | repeated pairs |")
+    head = (
+        "| W | packer | pack CPU time (s) | pack wall time (s) | bins / lower bound | padding | "
+        "max bin / capacity | "
+        "mean step imbalance | straggler epoch / ideal | lost / dup | repeated pairs |"
+    )
     out = [head, "|" + "---|" * 11]
     for r in rows:
-        out.append(f"| {r['W']} | {r['packer']} | {r['cpu']:.3f} | {r['time']:.3f} | {r['bins_lb']:.4f} | {100 * r['padding']:.2f}% | "
-                   f"{r['max_bin'] / CAPACITY:.3f} | {r['imb']:.5f} | {r['straggler']:.4f} | "
-                   f"{r['lost']} / {r['dup']} | {100 * r['repeat']:.3f}% |")
+        out.append(
+            f"| {r['W']} | {r['packer']} | {r['cpu']:.3f} | {r['time']:.3f} | {r['bins_lb']:.4f} | "
+            f"{100 * r['padding']:.2f}% | "
+            f"{r['max_bin'] / CAPACITY:.3f} | {r['imb']:.5f} | {r['straggler']:.4f} | "
+            f"{r['lost']} / {r['dup']} | {100 * r['repeat']:.3f}% |"
+        )
     return "\n".join(out)
 
 
@@ -81,11 +101,22 @@ def check_targets(rows, n):
     for r in (r for r in rows if r["packer"] == OURS):
         w = r["W"]
         checks = [
-            (f"pack {n} graphs <= 0.5 s on one core (median CPU time {r['cpu']:.3f} s; wall time median "
-             f"{r['time']:.3f} s, best {r['time_min']:.3f} s, inflated when other jobs share the cores)", r["cpu"] <= 0.5),
-            (f"padding {100 * r['padding']:.3f}% <= minimum {100 * r['min_padding']:.3f}% + 0.1 pp",
-             r["padding"] <= r["min_padding"] + 0.001),
-            (f"mean per-step imbalance {r['imb']:.5f} <= 1.001 (worst step {r['imb_max']:.5f})", r["imb"] <= 1.001),
+            (
+                f"pack {n} graphs <= 0.5 s on one core (median CPU time {r['cpu']:.3f} s; wall "
+                "time median "
+                f"{r['time']:.3f} s, best {r['time_min']:.3f} s, inflated when other jobs share "
+                "the cores)",
+                r["cpu"] <= 0.5,
+            ),
+            (
+                f"padding {100 * r['padding']:.3f}% <= minimum {100 * r['min_padding']:.3f}% + 0.1 "
+                "pp",
+                r["padding"] <= r["min_padding"] + 0.001,
+            ),
+            (
+                f"mean per-step imbalance {r['imb']:.5f} <= 1.001 (worst step {r['imb_max']:.5f})",
+                r["imb"] <= 1.001,
+            ),
             (f"lost {r['lost']}, duplicated {r['dup']}", r["lost"] == 0 and r["dup"] == 0),
             (f"repeated co-batched pairs {100 * r['repeat']:.3f}% <= 10%", r["repeat"] <= 0.10),
         ]
@@ -96,21 +127,34 @@ def check_targets(rows, n):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="100k graphs, no file written (smoke test)")
-    ap.add_argument("--graphs", type=int, default=None, help="number of graphs (default: all 2,650,823)")
+    ap.add_argument(
+        "--quick", action="store_true", help="100k graphs, no file written (smoke test)"
+    )
+    ap.add_argument(
+        "--graphs", type=int, default=None, help="number of graphs (default: all 2,650,823)"
+    )
     ap.add_argument("--worlds", default="8,64,740")
-    ap.add_argument("--out", default=None, help="markdown output (default docs/_fragments/sampler.md on a full run)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="markdown output (default docs/_fragments/sampler.md on a full run)",
+    )
     args = ap.parse_args(argv)
     n_req = args.graphs or (100_000 if args.quick else None)
     worlds = [int(x) for x in args.worlds.split(",")]
-    cmd = "OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    cmd = "OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler" + (
+        " " + " ".join(sys.argv[1:]) if sys.argv[1:] else ""
+    )
     atoms = paper_mix(n_req, seed=0)
     n = len(atoms)
-    workload = (f"{n:,} graphs, {int(atoms.sum()):,} atoms (MACE paper Table 3 mix"
-                f"{'' if n_req is None else ', proportions kept; full counts'}: " +
-                ", ".join(f"{k} {v[0]:,} x {v[1]}-{v[2]}" for k, v in PAPER_MIX.items()) +
-                f"; MPtrj log-normal median {MPTRJ_MEDIAN:g} sigma {MPTRJ_SIGMA:g} clipped, others uniform), "
-                f"capacity {CAPACITY} atoms, world sizes {', '.join(map(str, worlds))}")
+    workload = (
+        f"{n:,} graphs, {int(atoms.sum()):,} atoms (MACE paper Table 3 mix"
+        f"{'' if n_req is None else ', proportions kept; full counts'}: "
+        + ", ".join(f"{k} {v[0]:,} x {v[1]}-{v[2]}" for k, v in PAPER_MIX.items())
+        + f"; MPtrj log-normal median {MPTRJ_MEDIAN:g} sigma {MPTRJ_SIGMA:g} clipped, "
+        "others uniform), "
+        f"capacity {CAPACITY} atoms, world sizes {', '.join(map(str, worlds))}"
+    )
     print("command:", cmd)
     print("workload:", workload, flush=True)
     pack(atoms, CAPACITY, 8, seed=0)  # warm-up (page faults, imports)
@@ -120,38 +164,58 @@ def main(argv=None):
             t0 = time.perf_counter()
             row = measure(name, fn, atoms, w, seed=0, repeats=5 if fn is ours else 1)
             rows.append(row)
-            print(f"W={w:4d} {name:28s} cpu {row['cpu']:.3f}s wall {row['time']:.3f}s bins/lb {row['bins_lb']:.4f} "
-                  f"pad {100 * row['padding']:.2f}% imb {row['imb']:.5f} strag {row['straggler']:.4f} "
-                  f"lost/dup {row['lost']}/{row['dup']} repeat {100 * row['repeat']:.3f}% "
-                  f"[{time.perf_counter() - t0:.1f}s]", flush=True)
+            print(
+                f"W={w:4d} {name:28s} cpu {row['cpu']:.3f}s wall {row['time']:.3f}s bins/lb "
+                f"{row['bins_lb']:.4f} "
+                f"pad {100 * row['padding']:.2f}% imb {row['imb']:.5f} strag "
+                f"{row['straggler']:.4f} "
+                f"lost/dup {row['lost']}/{row['dup']} repeat {100 * row['repeat']:.3f}% "
+                f"[{time.perf_counter() - t0:.1f}s]",
+                flush=True,
+            )
     targets = check_targets(rows, n)
     print("\n".join(targets))
-    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with other jobs, "
-               f"one thread (OMP_NUM_THREADS=1), numpy {np.__version__}, Python {platform.python_version()}")
-    md = "\n".join([
-        "## Bin-packing sampler",
-        "",
-        f"Command: `{cmd}`",
-        "",
-        f"Workload: {workload}.",
-        "",
-        f"Machine: {machine}. Timings are noisy (shared cores); compare within one run.",
-        "",
-        "Columns: pack CPU time (process time, one thread) and wall time = median of 5 for ours, one run"
-        " for the others (pure Python loops in some);"
-        " padding = 1 - total / (bins x max(capacity, largest bin)); mean step imbalance = mean over steps"
-        " of max/mean bin cost; straggler epoch / ideal = sum over steps of the largest bin cost / (total / W);"
-        " repeated pairs = exact fraction of the pairs co-batched in epoch 0 (seed 0) co-batched again in"
-        " epoch 1 (seed 1). Baselines: see benchmarks/baselines.py (fixed counts use 8 graphs per rank).",
-        "",
-        table(rows),
-        "",
-        "Targets (ours):",
-        "",
-        *targets,
-        "",
-    ])
-    out = args.out or (None if (args.quick or n_req is not None) else str(ROOT / "docs" / "_fragments" / "sampler.md"))
+    machine = (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with other "
+        "jobs, "
+        f"one thread (OMP_NUM_THREADS=1), numpy {np.__version__}, Python "
+        f"{platform.python_version()}"
+    )
+    md = "\n".join(
+        [
+            "## Bin-packing sampler",
+            "",
+            f"Command: `{cmd}`",
+            "",
+            f"Workload: {workload}.",
+            "",
+            f"Machine: {machine}. Timings are noisy (shared cores); compare within one run.",
+            "",
+            "Columns: pack CPU time (process time, one thread) and wall time = median of 5 for "
+            "ours, one run"
+            " for the others (pure Python loops in some);"
+            " padding = 1 - total / (bins x max(capacity, largest bin)); mean step imbalance = "
+            "mean over steps"
+            " of max/mean bin cost; straggler epoch / ideal = sum over steps of the largest bin "
+            "cost / (total / W);"
+            " repeated pairs = exact fraction of the pairs co-batched in epoch 0 (seed 0) "
+            "co-batched again in"
+            " epoch 1 (seed 1). Baselines: see benchmarks/baselines.py (fixed counts use 8 graphs "
+            "per rank).",
+            "",
+            table(rows),
+            "",
+            "Targets (ours):",
+            "",
+            *targets,
+            "",
+        ]
+    )
+    out = args.out or (
+        None
+        if (args.quick or n_req is not None)
+        else str(ROOT / "docs" / "_fragments" / "sampler.md")
+    )
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(md)

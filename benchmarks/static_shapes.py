@@ -1,4 +1,5 @@
-"""Padding overhead of static shapes: pad atoms and pad edges when every bin-packed batch is padded to one budget.
+"""Padding overhead of static shapes: pad atoms and pad edges when every bin-packed batch is padded
+to one budget.
 
 For the example sets (CuNi of ``cfm_plugins.datasets.cuni``, edges from ASE's neighbour list at
 r_max 5 A; the molecular clusters of ``cfm_plugins.datasets.clusters``) and for the MACE paper's
@@ -6,16 +7,18 @@ Table-3 mix (``benchmarks.workload.paper_mix``; it has atom counts only, so edge
 atoms x a per-graph neighbour count drawn uniformly from 10-60, seeded: the atom figure is exact,
 the edge figure is an estimate), the budget is made as the ``static`` plugin makes it
 (:func:`cfm_plugins.static.budget.budget_of_plans` over the first ``--epochs`` epochs' plans,
-default headroom) at binpack's default capacity (``--batch-size`` x the mean atom count, at least the
-largest structure) or ``--capacity``, and the padding of every batch of those epochs is reported,
-for the bins the plugin packs (even in atoms and edges together, ``pack(..., even=True, dims=...)``),
-for bins even in one size only (``pack(..., even=True)``) by atoms (binpack's default cost) and by
-edges (``cost=edges``), and, for comparison, for Algorithm 1's full bins padded to the capacity.
+default headroom) at binpack's default capacity (``--batch-size`` x the mean atom count, at least
+the largest structure) or ``--capacity``, and the padding of every batch of those epochs is
+reported, for the bins the plugin packs (even in atoms and edges together, ``pack(..., even=True,
+dims=...)``), for bins even in one size only (``pack(..., even=True)``) by atoms (binpack's default
+cost) and by edges (``cost=edges``), and, for comparison, for Algorithm 1's full bins padded to the
+capacity.
 
     python -m benchmarks.static_shapes [--batch-size 4] [--capacity C] [--world 2 8] [--epochs 3]
 
 Not measured here (see docs/benchmarks.md): the CPU training epoch eager-fused vs compiled + static.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +37,20 @@ def cuni_sizes(n: int, seed: int = 0, r_max: float = 5.0):
 
     rng = np.random.default_rng(seed)
     frames = [make_structure(rng, 500) for _ in range(n)]
-    return (np.array([len(a) for a in frames], np.int64),
-            np.array([len(neighbor_list("i", a, r_max)) for a in frames], np.int64))
+    return (
+        np.array([len(a) for a in frames], np.int64),
+        np.array([len(neighbor_list("i", a, r_max)) for a in frames], np.int64),
+    )
 
 
 def cluster_sizes(n: int, seed: int = 0):
     from cfm_plugins.datasets.clusters import make_dataset
 
     graphs = make_dataset(n, seed)
-    return (np.array([int(g.num_nodes) for g in graphs], np.int64),
-            np.array([int(g.edge_index.shape[1]) for g in graphs], np.int64))
+    return (
+        np.array([int(g.num_nodes) for g in graphs], np.int64),
+        np.array([int(g.edge_index.shape[1]) for g in graphs], np.int64),
+    )
 
 
 def table3_sizes(n: int, seed: int = 0):
@@ -63,42 +70,89 @@ def overhead_row(name, atoms, edges, cost, batch_size, capacity, world, epochs, 
     costs = atoms if cost == "atoms" else edges
     capacity = capacity or default_capacity(costs.mean(), costs.max(), batch_size)
     dims = np.column_stack([atoms, edges]) if even == "joint" else None
-    plans = [pack(costs, capacity, world, seed=e, even=bool(even), dims=dims) for e in range(epochs)]
-    budget = budget_of_plans(plans, costs, atoms, edges, capacity, DEFAULT_HEADROOM)  # as the static plugin
+    plans = [
+        pack(costs, capacity, world, seed=e, even=bool(even), dims=dims) for e in range(epochs)
+    ]
+    budget = budget_of_plans(
+        plans, costs, atoms, edges, capacity, DEFAULT_HEADROOM
+    )  # as the static plugin
     joint = all(p.limits is not None for p in plans)
-    kind = "even in atoms and edges" if joint else \
-        {"joint": "even (joint fell back)", True: "even", False: "full (Algorithm 1)"}[even]
+    kind = (
+        "even in atoms and edges"
+        if joint
+        else {"joint": "even (joint fell back)", True: "even", False: "full (Algorithm 1)"}[even]
+    )
     o = padding_overhead(plans, atoms, edges, budget)
-    return (f"| {name} | {len(atoms)} | {world} | {cost} | {capacity:g} | {kind} | "
-            f"{budget} | {o.batches} | {100 * o.atoms:.2f}% | {100 * o.edges:.2f}% |")
+    return (
+        f"| {name} | {len(atoms)} | {world} | {cost} | {capacity:g} | {kind} | "
+        f"{budget} | {o.batches} | {100 * o.atoms:.2f}% | {100 * o.edges:.2f}% |"
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch-size", type=int, default=4, help="the trainer's batch size: binpack's default capacity "
-                    "is this x the mean atom count (the MACE demo's is 4)")
-    ap.add_argument("--capacity", type=int, default=None, help="bin capacity (max_tokens, in the cost's units) "
-                    "instead of the default")
-    ap.add_argument("--world", type=int, nargs="+", default=[2, 8], help="ranks the plans are dealt to")
-    ap.add_argument("--epochs", type=int, default=3, help="epochs whose plans the budget covers (budget_epochs)")
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=4,
+        help="the trainer's batch size: binpack's default capacity "
+        "is this x the mean atom count (the MACE demo's is 4)",
+    )
+    ap.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="bin capacity (max_tokens, in the cost's units) instead of the default",
+    )
+    ap.add_argument(
+        "--world", type=int, nargs="+", default=[2, 8], help="ranks the plans are dealt to"
+    )
+    ap.add_argument(
+        "--epochs", type=int, default=3, help="epochs whose plans the budget covers (budget_epochs)"
+    )
     ap.add_argument("--cuni", type=int, default=400, help="CuNi structures")
     ap.add_argument("--clusters", type=int, default=2000, help="cluster graphs")
     ap.add_argument("--table3", type=int, default=200_000, help="graphs of the Table-3 mix")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     capacity = args.capacity or f"binpack default ({args.batch_size} x the mean cost)"
-    print(f"static shapes padding overhead: capacity {capacity}, ranks {args.world}, budget over {args.epochs} "
-          f"epoch plans, headroom {DEFAULT_HEADROOM:g}")
-    print("| set | graphs | ranks | cost | capacity | bins | budget | batches | pad atoms | pad edges |")
+    print(
+        f"static shapes padding overhead: capacity {capacity}, ranks {args.world}, budget over "
+        f"{args.epochs} "
+        f"epoch plans, headroom {DEFAULT_HEADROOM:g}"
+    )
+    print(
+        "| set | graphs | ranks | cost | capacity | bins | budget | batches | pad atoms | pad "
+        "edges |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, sizes in (("CuNi (example)", lambda: cuni_sizes(args.cuni)),
-                        ("clusters (example)", lambda: cluster_sizes(args.clusters)),
-                        ("Table-3 mix (edges modelled)", lambda: table3_sizes(args.table3))):
+    for name, sizes in (
+        ("CuNi (example)", lambda: cuni_sizes(args.cuni)),
+        ("clusters (example)", lambda: cluster_sizes(args.clusters)),
+        ("Table-3 mix (edges modelled)", lambda: table3_sizes(args.table3)),
+    ):
         atoms, edges = sizes()
         for world in args.world:
-            for cost, even in (("atoms", "joint"), ("atoms", True), ("atoms", False), ("edges", True)):
-                print(overhead_row(name, atoms, edges, cost, args.batch_size, args.capacity, world, args.epochs, even),
-                      flush=True)
+            for cost, even in (
+                ("atoms", "joint"),
+                ("atoms", True),
+                ("atoms", False),
+                ("edges", True),
+            ):
+                print(
+                    overhead_row(
+                        name,
+                        atoms,
+                        edges,
+                        cost,
+                        args.batch_size,
+                        args.capacity,
+                        world,
+                        args.epochs,
+                        even,
+                    ),
+                    flush=True,
+                )
     print(f"({time.perf_counter() - t0:.0f} s)")
     return 0
 

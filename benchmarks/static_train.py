@@ -1,6 +1,8 @@
-"""CPU training epoch: eager fused kernels vs compiled fused kernels on static shapes, 2 MPI ranks, one run.
+"""CPU training epoch: eager fused kernels vs compiled fused kernels on static shapes, 2 MPI ranks,
+one run.
 
-    python -m benchmarks.static_train [--n-train 40] [--epochs 3] [--batch-size 4] [--cost atoms|edges]
+    python -m benchmarks.static_train [--n-train 40] [--epochs 3] [--batch-size 4] [--cost
+    atoms|edges]
 
 Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters of up to
 --max-atoms atoms, EMT labels) and a MACE-MP-medium-like model (the one of benchmarks/gpu_mace.py
@@ -21,6 +23,7 @@ ratio is eager / compiled over the epochs after the first (the steady state), an
 each whole ``mace_run_train`` is reported beside it (compiling, validation and saving included).
 Writes docs/_fragments/static_train_<cost>.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,20 +36,45 @@ from pathlib import Path
 from benchmarks.training import parser, write_fragment
 from cfm_plugins.testing import BIN, mpirun_command
 
-CONFIGS = {"eager": ["--enable", "mace,binpack,fused"],
-           "static eager": ["--enable", "mace,binpack,fused,static"],
-           "compiled": ["--enable", "mace,binpack,fused,static", "-o", "compile=default"]}
+CONFIGS = {
+    "eager": ["--enable", "mace,binpack,fused"],
+    "static eager": ["--enable", "mace,binpack,fused,static"],
+    "compiled": ["--enable", "mace,binpack,fused,static", "-o", "compile=default"],
+}
 
 
 def mace_args(args, files: dict, run: Path, label: str) -> list[str]:
-    return ["mace_run_train", f"--name={label}", f"--train_file={files['train']}", f"--valid_file={files['valid']}",
-            "--E0s=isolated", "--model=ScaleShiftMACE", f"--hidden_irreps={args.hidden}", f"--r_max={args.r_max}",
-            "--max_L=1", "--max_ell=3", "--correlation=3", "--num_interactions=2", "--num_radial_basis=10",
-            "--radial_MLP=[64, 64, 64]", f"--max_num_epochs={args.epochs}", f"--batch_size={args.batch_size}",
-            f"--valid_batch_size={args.batch_size}", "--device=cpu", f"--default_dtype={args.dtype}",
-            "--energy_key=REF_energy", "--forces_key=REF_forces", "--stress_key=REF_stress", "--seed=1",
-            "--eval_interval=1", "--num_workers=0", "--save_cpu", f"--work_dir={run}", f"--model_dir={run}",
-            f"--cfm-step-log={run / 'steps'}"]
+    return [
+        "mace_run_train",
+        f"--name={label}",
+        f"--train_file={files['train']}",
+        f"--valid_file={files['valid']}",
+        "--E0s=isolated",
+        "--model=ScaleShiftMACE",
+        f"--hidden_irreps={args.hidden}",
+        f"--r_max={args.r_max}",
+        "--max_L=1",
+        "--max_ell=3",
+        "--correlation=3",
+        "--num_interactions=2",
+        "--num_radial_basis=10",
+        "--radial_MLP=[64, 64, 64]",
+        f"--max_num_epochs={args.epochs}",
+        f"--batch_size={args.batch_size}",
+        f"--valid_batch_size={args.batch_size}",
+        "--device=cpu",
+        f"--default_dtype={args.dtype}",
+        "--energy_key=REF_energy",
+        "--forces_key=REF_forces",
+        "--stress_key=REF_stress",
+        "--seed=1",
+        "--eval_interval=1",
+        "--num_workers=0",
+        "--save_cpu",
+        f"--work_dir={run}",
+        f"--model_dir={run}",
+        f"--cfm-step-log={run / 'steps'}",
+    ]
 
 
 def epoch_times(ranks: list[list[dict]]) -> list[float]:
@@ -67,13 +95,22 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--r-max", type=float, default=6.0)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--only", default=",".join(CONFIGS), help="configurations to run: " + ", ".join(CONFIGS))
-    p.add_argument("--cost", default="atoms", choices=["atoms", "edges"],
-                   help="binpack's cost in every configuration (edges: the budget is tight in edges, MACE's main work)")
+    p.add_argument(
+        "--only", default=",".join(CONFIGS), help="configurations to run: " + ", ".join(CONFIGS)
+    )
+    p.add_argument(
+        "--cost",
+        default="atoms",
+        choices=["atoms", "edges"],
+        help="binpack's cost in every configuration "
+        "(edges: the budget is tight in edges, MACE's main work)",
+    )
     args = p.parse_args(argv)
     only = [c.strip() for c in args.only.split(",") if c.strip()]
     if set(only) - set(CONFIGS) or "eager" not in only:
-        p.error(f"--only: choose among {', '.join(CONFIGS)}, eager included (the ratios are against it)")
+        p.error(
+            f"--only: choose among {', '.join(CONFIGS)}, eager included (the ratios are against it)"
+        )
     if args.epochs < 2:
         p.error("--epochs must be at least 2: the ratio is taken over the epochs after the first")
     out = Path(args.out)
@@ -81,7 +118,9 @@ def main(argv=None) -> int:
     from cfm_plugins.datasets.cuni import make_dataset
     from cfm_plugins.steplog import read_step_logs
 
-    files = make_dataset(out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms)
+    files = make_dataset(
+        out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms
+    )
     command = " ".join(["python -m benchmarks.static_train"] + sys.argv[1:])
     print(f"command: {command}\nworkload: {args}", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -92,42 +131,77 @@ def main(argv=None) -> int:
         run.mkdir(exist_ok=True)
         for old in run.glob("steps.rank*.jsonl"):
             old.unlink()
-        cmd = mpirun_command(2) + [str(BIN / "cfm-run"), *CONFIGS[label], "-o", f"cost={args.cost}", "--",
-                                   *mace_args(args, files, run, name)]
+        cmd = mpirun_command(2) + [
+            str(BIN / "cfm-run"),
+            *CONFIGS[label],
+            "-o",
+            f"cost={args.cost}",
+            "--",
+            *mace_args(args, files, run, name),
+        ]
         print("$", " ".join(cmd), flush=True)
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        res = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         wall = time.perf_counter() - t0
         (run / "train.log").write_text(res.stdout)
         if res.returncode != 0:
             print(res.stdout[-4000:])
             raise SystemExit(f"{label} failed (exit {res.returncode}); log: {run / 'train.log'}")
         epochs = epoch_times(read_step_logs(str(run / "steps")))
-        compiled = re.findall(r"dynamo compiled (\d+) graph\(s\) for (\d+) shape\(s\).*graph breaks: (.*)", res.stdout)
-        budget = re.findall(r"static shapes \(train\): every batch padded to (.*?) \(pad over.*?: (.*)\)", res.stdout)
-        rows[label] = dict(epochs=epochs, wall=wall, compiled=compiled[:1], budget=budget[:1],
-                           raised=res.stdout.count("over the budget"), load=os.getloadavg()[0])
-        print(f"{label}: epochs {', '.join(f'{t:.1f}' for t in epochs)} s, run {wall:.0f} s, "
-              f"{compiled[:1] or ''} {budget[:1] or ''}", flush=True)
+        compiled = re.findall(
+            r"dynamo compiled (\d+) graph\(s\) for (\d+) shape\(s\).*graph breaks: (.*)", res.stdout
+        )
+        budget = re.findall(
+            r"static shapes \(train\): every batch padded to (.*?) \(pad over.*?: (.*)\)",
+            res.stdout,
+        )
+        rows[label] = dict(
+            epochs=epochs,
+            wall=wall,
+            compiled=compiled[:1],
+            budget=budget[:1],
+            raised=res.stdout.count("over the budget"),
+            load=os.getloadavg()[0],
+        )
+        print(
+            f"{label}: epochs {', '.join(f'{t:.1f}' for t in epochs)} s, run {wall:.0f} s, "
+            f"{compiled[:1] or ''} {budget[:1] or ''}",
+            flush=True,
+        )
 
     steady = {k: sum(v["epochs"][1:]) / len(v["epochs"][1:]) for k, v in rows.items()}
-    lines = ["## Static shapes + compile vs eager, CPU training (benchmarks/static_train.py)", "",
-             f"Command: `flock /tmp/cfm-bench.lock .venv/bin/{command}`", "",
-             f"Workload: {args.n_train} CuNi structures (1..{args.max_atoms} atoms, EMT), MACE-MP-medium-like "
-             f"ScaleShiftMACE {args.hidden}, l <= 3, correlation 3, 2 interactions, radial MLP [64, 64, 64], "
-             f"r_max {args.r_max:g}, {args.dtype}, `--batch_size {args.batch_size}` (binpack `cost={args.cost}`, its "
-             "default capacity), "
-             f"{args.epochs} epochs, 2 MPI ranks x 1 thread; optimizer steps per epoch, slowest rank.", "",
-             "| configuration | epoch 0 (s) | later epochs (s, mean) | eager / this (later epochs) | whole run (s) | "
-             "compiled graphs / shapes, graph breaks | budget (pad) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Static shapes + compile vs eager, CPU training (benchmarks/static_train.py)",
+        "",
+        f"Command: `flock /tmp/cfm-bench.lock .venv/bin/{command}`",
+        "",
+        f"Workload: {args.n_train} CuNi structures (1..{args.max_atoms} atoms, EMT), "
+        "MACE-MP-medium-like "
+        f"ScaleShiftMACE {args.hidden}, l <= 3, correlation 3, 2 interactions, radial MLP [64, 64, "
+        "64], "
+        f"r_max {args.r_max:g}, {args.dtype}, `--batch_size {args.batch_size}` (binpack "
+        f"`cost={args.cost}`, its "
+        "default capacity), "
+        f"{args.epochs} epochs, 2 MPI ranks x 1 thread; optimizer steps per epoch, slowest rank.",
+        "",
+        "| configuration | epoch 0 (s) | later epochs (s, mean) | eager / this (later epochs) | "
+        "whole run (s) | "
+        "compiled graphs / shapes, graph breaks | budget (pad) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, r in rows.items():
         graphs = "; ".join(f"{g} / {s}, {b.strip()}" for g, s, b in r["compiled"]) or "-"
         budget = "; ".join(f"{b} ({o})" for b, o in r["budget"]) or "-"
         if r["raised"]:
             budget += f"; raised {r['raised']}x"
         speed = steady["eager"] / steady[label]
-        lines.append(f"| {label} | {r['epochs'][0]:.1f} | {steady[label]:.1f} | {speed:.2f}x | {r['wall']:.0f} | "
-                     f"{graphs} | {budget} |")
+        lines.append(
+            f"| {label} | {r['epochs'][0]:.1f} | {steady[label]:.1f} | {speed:.2f}x | "
+            f"{r['wall']:.0f} | "
+            f"{graphs} | {budget} |"
+        )
     loads = ", ".join(f"{k} {v['load']:.1f}" for k, v in rows.items())
     if "compiled" in steady:
         ratio = steady["eager"] / steady["compiled"]

@@ -1,6 +1,7 @@
 """What the training benchmarks share: the four plugin configurations, the data-set arguments,
 and where their tables go. Each benchmark (mace_train.py, nequip_train.py) adds its model's own
 arguments and runs its trainer."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,12 @@ FRAGMENTS = ROOT / "docs" / "_fragments"
 
 def plugin_configs(adapter: str) -> dict[str, str]:
     """label -> ``--enable`` value: stock (the adapter alone), binpack, fused, both."""
-    return {"stock": adapter, "binpack": f"{adapter},binpack", "fused": f"{adapter},fused",
-            "both": f"{adapter},binpack,fused"}
+    return {
+        "stock": adapter,
+        "binpack": f"{adapter},binpack",
+        "fused": f"{adapter},fused",
+        "both": f"{adapter},binpack,fused",
+    }
 
 
 def parser(doc: str, max_atoms: int, out: str) -> argparse.ArgumentParser:
@@ -41,10 +46,15 @@ def config_table(rows: dict, time_header: str, ratio_header: str, speedup: bool)
     """Markdown rows, one per configuration: epoch time, its ratio to stock (``speedup``: stock /
     this, else this / stock), steps, and the LIF of the forward time and of the atoms."""
     base = rows["stock"]["epoch_s"]
-    lines = [f"| configuration | {time_header} | {ratio_header} | steps | LIF (forward time) | LIF (atoms) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"| configuration | {time_header} | {ratio_header} | steps | LIF (forward time) | LIF "
+        "(atoms) |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, r in rows.items():
         ratio = base / r["epoch_s"] if speedup else r["epoch_s"] / base
-        lines.append(f"| {label} | {r['epoch_s']:.2f} | {ratio:.2f}x | {r['steps']} | {r['lif']:.3f} | "
-                     f"{r['lif_atoms']:.3f} |")
+        lines.append(
+            f"| {label} | {r['epoch_s']:.2f} | {ratio:.2f}x | {r['steps']} | {r['lif']:.3f} | "
+            f"{r['lif_atoms']:.3f} |"
+        )
     return lines

@@ -10,13 +10,15 @@ kernel variant a MACE force-training step launches.
 Per launch, two ways in the same run:
 
 - *generate*: what every launch did before ``_codegen.KernelCache``: write the kernel's source from
-  the tables and hash it to find the imported module (:func:`cfm_plugins.ops.triton._codegen.load_source`);
+  the tables and hash it to find the imported module
+  (:func:`cfm_plugins.ops.triton._codegen.load_source`);
 - *cached*: ``KernelCache.get``, a dictionary lookup.
 
 The ratio is what a launch saves in host time; an eager GPU step at 500 atoms is bound by host
 time (docs/gpu.md). The H200's profile counted 30 conv TP and 6 symmetric contraction launches in
 a float32 train step (docs/_fragments/gpu_h200.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,10 +39,21 @@ def _variants():
     sct, tpt, tpt_t = _workload_tables()
     out = []
     for kernel, transposed, flags in ttp.kernel_variants():
-        out.append((ttp.compiled_name(kernel, transposed, flags), tpt_t if transposed else tpt, kernel,
-                    dict(defer=False, transposed=transposed, **flags), ttp.source, ttp._KERNELS, "tp"))
+        out.append(
+            (
+                ttp.compiled_name(kernel, transposed, flags),
+                tpt_t if transposed else tpt,
+                kernel,
+                dict(defer=False, transposed=transposed, **flags),
+                ttp.source,
+                ttp._KERNELS,
+                "tp",
+            )
+        )
     for kernel, flags in tsc.kernel_variants():
-        out.append((tsc.compiled_name(kernel, flags), sct, kernel, flags, tsc.source, tsc._KERNELS, "sc"))
+        out.append(
+            (tsc.compiled_name(kernel, flags), sct, kernel, flags, tsc.source, tsc._KERNELS, "sc")
+        )
     return out
 
 
@@ -59,23 +72,35 @@ def main(argv=None) -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     from cfm_plugins.ops.triton import _codegen
 
-    lines = [f"Command: `{COMMAND} --reps {args.reps}` ({platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} cores; host time per launch, mean of {args.reps})", "",
-             "| kernel | generate + hash (before) | cached (now) | ratio |", "|---|---:|---:|---:|"]
+    lines = [
+        f"Command: `{COMMAND} --reps {args.reps}` ({platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores; host time per launch, mean of {args.reps})",
+        "",
+        "| kernel | generate + hash (before) | cached (now) | ratio |",
+        "|---|---:|---:|---:|",
+    ]
     print("\n".join(lines), flush=True)
     totals = {"tp": [0.0, 0.0, 0], "sc": [0.0, 0.0, 0]}
     for label, tables, kernel, flags, source, cache, family in _variants():
         name = f"{family}_{kernel}" + "".join(f"_{k}{int(v)}" for k, v in sorted(flags.items()))
-        before = _per_call(lambda: _codegen.load_source(name, source(tables, kernel, **flags)), args.reps)
+        before = _per_call(
+            lambda: _codegen.load_source(name, source(tables, kernel, **flags)), args.reps
+        )
         now = _per_call(lambda: cache.get(tables, kernel, **flags), args.reps)
         totals[family][0] += before
         totals[family][1] += now
         totals[family][2] += 1
-        lines.append(f"| {label} | {before * 1e3:.3f} ms | {now * 1e3:.4f} ms | {now / before:.4f}x |")
+        lines.append(
+            f"| {label} | {before * 1e3:.3f} ms | {now * 1e3:.4f} ms | {now / before:.4f}x |"
+        )
         print(lines[-1], flush=True)
     tp, sc = totals["tp"], totals["sc"]
-    lines += ["", f"Mean over the variants: conv TP {tp[0] / tp[2] * 1e3:.3f} -> {tp[1] / tp[2] * 1e3:.4f} ms a "
-              f"launch, symmetric contraction {sc[0] / sc[2] * 1e3:.3f} -> {sc[1] / sc[2] * 1e3:.4f} ms."]
+    lines += [
+        "",
+        f"Mean over the variants: conv TP {tp[0] / tp[2] * 1e3:.3f} -> {tp[1] / tp[2] * 1e3:.4f} "
+        "ms a "
+        f"launch, symmetric contraction {sc[0] / sc[2] * 1e3:.3f} -> {sc[1] / sc[2] * 1e3:.4f} ms.",
+    ]
     print(lines[-1])
     return 0
 

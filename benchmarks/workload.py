@@ -7,6 +7,7 @@ distribution, so (seeded, documented choice):
   (mean about 28), rounded and clipped to 1-444;
 - every other dataset: uniform integers over its range (a single value where the range is one).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -9,6 +9,7 @@ Two public functions for exported models (docs/export.md): :func:`library_paths`
 compiled operator libraries a C++ program loads, :func:`load_library` loads them into this
 process. Both import torch only when called, so ``import cfm_plugins`` stays cheap.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"
@@ -42,6 +43,8 @@ def load_library(cuda: bool | None = None) -> list[str]:
     paths = _backend.library_paths(cuda=cuda)  # raises with the build hint if one is not built
     for kind in ["cpu"] + (["cuda"] if cuda else []):
         if not _backend.load(kind):
-            raise RuntimeError(f"the compiled {kind.upper()} operator library does not load "
-                               f"({_backend._WHY[kind]}): {_backend.BUILD_HINT}")
+            raise RuntimeError(
+                f"the compiled {kind.upper()} operator library does not load "
+                f"({_backend._WHY[kind]}): {_backend.BUILD_HINT}"
+            )
     return paths

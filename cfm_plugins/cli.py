@@ -14,6 +14,7 @@ Temporary files (the trainer's config without its ``cfm_plugins:`` key, one copy
 removed by the last rank to exit, also after a failure or a termination signal; where every rank
 was killed, by the next cfm-run (:mod:`cfm_plugins.tempcopy`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,18 +40,42 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cfm-run",
-        description="Run a trainer with cfm-plugins enabled (launch it under mpirun for several ranks).",
-        epilog="Example: mpirun -np 2 cfm-run --enable mace,binpack,fused -- mace_run_train --config cfg.yaml",
+        description="Run a trainer with cfm-plugins enabled "
+        "(launch it under mpirun for several ranks).",
+        epilog="Example: mpirun -np 2 cfm-run --enable mace,binpack,fused -- "
+        "mace_run_train --config cfg.yaml",
     )
-    p.add_argument("--enable", "-e", metavar="NAMES",
-                   help="comma-separated plugins to enable (default: $CFM_PLUGINS, else the cfm_plugins: key of --config)")
-    p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
-                   help="a plugin option, e.g. -o max_tokens=3072 (repeatable)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for the process group (default auto)")
-    p.add_argument("--list", action="store_true", help="list the installed plugins with every option they read, and exit")
-    p.add_argument("--log-level", metavar="LEVEL",
-                   help=f"cfm-run's own log lines: {', '.join(l.lower() for l in LOG_LEVELS)} (default: "
-                        "$CFM_LOG_LEVEL, else info)")
+    p.add_argument(
+        "--enable",
+        "-e",
+        metavar="NAMES",
+        help="comma-separated plugins to enable "
+        "(default: $CFM_PLUGINS, else the cfm_plugins: key of --config)",
+    )
+    p.add_argument(
+        "--option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a plugin option, e.g. -o max_tokens=3072 (repeatable)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        help="device for the process group (default auto)",
+    )
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list the installed plugins with every option they read, and exit",
+    )
+    p.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        help=f"cfm-run's own log lines: {', '.join(l.lower() for l in LOG_LEVELS)} (default: "
+        "$CFM_LOG_LEVEL, else info)",
+    )
     p.add_argument("--version", action="version", version=f"cfm-plugins {__version__}")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer command")
     return p
@@ -64,28 +89,44 @@ def print_plugins(out=sys.stdout) -> None:
     adapters = set(cat.adapters())
     for info in cat.plugins.values():
         kind = " (trainer adapter)" if info.name in adapters else ""
-        summary = info.summary.split(": ", 1)[1] if info.summary.startswith(info.name + ":") else info.summary
+        summary = (
+            info.summary.split(": ", 1)[1]
+            if info.summary.startswith(info.name + ":")
+            else info.summary
+        )
         print(f"{info.name}{kind}: {summary}  [{info.value}; {info.distribution}]", file=out)
         if info.name in cat.broken:
             print(f"    cannot be loaded: {cat.broken[info.name]}", file=out)
-    print("\noptions (--cfm-<name>=V in the trainer command, CFM_<NAME>=V, -o name=V, or the cfm_plugins: key):",
-          file=out)
+    print(
+        "\noptions (--cfm-<name>=V in the trainer command, CFM_<NAME>=V, -o name=V, or the "
+        "cfm_plugins: key):",
+        file=out,
+    )
     for name, decl in cat.options().items():
         opt = decl.option
         choices = f" {{{','.join(opt.choices)}}}" if opt.choices else ""
-        print(f"  {name} ({opt.type.__name__}{choices}, default {opt.default!r}; {decl.plugin})\n      {opt.help}",
-              file=out)
+        print(
+            f"  {name} ({opt.type.__name__}{choices}, default {opt.default!r}; {decl.plugin})\n    "
+            f"  {opt.help}",
+            file=out,
+        )
 
 
 def resolve_command(command: list[str]):
     """A callable running the trainer command in-process, and the sys.argv it expects."""
     if not command:
-        raise ValueError("no trainer command: give it after `--`, e.g. `cfm-run --enable binpack -- mace_run_train ...`")
+        raise ValueError(
+            "no trainer command: give it after `--`, e.g. `cfm-run --enable binpack -- "
+            "mace_run_train ...`"
+        )
     head, rest = command[0], command[1:]
     if os.path.basename(head).startswith("python"):
         if rest[:1] == ["-m"] and len(rest) > 1:
             module = rest[1]
-            return (lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)), [module, *rest[2:]]
+            return (lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)), [
+                module,
+                *rest[2:],
+            ]
         if not rest:
             raise ValueError("`python` needs a script: `-- python script.py ARGS`")
         script = rest[0]
@@ -97,12 +138,14 @@ def resolve_command(command: list[str]):
     if name == head or os.path.isfile(head):
         for ep in entry_points(group="console_scripts"):
             if ep.name == name:
-                return (lambda: ep.load()()), [head, *rest]
+                return (lambda load=ep.load: load()()), [head, *rest]
     if os.path.isfile(head) and (head.endswith(".py") or _python_shebang(head)):
         return (lambda: runpy.run_path(head, run_name="__main__")), command
     raise ValueError(
-        f"{head!r} is neither a console script installed in this Python environment ({sys.prefix}) nor a "
-        "Python script; use `-- python script.py ARGS` for scripts, and run cfm-run from the environment "
+        f"{head!r} is neither a console script installed in this Python environment ({sys.prefix}) "
+        "nor a "
+        "Python script; use `-- python script.py ARGS` for scripts, and run cfm-run from the "
+        "environment "
         "that has the trainer installed"
     )
 
@@ -125,7 +168,9 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _remove_temp_files_on_signal() -> None:
-    """A termination signal (mpirun ending the job, a scheduler's SIGTERM) still removes our files."""
+    """A termination signal (mpirun ending the job, a scheduler's SIGTERM) still removes our
+    files."""
+
     def handler(signum, _frame):
         remove_temp_dirs()
         signal.signal(signum, signal.SIG_DFL)
@@ -144,22 +189,35 @@ def _failure_message(exc: BaseException, dist) -> str:
 
     if is_timeout(exc):
         stalled = stalled_ranks(dist)
-        who = (f"rank(s) {', '.join(map(str, stalled))} never reached it (stalled or stuck elsewhere)"
-               if stalled else "every rank reached it, so the cause is elsewhere (network?)" if stalled == []
-               else "which rank stalled cannot be told")
-        return (f"cfm-run: rank {dist.rank}: a collective timed out after {dist.timeout_s:g}s "
-                f"(option collective_timeout): {who}; ending all {dist.world_size} ranks")
-    return (f"cfm-run: rank {dist.rank} failed ({type(exc).__name__}: {exc}); ending all "
-            f"{dist.world_size} ranks")
+        who = (
+            f"rank(s) {', '.join(map(str, stalled))} never reached it (stalled or stuck elsewhere)"
+            if stalled
+            else "every rank reached it, so the cause is elsewhere (network?)"
+            if stalled == []
+            else "which rank stalled cannot be told"
+        )
+        return (
+            f"cfm-run: rank {dist.rank}: a collective timed out after {dist.timeout_s:g}s "
+            f"(option collective_timeout): {who}; ending all {dist.world_size} ranks"
+        )
+    return (
+        f"cfm-run: rank {dist.rank} failed ({type(exc).__name__}: {exc}); ending all "
+        f"{dist.world_size} ranks"
+    )
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level, given = ((args.log_level, "--log-level") if args.log_level is not None
-                    else (os.environ.get("CFM_LOG_LEVEL") or "info", "CFM_LOG_LEVEL"))
+    level, given = (
+        (args.log_level, "--log-level")
+        if args.log_level is not None
+        else (os.environ.get("CFM_LOG_LEVEL") or "info", "CFM_LOG_LEVEL")
+    )
     if level.upper() not in LOG_LEVELS:
-        parser.error(f"{given}={level!r}: expected one of {', '.join(l.lower() for l in LOG_LEVELS)}")
+        parser.error(
+            f"{given}={level!r}: expected one of {', '.join(l.lower() for l in LOG_LEVELS)}"
+        )
     rank_tag = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
     # our own logger only: trainers configure the root logger themselves
     handler = logging.StreamHandler(sys.stderr)
@@ -189,7 +247,13 @@ def _run(args, command, options, rank_tag) -> int:
                 log.info("%s", note)
         pm = create_manager(config)
         run, trainer_argv = resolve_command(command)
-    except (UnknownPluginError, MissingAdapterError, ValueError, FileNotFoundError, ImportError) as exc:
+    except (
+        UnknownPluginError,
+        MissingAdapterError,
+        ValueError,
+        FileNotFoundError,
+        ImportError,
+    ) as exc:
         print(f"cfm-run: error: {exc}", file=sys.stderr)
         return 2
 
@@ -204,8 +268,13 @@ def _run(args, command, options, rank_tag) -> int:
             print(f"cfm-run: error: {exc}", file=sys.stderr)
         return 2
     config.dist = dist
-    log.info("plugins enabled: %s (from %s); rank %d of %d", ", ".join(config.enabled) or "none",
-             config.source, dist.rank, dist.world_size)
+    log.info(
+        "plugins enabled: %s (from %s); rank %d of %d",
+        ", ".join(config.enabled) or "none",
+        config.source,
+        dist.rank,
+        dist.world_size,
+    )
     from cfm_plugins.distributed import abort_all, shutdown
 
     code = 0
@@ -217,7 +286,9 @@ def _run(args, command, options, rank_tag) -> int:
         pm.hook.cfm_after_trainer(config=config, dist=dist, exit_code=code)
 
     try:
-        undos = [u for u in pm.hook.cfm_before_trainer(config=config, dist=dist, argv=trainer_argv) if u]
+        undos = [
+            u for u in pm.hook.cfm_before_trainer(config=config, dist=dist, argv=trainer_argv) if u
+        ]
         sys.argv = trainer_argv
         try:
             run()
@@ -229,13 +300,19 @@ def _run(args, command, options, rank_tag) -> int:
         message = _failure_message(exc, dist) if dist.world_size > 1 else None
         after_trainer(code)
         if message:
-            remove_temp_dirs(job_ends=True)  # Abort ends this process (without atexit) and every other rank
+            remove_temp_dirs(
+                job_ends=True
+            )  # Abort ends this process (without atexit) and every other rank
             print(message, file=sys.stderr, flush=True)
             abort_all(dist, 1)
     else:
         after_trainer(code)
     if code != 0 and dist.world_size > 1:
-        print(f"cfm-run: rank {dist.rank}: trainer exited with {code}; ending all ranks", file=sys.stderr, flush=True)
+        print(
+            f"cfm-run: rank {dist.rank}: trainer exited with {code}; ending all ranks",
+            file=sys.stderr,
+            flush=True,
+        )
         remove_temp_dirs(job_ends=True)
         abort_all(dist, code)
     shutdown(dist)

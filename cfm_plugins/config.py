@@ -20,6 +20,7 @@ winning. Where one source overrides another, :attr:`Config.notes` says which won
 replaced (cfm-run logs these). Option names are checked against what the installed plugins
 declare (:meth:`Config.check_options`): an unknown name is an error suggesting the closest one.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,9 @@ class Config:
     options: dict[str, object] = field(default_factory=dict)
     source: str = "none"  # where `enabled` came from: "cli", "env", "config-file" or "none"
     trainer_argv: list[str] = field(default_factory=list)  # the trainer command, --cfm-* removed
-    option_sources: dict[str, str] = field(default_factory=dict)  # option -> where its value came from
+    option_sources: dict[str, str] = field(
+        default_factory=dict
+    )  # option -> where its value came from
     notes: list[str] = field(default_factory=list)  # which source overrode which, for the log
     declared: dict = field(default_factory=dict)  # name -> cfm_plugins.options.DeclaredOption
     pm: object = None  # pluggy.PluginManager
@@ -72,7 +75,11 @@ class Config:
                 return decl.option.default if decl is not None else None
             return default
         value = self.options[key]
-        if type is None or value is None or (isinstance(value, type) and not (type is int and isinstance(value, bool))):
+        if (
+            type is None
+            or value is None
+            or (isinstance(value, type) and not (type is int and isinstance(value, bool)))
+        ):
             return value
         return convert(value, type, key)
 
@@ -97,13 +104,18 @@ class Config:
             where = self.option_sources.get(key, "")
             if key not in declared:
                 hint = closest(key, declared)
-                errors.append(f"unknown cfm-plugins option {key!r} (value {value!r}" + (f", from {where})" if where else ")")
-                              + (f": did you mean {hint!r}?" if hint else ""))
+                errors.append(
+                    f"unknown cfm-plugins option {key!r} (value {value!r}"
+                    + (f", from {where})" if where else ")")
+                    + (f": did you mean {hint!r}?" if hint else "")
+                )
                 continue
             try:
                 declared[key].option.convert(value, where)
             except ValueError as exc:
-                errors.append(f"{exc} (from {where})" if where and "(from" not in str(exc) else str(exc))
+                errors.append(
+                    f"{exc} (from {where})" if where and "(from" not in str(exc) else str(exc)
+                )
         if errors:
             text = "; ".join(errors)
             end = " " if text.endswith(("?", ".")) else ". "  # no "?." after a "did you mean"
@@ -115,7 +127,8 @@ def normalize_key(key: str) -> str:
 
 
 def split_names(value) -> list[str]:
-    """``"a, b"`` or ``["a", "b"]`` -> ``["a", "b"]`` (order kept, duplicates and blanks dropped)."""
+    """``"a, b"`` or ``["a", "b"]`` -> ``["a", "b"]`` (order kept, duplicates and blanks
+    dropped)."""
     if value is None:
         return []
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
@@ -193,7 +206,10 @@ def find_hydra_config(argv: list[str]) -> Path | None:
 
 def _point_hydra_to(argv: list[str], copy: Path) -> None:
     """Make ``-cn``/``-cp`` of ``argv`` name ``copy`` (in place)."""
-    for names, value in ((("-cn", "--config-name"), copy.name), (("-cp", "--config-path"), str(copy.parent))):
+    for names, value in (
+        (("-cn", "--config-name"), copy.name),
+        (("-cp", "--config-path"), str(copy.parent)),
+    ):
         loc = argv_value(argv, names)
         if loc is None:
             argv.extend([names[0], value])
@@ -235,7 +251,11 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
     section["__file__"] = str(path)
     if rewrite:
         # the trainer reads JSON with json.load; one copy per job (cfm_plugins.tempcopy)
-        text = json.dumps(data, indent=2) if path.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
+        text = (
+            json.dumps(data, indent=2)
+            if path.suffix == ".json"
+            else yaml.safe_dump(data, sort_keys=False)
+        )
         copy = write_copy(path.name, text)
         if hydra is not None:
             _point_hydra_to(argv, copy.resolve())
@@ -248,8 +268,12 @@ def _env_options(environ) -> dict[str, tuple[str, str]]:
     """``CFM_<KEY>`` variables as {key: (value, variable)}, reserved names left out."""
     out = {}
     for var, value in environ.items():
-        if var.startswith(ENV_PREFIX) and var not in RESERVED_ENV and not var.startswith(RESERVED_ENV_PREFIX):
-            out[normalize_key(var[len(ENV_PREFIX):])] = (value, var)
+        if (
+            var.startswith(ENV_PREFIX)
+            and var not in RESERVED_ENV
+            and not var.startswith(RESERVED_ENV_PREFIX)
+        ):
+            out[normalize_key(var[len(ENV_PREFIX) :])] = (value, var)
     return out
 
 
@@ -265,7 +289,10 @@ def build_config(cli_enable=None, cli_options=(), trainer_argv=None, environ=Non
     layers = [
         [(k, v, f"{file_label} ({k})") for k, v in file_section.items() if k != "enable"],
         [(k, v, f"the environment ({var})") for k, (v, var) in _env_options(environ).items()],
-        [(k, v, f"--cfm-{k.replace('_', '-')} in the trainer command") for k, v in trainer_opts.items()],
+        [
+            (k, v, f"--cfm-{k.replace('_', '-')} in the trainer command")
+            for k, v in trainer_opts.items()
+        ],
         [(*parse_option(text), "cfm-run -o") for text in cli_options],
     ]
     options: dict[str, object] = {}
@@ -274,7 +301,10 @@ def build_config(cli_enable=None, cli_options=(), trainer_argv=None, environ=Non
     for layer in layers:
         for key, value, where in layer:
             if key in options and str(options[key]) != str(value):
-                notes.append(f"option {key}={value!r} from {where} overrides {options[key]!r} from {sources[key]}")
+                notes.append(
+                    f"option {key}={value!r} from {where} overrides {options[key]!r} from "
+                    f"{sources[key]}"
+                )
             options[key], sources[key] = value, where
 
     candidates = [
@@ -288,13 +318,23 @@ def build_config(cli_enable=None, cli_options=(), trainer_argv=None, environ=Non
             continue
         names = split_names(raw)
         if not names:
-            notes.append(f"{label} is {raw!r}: it names no plugin, so it enables none and is ignored")
+            notes.append(
+                f"{label} is {raw!r}: it names no plugin, so it enables none and is ignored"
+            )
             continue
         if source == "none":
             enabled, source, winner = names, name, label
         elif names != enabled:
             dropped = [n for n in names if n not in enabled]
-            notes.append(f"plugins from {winner} ({', '.join(enabled)}) override {label} ({', '.join(names)})"
-                         + (f": {', '.join(dropped)} not enabled" if dropped else ""))
-    return Config(enabled=enabled, options=options, source=source, trainer_argv=trainer_argv,
-                  option_sources=sources, notes=notes)
+            notes.append(
+                f"plugins from {winner} ({', '.join(enabled)}) override {label} "
+                f"({', '.join(names)})" + (f": {', '.join(dropped)} not enabled" if dropped else "")
+            )
+    return Config(
+        enabled=enabled,
+        options=options,
+        source=source,
+        trainer_argv=trainer_argv,
+        option_sources=sources,
+        notes=notes,
+    )

@@ -25,6 +25,7 @@ a warning when ranks must share GPUs) and the nccl backend. Where some rank's to
 every rank raises the same :class:`SetupError` (naming those ranks, their hosts and the cause)
 before the rendezvous.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -55,21 +56,55 @@ def cfm_declare_options():
     from cfm_plugins.options import Option
 
     return [
-        Option("device", str, "auto", "device of the ranks: auto (cuda when torch sees a GPU), cpu or cuda; "
-               "with cuda each rank takes the GPU of its node-local rank", ("auto", "cpu", "cuda")),
-        Option("backend", str, None, "torch.distributed backend (default: nccl on cuda, gloo on cpu)",
-               ("gloo", "nccl", "mpi")),
-        Option("master_addr", str, None, "address of rank 0's host for the rendezvous (default: 127.0.0.1 on "
-               "one node, else the address of rendezvous_interface)"),
-        Option("rendezvous_interface", str, None, "network interface (e.g. ib0, eth0) the rendezvous and gloo/nccl "
-               "use when the ranks span several nodes (default: the interface of the default route); on one "
-               "node everything stays on the loopback interface"),
-        Option("collective_timeout", float, DEFAULT_TIMEOUT_S, "seconds a collective waits for a stalled rank "
-               "before the run ends with the stalled rank named", positive=True),
+        Option(
+            "device",
+            str,
+            "auto",
+            "device of the ranks: auto (cuda when torch sees a GPU), cpu or cuda; "
+            "with cuda each rank takes the GPU of its node-local rank",
+            ("auto", "cpu", "cuda"),
+        ),
+        Option(
+            "backend",
+            str,
+            None,
+            "torch.distributed backend (default: nccl on cuda, gloo on cpu)",
+            ("gloo", "nccl", "mpi"),
+        ),
+        Option(
+            "master_addr",
+            str,
+            None,
+            "address of rank 0's host for the rendezvous (default: 127.0.0.1 on "
+            "one node, else the address of rendezvous_interface)",
+        ),
+        Option(
+            "rendezvous_interface",
+            str,
+            None,
+            "network interface (e.g. ib0, eth0) the rendezvous and gloo/nccl "
+            "use when the ranks span several nodes (default: the interface of the default route); "
+            "on one "
+            "node everything stays on the loopback interface",
+        ),
+        Option(
+            "collective_timeout",
+            float,
+            DEFAULT_TIMEOUT_S,
+            "seconds a collective waits for a stalled rank "
+            "before the run ends with the stalled rank named",
+            positive=True,
+        ),
         # read by every trainer adapter (each writes what its trainer exposes); declared once here
-        Option("step_log", str, None, "write each rank's per-step records (sizes, compute times; losses where "
-               "the trainer gives them) to PATH.rank<r>.jsonl; cfm_plugins.steplog reads them and computes "
-               "the load imbalance factor"),
+        Option(
+            "step_log",
+            str,
+            None,
+            "write each rank's per-step records (sizes, compute times; losses where "
+            "the trainer gives them) to PATH.rank<r>.jsonl; cfm_plugins.steplog reads them and "
+            "computes "
+            "the load imbalance factor",
+        ),
     ]
 
 
@@ -104,7 +139,13 @@ class DistInfo:
 
 
 def launched_by_mpi(environ=os.environ) -> bool:
-    keys = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
+    keys = (
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "MPI_LOCALNRANKS",
+        "MV2_COMM_WORLD_SIZE",
+    )
     return any(k in environ for k in keys)
 
 
@@ -123,13 +164,15 @@ def keep_mpi_off_the_network(environ=os.environ) -> str | None:
     and its launcher tells each rank how many ranks share its node before that
     (``OMPI_COMM_WORLD_LOCAL_SIZE``). When every rank is on this node and the user did not choose
     the transports (``OMPI_MCA_btl``), ``OMPI_MCA_btl=self,sm`` (``self,vader`` under Open MPI 4)
-    is set, so that no rank listens on a network interface. Returns the value set, or None. Across nodes nothing is changed (Open MPI
-    needs a network transport there; docs/ranks.md says how to restrict it).
+    is set, so that no rank listens on a network interface. Returns the value set, or None. Across
+    nodes nothing is changed (Open MPI needs a network transport there; docs/ranks.md says how to
+    restrict it).
     """
     size, local = environ.get("OMPI_COMM_WORLD_SIZE"), environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
     if "OMPI_MCA_btl" in environ or not size or size != local:
         return None
-    # Open MPI <= 4 launches through ORTE, which hands its ranks OMPI_MCA_orte_* variables; 5 uses PRRTE
+    # Open MPI <= 4 launches through ORTE, which hands its ranks OMPI_MCA_orte_* variables; 5 uses
+    # PRRTE
     launcher = "orte" if any(k.startswith("OMPI_MCA_orte_") for k in environ) else "prrte"
     environ["OMPI_MCA_btl"] = SINGLE_NODE_BTL[launcher]
     return environ["OMPI_MCA_btl"]
@@ -139,8 +182,11 @@ def get_comm():
     """mpi4py's COMM_WORLD, or None when not under MPI. Clear error if mpi4py is missing."""
     chosen = keep_mpi_off_the_network()
     if chosen:
-        log.debug("all ranks on one node: Open MPI transports OMPI_MCA_btl=%s (set OMPI_MCA_btl to choose others)",
-                  chosen)
+        log.debug(
+            "all ranks on one node: Open MPI transports OMPI_MCA_btl=%s (set OMPI_MCA_btl to "
+            "choose others)",
+            chosen,
+        )
     try:
         from mpi4py import MPI
     except ImportError as exc:
@@ -171,12 +217,16 @@ def interface_address(name: str) -> str:
 
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+            packed = fcntl.ioctl(
+                s.fileno(), 0x8915, struct.pack("256s", name[:15].encode())
+            )  # SIOCGIFADDR
         return socket.inet_ntoa(packed[20:24])
     except OSError as exc:
         names = ", ".join(n for _, n in socket.if_nameindex())
-        raise ValueError(f"rendezvous_interface={name!r}: no IPv4 address on that interface ({exc.strerror}); "
-                         f"interfaces here: {names}") from exc
+        raise ValueError(
+            f"rendezvous_interface={name!r}: no IPv4 address on that interface ({exc.strerror}); "
+            f"interfaces here: {names}"
+        ) from exc
 
 
 def _interface_of(addr: str) -> str | None:
@@ -204,7 +254,8 @@ def cuda_unavailable_reason() -> str:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in {"", "-1"}:
         return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
-    return f"torch {torch.__version__} (CUDA {torch.version.cuda or torch.version.hip}) finds no GPU or no driver"
+    runtime = torch.version.cuda or torch.version.hip
+    return f"torch {torch.__version__} (CUDA {runtime}) finds no GPU or no driver"
 
 
 def no_cuda_message(failures: list[tuple[int, str, str]], world: int, source: str | None) -> str:
@@ -213,13 +264,18 @@ def no_cuda_message(failures: list[tuple[int, str, str]], world: int, source: st
     groups: dict[tuple[str, str], list[int]] = {}
     for rank, host, reason in failures:
         groups.setdefault((host, reason), []).append(rank)
-    where = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)} on {host}: {reason}"
-                      for (host, reason), ranks in sorted(groups.items(), key=lambda kv: kv[1][0]))
+    where = "; ".join(
+        f"rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)} on {host}: {reason}"
+        for (host, reason), ranks in sorted(groups.items(), key=lambda kv: kv[1][0])
+    )
     asked = f" (from {source})" if source else ""
-    return (f"device 'cuda' was asked for{asked}, but {len(failures)} of {world} rank{'s' if world > 1 else ''} "
-            f"{'sees' if len(failures) == 1 else 'see'} no CUDA device "
-            f"({where}). Run on nodes with GPUs and a CUDA build of torch, or ask for device cpu "
-            "(the trainer's --device cpu, or cfm-run --device cpu)")
+    return (
+        f"device 'cuda' was asked for{asked}, but {len(failures)} of {world} "
+        f"rank{'s' if world > 1 else ''} "
+        f"{'sees' if len(failures) == 1 else 'see'} no CUDA device "
+        f"({where}). Run on nodes with GPUs and a CUDA build of torch, or ask for device cpu "
+        "(the trainer's --device cpu, or cfm-run --device cpu)"
+    )
 
 
 def _ranges(ranks: list[int]) -> str:
@@ -234,24 +290,36 @@ def _ranges(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _device_on_every_rank(requested: str, local_rank: int, local_size: int, rank: int, world: int, comm,
-                          source: str | None) -> str:
-    """:func:`choose_device` on each rank, with every rank learning which ranks cannot have the device
-    (one allgather; without ``comm``, this rank alone): all raise the same :class:`SetupError`, so no
-    rank goes on to wait for the others in the rendezvous."""
+def _device_on_every_rank(
+    requested: str,
+    local_rank: int,
+    local_size: int,
+    rank: int,
+    world: int,
+    comm,
+    source: str | None,
+) -> str:
+    """:func:`choose_device` on each rank, with every rank learning which ranks cannot have the
+    device (one allgather; without ``comm``, this rank alone): all raise the same
+    :class:`SetupError`, so no rank goes on to wait for the others in the rendezvous."""
     try:
         device, failure = choose_device(requested, local_rank, local_size, source=source), None
     except SetupError:
         device, failure = None, (rank, socket.gethostname(), cuda_unavailable_reason())
-    failures = [f for f in (comm.allgather(failure) if comm is not None else [failure]) if f is not None]
+    failures = [
+        f for f in (comm.allgather(failure) if comm is not None else [failure]) if f is not None
+    ]
     if failures:
         raise SetupError(no_cuda_message(failures, world, source))
     return device
 
 
-def choose_device(requested: str, local_rank: int = 0, local_size: int = 1, source: str | None = None) -> str:
+def choose_device(
+    requested: str, local_rank: int = 0, local_size: int = 1, source: str | None = None
+) -> str:
     """``cpu`` or ``cuda:<index>``: with several GPUs each node-local rank takes its own. Asking for
-    cuda where torch sees no CUDA device is a :class:`SetupError` (``source``: where the request came
+    cuda where torch sees no CUDA device is a :class:`SetupError` (``source``: where the request
+    came
     from, for its message)."""
     import torch
 
@@ -263,11 +331,18 @@ def choose_device(requested: str, local_rank: int = 0, local_size: int = 1, sour
     if requested == "cpu":
         return "cpu"
     if not torch.cuda.is_available():
-        raise SetupError(no_cuda_message([(0, socket.gethostname(), cuda_unavailable_reason())], 1, source))
+        raise SetupError(
+            no_cuda_message([(0, socket.gethostname(), cuda_unavailable_reason())], 1, source)
+        )
     count = torch.cuda.device_count()
     if local_size > count:
-        log.warning("%d ranks on this node share %d GPU(s): rank %d uses cuda:%d",
-                    local_size, count, local_rank, local_rank % count)
+        log.warning(
+            "%d ranks on this node share %d GPU(s): rank %d uses cuda:%d",
+            local_size,
+            count,
+            local_rank,
+            local_rank % count,
+        )
     return f"cuda:{local_rank % count}"
 
 
@@ -281,8 +356,10 @@ def _listen(addr: str) -> socket.socket:
         sock.bind((addr, port))
     except OSError as exc:
         sock.close()
-        raise RuntimeError(f"cannot open the rendezvous on {addr}:{port} ({exc.strerror}): set master_addr to an "
-                           "address of this host, or MASTER_PORT to a free port") from exc
+        raise RuntimeError(
+            f"cannot open the rendezvous on {addr}:{port} ({exc.strerror}): set master_addr to an "
+            "address of this host, or MASTER_PORT to a free port"
+        ) from exc
     sock.listen(128)
     return sock
 
@@ -301,7 +378,8 @@ def _rendezvous_plan(get, single_node: bool) -> tuple[str, str | None]:
 
 
 def _device_source(config) -> str | None:
-    """Where the ``device`` option was set (``mace_run_train --device``, ``cfm-run --device``, ...)."""
+    """Where the ``device`` option was set (``mace_run_train --device``, ``cfm-run --device``,
+    ...)."""
     return getattr(config, "option_sources", {}).get("device") if config is not None else None
 
 
@@ -317,8 +395,9 @@ def init_distributed(config=None) -> DistInfo:
     comm = get_comm()
     if comm is None or comm.Get_size() == 1:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        device = _device_on_every_rank(get("device", "auto"), local_rank, local_rank + 1, 0, 1, None,
-                                       _device_source(config))
+        device = _device_on_every_rank(
+            get("device", "auto"), local_rank, local_rank + 1, 0, 1, None, _device_source(config)
+        )
         return DistInfo(device=device, comm=comm, local_rank=local_rank, timeout_s=timeout_s)
 
     rank, world = comm.Get_rank(), comm.Get_size()
@@ -329,8 +408,9 @@ def init_distributed(config=None) -> DistInfo:
     local.Free()
     single_node = comm.allreduce(local_size == world, op=MPI.LAND)
 
-    device = _device_on_every_rank(get("device", "auto"), local_rank, local_size, rank, world, comm,
-                                   _device_source(config))
+    device = _device_on_every_rank(
+        get("device", "auto"), local_rank, local_size, rank, world, comm, _device_source(config)
+    )
     backend = get("backend") or ("nccl" if device.startswith("cuda") else "gloo")
     if device.startswith("cuda"):
         torch.cuda.set_device(int(device.split(":")[1]))
@@ -353,24 +433,48 @@ def init_distributed(config=None) -> DistInfo:
             os.environ.setdefault(var, iface)
 
     os.environ.update(
-        MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-        LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(local_size),
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(local_rank),
+        LOCAL_WORLD_SIZE=str(local_size),
     )
     timeout = datetime.timedelta(seconds=timeout_s)
     store = None
     if not tdist.is_initialized():
-        store = tdist.TCPStore(addr, port, world, is_master=(rank == 0), timeout=timeout,
-                               master_listen_fd=listener.fileno() if listener is not None else None)
-        tdist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        store = tdist.TCPStore(
+            addr,
+            port,
+            world,
+            is_master=(rank == 0),
+            timeout=timeout,
+            master_listen_fd=listener.fileno() if listener is not None else None,
+        )
+        tdist.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=world, timeout=timeout
+        )
     if listener is not None:
         if store is not None:
             listener.detach()  # the store owns the descriptor now
         else:
             listener.close()  # a process group existed already: the socket was not needed
-    log.info("rank %d/%d (local %d/%d): process group %s at %s:%d%s on %s, collective timeout %gs",
-             rank, world, local_rank, local_size, backend, addr, port, f" ({iface})" if iface else "", device,
-             timeout_s)
-    return DistInfo(rank, world, local_rank, local_size, backend, device, addr, port, comm, store, timeout_s)
+    log.info(
+        "rank %d/%d (local %d/%d): process group %s at %s:%d%s on %s, collective timeout %gs",
+        rank,
+        world,
+        local_rank,
+        local_size,
+        backend,
+        addr,
+        port,
+        f" ({iface})" if iface else "",
+        device,
+        timeout_s,
+    )
+    return DistInfo(
+        rank, world, local_rank, local_size, backend, device, addr, port, comm, store, timeout_s
+    )
 
 
 @hookimpl(trylast=True)
@@ -411,10 +515,11 @@ def shutdown(dist: DistInfo | None) -> None:
     """Destroy the process group while the interpreter is whole.
 
     The trainer's DistributedDataParallel model (often in reference cycles) holds the group; left to
-    interpreter finalization, gloo's worker threads are joined there, and one that still has to release
-    a Python-owned tensor of the last collective needs the GIL, which Python refuses during
-    finalization: the process aborts (SIGABRT) after a complete run. So: collect the cycles, wait for
-    every rank's last collective (barrier), then destroy the group (its destructor joins the workers
+    interpreter finalization, gloo's worker threads are joined there, and one that still has to
+    release a Python-owned tensor of the last collective needs the GIL, which Python refuses during
+    finalization: the process aborts (SIGABRT) after a complete run. So: collect the cycles, wait
+    for every rank's last collective (barrier), then destroy the group (its destructor joins the
+    workers
     with the GIL released)."""
     import torch.distributed as tdist
 
@@ -423,9 +528,14 @@ def shutdown(dist: DistInfo | None) -> None:
         try:
             tdist.barrier()
         except Exception as e:  # noqa: BLE001 - a peer already gone: still destroy ours
-            log.warning("rank %d: the final barrier failed (%s: %s): another rank ended first, likely after an "
-                        "error of its own (see its log); closing this rank's process group anyway",
-                        dist.rank, type(e).__name__, e)
+            log.warning(
+                "rank %d: the final barrier failed (%s: %s): another rank ended first, likely "
+                "after an "
+                "error of its own (see its log); closing this rank's process group anyway",
+                dist.rank,
+                type(e).__name__,
+                e,
+            )
         tdist.destroy_process_group()
 
 

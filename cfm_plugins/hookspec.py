@@ -11,7 +11,8 @@ it. The hooks are grouped by the phase of a run in which they are called:
 3. **Trainer run** (every rank): :func:`cfm_before_trainer`, :func:`cfm_trainer_settings`,
    :func:`cfm_after_trainer`.
 4. **Data** (called by adapters when the trainer builds its loaders): :func:`cfm_graph_sizes`,
-   :func:`cfm_needs_edges`, :func:`cfm_needs_step_times`, :func:`cfm_batch_sampler`, :func:`cfm_batch_budget`.
+   :func:`cfm_needs_edges`, :func:`cfm_needs_step_times`, :func:`cfm_batch_sampler`,
+   :func:`cfm_batch_budget`.
 5. **Model** (called by adapters around model construction and saving): :func:`cfm_patch_model`,
    :func:`cfm_static_forward`, :func:`cfm_unpatch_model`.
 
@@ -19,9 +20,11 @@ Every hook that gets ``config`` can reach the others through ``config.pm.hook``:
 configuration carries the plugin manager, there is no process-wide session.
 ``firstresult`` hooks stop at the first plugin returning something other than ``None``.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -40,6 +43,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 # --- 1. start-up ---------------------------------------------------------------------------------
+
 
 @hookspec
 def cfm_declare_options() -> list[Option]:
@@ -85,6 +89,7 @@ def cfm_configure(config: Config) -> None:
 
 # --- 2. ranks ------------------------------------------------------------------------------------
 
+
 @hookspec(firstresult=True)
 def cfm_init_distributed(config: Config) -> DistInfo:
     """Set up ranks and the torch.distributed process group.
@@ -97,8 +102,11 @@ def cfm_init_distributed(config: Config) -> DistInfo:
 
 # --- 3. trainer run ------------------------------------------------------------------------------
 
+
 @hookspec
-def cfm_before_trainer(config: Config, dist: DistInfo, argv: list[str]) -> Callable[[], None] | None:
+def cfm_before_trainer(
+    config: Config, dist: DistInfo, argv: list[str]
+) -> Callable[[], None] | None:
     """Called just before the trainer's entry point runs, in every rank.
 
     Adapters install their seams here (patch the trainer's loader construction, model build,
@@ -127,6 +135,7 @@ def cfm_after_trainer(config: Config, dist: DistInfo, exit_code: int) -> None:
 
 
 # --- 4. data -------------------------------------------------------------------------------------
+
 
 @hookspec(firstresult=True)
 def cfm_graph_sizes(dataset, indices, need_edges: bool) -> GraphSizes | None:
@@ -167,16 +176,18 @@ def cfm_needs_step_times(config: Config) -> bool:
 
 
 @hookspec(firstresult=True)
-def cfm_batch_sampler(dataset, sizes: GraphSizes, config: Config, dist: DistInfo, role: str,
-                      trainer: TrainerSettings):
+def cfm_batch_sampler(
+    dataset, sizes: GraphSizes, config: Config, dist: DistInfo, role: str, trainer: TrainerSettings
+):
     """The batch sampler to use for ``dataset``, or ``None`` to keep the trainer's own.
 
     ``sizes`` is the :class:`cfm_plugins.sizes.GraphSizes` from :func:`cfm_graph_sizes` (maybe
-    one shard of the dataset); ``role`` is ``"train"`` (shuffled, re-packed every epoch), ``"valid"`` or
-    ``"test"`` (evaluation loaders, prediction included: a fixed plan, every structure exactly
-    once over the ranks); ``trainer`` holds the trainer's batch size, seed, dtype and device as the adapter
-    read them (:class:`cfm_plugins.options.TrainerSettings`). The ``binpack`` feature returns a
-    :class:`cfm_plugins.sampler.BinPackBatchSampler` sharing the work evenly over the ranks.
+    one shard of the dataset); ``role`` is ``"train"`` (shuffled, re-packed every epoch),
+    ``"valid"`` or ``"test"`` (evaluation loaders, prediction included: a fixed plan, every
+    structure exactly once over the ranks); ``trainer`` holds the trainer's batch size, seed, dtype
+    and device as the adapter read them (:class:`cfm_plugins.options.TrainerSettings`). The
+    ``binpack`` feature returns a :class:`cfm_plugins.sampler.BinPackBatchSampler` sharing the work
+    evenly over the ranks.
 
     Loss weighting: a training sampler whose ``loss_weighting`` is not ``"stock"`` gives the factors
     of every batch it yielded through ``next_loss_scale(reduction)`` (a
@@ -188,7 +199,8 @@ def cfm_batch_sampler(dataset, sizes: GraphSizes, config: Config, dist: DistInfo
 
 @hookspec(firstresult=True)
 def cfm_batch_budget(batch_sampler, sizes: GraphSizes, config: Config, dist: DistInfo, role: str):
-    """The budget every batch of ``batch_sampler`` is padded to, or ``None`` to leave batches as they are.
+    """The budget every batch of ``batch_sampler`` is padded to, or ``None`` to leave batches as
+    they are.
 
     Called by an adapter after :func:`cfm_batch_sampler`, with the same ``sizes`` (edge counts
     included when a plugin's :func:`cfm_needs_edges` asked for them) and ``role``. The ``static``
@@ -201,6 +213,7 @@ def cfm_batch_budget(batch_sampler, sizes: GraphSizes, config: Config, dist: Dis
 
 
 # --- 5. model ------------------------------------------------------------------------------------
+
 
 @hookspec
 def cfm_patch_model(model, config: Config):
@@ -223,7 +236,8 @@ def cfm_static_forward(model, config: Config, spec: ModelSpec):
     :class:`cfm_plugins.static.forward.ModelSpec` of its trainer's models (which outputs are per
     graph, per atom, per edge; what a model needs around a compiled call). The ``static`` feature
     installs a :class:`cfm_plugins.static.forward.StaticForward` as ``model.forward``, compiled per
-    its ``compile`` option, and returns it; :func:`cfm_unpatch_model` takes it off (before pickling).
+    its ``compile`` option, and returns it; :func:`cfm_unpatch_model` takes it off (before
+    pickling).
     """
 
 

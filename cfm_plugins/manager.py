@@ -8,6 +8,7 @@ plugins (and the adapter serving the command) are registered in the manager that
 The core's own implementations (MPI rendezvous, core options) are always registered, last, so a
 plugin can override them. The manager lives on the configuration (``config.pm``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,7 +36,8 @@ class UnknownPluginError(ValueError):
 
 
 class MissingAdapterError(ValueError):
-    """Features that act through a trainer adapter were enabled, and no adapter serves the command."""
+    """Features that act through a trainer adapter were enabled, and no adapter serves the
+    command."""
 
 
 @dataclass(frozen=True)
@@ -109,11 +111,18 @@ class Catalog:
         return sorted(impl.plugin_name for impl in self._impls("cfm_adapter_serves"))
 
     def serving(self, argv: list[str]) -> list[str]:
-        return sorted(impl.plugin_name for impl in self._impls("cfm_adapter_serves") if impl.function(argv=list(argv)))
+        return sorted(
+            impl.plugin_name
+            for impl in self._impls("cfm_adapter_serves")
+            if impl.function(argv=list(argv))
+        )
 
     def needing_adapter(self, names) -> list[str]:
-        return [impl.plugin_name for impl in self._impls("cfm_needs_adapter")
-                if impl.plugin_name in names and impl.function()]
+        return [
+            impl.plugin_name
+            for impl in self._impls("cfm_needs_adapter")
+            if impl.plugin_name in names and impl.function()
+        ]
 
 
 def catalog() -> Catalog:
@@ -122,7 +131,7 @@ def catalog() -> Catalog:
     for name, info in plugins.items():
         try:
             pm.register(load_plugin(info), name=name)
-        except Exception as exc:  # noqa: BLE001 - a broken third-party plugin must not hide the others
+        except Exception as exc:  # noqa: BLE001 (a broken plugin must not hide the others)
             broken[name] = f"{type(exc).__name__}: {exc}"
     return Catalog(pm, plugins, broken)
 
@@ -145,16 +154,24 @@ def enable_serving_adapter(config: Config, cat: Catalog) -> None:
     if serving and not any(name in config.enabled for name in serving):
         name = serving[0]
         config.enabled.insert(0, name)
-        log.info("the %s adapter serves `%s`: enabled it%s", name, _command_text(argv),
-                 f" (also serving: {', '.join(serving[1:])})" if len(serving) > 1 else "")
+        log.info(
+            "the %s adapter serves `%s`: enabled it%s",
+            name,
+            _command_text(argv),
+            f" (also serving: {', '.join(serving[1:])})" if len(serving) > 1 else "",
+        )
     if any(name in config.enabled for name in adapters):
         return
     needing = cat.needing_adapter(config.enabled)
     if needing:
         raise MissingAdapterError(
-            f"{', '.join(needing)} work(s) through a trainer adapter, and no installed adapter serves "
-            f"`{_command_text(argv)}` (installed adapters: {', '.join(adapters) or 'none'}). Run a trainer "
-            "command one of them serves (e.g. `-- mace_run_train ...`), or install the adapter for your trainer.")
+            f"{', '.join(needing)} work(s) through a trainer adapter, and no installed adapter "
+            "serves "
+            f"`{_command_text(argv)}` (installed adapters: {', '.join(adapters) or 'none'}). Run a "
+            "trainer "
+            "command one of them serves (e.g. `-- mace_run_train ...`), or install the adapter for "
+            "your trainer."
+        )
 
 
 _CURRENT: weakref.ref | None = None  # only for the deprecated get_active() shim
@@ -178,7 +195,10 @@ def create_manager(config: Config, cat: Catalog | None = None) -> pluggy.PluginM
         )
     for name in config.enabled:
         if name in cat.broken:
-            raise ImportError(f"cfm-plugins plugin {name} ({known[name].value}) cannot be loaded: {cat.broken[name]}")
+            raise ImportError(
+                f"cfm-plugins plugin {name} ({known[name].value}) cannot be loaded: "
+                f"{cat.broken[name]}"
+            )
     enable_serving_adapter(config, cat)
     config.check_options(cat.options())
 
@@ -225,8 +245,12 @@ def get_active() -> Session | None:
     Adapters now get ``config`` in every hook and reach the hooks as ``config.pm.hook`` and the
     ranks as ``config.dist``; this remains for adapters written before that and goes away later.
     """
-    warnings.warn("cfm_plugins.manager.get_active() is deprecated: use config.pm / config.dist from the hook "
-                  "arguments", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "cfm_plugins.manager.get_active() is deprecated: use config.pm / config.dist from the hook "
+        "arguments",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     config = _CURRENT() if _CURRENT is not None else None
     if config is None or config.pm is None:
         return None

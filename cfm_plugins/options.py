@@ -11,6 +11,7 @@ known name instead of being silently ignored.
 size, seed, dtype, device) to the hooks that need it, as declared fields rather than values
 slipped into the options dict.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -41,20 +42,33 @@ class Option:
     positive: bool = False
 
     def convert(self, value, where: str = ""):
-        """``value`` as :attr:`type`; a ``ValueError`` naming the option, value and source if not."""
-        if value is None or isinstance(value, self.type) and not (self.type is int and isinstance(value, bool)):
+        """``value`` as :attr:`type`; a ``ValueError`` naming the option, value and source if
+        not."""
+        if (
+            value is None
+            or isinstance(value, self.type)
+            and not (self.type is int and isinstance(value, bool))
+        ):
             out = value
             if isinstance(out, float):
-                out = convert(out, float, self.name)  # the finiteness check of text values, for YAML floats too
+                out = convert(
+                    out, float, self.name
+                )  # the finiteness check of text values, for YAML floats too
         else:
             out = convert(value, self.type, self.name)
         src = f" (from {where})" if where else ""
         if self.choices is not None and out is not None and out not in self.choices:
-            raise ValueError(f"cfm-plugins option {self.name}={value!r}{src}: expected one of "
-                             f"{', '.join(self.choices)}")
+            raise ValueError(
+                f"cfm-plugins option {self.name}={value!r}{src}: expected one of "
+                f"{', '.join(self.choices)}"
+            )
         if self.positive and out is not None and not out > 0:
-            default = f" (default {self.default:g})" if isinstance(self.default, (int, float)) else ""
-            raise ValueError(f"cfm-plugins option {self.name}={value!r}{src}: must be a number > 0{default}")
+            default = (
+                f" (default {self.default:g})" if isinstance(self.default, (int, float)) else ""
+            )
+            raise ValueError(
+                f"cfm-plugins option {self.name}={value!r}{src}: must be a number > 0{default}"
+            )
         return out
 
 
@@ -74,7 +88,9 @@ def convert(value, type_, name: str):
             raise ValueError(value)
         out = type_(value)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"cfm-plugins option {name}={value!r} is not a valid {type_.__name__}") from exc
+        raise ValueError(
+            f"cfm-plugins option {name}={value!r} is not a valid {type_.__name__}"
+        ) from exc
     if type_ is float and not math.isfinite(out):
         raise ValueError(f"cfm-plugins option {name}={value!r} is not a finite number")
     return out
@@ -98,12 +114,20 @@ def collect(declarations) -> dict[str, DeclaredOption]:
     for plugin, options in declarations:
         for opt in options or ():
             if not isinstance(opt, Option):
-                raise TypeError(f"plugin {plugin}: cfm_declare_options must return Option objects, got {opt!r}")
+                raise TypeError(
+                    f"plugin {plugin}: cfm_declare_options must return Option objects, got {opt!r}"
+                )
             seen = table.get(opt.name)
-            if seen is not None and (seen.option.type, seen.option.default) != (opt.type, opt.default):
-                raise ValueError(f"option {opt.name} is declared by {seen.plugin} and by {plugin} with different "
-                                 f"types or defaults ({seen.option.type.__name__}={seen.option.default!r} vs "
-                                 f"{opt.type.__name__}={opt.default!r})")
+            if seen is not None and (seen.option.type, seen.option.default) != (
+                opt.type,
+                opt.default,
+            ):
+                raise ValueError(
+                    f"option {opt.name} is declared by {seen.plugin} and by {plugin} with "
+                    "different "
+                    f"types or defaults ({seen.option.type.__name__}={seen.option.default!r} vs "
+                    f"{opt.type.__name__}={opt.default!r})"
+                )
             table.setdefault(opt.name, DeclaredOption(opt, plugin))
     return dict(sorted(table.items()))
 
@@ -122,8 +146,8 @@ class TrainerSettings:
     feature sizes its default capacity from ``batch_size``, ``device`` and ``dtype``, and seeds
     its packing with ``seed``. ``kernel_swaps`` names the kernel replacements the trainer makes
     itself (``"cueq"``, ``"oeq"``), which the ``fused`` feature refuses to combine with its own.
-    ``loss`` names the trainer's training loss (for messages, e.g. ``"mace_run_train --loss huber"``)
-    and ``loss_weightings`` the ``binpack`` loss weightings the adapter can apply to it
+    ``loss`` names the trainer's training loss (for messages, e.g. ``"mace_run_train --loss
+    huber"``) and ``loss_weightings`` the ``binpack`` loss weightings the adapter can apply to it
     (``"per_sample"`` only where the loss is linear in per-sample weights the adapter can scale).
     """
 

@@ -1,4 +1,5 @@
 """Graph sizes as adapters hand them to the sampler."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,11 +29,16 @@ class GraphSizes:
                 self.edges = None
         if self.edges is not None:
             if self.edges.shape != self.atoms.shape:
-                raise ValueError(f"GraphSizes: {self.atoms.shape[0]} atom counts but {self.edges.shape[0]} edge counts")
+                raise ValueError(
+                    f"GraphSizes: {self.atoms.shape[0]} atom counts but {self.edges.shape[0]} edge "
+                    "counts"
+                )
         if self.indices is not None:
             self.indices = np.asarray(self.indices, dtype=np.int64)
             if self.indices.shape != self.atoms.shape:
-                raise ValueError(f"GraphSizes: {self.atoms.shape[0]} counts but {self.indices.shape[0]} indices")
+                raise ValueError(
+                    f"GraphSizes: {self.atoms.shape[0]} counts but {self.indices.shape[0]} indices"
+                )
 
     def __len__(self) -> int:
         return int(self.atoms.shape[0])

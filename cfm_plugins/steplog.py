@@ -9,6 +9,7 @@ the events. The load imbalance of the measured run is
 :func:`cfm_plugins.sampler.load_imbalance_factor` of one of the fields, the same quantity the
 packing plans report.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ class StepLogWriter:
             record = {**record, "epoch": sampler.epoch}
         calibrations = getattr(sampler, "calibrations", None)
         if calibrations is not None:
-            for cal in calibrations[self._events:]:
+            for cal in calibrations[self._events :]:
                 lines.append({"event": "calibration", **cal.to_dict()})
             self._events = len(calibrations)
             record = {**record, "cost": sampler.cost_label}
@@ -46,11 +47,17 @@ class StepLogWriter:
 
 
 def _read(path: str) -> list[list[dict]]:
-    files = sorted(Path(path).parent.glob(Path(path).name + ".rank*.jsonl"),
-                   key=lambda p: int(p.name.rsplit("rank", 1)[1].split(".")[0]))
+    files = sorted(
+        Path(path).parent.glob(Path(path).name + ".rank*.jsonl"),
+        key=lambda p: int(p.name.rsplit("rank", 1)[1].split(".")[0]),
+    )
     if not files:
-        raise FileNotFoundError(f"no step logs {path}.rank*.jsonl (was the run started with step_log={path}?)")
-    return [[json.loads(line) for line in f.read_text().splitlines() if line.strip()] for f in files]
+        raise FileNotFoundError(
+            f"no step logs {path}.rank*.jsonl (was the run started with step_log={path}?)"
+        )
+    return [
+        [json.loads(line) for line in f.read_text().splitlines() if line.strip()] for f in files
+    ]
 
 
 def read_step_logs(path: str) -> list[list[dict]]:
@@ -73,13 +80,18 @@ def load_imbalance(ranks: list[list[dict]], key: str = "forward_s", skip: int = 
     """LIF of ``key`` over the steps every rank ran, after the first ``skip`` (warm-up) steps."""
     steps = min((len(r) for r in ranks), default=0)
     if steps <= skip:
-        raise ValueError(f"only {steps} steps were logged on every rank (skip={skip}); nothing to measure")
+        raise ValueError(
+            f"only {steps} steps were logged on every rank (skip={skip}); nothing to measure"
+        )
     return load_imbalance_factor([[r[s][key] for r in ranks] for s in range(skip, steps)])
 
 
 def epoch_imbalance(ranks: list[list[dict]], key: str = "forward_s", skip: int = 0) -> float:
-    """The MACE paper's per-epoch form: the largest per-rank total of ``key`` over the mean total."""
+    """The MACE paper's per-epoch form: the largest per-rank total of ``key`` over the mean
+    total."""
     steps = min((len(r) for r in ranks), default=0)
     if steps <= skip:
-        raise ValueError(f"only {steps} steps were logged on every rank (skip={skip}); nothing to measure")
+        raise ValueError(
+            f"only {steps} steps were logged on every rank (skip={skip}); nothing to measure"
+        )
     return load_imbalance_factor([[sum(r[s][key] for s in range(skip, steps)) for r in ranks]])

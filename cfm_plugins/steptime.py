@@ -1,4 +1,5 @@
-"""What adapters share to time training steps and keep a sampler's resume state (``cost=auto``, ``step_log``).
+"""What adapters share to time training steps and keep a sampler's resume state (``cost=auto``,
+``step_log``).
 
 Timing. A synchronous data-parallel step waits for its slowest rank inside backward (DDP's
 gradient all-reduce), so the wall time of a whole step is the same on every rank whatever the
@@ -9,12 +10,14 @@ forward and backward itself and uses none while it waits for the other ranks (th
 all-reduce runs on gloo's threads): the rank's work, whatever else shares its cores.
 
 Hand-over. An adapter gives each timed step to the training loader's batch sampler with
-:func:`hand_over` (the ``record_step`` protocol of :func:`cfm_plugins.hookspec.cfm_needs_step_times`).
+:func:`hand_over` (the ``record_step`` protocol of
+:func:`cfm_plugins.hookspec.cfm_needs_step_times`).
 
 Resume. :class:`SamplerStateFile` keeps ``batch_sampler.resume_state()`` in a JSON file beside the
 trainer's checkpoints (rank 0 writes it when it changes; every rank reads it on resume, as every
 rank reads the trainer's checkpoint), for trainers whose checkpoints hold no sampler state.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,13 +38,18 @@ class StepTimer:
         self._t0, self._c0, self._ready = time.perf_counter(), time.thread_time(), None
 
     def gradients_ready(self) -> None:
-        """A gradient bucket was handed to the all-reduce (the last call of a step is the one kept)."""
+        """A gradient bucket was handed to the all-reduce (the last call of a step is the one
+        kept)."""
         self._ready = time.perf_counter()
 
     @property
     def gradients_ready_at(self) -> float | None:
         """``time.perf_counter()`` of the last gradient bucket handed over in this step, or None."""
-        return self._ready if self._ready is not None and self._t0 is not None and self._ready >= self._t0 else None
+        return (
+            self._ready
+            if self._ready is not None and self._t0 is not None and self._ready >= self._t0
+            else None
+        )
 
     def stop(self) -> tuple[float, float]:
         """``(wall_s, cpu_s)`` since :meth:`start`; the wall time ends at the last gradient bucket
@@ -69,21 +77,30 @@ class StepTimer:
         try:
             ddp_model.register_comm_hook(None, timed_allreduce)
         except RuntimeError as err:  # a communication hook is registered already
-            log.info("step timing: DDP already has a communication hook (%s); the compute wall time of a step "
-                     "includes its all-reduce wait", err)
+            log.info(
+                "step timing: DDP already has a communication hook (%s); the compute wall time of "
+                "a step "
+                "includes its all-reduce wait",
+                err,
+            )
             return False
         self.attached = True
         return True
 
 
 def batch_totals(batch) -> tuple[int, int, int]:
-    """``(atoms, edges, graphs)`` of a PyG batch (mace's and HydraGNN's) or of a NequIP batch dict."""
+    """``(atoms, edges, graphs)`` of a PyG batch (mace's and HydraGNN's) or of a NequIP batch
+    dict."""
     if isinstance(batch, dict):
         pos, edges, ptr = batch.get("pos"), batch.get("edge_index"), batch.get("ptr")
         graphs = int(ptr.shape[0] - 1) if ptr is not None else 1
         return int(pos.shape[0]), int(edges.shape[1]) if edges is not None else 0, graphs
     edges = getattr(batch, "edge_index", None)
-    return int(batch.num_nodes), int(edges.shape[1]) if edges is not None else 0, int(getattr(batch, "num_graphs", 1))
+    return (
+        int(batch.num_nodes),
+        int(edges.shape[1]) if edges is not None else 0,
+        int(getattr(batch, "num_graphs", 1)),
+    )
 
 
 def hand_over(sampler, atoms: int, edges: int, graphs: int, wall_s=None, cpu_s=None) -> None:
@@ -95,7 +112,8 @@ def hand_over(sampler, atoms: int, edges: int, graphs: int, wall_s=None, cpu_s=N
 def wants_step_times(config) -> bool:
     """Whether a feature asked for step times (:func:`~cfm_plugins.hookspec.cfm_needs_step_times`).
 
-    A ``Config`` made without a plugin manager (a direct caller's, a test's) has no feature to ask."""
+    A ``Config`` made without a plugin manager (a direct caller's, a test's) has no feature to
+    ask."""
     pm = getattr(config, "pm", None)
     return pm is not None and any(pm.hook.cfm_needs_step_times(config=config))
 

@@ -14,6 +14,7 @@ removes the folder, since the others are killed. A rank killed outright
 (SIGKILL, the OOM killer) cannot clean up after itself: the ranks that survive it do, and when
 the whole job was killed, the next cfm-run on the host removes folders whose ranks are all gone.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -29,7 +30,11 @@ from pathlib import Path
 
 PREFIX = "cfm_plugins_job_"
 #: launcher variables naming the job, first found wins (all ranks of a job see the same value)
-JOB_VARIABLES = (("PMIX_NAMESPACE",), ("OMPI_MCA_ess_base_jobid",), ("SLURM_JOB_ID", "SLURM_STEP_ID"))
+JOB_VARIABLES = (
+    ("PMIX_NAMESPACE",),
+    ("OMPI_MCA_ess_base_jobid",),
+    ("SLURM_JOB_ID", "SLURM_STEP_ID"),
+)
 #: a folder without any rank marker is left alone this long (a rank may be between mkdir and marker)
 UNMARKED_GRACE_S = 600.0
 
@@ -154,7 +159,8 @@ def write_copy(name: str, text: str) -> Path:
 
 
 def release(job_ends: bool = False) -> None:
-    """This process leaves its job folders: marker removed, folder too when no rank uses it (idempotent).
+    """This process leaves its job folders: marker removed, folder too when no rank uses it
+    (idempotent).
 
     ``job_ends``: this rank is ending the whole job (MPI Abort after a failure): the folder is
     removed now, since the other ranks are killed, possibly while blocked in a collective where

@@ -1,15 +1,18 @@
 """The main job, end to end (`make demo`):
 
 1. make a size-diverse CuNi training set with ASE + EMT (bulk cells, slabs, clusters; 4..300 atoms);
-2. train a small MACE model with `mpirun -np 2 cfm-run --enable mace,binpack,fused -- mace_run_train`,
-   once per binpack ``--cost`` (default ``atoms``; ``--cost atoms,auto`` compares the atom count with
-   the cost fitted on the run's own first epoch);
+2. train a small MACE model with `mpirun -np 2 cfm-run --enable mace,binpack,fused --
+mace_run_train`,
+   once per binpack ``--cost`` (default ``atoms``; ``--cost atoms,auto`` compares the atom count
+   with the cost fitted on the run's own first epoch);
 3. run a short MD with the (first) trained model through `CFMCalculator` (fused kernels);
 4. print a summary: time per epoch, the LIF of each run (and over the epochs after the first, the
-   ones ``cost=auto`` plans with its fit), the balance report of the batches, the PNG of the batches.
+   ones ``cost=auto`` plans with its fit), the balance report of the batches, the PNG of the
+   batches.
 
 Everything goes to examples/out/. Options: --epochs, --n-train, --np (ranks), --cost.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,33 +36,68 @@ def stage(n, text):
 
 
 def train_mace(args, files, run_dir: Path, cost: str) -> float | None:
-    """One ``mace_run_train`` under ``mpirun cfm-run`` with binpack's ``cost``; its wall time (None if it failed)."""
+    """One ``mace_run_train`` under ``mpirun cfm-run`` with binpack's ``cost``; its wall time (None
+    if it failed)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for f in run_dir.glob("steps.rank*.jsonl"):
         f.unlink()
     mpirun = mpirun_command(args.np)
-    cmd = mpirun + [
-        str(BIN / "cfm-run"), "--enable", "mace,binpack,fused", "--", "mace_run_train",
-        "--name=demo", f"--train_file={files['train']}", f"--valid_file={files['valid']}", "--E0s=isolated",
-        "--model=MACE", "--hidden_irreps=16x0e+16x1o", "--r_max=4.5", "--max_L=1", "--correlation=3",
-        "--num_interactions=2", f"--max_num_epochs={args.epochs}", "--batch_size=4", "--valid_batch_size=4",
-        "--device=cpu", "--default_dtype=float64", "--energy_key=REF_energy", "--forces_key=REF_forces",
-        "--stress_key=REF_stress", "--seed=1", "--eval_interval=1", "--num_workers=0", "--save_cpu",
-        f"--work_dir={run_dir}", f"--model_dir={run_dir}",
-        f"--cfm-step-log={run_dir / 'steps'}", f"--cfm-cost={cost}",
-    ] + ([f"--cfm-max-tokens={args.max_tokens}"] if args.max_tokens is not None else [])
+    cmd = (
+        mpirun
+        + [
+            str(BIN / "cfm-run"),
+            "--enable",
+            "mace,binpack,fused",
+            "--",
+            "mace_run_train",
+            "--name=demo",
+            f"--train_file={files['train']}",
+            f"--valid_file={files['valid']}",
+            "--E0s=isolated",
+            "--model=MACE",
+            "--hidden_irreps=16x0e+16x1o",
+            "--r_max=4.5",
+            "--max_L=1",
+            "--correlation=3",
+            "--num_interactions=2",
+            f"--max_num_epochs={args.epochs}",
+            "--batch_size=4",
+            "--valid_batch_size=4",
+            "--device=cpu",
+            "--default_dtype=float64",
+            "--energy_key=REF_energy",
+            "--forces_key=REF_forces",
+            "--stress_key=REF_stress",
+            "--seed=1",
+            "--eval_interval=1",
+            "--num_workers=0",
+            "--save_cpu",
+            f"--work_dir={run_dir}",
+            f"--model_dir={run_dir}",
+            f"--cfm-step-log={run_dir / 'steps'}",
+            f"--cfm-cost={cost}",
+        ]
+        + ([f"--cfm-max-tokens={args.max_tokens}"] if args.max_tokens is not None else [])
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    print("  $ " + " ".join(cmd[len(mpirun):]), flush=True)
+    print("  $ " + " ".join(cmd[len(mpirun) :]), flush=True)
     start = time.monotonic()
     keep = re.compile(r"(Epoch \d+|binpack|fused kernels|process group|Error|error|Done)")
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc, \
-            open(run_dir / "train.log", "w") as log:
+    with (
+        subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        ) as proc,
+        open(run_dir / "train.log", "w") as log,
+    ):
         for line in proc.stdout:
             log.write(line)
             if keep.search(line):
                 print("  " + line.rstrip()[-400:], flush=True)
     if proc.returncode != 0:
-        print(f"training failed (exit {proc.returncode}); see {run_dir / 'train.log'}", file=sys.stderr)
+        print(
+            f"training failed (exit {proc.returncode}); see {run_dir / 'train.log'}",
+            file=sys.stderr,
+        )
         return None
     return time.monotonic() - start
 
@@ -71,10 +109,17 @@ def main(argv=None) -> int:
     p.add_argument("--n-train", type=at_least(1), default=60)
     p.add_argument("--max-atoms", type=at_least(MIN_ATOMS), default=300)
     p.add_argument("--np", type=at_least(1), default=2)
-    p.add_argument("--max-tokens", type=at_least(1), default=None,
-                   help="bin capacity in atoms (default: the binpack plugin's, batch size x mean atoms)")
-    p.add_argument("--cost", default="atoms",
-                   help="binpack costs to train with, comma-separated, one run each (atoms, edges, auto)")
+    p.add_argument(
+        "--max-tokens",
+        type=at_least(1),
+        default=None,
+        help="bin capacity in atoms (default: the binpack plugin's, batch size x mean atoms)",
+    )
+    p.add_argument(
+        "--cost",
+        default="atoms",
+        help="binpack costs to train with, comma-separated, one run each (atoms, edges, auto)",
+    )
     args = p.parse_args(argv)
     costs = demo_costs(p, args.cost)
     out = Path(args.out)
@@ -83,9 +128,15 @@ def main(argv=None) -> int:
     stage(1, f"making {args.n_train} CuNi structures with EMT labels")
     from cfm_plugins.datasets.cuni import make_dataset
 
-    files = make_dataset(out / "data", n_train=args.n_train, n_valid=10, n_test=4, seed=0, max_atoms=args.max_atoms)
+    files = make_dataset(
+        out / "data", n_train=args.n_train, n_valid=10, n_test=4, seed=0, max_atoms=args.max_atoms
+    )
 
-    stage(2, f"training MACE on {args.np} MPI ranks with binpack + fused kernels, cost {', '.join(costs)}")
+    stage(
+        2,
+        f"training MACE on {args.np} MPI ranks with binpack + fused kernels, cost "
+        f"{', '.join(costs)}",
+    )
     runs = {}
     for cost in costs:
         run_dir = out / ("run" if cost == costs[0] else f"run_{cost}")
@@ -108,41 +159,79 @@ def main(argv=None) -> int:
 
     stage(4, "summary")
     from cfm_plugins.sampler import BinPackBatchSampler, balance_report, plot_batches
-    from cfm_plugins.steplog import load_imbalance, read_step_events, read_step_logs, records_from_epoch
+    from cfm_plugins.steplog import (
+        load_imbalance,
+        read_step_events,
+        read_step_logs,
+        records_from_epoch,
+    )
 
     summary = {}
     fits = {cost: read_step_events(str(run["dir"] / "steps"))[0] for cost, run in runs.items()}
-    # every run's LIF also over the epochs planned with the first cost=auto fit (same epochs for all)
+    # every run's LIF also over the epochs planned with the first cost=auto fit (same epochs for
+    # all)
     fitted = min((f["from_epoch"] for of in fits.values() for f in of), default=1)
     for cost, run in runs.items():
         ranks = read_step_logs(str(run["dir"] / "steps"))
-        epoch_s = [max(sum(r["wall_s"] for r in rank if r["epoch"] == e) for rank in ranks) for e in range(args.epochs)]
+        epoch_s = [
+            max(sum(r["wall_s"] for r in rank if r["epoch"] == e) for rank in ranks)
+            for e in range(args.epochs)
+        ]
         later = records_from_epoch(ranks, fitted)
-        summary[cost] = {"epoch_s": epoch_s, "train_s": run["train_s"], "lif": load_imbalance(ranks),
-                         "lif_cpu": load_imbalance(ranks, "compute_cpu_s"), "fitted_from_epoch": fitted,
-                         "lif_cpu_fitted_epochs": load_imbalance(later, "compute_cpu_s") if fitted < args.epochs else None,
-                         "fits": fits[cost]}
-        print(f"  cost={cost}: training wall time {run['train_s']:.0f} s (start-up and evaluation included)")
-        print("    time per epoch (optimizer steps, slowest rank): " + ", ".join(f"{t:.1f} s" for t in epoch_s))
-        print(f"    load imbalance (LIF over ranks, per step) of the forward time {summary[cost]['lif']:.3f}, of the "
-              f"thread CPU time of forward + backward {summary[cost]['lif_cpu']:.3f}"
-              + (f", the same over epochs {fitted}+ {summary[cost]['lif_cpu_fitted_epochs']:.3f}"
-                 if fitted < args.epochs else ""))
+        summary[cost] = {
+            "epoch_s": epoch_s,
+            "train_s": run["train_s"],
+            "lif": load_imbalance(ranks),
+            "lif_cpu": load_imbalance(ranks, "compute_cpu_s"),
+            "fitted_from_epoch": fitted,
+            "lif_cpu_fitted_epochs": load_imbalance(later, "compute_cpu_s")
+            if fitted < args.epochs
+            else None,
+            "fits": fits[cost],
+        }
+        print(
+            f"  cost={cost}: training wall time {run['train_s']:.0f} s (start-up and evaluation "
+            "included)"
+        )
+        print(
+            "    time per epoch (optimizer steps, slowest rank): "
+            + ", ".join(f"{t:.1f} s" for t in epoch_s)
+        )
+        print(
+            "    load imbalance (LIF over ranks, per step) of the forward time "
+            f"{summary[cost]['lif']:.3f}, of the "
+            f"thread CPU time of forward + backward {summary[cost]['lif_cpu']:.3f}"
+            + (
+                f", the same over epochs {fitted}+ {summary[cost]['lif_cpu_fitted_epochs']:.3f}"
+                if fitted < args.epochs
+                else ""
+            )
+        )
     import numpy as np
 
     from cfm_plugins.plugins.binpack import default_capacity
 
     atoms_sizes = np.array([len(a) for a in read(files["train"], ":")])
-    capacity = args.max_tokens or default_capacity(atoms_sizes.mean(), atoms_sizes.max(), batch_size=4)
+    capacity = args.max_tokens or default_capacity(
+        atoms_sizes.mean(), atoms_sizes.max(), batch_size=4
+    )
     sampler = BinPackBatchSampler(atoms_sizes, capacity, rank=0, world_size=args.np, seed=1)
     plan = sampler.plan()
     report = balance_report(plan, atoms_sizes, capacity, args.np)
     print("  " + report.to_text().replace("\n", "\n  "))
     png = out / "batches.png"
     plot_batches(plan, atoms_sizes, args.np, png)
-    (out / "summary.json").write_text(json.dumps({"runs": summary, "md_step_s": per_step, "balance": report.to_dict()},
-                                                 indent=1, default=str))
-    print(f"  picture of the batches: {png}\n  model: {run_dir / 'demo.model'}\n  summary: {out / 'summary.json'}")
+    (out / "summary.json").write_text(
+        json.dumps(
+            {"runs": summary, "md_step_s": per_step, "balance": report.to_dict()},
+            indent=1,
+            default=str,
+        )
+    )
+    print(
+        f"  picture of the batches: {png}\n  model: {run_dir / 'demo.model'}\n  summary: "
+        f"{out / 'summary.json'}"
+    )
     return 0
 
 

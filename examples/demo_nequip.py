@@ -9,12 +9,14 @@
 3. run MD on a 512-atom cell through NequIP's own ASE calculator (NequIPCalculator) with the
    (first) trained checkpoint, stock and with the `enable_CFMFused` model modifier, timed per step;
 4. print a summary: time per epoch, steps, load imbalance (LIF) of the batches of each run (of
-   the last epoch, and of the epochs after the first: those ``cost=auto`` plans with its fit), MD times.
+   the last epoch, and of the epochs after the first: those ``cost=auto`` plans with its fit), MD
+   times.
 
 Everything goes to examples/out/nequip/. Options: --epochs, --n-train, --np, --md-steps, --cost,
 --seeds (repeat every run with this many binpack packing seeds: the trainer's, then 101, 102, ...:
 other bin orders and rank deals; the summary gives each cost's median LIF over them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +46,9 @@ def nequip_calculator(ckpt: str, fused: bool, device: str = "cpu"):
     from nequip.model import modify
 
     # eager model from a training checkpoint (from_compiled_model needs nequip-compile output)
-    calc = NequIPCalculator._from_saved_model(ckpt, device=device, chemical_species_to_atom_type_map=True)
+    calc = NequIPCalculator._from_saved_model(
+        ckpt, device=device, chemical_species_to_atom_type_map=True
+    )
     if fused:
         calc.model = modify(calc.model, [{"modifier": "enable_CFMFused"}])
     return calc
@@ -63,11 +67,18 @@ def main(argv=None) -> int:
     p.add_argument("--max-atoms", type=at_least(MIN_ATOMS), default=150)
     p.add_argument("--np", type=at_least(1), default=2)
     p.add_argument("--md-steps", type=at_least(1), default=5)
-    p.add_argument("--cost", default="atoms",
-                   help="binpack costs to train with, comma-separated, one run each (atoms, edges, auto)")
-    p.add_argument("--seeds", type=at_least(1), default=1,
-                   help="repeat every run with this many binpack packing seeds (the trainer's, 101, 102, ...); "
-                        "median LIF per cost")
+    p.add_argument(
+        "--cost",
+        default="atoms",
+        help="binpack costs to train with, comma-separated, one run each (atoms, edges, auto)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=at_least(1),
+        default=1,
+        help="repeat every run with this many binpack packing seeds "
+        "(the trainer's, 101, 102, ...); median LIF per cost",
+    )
     args = p.parse_args(argv)
     costs = demo_costs(p, args.cost)
     out = Path(args.out).resolve()
@@ -77,27 +88,60 @@ def main(argv=None) -> int:
     from cfm_plugins.datasets.cuni import make_dataset
     from cfm_plugins.datasets.nequip_config import write_config
 
-    files = make_dataset(out / "data", n_train=args.n_train, n_valid=8, n_test=4, seed=0, max_atoms=args.max_atoms)
+    files = make_dataset(
+        out / "data", n_train=args.n_train, n_valid=8, n_test=4, seed=0, max_atoms=args.max_atoms
+    )
 
     stage(2, f"training NequIP on {args.np} MPI ranks with binpack + fused kernels")
-    write_config(out / "cfg" / "cuni.yaml", train=files["train"], valid=files["valid"], epochs=args.epochs,
-                 features=16, l_max=1, layers=3, batch_size=4)
-    from cfm_plugins.steplog import load_imbalance, read_step_events, read_step_logs, records_from_epoch
+    write_config(
+        out / "cfg" / "cuni.yaml",
+        train=files["train"],
+        valid=files["valid"],
+        epochs=args.epochs,
+        features=16,
+        l_max=1,
+        layers=3,
+        batch_size=4,
+    )
+    from cfm_plugins.steplog import (
+        load_imbalance,
+        read_step_events,
+        read_step_logs,
+        records_from_epoch,
+    )
 
     results = {}
     for seed, cost in [(seed, cost) for seed in range(args.seeds) for cost in costs]:
         tag = ("" if cost == costs[0] else f"_{cost}") + ("" if seed == 0 else f"_seed{seed}")
         run, steps = out / f"run{tag}", out / f"steps{tag}"
-        cmd = mpirun_command(args.np) + [str(BIN / "cfm-run"), "--enable", "nequip,binpack,fused", "-o",
-                                         f"step_log={steps}", "-o", f"cost={cost}",
-                                         *([] if seed == 0 else ["-o", f"seed={100 + seed}"]), "--", "nequip-train",
-                                         "-cp", str(out / "cfg"), "-cn", "cuni", f"hydra.run.dir={run}"]
+        cmd = mpirun_command(args.np) + [
+            str(BIN / "cfm-run"),
+            "--enable",
+            "nequip,binpack,fused",
+            "-o",
+            f"step_log={steps}",
+            "-o",
+            f"cost={cost}",
+            *([] if seed == 0 else ["-o", f"seed={100 + seed}"]),
+            "--",
+            "nequip-train",
+            "-cp",
+            str(out / "cfg"),
+            "-cn",
+            "cuni",
+            f"hydra.run.dir={run}",
+        ]
         print("$", " ".join(cmd), flush=True)
         for f in out.glob(f"{steps.name}.rank*.jsonl"):
             f.unlink()
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+        res = subprocess.run(
+            cmd,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         (out / f"train{tag}.log").write_text(res.stdout)
         if res.returncode != 0:
             print(res.stdout[-4000:])
@@ -109,24 +153,37 @@ def main(argv=None) -> int:
         results[run_key(cost, seed)] = {
             "train_wall_s": round(train_s, 1),
             "last_epoch_s": round(max(sum(r["wall_s"] for r in rank) for rank in last), 3),
-            "steps_per_epoch": len(last[0]), "lif_forward_time": round(load_imbalance(last), 3),
-            "lif_atoms": round(load_imbalance(last, "atoms"), 3), "ranks": ranks,
-            "fits": [f["fit"] | {"from_epoch": f["from_epoch"]} for f in read_step_events(str(steps))[0]],
+            "steps_per_epoch": len(last[0]),
+            "lif_forward_time": round(load_imbalance(last), 3),
+            "lif_atoms": round(load_imbalance(last, "atoms"), 3),
+            "ranks": ranks,
+            "fits": [
+                f["fit"] | {"from_epoch": f["from_epoch"]} for f in read_step_events(str(steps))[0]
+            ],
         }
-    # every run's LIF also over the epochs planned with the first cost=auto fit (same epochs for all)
+    # every run's LIF also over the epochs planned with the first cost=auto fit (same epochs for
+    # all)
     fitted = min((f["from_epoch"] for r in results.values() for f in r["fits"]), default=1)
     for r in results.values():
         later = records_from_epoch(r.pop("ranks"), fitted)
-        r["lif_cpu_fitted_epochs"] = round(load_imbalance(later, "compute_cpu_s"), 3) if fitted < args.epochs else None
+        r["lif_cpu_fitted_epochs"] = (
+            round(load_imbalance(later, "compute_cpu_s"), 3) if fitted < args.epochs else None
+        )
         r["fitted_from_epoch"] = fitted
     medians = {}
     if args.seeds > 1 and fitted < args.epochs:
         for cost in costs:
             lif = [results[run_key(cost, s)]["lif_cpu_fitted_epochs"] for s in range(args.seeds)]
-            medians[cost] = {"median": round(float(np.median(lif)), 3), "min": min(lif), "max": max(lif)}
+            medians[cost] = {
+                "median": round(float(np.median(lif)), 3),
+                "min": min(lif),
+                "max": max(lif),
+            }
     run = out / "run"
 
-    stage(3, f"MD ({args.md_steps} steps, 512 atoms) through NequIPCalculator with the trained model")
+    stage(
+        3, f"MD ({args.md_steps} steps, 512 atoms) through NequIPCalculator with the trained model"
+    )
     from ase.io import read
 
     from cfm_plugins.calculators.md import time_md
@@ -138,9 +195,12 @@ def main(argv=None) -> int:
 
     stage(4, "summary")
     summary = {
-        **(results[costs[0]] if len(results) == 1 else {f"cost={c}": r for c, r in results.items()}),
+        **(
+            results[costs[0]] if len(results) == 1 else {f"cost={c}": r for c, r in results.items()}
+        ),
         **({f"lif_cpu_fitted_epochs over {args.seeds} seeds": medians} if medians else {}),
-        "md_ms_per_step_stock": round(md_stock * 1e3, 1), "md_ms_per_step_fused": round(md_fused * 1e3, 1),
+        "md_ms_per_step_stock": round(md_stock * 1e3, 1),
+        "md_ms_per_step_fused": round(md_fused * 1e3, 1),
         "checkpoint": ckpt,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

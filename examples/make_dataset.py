@@ -1,4 +1,5 @@
-"""Write a size-diverse CuNi training set with EMT labels (extended XYZ, the keys mace_run_train reads).
+"""Write a size-diverse CuNi training set with EMT labels (extended XYZ, the keys mace_run_train
+reads).
 
     python examples/make_dataset.py --out DIR --n-train 200 --n-valid 20 --seed 0 [--max-atoms 500]
 
@@ -6,6 +7,7 @@ writes ``DIR/train.xyz``, ``valid.xyz``, ``test.xyz`` and ``cell512.xyz`` (a 512
 the MD benchmark, see ``examples/md.py``), and prints a summary. Deterministic for a seed. The
 structures and labels are :mod:`cfm_plugins.datasets.cuni`'s (``make_dataset`` from Python).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +28,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-atoms", type=at_least(MIN_ATOMS), default=500)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    print(f"making CuNi set in {args.out} (seed {args.seed}, up to {args.max_atoms} atoms)", flush=True)
-    paths = make_dataset(args.out, args.n_train, args.n_valid, args.n_test, args.seed, args.max_atoms, verbose=True)
+    print(
+        f"making CuNi set in {args.out} (seed {args.seed}, up to {args.max_atoms} atoms)",
+        flush=True,
+    )
+    paths = make_dataset(
+        args.out, args.n_train, args.n_valid, args.n_test, args.seed, args.max_atoms, verbose=True
+    )
     print(summary(paths))
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test module. Helpers (functions, model builders) are in ``tests/helpers/``.
+"""Fixtures shared by every test module. Helpers (functions, model builders) are in
+``tests/helpers/``.
 
 Layout: the tests mirror the package. The tests of ``cfm_plugins/<sub>/<module>.py`` are in
 ``tests/<sub>/test_<module>.py`` (top-level modules: ``tests/test_<module>.py``); those of an
@@ -9,6 +10,7 @@ runs); a module's tests split by what they need carry a suffix (``test_batch_sam
 ``tests/benchmarks`` test ``cfm_plugins.datasets``, the example scripts and the benchmark scripts.
 ``tests/scripts/`` holds the programs the MPI tests launch.
 """
+
 from __future__ import annotations
 
 import pytest

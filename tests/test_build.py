@@ -4,6 +4,7 @@ license the package declares and ships.
 setup.py is run as pip runs it (``python setup.py ...`` in a fresh interpreter); ``--name`` makes
 ``setup()`` print the name and stop, so its helpers can be called afterwards without building.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,17 +15,25 @@ import textwrap
 from tests.helpers import ROOT, clean_env
 
 
-def run_setup(code: str = "", env_extra: dict | None = None, before: str = "") -> subprocess.CompletedProcess:
-    """Runs ``before``, then setup.py with ``--name``, in a fresh interpreter, then ``code`` with its
-    globals as ``g``."""
-    prog = textwrap.dedent(before) + textwrap.dedent("""
+def run_setup(
+    code: str = "", env_extra: dict | None = None, before: str = ""
+) -> subprocess.CompletedProcess:
+    """Runs ``before``, then setup.py with ``--name``, in a fresh interpreter, then ``code`` with
+    its globals as ``g``."""
+    prog = (
+        textwrap.dedent(before)
+        + textwrap.dedent("""
         import runpy, sys
         sys.argv = ["setup.py", "--name"]
         g = runpy.run_path("setup.py")
-    """) + textwrap.dedent(code)
+    """)
+        + textwrap.dedent(code)
+    )
     env = clean_env()
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", prog], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120
+    )
 
 
 def test_an_old_setuptools_stops_the_build_with_the_command_that_fixes_it():
@@ -43,7 +52,10 @@ def test_build_jobs_default_to_the_usable_cpus_and_follow_the_environment():
     assert res.returncode == 0 and "jobs 3" in res.stdout, res.stderr[-2000:]
     for bad in ("0", "x", "-2"):
         res = run_setup("g['build_jobs']()", {"CFM_PLUGINS_BUILD_JOBS": bad})
-        assert res.returncode == 1 and f"CFM_PLUGINS_BUILD_JOBS='{bad}': give a whole number of jobs" in res.stderr
+        assert (
+            res.returncode == 1
+            and f"CFM_PLUGINS_BUILD_JOBS='{bad}': give a whole number of jobs" in res.stderr
+        )
 
 
 def test_run_parallel_keeps_the_order_and_raises_a_failure():
@@ -71,34 +83,43 @@ def test_the_license_pyproject_declares_ships_as_its_text():
     """pyproject's SPDX ``license`` and the LICENSE file setuptools ships with the package agree."""
     # a regex, not tomllib: the package supports Python 3.10
     declared = re.search(r'^license = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    assert declared, "pyproject.toml has no SPDX `license = \"...\"` line"
+    assert declared, 'pyproject.toml has no SPDX `license = "..."` line'
     text = (ROOT / "LICENSE").read_text()
     assert declared.group(1) == "MIT"
-    assert text.startswith("MIT License\n") and "Permission is hereby granted, free of charge" in text
+    assert (
+        text.startswith("MIT License\n") and "Permission is hereby granted, free of charge" in text
+    )
     assert "Copyright (c)" in text
 
 
 def optional_dependencies() -> str:
     """pyproject.toml's ``[project.optional-dependencies]`` table, as text."""
-    return (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1].split("\n[")[0]
+    return (
+        (ROOT / "pyproject.toml")
+        .read_text()
+        .split("[project.optional-dependencies]")[1]
+        .split("\n[")[0]
+    )
 
 
 def test_no_extra_pins_triton_exactly_so_a_newer_torch_keeps_its_own():
-    """torch's CUDA wheels pin their triton (2.13: 3.7.1, 2.14: 3.8.0). An exact pin in an extra made
-    ``pip install -e '.[test]'`` beside torch 2.14.1 replace torch with 2.13 (seen 2026-11-26); the
-    exact version belongs to the Makefile, beside its pinned torch."""
+    """torch's CUDA wheels pin their triton (2.13: 3.7.1, 2.14: 3.8.0). An exact pin in an extra
+    made ``pip install -e '.[test]'`` beside torch 2.14.1 replace torch with 2.13 (seen
+    2026-11-26); the exact version belongs to the Makefile, beside its pinned torch."""
     extras = optional_dependencies()
     assert re.search(r'"triton>=[\d.]+; sys_platform == \'linux\'"', extras), extras
     assert not re.search(r'"triton\s*==', extras)
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^TRITON_VERSION \?= \d+\.\d+\.\d+$", makefile, re.M)
-    assert makefile.count("install -q torch==$(TORCH_VERSION) $(TRITON_PIN)") == 3  # .venv, -nequip, -hydragnn
+    assert (
+        makefile.count("install -q torch==$(TORCH_VERSION) $(TRITON_PIN)") == 3
+    )  # .venv, -nequip, -hydragnn
 
 
 def test_the_readme_command_for_another_torch_sets_variables_the_makefile_takes():
-    """README's ``make test TORCH_VERSION=... TRITON_VERSION=... HYDRAGNN_DEPS=none``: each name is a
-    Makefile variable a command line may set (``?=``), so a rename cannot leave the README setting
-    nothing (make takes an unknown variable silently)."""
+    """README's ``make test TORCH_VERSION=... TRITON_VERSION=... HYDRAGNN_DEPS=none``: each name
+    is a Makefile variable a command line may set (``?=``), so a rename cannot leave the README
+    setting nothing (make takes an unknown variable silently)."""
     command = re.search(r"`(make test (?:\w+=\S+ ?)+)`", (ROOT / "README.md").read_text())
     assert command, "README.md lost its `make test TORCH_VERSION=...` line"
     names = re.findall(r"(\w+)=", command.group(1))
@@ -116,6 +137,8 @@ def test_every_make_target_runs_pytest_with_the_same_workers():
     assert re.search(r"^TEST_JOBS \?= \d+$", makefile, re.M)
     assert re.search(r"^PYTEST_ARGS := .*-n \$\(TEST_JOBS\) --dist loadfile", makefile, re.M)
     runs = re.findall(r"-m pytest (\S+)", makefile)
-    assert len(runs) == 4 and set(runs) == {"$(PYTEST_ARGS)"}, runs  # main, hydragnn, nequip, hydragnn-src
+    assert len(runs) == 4 and set(runs) == {"$(PYTEST_ARGS)"}, (
+        runs
+    )  # main, hydragnn, nequip, hydragnn-src
     extras = optional_dependencies()
     assert re.search(r'^test = \[.*"pytest-xdist>=[\d.]+"', extras, re.M), extras

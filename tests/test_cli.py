@@ -1,5 +1,6 @@
 """`cfm-run`: listing plugins, errors, running trainers in-process, real MPI rendezvous, option
 conflicts logged and temporary config copies removed on every rank (issue 12)."""
+
 import re
 import subprocess
 import time
@@ -14,8 +15,15 @@ PROBE = "tests/scripts/rank_probe.py"
 
 
 def run(*args, timeout=120):
-    return subprocess.run([CFM_RUN, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, env=clean_env(), cwd=ROOT)
+    return subprocess.run(
+        [CFM_RUN, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        env=clean_env(),
+        cwd=ROOT,
+    )
 
 
 def test_list_shows_installed_plugins():
@@ -41,13 +49,17 @@ def test_an_unknown_log_level_is_a_usage_error_naming_where_it_came_from(monkeyp
     from cfm_plugins.cli import main
 
     monkeypatch.setenv("CFM_LOG_LEVEL", "loud")
-    for argv, says in ((["--", "python", "x.py"], "CFM_LOG_LEVEL='loud'"),
-                       (["--log-level", "chatty", "--", "python", "x.py"], "--log-level='chatty'")):
+    for argv, says in (
+        (["--", "python", "x.py"], "CFM_LOG_LEVEL='loud'"),
+        (["--log-level", "chatty", "--", "python", "x.py"], "--log-level='chatty'"),
+    ):
         with pytest.raises(SystemExit) as stop:
             main(argv)
         assert stop.value.code == 2
-        assert f"cfm-run: error: {says}: expected one of debug, info, warning, error, critical" \
+        assert (
+            f"cfm-run: error: {says}: expected one of debug, info, warning, error, critical"
             in capsys.readouterr().err
+        )
     out = run("--log-level", "WARNING", "--", "python", "no_such_script.py")  # either case
     assert out.returncode == 2 and "no_such_script.py" in out.stdout
 
@@ -61,12 +73,19 @@ def test_a_console_script_given_by_its_path_runs_too():
     out = run("--", str(BIN / "cfm-run"), "--version")  # `-- $(which mace_run_train) ...`
     assert out.returncode == 0 and "cfm-plugins" in out.stdout, out.stdout
     out = run("--", "/nonexistent/bin/mace_run_train")
-    assert out.returncode == 2 and "/nonexistent/bin/mace_run_train" in out.stdout and "environment" in out.stdout
+    assert (
+        out.returncode == 2
+        and "/nonexistent/bin/mace_run_train" in out.stdout
+        and "environment" in out.stdout
+    )
 
 
 @pytest.mark.mpi
 def test_mpirun_rendezvous_without_master_addr():
-    out = run_mpi([CFM_RUN, "--device", "cpu", "--", "python", "tests/scripts/allreduce_ranks.py", "--flag"], timeout=120)
+    out = run_mpi(
+        [CFM_RUN, "--device", "cpu", "--", "python", "tests/scripts/allreduce_ranks.py", "--flag"],
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout
     results = [l for l in out.stdout.splitlines() if l.startswith("RESULT")]
     assert len(results) == 2, out.stdout
@@ -77,8 +96,18 @@ def test_mpirun_rendezvous_without_master_addr():
 @pytest.mark.mpi
 def test_a_failure_on_one_rank_ends_every_rank_quickly():
     start = time.monotonic()
-    out = run_mpi([CFM_RUN, "--device", "cpu", "--", "python", "tests/scripts/allreduce_ranks.py",
-                   "--fail-on-rank-1"], timeout=120)
+    out = run_mpi(
+        [
+            CFM_RUN,
+            "--device",
+            "cpu",
+            "--",
+            "python",
+            "tests/scripts/allreduce_ranks.py",
+            "--fail-on-rank-1",
+        ],
+        timeout=120,
+    )
     elapsed = time.monotonic() - start
     assert out.returncode != 0
     assert "deliberate failure on rank 1" in out.stdout
@@ -88,7 +117,11 @@ def test_a_failure_on_one_rank_ends_every_rank_quickly():
 
 def _trainer_config(tmp_path):
     cfg = tmp_path / "train.yaml"
-    cfg.write_text(yaml.safe_dump({"name": "x", "cfm_plugins": {"enable": ["mace", "binpack"], "cost": "edges"}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {"name": "x", "cfm_plugins": {"enable": ["mace", "binpack"], "cost": "edges"}}
+        )
+    )
     return cfg
 
 
@@ -98,14 +131,33 @@ def test_conflicts_are_logged_and_temporary_files_removed_on_every_rank(tmp_path
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     cfg = _trainer_config(tmp_path)
-    args = [CFM_RUN, "--device", "cpu", "--enable", "mace,fused", "-o", "cost=atoms", "--", "python", PROBE,
-            "--config", str(cfg)] + (["--fail-on-rank-1"] if fail else [])
+    args = [
+        CFM_RUN,
+        "--device",
+        "cpu",
+        "--enable",
+        "mace,fused",
+        "-o",
+        "cost=atoms",
+        "--",
+        "python",
+        PROBE,
+        "--config",
+        str(cfg),
+    ] + (["--fail-on-rank-1"] if fail else [])
     out = run_mpi(args, timeout=120, env=clean_env(TMPDIR=str(tmp)))
     assert (out.returncode != 0) == fail, out.stdout[-3000:]
     assert list(tmp.glob("cfm_plugins_*")) == [], [str(p) for p in tmp.rglob("*")]
-    assert re.search(r"plugins from cfm-run --enable \(mace, fused\) override the cfm_plugins: key of \S+train.yaml "
-                     r"\(enable\) \(mace, binpack\): binpack not enabled", out.stdout), out.stdout[-3000:]
-    assert "option cost='atoms' from cfm-run -o overrides 'edges' from the cfm_plugins: key of" in out.stdout
+    assert re.search(
+        r"plugins from cfm-run --enable \(mace, fused\) override the cfm_plugins: key of "
+        r"\S+train.yaml "
+        r"\(enable\) \(mace, binpack\): binpack not enabled",
+        out.stdout,
+    ), out.stdout[-3000:]
+    assert (
+        "option cost='atoms' from cfm-run -o overrides 'edges' from the cfm_plugins: key of"
+        in out.stdout
+    )
 
 
 @pytest.mark.mpi
@@ -114,50 +166,89 @@ def test_a_rank_killed_outright_leaves_no_config_copy(tmp_path):
     mpirun ends it (issue 24: every rank had its own copy, and the killed rank's stayed in /tmp)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    args = [CFM_RUN, "--device", "cpu", "--enable", "mace", "--", "python", PROBE, "--config",
-            str(_trainer_config(tmp_path)), "--kill-rank-1"]
+    args = [
+        CFM_RUN,
+        "--device",
+        "cpu",
+        "--enable",
+        "mace",
+        "--",
+        "python",
+        PROBE,
+        "--config",
+        str(_trainer_config(tmp_path)),
+        "--kill-rank-1",
+    ]
     out = run_mpi(args, timeout=120, env=clean_env(TMPDIR=str(tmp)))
     assert out.returncode != 0
     copies = set(re.findall(r"ARGS rank=\d --config (\S+)", out.stdout))
-    assert len(copies) == 1 and "/cfm_plugins_job_" in copies.pop(), out.stdout[-3000:]  # one copy, both ranks
+    assert len(copies) == 1 and "/cfm_plugins_job_" in copies.pop(), out.stdout[
+        -3000:
+    ]  # one copy, both ranks
     assert list(tmp.glob("cfm_plugins_*")) == [], [str(p) for p in tmp.rglob("*")]
 
 
 def test_features_without_an_adapter_for_the_command_stop_at_start():
-    out = subprocess.run([CFM_RUN, "--enable", "binpack,fused", "--", "python", PROBE], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, timeout=120, env=clean_env())
+    out = subprocess.run(
+        [CFM_RUN, "--enable", "binpack,fused", "--", "python", PROBE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
     assert out.returncode == 2, out.stdout
     assert "binpack, fused work(s) through a trainer adapter" in out.stdout
     listed = out.stdout.split("installed adapters: ", 1)[1].split(")", 1)[0].split(", ")
     assert "mace" in listed and "hydragnn" in listed, out.stdout
 
 
-@pytest.mark.parametrize("option, value, says", [
-    ("collective_timeout", "-5", "must be a number > 0 (default 300)"),
-    ("collective_timeout", "0", "must be a number > 0 (default 300)"),
-    ("collective_timeout", "nan", "is not a finite number"),
-    ("max_tokens", "nan", "is not a finite number"),
-    ("max_tokens", "inf", "is not a finite number"),
-    ("max_tokens", "0", "must be a number > 0"),
-])
+@pytest.mark.parametrize(
+    "option, value, says",
+    [
+        ("collective_timeout", "-5", "must be a number > 0 (default 300)"),
+        ("collective_timeout", "0", "must be a number > 0 (default 300)"),
+        ("collective_timeout", "nan", "is not a finite number"),
+        ("max_tokens", "nan", "is not a finite number"),
+        ("max_tokens", "inf", "is not a finite number"),
+        ("max_tokens", "0", "must be a number > 0"),
+    ],
+)
 def test_bad_numbers_are_refused_at_start_on_one_rank(option, value, says):
     """Checked with the other options before anything runs (issue 24: `collective_timeout=0` became
     300, `-5` reached the TCPStore, `max_tokens=nan` failed after the data was loaded)."""
     out = run("-o", f"{option}={value}", "--", "python", "tests/scripts/allreduce_ranks.py")
     assert out.returncode == 2, out.stdout[-3000:]
     error = next((l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")), "")
-    assert f"cfm-plugins option {option}='{value}'" in error and says in error and "from cfm-run -o" in error, error
+    assert (
+        f"cfm-plugins option {option}='{value}'" in error
+        and says in error
+        and "from cfm-run -o" in error
+    ), error
     assert "Traceback" not in out.stdout
 
 
 @pytest.mark.mpi
 def test_a_negative_collective_timeout_ends_every_rank_at_start():
     start = time.monotonic()
-    out = run_mpi([CFM_RUN, "--device", "cpu", "-o", "collective_timeout=-5", "--", "python",
-                   "tests/scripts/allreduce_ranks.py"], timeout=120)
+    out = run_mpi(
+        [
+            CFM_RUN,
+            "--device",
+            "cpu",
+            "-o",
+            "collective_timeout=-5",
+            "--",
+            "python",
+            "tests/scripts/allreduce_ranks.py",
+        ],
+        timeout=120,
+    )
     assert out.returncode != 0
     # every rank refuses it before MPI joins them; the first to exit ends the job, so under load
     # the other may be killed before it prints its own copy of the message
-    assert out.stdout.count("cfm-run: error: cfm-plugins option collective_timeout='-5'") >= 1, out.stdout[-3000:]
+    assert out.stdout.count("cfm-run: error: cfm-plugins option collective_timeout='-5'") >= 1, (
+        out.stdout[-3000:]
+    )
     assert "TCPStore" not in out.stdout and "RESULT" not in out.stdout
     assert time.monotonic() - start < 60

@@ -1,4 +1,5 @@
 """The enable flag and options from the CLI, the environment and a trainer's config file."""
+
 import pytest
 import yaml
 
@@ -12,7 +13,9 @@ def test_split_names_keeps_order_and_drops_blanks():
 
 def test_cli_beats_env_beats_file(tmp_path):
     cfg = tmp_path / "train.yaml"
-    cfg.write_text(yaml.safe_dump({"name": "x", "cfm_plugins": {"enable": ["fused"], "max_tokens": 100}}))
+    cfg.write_text(
+        yaml.safe_dump({"name": "x", "cfm_plugins": {"enable": ["fused"], "max_tokens": 100}})
+    )
     argv = ["mace_run_train", "--config", str(cfg)]
     c = build_config("binpack", [], list(argv), environ={"CFM_PLUGINS": "mace"})
     assert c.enabled == ["binpack"] and c.source == "cli"
@@ -44,15 +47,21 @@ def test_trainer_cfm_options_are_taken_out_of_the_trainer_command():
 
 
 def test_option_precedence_and_types():
-    c = build_config("binpack", ["max_tokens=64"], ["t", "--cfm-max-tokens=32"],
-                     environ={"CFM_MAX_TOKENS": "16", "CFM_COST": "edges"})
+    c = build_config(
+        "binpack",
+        ["max_tokens=64"],
+        ["t", "--cfm-max-tokens=32"],
+        environ={"CFM_MAX_TOKENS": "16", "CFM_COST": "edges"},
+    )
     assert c.get("max-tokens", type=int) == 64
     assert c.get("cost") == "edges"
     with pytest.raises(ValueError, match="not a valid int"):
         build_config("binpack", ["max_tokens=lots"], []).get("max_tokens", type=int)
 
 
-# --- declared options: unknown names, sources, conflicts (issue 12 items 4 and 5) ------------------
+# --- declared options: unknown names, sources, conflicts (issue 12 items 4 and 5)
+# ------------------
+
 
 def _checked(config):
     from cfm_plugins.manager import catalog
@@ -61,13 +70,23 @@ def _checked(config):
     return config
 
 
-@pytest.mark.parametrize("make, where", [
-    (lambda tmp: build_config(None, [], ["t", "--cfm-max-token=20"], environ={}),
-     "--cfm-max-token in the trainer command"),
-    (lambda tmp: build_config(None, [], [], environ={"CFM_MAX_TOKEN": "20"}), "the environment (CFM_MAX_TOKEN)"),
-    (lambda tmp: build_config(None, ["max_token=20"], [], environ={}), "cfm-run -o"),
-])
-def test_a_misspelled_option_is_an_error_naming_value_source_and_closest_name(tmp_path, make, where):
+@pytest.mark.parametrize(
+    "make, where",
+    [
+        (
+            lambda tmp: build_config(None, [], ["t", "--cfm-max-token=20"], environ={}),
+            "--cfm-max-token in the trainer command",
+        ),
+        (
+            lambda tmp: build_config(None, [], [], environ={"CFM_MAX_TOKEN": "20"}),
+            "the environment (CFM_MAX_TOKEN)",
+        ),
+        (lambda tmp: build_config(None, ["max_token=20"], [], environ={}), "cfm-run -o"),
+    ],
+)
+def test_a_misspelled_option_is_an_error_naming_value_source_and_closest_name(
+    tmp_path, make, where
+):
     with pytest.raises(ValueError) as err:
         _checked(make(tmp_path))
     msg = str(err.value)
@@ -77,36 +96,60 @@ def test_a_misspelled_option_is_an_error_naming_value_source_and_closest_name(tm
 
 def test_a_misspelled_yaml_key_is_an_error_naming_the_file(tmp_path):
     cfg = tmp_path / "train.yaml"
-    cfg.write_text(yaml.safe_dump({"name": "x", "cfm_plugins": {"enable": ["binpack"], "overize": "skip"}}))
+    cfg.write_text(
+        yaml.safe_dump({"name": "x", "cfm_plugins": {"enable": ["binpack"], "overize": "skip"}})
+    )
     with pytest.raises(ValueError) as err:
         _checked(build_config(None, [], ["t", "--config", str(cfg)], environ={}))
     msg = str(err.value)
-    assert "'overize'" in msg and "'skip'" in msg and str(cfg) in msg and "did you mean 'oversize'?" in msg
+    assert (
+        "'overize'" in msg
+        and "'skip'" in msg
+        and str(cfg) in msg
+        and "did you mean 'oversize'?" in msg
+    )
 
 
 def test_reserved_environment_names_are_not_options():
-    env = {"CFM_PLUGINS": "binpack", "CFM_PLUGINS_CUDA": "1", "CFM_PLUGINS_FORCE_TORCH": "1", "CFM_LOG_LEVEL": "DEBUG",
-           "CFM_MAX_TOKENS": "64"}
+    env = {
+        "CFM_PLUGINS": "binpack",
+        "CFM_PLUGINS_CUDA": "1",
+        "CFM_PLUGINS_FORCE_TORCH": "1",
+        "CFM_LOG_LEVEL": "DEBUG",
+        "CFM_MAX_TOKENS": "64",
+    }
     c = _checked(build_config(None, [], [], environ=env))
     assert c.options == {"max_tokens": "64"} and c.get("max_tokens") == 64.0
 
 
 def test_declared_defaults_and_types_live_once():
     c = _checked(build_config(None, ["cost_b=0.5"], [], environ={}))
-    assert c.get("cost") == "atoms" and c.get("cost_b") == 0.5 and c.get("collective_timeout") == 300.0
+    assert (
+        c.get("cost") == "atoms" and c.get("cost_b") == 0.5 and c.get("collective_timeout") == 300.0
+    )
     with pytest.raises(ValueError, match="oversize='never'.*expected one of error, skip, solo"):
         _checked(build_config(None, ["oversize=never"], [], environ={}))
 
 
 def test_overrides_are_noted_with_both_sources(tmp_path):
     cfg = tmp_path / "train.yaml"
-    cfg.write_text(yaml.safe_dump({"cfm_plugins": {"enable": ["mace", "binpack"], "max_tokens": 100}}))
-    c = build_config("mace,fused", ["max_tokens=200"], ["t", "--config", str(cfg)], environ={"CFM_PLUGINS": ",,,"})
+    cfg.write_text(
+        yaml.safe_dump({"cfm_plugins": {"enable": ["mace", "binpack"], "max_tokens": 100}})
+    )
+    c = build_config(
+        "mace,fused",
+        ["max_tokens=200"],
+        ["t", "--config", str(cfg)],
+        environ={"CFM_PLUGINS": ",,,"},
+    )
     assert c.enabled == ["mace", "fused"] and c.source == "cli"
     notes = "\n".join(c.notes)
     assert "the environment (CFM_PLUGINS) is ',,,': it names no plugin" in notes
     assert "override the cfm_plugins: key of" in notes and "binpack not enabled" in notes
-    assert "option max_tokens='200' from cfm-run -o overrides 100 from the cfm_plugins: key of" in notes
+    assert (
+        "option max_tokens='200' from cfm-run -o overrides 100 from the cfm_plugins: key of"
+        in notes
+    )
 
 
 def test_empty_plugin_list_in_the_environment_falls_through_to_the_file(tmp_path):

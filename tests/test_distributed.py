@@ -1,6 +1,7 @@
-"""The ranks cfm-run sets up (issues 12, 24): where the ranks listen (rendezvous, gloo and Open MPI),
-a stalled rank named after the collective timeout, one GPU per rank, set-up errors said once. Real
-`mpirun -np 2`."""
+"""The ranks cfm-run sets up (issues 12, 24): where the ranks listen (rendezvous, gloo and Open
+MPI), a stalled rank named after the collective timeout, one GPU per rank, set-up errors said
+once. Real `mpirun -np 2`."""
+
 from __future__ import annotations
 
 import re
@@ -25,14 +26,19 @@ def test_single_node_ranks_listen_on_loopback_only():
     assert len(lines) == 2, out.stdout
     listeners = [a for l in lines for a in l.split()[2:]]
     assert f"127.0.0.1:{port}" in listeners  # the rendezvous store, on rank 0
-    assert all(a.startswith("127.0.0.1:") for a in listeners), listeners  # nothing on *, :: or a routable address
+    assert all(a.startswith("127.0.0.1:") for a in listeners), (
+        listeners
+    )  # nothing on *, :: or a routable address
     assert out.stdout.count("BTL rank=") == 2 and "BTL rank=0 self,sm" in out.stdout
 
 
 @pytest.mark.mpi
 def test_a_users_own_mpi_transports_are_kept():
-    out = run_mpi([CFM_RUN, "--device", "cpu", "--", "python", PROBE, "--listeners"], timeout=120,
-                  env=clean_env(OMPI_MCA_btl="self,sm,tcp"))
+    out = run_mpi(
+        [CFM_RUN, "--device", "cpu", "--", "python", PROBE, "--listeners"],
+        timeout=120,
+        env=clean_env(OMPI_MCA_btl="self,sm,tcp"),
+    )
     assert out.returncode == 0, out.stdout[-3000:]
     assert "BTL rank=0 self,sm,tcp" in out.stdout and "BTL rank=1 self,sm,tcp" in out.stdout
 
@@ -45,9 +51,12 @@ def test_mpi_transports_are_chosen_on_one_node_only():
     assert keep_mpi_off_the_network(env) == "self,sm" and env["OMPI_MCA_btl"] == "self,sm"
     env = dict(one_node, OMPI_MCA_orte_hnp_uri="x")  # Open MPI 4 (ORTE) has no "sm" component
     assert keep_mpi_off_the_network(env) == "self,vader"
-    for env in ({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},  # two nodes
-                dict(one_node, OMPI_MCA_btl="^openib"),  # the user's choice
-                {"PMI_SIZE": "2"}, {}):  # another MPI, or none
+    for env in (
+        {"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},  # two nodes
+        dict(one_node, OMPI_MCA_btl="^openib"),  # the user's choice
+        {"PMI_SIZE": "2"},
+        {},
+    ):  # another MPI, or none
         before = dict(env)
         assert keep_mpi_off_the_network(env) is None and env == before
 
@@ -55,12 +64,26 @@ def test_mpi_transports_are_chosen_on_one_node_only():
 @pytest.mark.mpi
 def test_a_stalled_rank_is_named_after_the_collective_timeout():
     start = time.monotonic()
-    out = run_mpi([CFM_RUN, "--device", "cpu", "-o", "collective_timeout=3", "--", "python", PROBE,
-                   "--stall-rank-1"], timeout=120)
+    out = run_mpi(
+        [
+            CFM_RUN,
+            "--device",
+            "cpu",
+            "-o",
+            "collective_timeout=3",
+            "--",
+            "python",
+            PROBE,
+            "--stall-rank-1",
+        ],
+        timeout=120,
+    )
     elapsed = time.monotonic() - start
     assert out.returncode != 0
-    assert "rank 0: a collective timed out after 3s (option collective_timeout): rank(s) 1 never reached it" \
-        in out.stdout, out.stdout[-3000:]
+    assert (
+        "rank 0: a collective timed out after 3s (option collective_timeout): rank(s) 1 never "
+        "reached it" in out.stdout
+    ), out.stdout[-3000:]
     assert elapsed < 60, f"took {elapsed:.0f}s"
 
 
@@ -72,7 +95,9 @@ def _cuda_count() -> int:
 
 @pytest.mark.mpi
 @pytest.mark.gpu
-@pytest.mark.skipif(_cuda_count() < 2, reason="needs 2 CUDA devices on one node (each rank takes its own)")
+@pytest.mark.skipif(
+    _cuda_count() < 2, reason="needs 2 CUDA devices on one node (each rank takes its own)"
+)
 def test_each_rank_takes_its_own_gpu_with_nccl():
     out = run_mpi([CFM_RUN, "--device", "cuda", "--", "python", PROBE, "--device"], timeout=300)
     assert out.returncode == 0, out.stdout[-3000:]
@@ -80,14 +105,18 @@ def test_each_rank_takes_its_own_gpu_with_nccl():
     assert devices == {"0": "cuda:0", "1": "cuda:1"}, out.stdout[-3000:]
 
 
-def test_shutdown_says_when_the_final_barrier_fails_and_still_closes_the_group(tmp_path, monkeypatch, caplog):
+def test_shutdown_says_when_the_final_barrier_fails_and_still_closes_the_group(
+    tmp_path, monkeypatch, caplog
+):
     """A peer that ended first (after an error of its own) makes the final barrier raise: the rank
     says so and closes its process group anyway, rather than hang or abort at exit."""
     import torch.distributed as tdist
 
     from cfm_plugins.distributed import DistInfo, shutdown
 
-    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    tdist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
 
     def gone(*a, **k):
         raise RuntimeError("Connection closed by peer [127.0.0.1]:12345")
@@ -96,7 +125,9 @@ def test_shutdown_says_when_the_final_barrier_fails_and_still_closes_the_group(t
     with caplog.at_level("WARNING", logger="cfm_plugins"):
         shutdown(DistInfo(rank=0, world_size=1, backend="gloo"))
     assert not tdist.is_initialized()
-    assert "rank 0: the final barrier failed (RuntimeError: Connection closed by peer" in caplog.text
+    assert (
+        "rank 0: the final barrier failed (RuntimeError: Connection closed by peer" in caplog.text
+    )
 
 
 @pytest.mark.mpi
@@ -106,38 +137,75 @@ def test_cuda_asked_for_where_no_rank_sees_one_is_one_clear_error():
     what to change, without a traceback."""
     import socket
 
-    out = run_mpi([CFM_RUN, "--device", "cuda", "--", "python", PROBE, "--device"], timeout=120,
-                  env=clean_env(CUDA_VISIBLE_DEVICES=""))
+    out = run_mpi(
+        [CFM_RUN, "--device", "cuda", "--", "python", PROBE, "--device"],
+        timeout=120,
+        env=clean_env(CUDA_VISIBLE_DEVICES=""),
+    )
     assert out.returncode != 0
     errors = [l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")]
     assert len(errors) == 1, out.stdout[-3000:]
-    assert errors[0].startswith("cfm-run: error: device 'cuda' was asked for (from cfm-run --device), but 2 of 2 "
-                                f"ranks see no CUDA device (ranks 0-1 on {socket.gethostname()}: ")
-    assert "is a CPU-only build" in errors[0] or "CUDA_VISIBLE_DEVICES='' hides every GPU" in errors[0]
-    assert "or ask for device cpu (the trainer's --device cpu, or cfm-run --device cpu)" in errors[0]
+    assert errors[0].startswith(
+        "cfm-run: error: device 'cuda' was asked for (from cfm-run --device), but 2 of 2 "
+        f"ranks see no CUDA device (ranks 0-1 on {socket.gethostname()}: "
+    )
+    assert (
+        "is a CPU-only build" in errors[0] or "CUDA_VISIBLE_DEVICES='' hides every GPU" in errors[0]
+    )
+    assert (
+        "or ask for device cpu (the trainer's --device cpu, or cfm-run --device cpu)" in errors[0]
+    )
     assert "Traceback" not in out.stdout and "DEVICE rank=" not in out.stdout  # the probe never ran
 
 
 def test_ranks_without_cuda_are_named_by_host_and_cause():
     from cfm_plugins.distributed import no_cuda_message
 
-    text = no_cuda_message([(4, "gpu2", "x hides"), (0, "login1", "torch 2.13.0+cpu is a CPU-only build"),
-                            (5, "gpu2", "x hides"), (7, "gpu2", "x hides"), (1, "login1", "torch 2.13.0+cpu is "
-                            "a CPU-only build")], 8, "mace_run_train --device")
-    assert text.startswith("device 'cuda' was asked for (from mace_run_train --device), but 5 of 8 ranks see no "
-                           "CUDA device (ranks 0-1 on login1: torch 2.13.0+cpu is a CPU-only build; ranks 4-5, 7 "
-                           "on gpu2: x hides). ")
+    text = no_cuda_message(
+        [
+            (4, "gpu2", "x hides"),
+            (0, "login1", "torch 2.13.0+cpu is a CPU-only build"),
+            (5, "gpu2", "x hides"),
+            (7, "gpu2", "x hides"),
+            (1, "login1", "torch 2.13.0+cpu is a CPU-only build"),
+        ],
+        8,
+        "mace_run_train --device",
+    )
+    assert text.startswith(
+        "device 'cuda' was asked for (from mace_run_train --device), but 5 of 8 ranks see no "
+        "CUDA device (ranks 0-1 on login1: torch 2.13.0+cpu is a CPU-only build; ranks 4-5, 7 "
+        "on gpu2: x hides). "
+    )
     one = no_cuda_message([(0, "vm", "why")], 1, None)
-    assert one.startswith("device 'cuda' was asked for, but 1 of 1 rank sees no CUDA device (rank 0 on vm: why)")
+    assert one.startswith(
+        "device 'cuda' was asked for, but 1 of 1 rank sees no CUDA device (rank 0 on vm: why)"
+    )
 
 
 @pytest.mark.mpi
 def test_a_rendezvous_address_not_of_this_host_is_one_clear_error():
-    out = run_mpi([CFM_RUN, "--device", "cpu", "-o", "master_addr=10.254.1.2", "--", "python", PROBE, "--device"],
-                  timeout=120)
+    out = run_mpi(
+        [
+            CFM_RUN,
+            "--device",
+            "cpu",
+            "-o",
+            "master_addr=10.254.1.2",
+            "--",
+            "python",
+            PROBE,
+            "--device",
+        ],
+        timeout=120,
+    )
     assert out.returncode != 0
     errors = [l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")]
     assert len(errors) == 1, out.stdout[-3000:]
-    assert errors[0].startswith("cfm-run: error: cannot open the rendezvous on 10.254.1.2:0 (")  # the OS's reason
-    assert errors[0].endswith("): set master_addr to an address of this host, or MASTER_PORT to a free port")
+    assert errors[0].startswith(
+        "cfm-run: error: cannot open the rendezvous on 10.254.1.2:0 ("
+    )  # the OS's reason
+    assert errors[0].endswith(
+        "): set master_addr to an address of this host, or MASTER_PORT to a free port"
+    )
     assert "Traceback" not in out.stdout and "DEVICE rank=" not in out.stdout

@@ -1,4 +1,5 @@
 """The plugin manager over the `cfm_plugins` entry points."""
+
 import pytest
 
 from cfm_plugins.config import Config
@@ -31,7 +32,9 @@ def test_single_process_distributed_default():
     assert (dist.rank, dist.world_size, dist.backend) == (0, 1, None)
 
 
-# --- declared options, adapters, check_pending, config.pm ------------------------------------------
+# --- declared options, adapters, check_pending, config.pm
+# ------------------------------------------
+
 
 def test_every_installed_plugin_declares_its_options_once():
     from cfm_plugins.manager import catalog
@@ -39,23 +42,33 @@ def test_every_installed_plugin_declares_its_options_once():
     options = catalog().options()
     owners = {name: d.plugin for name, d in options.items()}
     assert owners["max_tokens"] == "binpack" and owners["fused_kernels"] == "fused"
-    assert owners["step_log"] == "core" and owners["collective_timeout"] == "core"  # step_log: every adapter
+    assert (
+        owners["step_log"] == "core" and owners["collective_timeout"] == "core"
+    )  # step_log: every adapter
     assert owners["rendezvous_interface"] == "core"
     assert all(d.option.help for d in options.values())
 
 
 def test_the_adapter_serving_the_command_is_enabled():
-    config = Config(enabled=["binpack", "fused"], trainer_argv=["/opt/bin/mace_run_train", "--name=x"])
+    config = Config(
+        enabled=["binpack", "fused"], trainer_argv=["/opt/bin/mace_run_train", "--name=x"]
+    )
     pm = create_manager(config)
     assert config.enabled[0] == "mace" and pm.has_plugin("mace")
     assert config.pm is pm
-    assert create_manager(Config(trainer_argv=["python", "-m", "mace.cli.run_train"])).has_plugin("mace")
+    assert create_manager(Config(trainer_argv=["python", "-m", "mace.cli.run_train"])).has_plugin(
+        "mace"
+    )
 
 
 def test_features_without_a_serving_adapter_are_refused_naming_the_installed_ones():
     from cfm_plugins.manager import MissingAdapterError
 
-    with pytest.raises(MissingAdapterError, match=r"binpack work\(s\) through a trainer adapter.*installed adapters: hydragnn, mace, nequip"):
+    with pytest.raises(
+        MissingAdapterError,
+        match=r"binpack work\(s\) through a trainer adapter"
+        r".*installed adapters: hydragnn, mace, nequip",
+    ):
         create_manager(Config(enabled=["binpack"], trainer_argv=["python", "train.py"]))
     # no features: a plain script under cfm-run is fine
     assert not create_manager(Config(trainer_argv=["python", "train.py"])).has_plugin("mace")
@@ -93,7 +106,12 @@ def test_get_active_is_a_deprecated_shim_over_config():
     config.dist = pm.hook.cfm_init_distributed(config=config)
     with pytest.warns(DeprecationWarning):
         session = get_active()
-    assert session.pm is pm and session.hook is pm.hook and session.config is config and session.dist is config.dist
+    assert (
+        session.pm is pm
+        and session.hook is pm.hook
+        and session.config is config
+        and session.dist is config.dist
+    )
 
 
 def test_fused_refuses_the_trainers_own_kernel_swaps_through_the_trainer_settings_hook():
@@ -101,6 +119,8 @@ def test_fused_refuses_the_trainers_own_kernel_swaps_through_the_trainer_setting
 
     config = Config(enabled=["fused"])
     pm = create_manager(config)
-    pm.hook.cfm_trainer_settings(config=config, trainer=TrainerSettings(batch_size=4, seed=1, dtype="float64"))
+    pm.hook.cfm_trainer_settings(
+        config=config, trainer=TrainerSettings(batch_size=4, seed=1, dtype="float64")
+    )
     with pytest.raises(ValueError, match="enable_cueq/enable_oeq replace the same modules"):
         pm.hook.cfm_trainer_settings(config=config, trainer=TrainerSettings(kernel_swaps=("cueq",)))

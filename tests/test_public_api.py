@@ -1,6 +1,7 @@
 """The public names of the package root: ``import cfm_plugins`` stays cheap (no torch), and
 ``cfm_plugins.library_paths()`` / ``cfm_plugins.load_library()`` name and load the compiled
 ``cfm::`` operator libraries (what docs/export.md tells users to call)."""
+
 from __future__ import annotations
 
 import os
@@ -13,21 +14,27 @@ import pytest
 import cfm_plugins
 from cfm_plugins.ops import _backend
 
-built = pytest.mark.skipif(_backend._library_file("cpu") is None,
-                           reason="the compiled cfm:: operator library is not built")
+built = pytest.mark.skipif(
+    _backend._library_file("cpu") is None, reason="the compiled cfm:: operator library is not built"
+)
 
 
 def run_python(code: str) -> str:
-    """Run ``code`` in a fresh interpreter (no cfm-run, MPI or CFM_ settings) and return its stdout."""
+    """Run ``code`` in a fresh interpreter (no cfm-run, MPI or CFM_ settings) and return its
+    stdout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "CFM_"))}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout
 
 
 def test_import_is_cheap():
-    out = run_python("import sys, cfm_plugins; print(sorted(m for m in ('torch', 'numpy', 'cfm_plugins.ops') "
-                     "if m in sys.modules))")
+    out = run_python(
+        "import sys, cfm_plugins; print(sorted(m for m in ('torch', 'numpy', 'cfm_plugins.ops') "
+        "if m in sys.modules))"
+    )
     assert out.split("\n")[-2] == "[]"
     assert {"library_paths", "load_library"} <= set(cfm_plugins.__all__)
 
@@ -44,9 +51,12 @@ def test_load_library_declares_the_operators_in_a_fresh_process():
     out = run_python(
         "import sys, torch, cfm_plugins\n"
         "paths = cfm_plugins.load_library()\n"
-        "print(paths == cfm_plugins.library_paths(cuda=torch.cuda.is_available() and len(paths) == 2))\n"
-        "print(all(hasattr(torch.ops.cfm, op) for op in ('symmetric_contraction_fwd', 'conv_tp_fwd')))\n"
-        "print('cfm_plugins.ops.patching' in sys.modules)\n")
+        "print(paths == cfm_plugins.library_paths(cuda=torch.cuda.is_available() and len(paths) == "
+        "2))\n"
+        "print(all(hasattr(torch.ops.cfm, op) for op in ('symmetric_contraction_fwd', "
+        "'conv_tp_fwd')))\n"
+        "print('cfm_plugins.ops.patching' in sys.modules)\n"
+    )
     assert out.split() == ["True", "True", "False"]  # loaded without the fused modules or patching
 
 
@@ -55,5 +65,7 @@ def test_missing_library_is_an_error_with_the_build_hint(monkeypatch):
     monkeypatch.setattr(_backend, "_LOADED", {})
     monkeypatch.setattr(_backend, "_WHY", {})
     for call in (cfm_plugins.library_paths, lambda: cfm_plugins.load_library(cuda=False)):
-        with pytest.raises(RuntimeError, match="not built: build them with `pip install --no-build-isolation"):
+        with pytest.raises(
+            RuntimeError, match="not built: build them with `pip install --no-build-isolation"
+        ):
             call()

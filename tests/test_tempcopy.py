@@ -1,5 +1,6 @@
-"""One config copy per job, removed by the last rank alive, or by the next run when the whole job was
-killed (issue 24: each rank made its own copy, and a killed rank left it in /tmp)."""
+"""One config copy per job, removed by the last rank alive, or by the next run when the whole job
+was killed (issue 24: each rank made its own copy, and a killed rank left it in /tmp)."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,13 @@ def job(tmp_path, monkeypatch):
 def rank(tmp_path, mode: str, namespace: str = "ns-test@1") -> tuple[subprocess.Popen, str]:
     """Another rank (a child process) that writes the copy, then is killed or keeps running."""
     env = dict(os.environ, TMPDIR=str(tmp_path), PMIX_NAMESPACE=namespace)
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     return proc, proc.stdout.readline().strip()
 
 
@@ -53,7 +59,9 @@ def test_every_rank_of_a_job_shares_one_copy_and_the_last_one_removes_it(job):
 def test_a_killed_rank_leaves_nothing_once_the_others_exit(job):
     killed, path = rank(job, "kill")
     killed.wait()
-    assert killed.returncode == -signal.SIGKILL and os.path.isfile(path)  # SIGKILL: no clean-up of its own
+    assert killed.returncode == -signal.SIGKILL and os.path.isfile(
+        path
+    )  # SIGKILL: no clean-up of its own
     tempcopy.write_copy("train.yaml", "name: x\n")
     tempcopy.release()  # the surviving rank leaves
     assert not list(job.iterdir())

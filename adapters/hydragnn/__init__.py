@@ -6,6 +6,7 @@ The seams (HydraGNN's ``setup_ddp``, ``create_dataloaders``, ``get_distributed_m
 listed in :mod:`cfm_plugins_adapters.hydragnn.seams`; step timings and the load imbalance factor
 in :mod:`.steplog`. Nothing of HydraGNN is copied or forked.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ import os
 from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.hydragnn")
+
 
 def _json_configs(argv) -> list[str]:
     return [a for a in argv[1:] if a.endswith(".json") and os.path.isfile(a)]
@@ -47,7 +49,9 @@ def serves(argv) -> bool:
     a Python script that imports hydragnn (``python train.py config.json``)."""
     if not argv:
         return False
-    return any(_is_hydragnn_config(p) for p in _json_configs(argv)) or _script_imports_hydragnn(argv)
+    return any(_is_hydragnn_config(p) for p in _json_configs(argv)) or _script_imports_hydragnn(
+        argv
+    )
 
 
 @hookimpl
@@ -58,26 +62,34 @@ def cfm_adapter_serves(argv):
 @hookimpl
 def cfm_before_trainer(config, dist, argv):
     if not serves(argv):
-        log.warning("the hydragnn plugin meets HydraGNN training scripts; %r does not look like one "
-                    "(no JSON config with a NeuralNetwork section, no `import hydragnn`), so it does nothing",
-                    argv[:2])
+        log.warning(
+            "the hydragnn plugin meets HydraGNN training scripts; %r does not look like one "
+            "(no JSON config with a NeuralNetwork section, no `import hydragnn`), so it does "
+            "nothing",
+            argv[:2],
+        )
         return None
     from cfm_plugins.manager import Session
     from cfm_plugins.options import TrainerSettings
     from cfm_plugins_adapters.hydragnn import seams
     from cfm_plugins_adapters.hydragnn.weighting import loss_from_config, loss_weightings
 
-    # the loss from the JSON config; the seams fill in HydraGNN's batch size when its loaders are made
+    # the loss from the JSON config; the seams fill in HydraGNN's batch size when its loaders are
+    # made
     loss = loss_from_config(argv)
-    trainer = TrainerSettings(loss=f"HydraGNN loss_function_type {loss}", loss_weightings=loss_weightings(loss))
+    trainer = TrainerSettings(
+        loss=f"HydraGNN loss_function_type {loss}", loss_weightings=loss_weightings(loss)
+    )
     return seams.install(Session(config, trainer))  # cfm-run calls this undo after the trainer
 
 
 @hookimpl
 def cfm_graph_sizes(dataset, indices, need_edges):
-    from cfm_plugins_adapters.hydragnn.sizes import is_pyg_dataset, local_sizes
     from cfm_plugins.sizes import GraphSizes
+    from cfm_plugins_adapters.hydragnn.sizes import is_pyg_dataset, local_sizes
 
     if not is_pyg_dataset(dataset):
         return None
-    return GraphSizes(*local_sizes(dataset, indices, need_edges), indices)  # edges not read: -1, so None
+    return GraphSizes(
+        *local_sizes(dataset, indices, need_edges), indices
+    )  # edges not read: -1, so None

@@ -20,6 +20,7 @@ the form checks, once per block class, that it gives the stock block's outputs o
 graph; a HydraGNN whose block computes something else keeps the generic form (the product alone
 fused), with a warning.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,14 +29,32 @@ import torch
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 
-#: what the form recognises: HydraGNN's class, in HydraGNN's modules (mace-torch's own blocks have the seam)
+#: what the form recognises: HydraGNN's class, in HydraGNN's modules (mace-torch's own blocks have
+# the seam)
 BLOCK_CLASSES = ("RealAgnosticAttResidualInteractionBlock",)
 #: the block's submodules the fused forward calls
-SUBMODULES = ("skip_linear", "linear_up", "linear_down", "conv_tp_weights", "conv_tp", "linear", "reshape")
+SUBMODULES = (
+    "skip_linear",
+    "linear_up",
+    "linear_down",
+    "conv_tp_weights",
+    "conv_tp",
+    "linear",
+    "reshape",
+)
 #: plain attributes carried over (the irreps HydraGNN and the check read)
-ATTRIBUTES = ("avg_num_neighbors", "node_attrs_irreps", "node_feats_irreps", "edge_attrs_irreps",
-              "edge_feats_irreps", "target_irreps", "hidden_irreps", "irreps_out", "node_feats_down_irreps",
-              "radial_MLP")
+ATTRIBUTES = (
+    "avg_num_neighbors",
+    "node_attrs_irreps",
+    "node_feats_irreps",
+    "edge_attrs_irreps",
+    "edge_feats_irreps",
+    "target_irreps",
+    "hidden_irreps",
+    "irreps_out",
+    "node_feats_down_irreps",
+    "radial_MLP",
+)
 
 
 class FusedInteractionBlock(torch.nn.Module):
@@ -52,7 +71,9 @@ class FusedInteractionBlock(torch.nn.Module):
         for name, param in block._parameters.items():
             self.register_parameter(name, param)
         for name, buf in block._buffers.items():
-            self.register_buffer(name, buf, persistent=name not in block._non_persistent_buffers_set)
+            self.register_buffer(
+                name, buf, persistent=name not in block._non_persistent_buffers_set
+            )
         for name in ATTRIBUTES:
             if hasattr(block, name):
                 setattr(self, name, getattr(block, name))
@@ -62,13 +83,21 @@ class FusedInteractionBlock(torch.nn.Module):
         self.__dict__["_stock"] = block  # not a submodule: state_dict keys stay the block's
         self.train(block.training)
 
-    def forward(self, node_feats: torch.Tensor, node_attrs: torch.Tensor, edge_attrs: torch.Tensor,
-                edge_feats: torch.Tensor, edge_index: torch.Tensor):
+    def forward(
+        self,
+        node_feats: torch.Tensor,
+        node_attrs: torch.Tensor,
+        edge_attrs: torch.Tensor,
+        edge_feats: torch.Tensor,
+        edge_index: torch.Tensor,
+    ):
         sender, receiver = edge_index[0], edge_index[1]
         sc = self.skip_linear(node_feats)
         up = self.linear_up(node_feats)
         down = self.linear_down(node_feats)
-        tp_weights = self.conv_tp_weights(torch.cat([edge_feats, down[sender], down[receiver]], dim=-1))
+        tp_weights = self.conv_tp_weights(
+            torch.cat([edge_feats, down[sender], down[receiver]], dim=-1)
+        )
         message = self.conv_tp(up, edge_attrs, tp_weights, edge_index)  # summed into the receivers
         message = self.linear(message) / self.avg_num_neighbors
         return self.reshape(message), sc
@@ -91,8 +120,12 @@ def _is_block(module) -> bool:
     from cfm_plugins.ops.conv_tp import is_uvu_conv_tp
 
     cls = type(module)
-    return (cls.__name__ in BLOCK_CLASSES and cls.__module__.startswith("hydragnn.")
-            and all(hasattr(module, name) for name in SUBMODULES) and is_uvu_conv_tp(module.conv_tp))
+    return (
+        cls.__name__ in BLOCK_CLASSES
+        and cls.__module__.startswith("hydragnn.")
+        and all(hasattr(module, name) for name in SUBMODULES)
+        and is_uvu_conv_tp(module.conv_tp)
+    )
 
 
 _CHECKED: dict[type, bool] = {}
@@ -105,16 +138,25 @@ def random_inputs(block: torch.nn.Module, nodes: int = 4, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64).to(device=p.device, dtype=p.dtype)
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(
+            device=p.device, dtype=p.dtype
+        )
 
     i, j = torch.meshgrid(torch.arange(nodes), torch.arange(nodes), indexing="ij")
     edge_index = torch.stack([i[i != j], j[i != j]]).to(p.device)
     edges = edge_index.shape[1]
     num_elements = block.node_attrs_irreps.dim
     elements = torch.randint(0, num_elements, (nodes,), generator=g)
-    node_attrs = torch.nn.functional.one_hot(elements, num_elements).to(device=p.device, dtype=p.dtype)
-    return (rand(nodes, block.node_feats_irreps.dim), node_attrs, rand(edges, block.edge_attrs_irreps.dim),
-            rand(edges, block.edge_feats_irreps.dim), edge_index)
+    node_attrs = torch.nn.functional.one_hot(elements, num_elements).to(
+        device=p.device, dtype=p.dtype
+    )
+    return (
+        rand(nodes, block.node_feats_irreps.dim),
+        node_attrs,
+        rand(edges, block.edge_attrs_irreps.dim),
+        rand(edges, block.edge_feats_irreps.dim),
+        edge_index,
+    )
 
 
 def computes_as_stock(block: torch.nn.Module) -> bool:
@@ -129,16 +171,27 @@ def computes_as_stock(block: torch.nn.Module) -> bool:
                 want, got = block(*args), fused(*args)
             tol = 1e-10 if args[0].dtype == torch.float64 else 1e-4
             same = len(want) == len(got) and all(
-                w.shape == o.shape and torch.allclose(o, w, rtol=tol, atol=tol * max(1.0, float(w.abs().max())))
-                for w, o in zip(want, got))
+                w.shape == o.shape
+                and torch.allclose(o, w, rtol=tol, atol=tol * max(1.0, float(w.abs().max())))
+                for w, o in zip(want, got)
+            )
         except Exception as exc:  # noqa: BLE001 - any failure means: do not use the fused forward
-            log.warning("HydraGNN's %s: the fused block could not be checked (%s: %s); its conv_tp is fused "
-                        "alone", cls.__name__, type(exc).__name__, exc)
+            log.warning(
+                "HydraGNN's %s: the fused block could not be checked (%s: %s); its conv_tp is "
+                "fused "
+                "alone",
+                cls.__name__,
+                type(exc).__name__,
+                exc,
+            )
             same = False
         else:
             if not same:
-                log.warning("HydraGNN's %s computes something the fused block does not (another HydraGNN "
-                            "version?): its conv_tp is fused alone, the scatter stays HydraGNN's", cls.__name__)
+                log.warning(
+                    "HydraGNN's %s computes something the fused block does not (another HydraGNN "
+                    "version?): its conv_tp is fused alone, the scatter stays HydraGNN's",
+                    cls.__name__,
+                )
         _CHECKED[cls] = same
     return _CHECKED[cls]
 
@@ -147,11 +200,13 @@ def form():
     """The kernel table's form for HydraGNN's MACE interaction block (kernel ``conv_tp``)."""
     from cfm_plugins.ops.kernel_table import Form
 
-    return Form("HydraGNN MACE interaction block (conv_tp + scatter)",
-                recognise=lambda m, parent, attr: _is_block(m) and computes_as_stock(m),
-                make=lambda m, parent, attr: FusedInteractionBlock(m),
-                is_fused=lambda m, parent, attr: isinstance(m, FusedInteractionBlock),
-                restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_stock()))
+    return Form(
+        "HydraGNN MACE interaction block (conv_tp + scatter)",
+        recognise=lambda m, parent, attr: _is_block(m) and computes_as_stock(m),
+        make=lambda m, parent, attr: FusedInteractionBlock(m),
+        is_fused=lambda m, parent, attr: isinstance(m, FusedInteractionBlock),
+        restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_stock()),
+    )
 
 
 def register_form() -> None:

@@ -13,6 +13,7 @@ epoch. A loader built with ``batch_sampler=`` has a plain sequential ``sampler``
 ``sampler`` is replaced by :class:`EpochForwarder`, whose ``set_epoch`` reaches the batch sampler:
 HydraGNN's own calls drive the per-epoch re-packing.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,21 +56,30 @@ def balanced_loader(loader_cls, dataset, role: str, session, scales=None, **load
     hook, config, dist = session.hook, session.config, session.dist
     n = len(dataset)
     indices = shard_indices(n, dist)
-    sizes = hook.cfm_graph_sizes(dataset=dataset, indices=indices,
-                                 need_edges=any(hook.cfm_needs_edges(config=config)))
+    sizes = hook.cfm_graph_sizes(
+        dataset=dataset, indices=indices, need_edges=any(hook.cfm_needs_edges(config=config))
+    )
     if sizes is None:
-        log.warning("%s split: no plugin reads the sizes of a %s; HydraGNN's own sampler is kept",
-                    role, type(dataset).__name__)
+        log.warning(
+            "%s split: no plugin reads the sizes of a %s; HydraGNN's own sampler is kept",
+            role,
+            type(dataset).__name__,
+        )
         return None
     if dist.world_size == 1 or dist.comm is None:
         sizes.indices = None  # the whole dataset, in order
-    batch_sampler = hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role,
-                                           trainer=session.trainer)
+    batch_sampler = hook.cfm_batch_sampler(
+        dataset=dataset, sizes=sizes, config=config, dist=dist, role=role, trainer=session.trainer
+    )
     if batch_sampler is None:
         return None
     if role == "train":
         session.train_sampler = batch_sampler  # timed steps and the resume state go there
-    if scales is not None and role == "train" and getattr(batch_sampler, "loss_weighting", "stock") != "stock":
+    if (
+        scales is not None
+        and role == "train"
+        and getattr(batch_sampler, "loss_weighting", "stock") != "stock"
+    ):
         scales.sampler = batch_sampler
         loader_cls = scales.loader_class(loader_cls)
     loader = loader_cls(dataset, batch_sampler=batch_sampler, **loader_kwargs)
@@ -82,15 +92,22 @@ def balanced_loader(loader_cls, dataset, role: str, session, scales=None, **load
 #: binpack serves: the shuffle flags (the plan orders the batches: training re-packed every epoch,
 #: evaluation fixed), no process group of HydraGNN's own, no oversampling. ``batching`` (HydraGNN's
 #: own node-budget batching) is replaced by binpack, and said.
-SOURCE_KEYWORDS = ("train_sampler_shuffle", "val_sampler_shuffle", "test_sampler_shuffle", "group",
-                   "oversampling", "num_samples", "batching")
+SOURCE_KEYWORDS = (
+    "train_sampler_shuffle",
+    "val_sampler_shuffle",
+    "test_sampler_shuffle",
+    "group",
+    "oversampling",
+    "num_samples",
+    "batching",
+)
 _SERVED = {"group": (None,), "oversampling": (False,), "num_samples": (None,)}
 
 
 def unserved_arguments(args, kwargs) -> list[str]:
     """The arguments of a ``create_dataloaders`` call that binpack's loaders cannot honour."""
     named = dict(zip(SOURCE_KEYWORDS, args))
-    bad = [repr(a) for a in args[len(SOURCE_KEYWORDS):]]
+    bad = [repr(a) for a in args[len(SOURCE_KEYWORDS) :]]
     for name, value in {**named, **kwargs}.items():
         if name not in SOURCE_KEYWORDS:
             bad.append(f"{name}={value!r}")
@@ -107,19 +124,32 @@ def make_create_dataloaders(stock_create, loader_cls, session, scales=None):
 
         session.trainer = dataclasses.replace(session.trainer, batch_size=int(batch_size))
         bad = unserved_arguments(args, kwargs)
-        if bad:  # an argument binpack cannot honour (or a later HydraGNN's): keep HydraGNN's behaviour
-            log.warning("create_dataloaders called with arguments binpack's loaders do not serve (%s); "
-                        "HydraGNN's own loaders are used", ", ".join(bad))
+        if (
+            bad
+        ):  # an argument binpack cannot honour (or a later HydraGNN's): keep HydraGNN's behaviour
+            log.warning(
+                "create_dataloaders called with arguments binpack's loaders do not serve (%s); "
+                "HydraGNN's own loaders are used",
+                ", ".join(bad),
+            )
             return stock_create(trainset, valset, testset, batch_size, *args, **kwargs)
         batching = dict(zip(SOURCE_KEYWORDS, args), **kwargs).get("batching")
         if batching and batching.get("mode", "fixed") != "fixed":
-            log.warning("HydraGNN's Training.Batching (mode %r) is replaced by binpack's batches: set binpack's "
-                        "max_tokens/cost instead, or leave binpack out to use HydraGNN's", batching.get("mode"))
+            log.warning(
+                "HydraGNN's Training.Batching (mode %r) is replaced by binpack's batches: set "
+                "binpack's "
+                "max_tokens/cost instead, or leave binpack out to use HydraGNN's",
+                batching.get("mode"),
+            )
         if not tdist.is_initialized():
-            log.warning("torch.distributed is not initialised: HydraGNN's own (shuffled) loaders are used")
+            log.warning(
+                "torch.distributed is not initialised: HydraGNN's own (shuffled) loaders are used"
+            )
             return stock_create(trainset, valset, testset, batch_size)
         if os.getenv("HYDRAGNN_CUSTOM_DATALOADER", "0") == "1":
-            log.info("HYDRAGNN_CUSTOM_DATALOADER=1 is ignored under binpack: PyG's DataLoader is used")
+            log.info(
+                "HYDRAGNN_CUSTOM_DATALOADER=1 is ignored under binpack: PyG's DataLoader is used"
+            )
         extra = {}
         if os.getenv("HYDRAGNN_NUM_WORKERS") is not None:
             extra["num_workers"] = int(os.environ["HYDRAGNN_NUM_WORKERS"])

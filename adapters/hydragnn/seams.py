@@ -1,4 +1,5 @@
-"""Where cfm-plugins meets HydraGNN (3.0 from PyPI, or its source with the MACE stack) without forking it.
+"""Where cfm-plugins meets HydraGNN (3.0 from PyPI, or its source with the MACE stack) without
+forking it.
 
 A HydraGNN training script (HydraGNN's examples, ``hydragnn.run_training``) calls three HydraGNN
 functions that decide what this adapter changes. Each is replaced in every ``hydragnn`` module
@@ -32,6 +33,7 @@ HydraGNN function          what the replacement does
 With ``step_log=PATH`` or ``cost=auto`` a :class:`~.steplog.StepTracer` joins HydraGNN's tracer
 list. :func:`install` puts everything in place and returns an undo callable.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -43,26 +45,34 @@ from cfm_plugins.steptime import SamplerStateFile, wants_step_times
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 
-#: HydraGNN's tracer module: 3.0 has it in ``hydragnn.utils``, the source in ``profiling_and_tracing``
+#: HydraGNN's tracer module: 3.0 has it in ``hydragnn.utils``, the source in
+# ``profiling_and_tracing``
 TRACER_MODULES = ("hydragnn.utils.profiling_and_tracing.tracer", "hydragnn.utils.tracer")
 
 
 def tracer_module():
-    """HydraGNN's tracer module (start/stop regions and ``__tracer_list__``) of the installed version."""
+    """HydraGNN's tracer module (start/stop regions and ``__tracer_list__``) of the installed
+    version."""
     for name in TRACER_MODULES:
         try:
             return importlib.import_module(name)
         except ImportError:
             continue
-    raise ImportError(f"HydraGNN has none of the tracer modules {', '.join(TRACER_MODULES)}: "
-                      "step_log needs HydraGNN's tracer")
+    raise ImportError(
+        f"HydraGNN has none of the tracer modules {', '.join(TRACER_MODULES)}: "
+        "step_log needs HydraGNN's tracer"
+    )
 
 
 def _holders(name: str, stock) -> list:
     """Every loaded hydragnn module that holds ``stock`` under ``name``."""
-    return [m for modname, m in list(sys.modules.items())
-            if m is not None and (modname == "hydragnn" or modname.startswith("hydragnn."))
-            and getattr(m, name, None) is stock]
+    return [
+        m
+        for modname, m in list(sys.modules.items())
+        if m is not None
+        and (modname == "hydragnn" or modname.startswith("hydragnn."))
+        and getattr(m, name, None) is stock
+    ]
 
 
 def make_setup_ddp(stock, dist):
@@ -72,10 +82,18 @@ def make_setup_ddp(stock, dist):
         if dist.world_size == 1:
             return stock(*args, **kwargs)
         if not tdist.is_initialized():
-            raise RuntimeError("cfm-run set up %d MPI ranks but torch.distributed is not initialised: was the "
-                               "process group destroyed before HydraGNN's setup_ddp?" % dist.world_size)
-        log.info("HydraGNN setup_ddp: using cfm-run's process group (%s at %s:%s), rank %d of %d",
-                 dist.backend, dist.master_addr, dist.master_port, dist.rank, dist.world_size)
+            raise RuntimeError(
+                f"cfm-run set up {dist.world_size} MPI ranks but torch.distributed is not "
+                "initialised: was the process group destroyed before HydraGNN's setup_ddp?"
+            )
+        log.info(
+            "HydraGNN setup_ddp: using cfm-run's process group (%s at %s:%s), rank %d of %d",
+            dist.backend,
+            dist.master_addr,
+            dist.master_port,
+            dist.rank,
+            dist.world_size,
+        )
         return dist.world_size, dist.rank
 
     setup_ddp.__wrapped__ = stock
@@ -84,8 +102,9 @@ def make_setup_ddp(stock, dist):
 
 def make_get_distributed_model(stock, session, tracer, scales=None):
     def get_distributed_model(model, *args, **kwargs):
-        # fused: the kernel table finds MACE-style modules by their layout, whatever HydraGNN calls them;
-        # a stack without any is reported once by the fused plugin, and trains with its own layers
+        # fused: the kernel table finds MACE-style modules by their layout, whatever HydraGNN calls
+        # them; a stack without any is reported once by the fused plugin, and trains with its own
+        # layers
         session.hook.cfm_patch_model(model=model, config=session.config)
         if scales is not None and scales.sampler is not None:
             scales.wrap_loss(model)
@@ -102,13 +121,15 @@ STATE_SUFFIX = ".cfm-binpack.json"
 
 
 def make_save_model(stock, session, files):
-    """HydraGNN's ``save_model(model, optimizer, name, path="./logs/")`` that also keeps the training
-    sampler's resume state beside the checkpoint (rank 0, when it changed)."""
+    """HydraGNN's ``save_model(model, optimizer, name, path="./logs/")`` that also keeps the
+    training sampler's resume state beside the checkpoint (rank 0, when it changed)."""
+
     def save_model(model, optimizer, name, path="./logs/", *args, **kwargs):
         out = stock(model, optimizer, name, path, *args, **kwargs)
         if session.train_sampler is not None:
-            keeper = files.setdefault(state_path(path, name), SamplerStateFile(state_path(path, name),
-                                                                               session.dist.rank))
+            keeper = files.setdefault(
+                state_path(path, name), SamplerStateFile(state_path(path, name), session.dist.rank)
+            )
             keeper.save(session.train_sampler)
         return out
 
@@ -117,16 +138,23 @@ def make_save_model(stock, session, files):
 
 
 def make_load_existing_model(stock, session):
-    """HydraGNN's ``load_existing_model(model, model_name, path="./logs/", optimizer=None)`` that also
-    gives the training sampler the fits saved with that checkpoint, applying from epoch 0."""
+    """HydraGNN's ``load_existing_model(model, model_name, path="./logs/", optimizer=None)`` that
+    also gives the training sampler the fits saved with that checkpoint, applying from epoch 0."""
+
     def load_existing_model(model, model_name, path="./logs/", *args, **kwargs):
         out = stock(model, model_name, path, *args, **kwargs)
         sampler = session.train_sampler
         if sampler is not None:
-            SamplerStateFile(state_path(path, model_name), session.dist.rank).load(sampler, restart_at_zero=True)
+            SamplerStateFile(state_path(path, model_name), session.dist.rank).load(
+                sampler, restart_at_zero=True
+            )
         elif os.path.exists(state_path(path, model_name)):
-            log.warning("load_existing_model(%r) before the loaders were made: the saved cost=auto fits are not "
-                        "used (make the loaders first, as hydragnn.run_training does)", model_name)
+            log.warning(
+                "load_existing_model(%r) before the loaders were made: the saved cost=auto fits "
+                "are not "
+                "used (make the loaders first, as hydragnn.run_training does)",
+                model_name,
+            )
         return out
 
     load_existing_model.__wrapped__ = stock
@@ -145,43 +173,58 @@ def install(session) -> callable:
     import hydragnn.utils.model as hmodel
 
     config, dist = session.config, session.dist
-    stock = {"setup_ddp": hdist.setup_ddp, "get_distributed_model": hdist.get_distributed_model,
-             "create_dataloaders": load_data.create_dataloaders, "save_model": hmodel.save_model,
-             "load_existing_model": hmodel.load_existing_model}
+    stock = {
+        "setup_ddp": hdist.setup_ddp,
+        "get_distributed_model": hdist.get_distributed_model,
+        "create_dataloaders": load_data.create_dataloaders,
+        "save_model": hmodel.save_model,
+        "load_existing_model": hmodel.load_existing_model,
+    }
 
     tracer = None
     if config.get("step_log") or wants_step_times(config):
         from cfm_plugins_adapters.hydragnn.steplog import StepTracer
 
         tr = tracer_module()
-        tracer = StepTracer(config.get("step_log", type=str) if config.get("step_log") else None, dist.rank, session)
+        tracer = StepTracer(
+            config.get("step_log", type=str) if config.get("step_log") else None, dist.rank, session
+        )
         tr.__tracer_list__["cfm_plugins.StepTracer"] = tracer
 
     if config.is_enabled("fused"):
         from cfm_plugins_adapters.hydragnn.interaction import register_form
 
-        register_form()  # HydraGNN's MACE interaction blocks: product and scatter fused (see .interaction)
+        # HydraGNN's MACE interaction blocks: product and scatter fused (see .interaction)
+        register_form()
     from cfm_plugins_adapters.hydragnn.weighting import TrainingScales
 
-    scales = TrainingScales()  # from the training loader to the loss, with loss_weighting=per_sample
+    scales = (
+        TrainingScales()
+    )  # from the training loader to the loss, with loss_weighting=per_sample
     replacement = {
         "setup_ddp": make_setup_ddp(stock["setup_ddp"], dist),
-        "get_distributed_model": make_get_distributed_model(stock["get_distributed_model"], session, tracer,
-                                                            scales),
+        "get_distributed_model": make_get_distributed_model(
+            stock["get_distributed_model"], session, tracer, scales
+        ),
     }
     if config.is_enabled("binpack"):
         from cfm_plugins_adapters.hydragnn.loader import make_create_dataloaders
 
-        replacement["create_dataloaders"] = make_create_dataloaders(stock["create_dataloaders"],
-                                                                    load_data.DataLoader, session, scales)
+        replacement["create_dataloaders"] = make_create_dataloaders(
+            stock["create_dataloaders"], load_data.DataLoader, session, scales
+        )
         replacement["save_model"] = make_save_model(stock["save_model"], session, {})
-        replacement["load_existing_model"] = make_load_existing_model(stock["load_existing_model"], session)
+        replacement["load_existing_model"] = make_load_existing_model(
+            stock["load_existing_model"], session
+        )
     done = []
     for name, new in replacement.items():
         for module in _holders(name, stock[name]):
             setattr(module, name, new)
             done.append((module, name, stock[name]))
-    log.debug("hydragnn seams installed: %s", ", ".join(sorted({f"{m.__name__}.{n}" for m, n, _ in done})))
+    log.debug(
+        "hydragnn seams installed: %s", ", ".join(sorted({f"{m.__name__}.{n}" for m, n, _ in done}))
+    )
 
     def undo():
         for module, name, value in done:

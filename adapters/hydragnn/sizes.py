@@ -5,6 +5,7 @@ datasets) of ``torch_geometric.data.Data`` graphs; a split made by
 ``hydragnn.preprocess.split_dataset`` is a slice of such a list. The sizes are read off each
 graph (``num_nodes`` and ``edge_index.shape[1]``), one rank's shard at a time.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,20 +36,26 @@ def graph_size(data, index: int, need_edges: bool = True) -> tuple[int, int]:
     needed. A graph without ``edge_index`` where an edge-based cost needs it is an error naming it:
     counting its edges as 0 would hide a data set built without its neighbour lists."""
     if data is None:
-        raise ValueError(f"graph {index} of the dataset could not be read (the dataset returned None)")
+        raise ValueError(
+            f"graph {index} of the dataset could not be read (the dataset returned None)"
+        )
     edge_index = getattr(data, "edge_index", None)
     if edge_index is None:
         if need_edges:
             raise ValueError(
-                f"graph {index} of the dataset has no edge_index, and the binpack cost needs edge counts (cost=edges, "
-                "or linear with cost_b > 0): use cost=atoms (or linear with cost_b=0), or build the graphs' edges "
-                "(e.g. torch_geometric.transforms.RadiusGraph) before training")
+                f"graph {index} of the dataset has no edge_index, and the binpack cost needs edge "
+                "counts (cost=edges, "
+                "or linear with cost_b > 0): use cost=atoms (or linear with cost_b=0), or build "
+                "the graphs' edges "
+                "(e.g. torch_geometric.transforms.RadiusGraph) before training"
+            )
         return int(data.num_nodes), -1
     return int(data.num_nodes), int(edge_index.shape[1])
 
 
 def local_sizes(dataset, indices=None, need_edges: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(atoms, edges) of the graphs ``indices`` (all when None) as two int64 arrays (see :func:`graph_size`)."""
+    """(atoms, edges) of the graphs ``indices`` (all when None) as two int64 arrays (see
+    :func:`graph_size`)."""
     idx = range(len(dataset)) if indices is None else (int(i) for i in indices)
     pairs = [graph_size(dataset[i], i, need_edges) for i in idx]
     arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)

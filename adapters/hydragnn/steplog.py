@@ -1,5 +1,5 @@
-"""Per-step timings of HydraGNN training from HydraGNN's own trace regions (option ``step_log=PATH``,
-and ``cost=auto``).
+"""Per-step timings of HydraGNN training from HydraGNN's own trace regions (option
+``step_log=PATH``, and ``cost=auto``).
 
 HydraGNN's ``train`` loop marks every step with its tracer (``hydragnn.utils.tracer`` in 3.0,
 ``hydragnn.utils.profiling_and_tracing.tracer`` in its source):
@@ -24,9 +24,11 @@ and a rank blocked in a collective uses none): the work of a rank, unaffected by
 sharing its cores. On a dedicated node the two agree; on a shared machine the
 wall-clock figures carry the other processes' noise and the CPU figures do not.
 
-:func:`cfm_plugins.steplog.load_imbalance`: LIF = sum over steps of (max over ranks) / sum over steps of (mean over
-ranks), the per-step form of the paper's T_max / T_avg (synchronous training waits at every step).
+:func:`cfm_plugins.steplog.load_imbalance`: LIF = sum over steps of (max over ranks) / sum over
+steps of (mean over ranks), the per-step form of the paper's T_max / T_avg (synchronous training
+waits at every step).
 """
+
 from __future__ import annotations
 
 import time
@@ -107,8 +109,14 @@ class StepTracer:
         rec["atoms"], rec["edges"], rec["graphs"] = self._batch
         sampler = self.session.train_sampler if self.session is not None else None
         if rec["atoms"] is not None and "compute_s" in rec:
-            hand_over(sampler, rec["atoms"], rec["edges"], rec["graphs"], wall_s=rec["compute_s"],
-                      cpu_s=rec["compute_cpu_s"])
+            hand_over(
+                sampler,
+                rec["atoms"],
+                rec["edges"],
+                rec["graphs"],
+                wall_s=rec["compute_s"],
+                cpu_s=rec["compute_cpu_s"],
+            )
         if self._ids is not None:
             rec["ids"] = self._ids
         if self.writer is not None:

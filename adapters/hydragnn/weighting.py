@@ -15,6 +15,7 @@ exact because the factor is the same for every element of the batch.
   the gradient is scaled. In ``eval()`` mode, or with no training batch under way (validation,
   test), the loss is HydraGNN's own.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,8 @@ REDUCTION = "batch"  # each rank's mean, then DDP's average
 
 
 def loss_from_config(argv) -> str | None:
-    """``NeuralNetwork.Training.loss_function_type`` of the HydraGNN JSON config in ``argv``, if any."""
+    """``NeuralNetwork.Training.loss_function_type`` of the HydraGNN JSON config in ``argv``, if
+    any."""
     for arg in argv[1:]:
         if not str(arg).endswith(".json"):
             continue
@@ -38,7 +40,9 @@ def loss_from_config(argv) -> str | None:
                 data = json.load(fh)
         except (OSError, ValueError):
             continue
-        training = data.get("NeuralNetwork", {}).get("Training", {}) if isinstance(data, dict) else {}
+        training = (
+            data.get("NeuralNetwork", {}).get("Training", {}) if isinstance(data, dict) else {}
+        )
         if "loss_function_type" in training:
             return str(training["loss_function_type"])
     return None
@@ -49,7 +53,8 @@ def loss_weightings(loss: str | None) -> tuple[str, ...]:
 
 
 class TrainingScales:
-    """The loss factors of the training batch HydraGNN is working on (``None``: no training batch)."""
+    """The loss factors of the training batch HydraGNN is working on (``None``: no training
+    batch)."""
 
     def __init__(self):
         self.sampler = None  # the training batch sampler, when it weighs per sample
@@ -71,13 +76,16 @@ class TrainingScales:
         return LossScaledDataLoader
 
     def wrap_loss(self, model) -> None:
-        """Scale the gradient of ``model.loss`` per head with the batch's factor (value unchanged)."""
+        """Scale the gradient of ``model.loss`` per head with the batch's factor (value
+        unchanged)."""
         import torch.nn.functional as F
 
         if getattr(model, "loss_function", None) not in (F.mse_loss, F.l1_loss):
-            raise ValueError(f"binpack loss_weighting=per_sample: the HydraGNN model's loss function "
-                             f"{getattr(model, 'loss_function', None)!r} is not a mean (mse or mae); "
-                             "set loss_weighting=stock")
+            raise ValueError(
+                f"binpack loss_weighting=per_sample: the HydraGNN model's loss function "
+                f"{getattr(model, 'loss_function', None)!r} is not a mean (mse or mae); "
+                "set loss_weighting=stock"
+            )
         stock = model.loss
         scales = self
 
@@ -86,11 +94,16 @@ class TrainingScales:
             scale = scales.current
             if scale is None or not model.training:
                 return total, tasks
-            scaled = sum(task * weight * (scale.atoms if kind == "node" else scale.graphs)
-                         for task, weight, kind in zip(tasks, model.loss_weights, model.head_type))
+            scaled = sum(
+                task * weight * (scale.atoms if kind == "node" else scale.graphs)
+                for task, weight, kind in zip(tasks, model.loss_weights, model.head_type)
+            )
             # HydraGNN's value (what it logs as the train loss), the per-sample gradient
             return scaled + (total - scaled).detach(), tasks
 
         model.loss = loss
-        log.info("binpack loss_weighting=per_sample: HydraGNN's head losses are scaled per training batch "
-                 "(graph heads by the graph factor, node heads by the atom factor)")
+        log.info(
+            "binpack loss_weighting=per_sample: HydraGNN's head losses are scaled per training "
+            "batch "
+            "(graph heads by the graph factor, node heads by the atom factor)"
+        )

@@ -5,6 +5,7 @@
 features. The seams are listed in :mod:`cfm_plugins_adapters.mace.seams`; dataset sizes come from
 :mod:`.sizes`. Models and checkpoints written under the plugin are stock mace files.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,7 +45,10 @@ def cfm_before_trainer(config, dist, argv):
     from cfm_plugins_adapters.mace import seams
 
     if not cfm_adapter_serves(argv):
-        log.warning("the mace plugin meets mace_run_train; %r is another command, so it does nothing", argv[:1])
+        log.warning(
+            "the mace plugin meets mace_run_train; %r is another command, so it does nothing",
+            argv[:1],
+        )
         return None
     return seams.install(config)  # cfm-run calls this undo after the trainer
 
@@ -56,4 +60,6 @@ def cfm_graph_sizes(dataset, indices, need_edges):
 
     if not is_mace_dataset(dataset):
         return None
-    return GraphSizes(*local_sizes(dataset, indices, need_edges), indices)  # edges not read: -1, so None
+    return GraphSizes(
+        *local_sizes(dataset, indices, need_edges), indices
+    )  # edges not read: -1, so None

@@ -17,6 +17,7 @@ fields of each batch by the sampler's graph factor and ``forces_weight`` by its 
 (:func:`scale_batch`), so every graph and atom weighs the same over an epoch
 (:mod:`cfm_plugins.sampler.weighting`). Validation and test loaders are never scaled.
 """
+
 from __future__ import annotations
 
 import logging
@@ -70,8 +71,8 @@ def loss_scaled_loader_class(loader_cls):
     """A subclass of mace's DataLoader whose batches carry the sampler's loss scales."""
 
     class LossScaledDataLoader(loader_cls):
-        """mace's DataLoader; each batch it returns is scaled by :func:`scale_batch` with the factors
-        of the batch the binpack sampler yielded (in the same order)."""
+        """mace's DataLoader; each batch it returns is scaled by :func:`scale_batch` with the
+        factors of the batch the binpack sampler yielded (in the same order)."""
 
         def __init__(self, *args, cfm_sampler, **kwargs):
             super().__init__(*args, **kwargs)
@@ -113,7 +114,9 @@ class EpochAdvancing(BatchSamplerWrapper):
             return  # keep the restored position inside that epoch
         self._resuming = False
         self._next_epoch = epoch
-        self.batch_sampler.set_epoch(epoch)  # now: a cost=auto fit is made here, before mace's checkpoint
+        self.batch_sampler.set_epoch(
+            epoch
+        )  # now: a cost=auto fit is made here, before mace's checkpoint
 
     def __iter__(self):
         if self._resuming:  # the restored epoch and batch (load_state_dict)
@@ -149,7 +152,9 @@ def follow_mace_epochs(session=None, state_file=None):
     """
     import importlib
 
-    mace_train = importlib.import_module("mace.tools.train")  # the module (mace.tools.train is also a function)
+    mace_train = importlib.import_module(
+        "mace.tools.train"
+    )  # the module (mace.tools.train is also a function)
     stock = mace_train.train_one_epoch
     first = [True]
 
@@ -209,16 +214,23 @@ def batch_sampler_for(hook, dataset, sizes, config, dist, role, trainer):
     say which loader and which file.
     """
     try:
-        return hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist, role=role,
-                                      trainer=trainer)
+        return hook.cfm_batch_sampler(
+            dataset=dataset, sizes=sizes, config=config, dist=dist, role=role, trainer=trainer
+        )
     except ValueError as err:
-        raise ValueError(f"mace_run_train's {role} loader, {LOADER_FILES[role]} with {len(dataset)} structure(s) "
-                         f"on {dist.world_size} rank(s): {err} (the capacity is --cfm-max-tokens)") from err
+        raise ValueError(
+            f"mace_run_train's {role} loader, {LOADER_FILES[role]} with {len(dataset)} "
+            "structure(s) "
+            f"on {dist.world_size} rank(s): {err} (the capacity is --cfm-max-tokens)"
+        ) from err
 
 
 def pad_batches(loader, hook, batch_sampler, sizes, config, dist, role, pad_distance):
-    """With a ``cfm_batch_budget`` (the ``static`` feature), make ``loader`` pad every batch to it."""
-    tracker = hook.cfm_batch_budget(batch_sampler=batch_sampler, sizes=sizes, config=config, dist=dist, role=role)
+    """With a ``cfm_batch_budget`` (the ``static`` feature), make ``loader`` pad every batch to
+    it."""
+    tracker = hook.cfm_batch_budget(
+        batch_sampler=batch_sampler, sizes=sizes, config=config, dist=dist, role=role
+    )
     if tracker is not None:
         from cfm_plugins.static.mace import PaddingCollater
 
@@ -228,7 +240,8 @@ def pad_batches(loader, hook, batch_sampler, sizes, config, dist, role, pad_dist
 
 def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0):
     """A drop-in for ``torch_geometric.dataloader.DataLoader`` that uses the plugins' sampler (and
-    pads its batches to a budget where a plugin gives one; ``pad_distance()``: the pad edges' length,
+    pads its batches to a budget where a plugin gives one; ``pad_distance()``: the pad edges'
+    length,
     more than the model's cutoff)."""
     scaled_loader_cls = loss_scaled_loader_class(stock_loader_cls)
 
@@ -237,20 +250,38 @@ def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0
         role = guess_role(dataset, shuffle, sampler, kwargs)
         n = len(dataset)
         need_edges = any(hook.cfm_needs_edges(config=config))
-        sizes = hook.cfm_graph_sizes(dataset=dataset, indices=shard_indices(n, dist), need_edges=need_edges)
+        sizes = hook.cfm_graph_sizes(
+            dataset=dataset, indices=shard_indices(n, dist), need_edges=need_edges
+        )
         if sizes is not None and (dist.world_size == 1 or dist.comm is None):
             sizes.indices = None  # the whole dataset, in order
         batch_sampler = None
         if sizes is not None:
-            batch_sampler = batch_sampler_for(hook, dataset, sizes, config, dist, role, session.trainer)
+            batch_sampler = batch_sampler_for(
+                hook, dataset, sizes, config, dist, role, session.trainer
+            )
         if batch_sampler is None:
             if hook.cfm_batch_budget.get_hookimpls():
-                log.warning("%s loader: no batch sampler for %s, so its batches are not padded to a budget (the "
-                            "compiled model sees their own shapes)", role, type(dataset).__name__)
-            return stock_loader_cls(dataset=dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
-                                    drop_last=drop_last, **kwargs)
+                log.warning(
+                    "%s loader: no batch sampler for %s, so its batches are not padded to a budget "
+                    "(the "
+                    "compiled model sees their own shapes)",
+                    role,
+                    type(dataset).__name__,
+                )
+            return stock_loader_cls(
+                dataset=dataset,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                sampler=sampler,
+                drop_last=drop_last,
+                **kwargs,
+            )
         if drop_last:
-            log.info("%s loader: drop_last is not needed with balanced batches; every sample is used", role)
+            log.info(
+                "%s loader: drop_last is not needed with balanced batches; every sample is used",
+                role,
+            )
         wrapped = EpochAdvancing(batch_sampler)
         if isinstance(sampler, DistributedSampler):  # mace calls set_epoch on it each epoch
             stock_set_epoch = sampler.set_epoch
@@ -260,11 +291,13 @@ def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0
                 _ours.set_epoch(epoch)
 
             sampler.set_epoch = set_epoch
-        # the trainer's generator stays: each iteration's base seed is drawn from it, as in the stock
-        # loader, not from torch's global generator, whose draws would change the model's
+        # the trainer's generator stays: each iteration's base seed is drawn from it, as in the
+        # stock loader, not from torch's global generator, whose draws would change the model's
         # initialisation (mace iterates the training loader before it builds the model)
         if getattr(batch_sampler, "loss_weighting", "stock") != "stock":
-            loader = scaled_loader_cls(dataset=dataset, batch_sampler=wrapped, cfm_sampler=batch_sampler, **kwargs)
+            loader = scaled_loader_cls(
+                dataset=dataset, batch_sampler=wrapped, cfm_sampler=batch_sampler, **kwargs
+            )
         else:
             loader = stock_loader_cls(dataset=dataset, batch_sampler=wrapped, **kwargs)
         return pad_batches(loader, hook, batch_sampler, sizes, config, dist, role, pad_distance)

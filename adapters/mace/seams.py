@@ -24,13 +24,14 @@ With the option ``step_log=PATH``, or when a feature needs step times (binpack's
 ``mace.tools.train.take_step`` is wrapped to time each step (see :mod:`.steplog`). With binpack,
 ``mace.tools.train.train_one_epoch`` is wrapped to tell the training sampler which epoch mace
 trains (resumes included) and to keep its resume state (the ``cost=auto`` fits) in
-``<checkpoints_dir>/<name>_run-<seed>.cfm-binpack.json`` beside mace's checkpoints (see :mod:`.loader`).
-With the ``static`` feature (a ``cfm_static_forward`` hook), the loaders pad their batches
-(``cfm_batch_budget``) and the model is built without e3nn's TorchScript code generation (dynamo
-cannot trace TorchScript; see :mod:`cfm_plugins.static.mace`).
+``<checkpoints_dir>/<name>_run-<seed>.cfm-binpack.json`` beside mace's checkpoints (see
+:mod:`.loader`). With the ``static`` feature (a ``cfm_static_forward`` hook), the loaders pad their
+batches (``cfm_batch_budget``) and the model is built without e3nn's TorchScript code generation
+(dynamo cannot trace TorchScript; see :mod:`cfm_plugins.static.mace`).
 
 :func:`install` puts them in place and returns an undo callable; nothing else is changed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -42,8 +43,9 @@ from cfm_plugins.manager import Session
 from cfm_plugins.options import TrainerSettings
 from cfm_plugins.steptime import SamplerStateFile, wants_step_times
 
-#: the file beside mace's checkpoints (``<checkpoints_dir>/<name>_run-<seed><suffix>``) that keeps the
-#: training sampler's resume state; mace's checkpoint names end in ``_epoch-<n>.pt``, so it never reads it
+#: the file beside mace's checkpoints (``<checkpoints_dir>/<name>_run-<seed><suffix>``) that keeps
+# the : training sampler's resume state; mace's checkpoint names end in ``_epoch-<n>.pt``, so it
+# never reads it
 STATE_SUFFIX = ".cfm-binpack.json"
 
 log = logging.getLogger("cfm_plugins.mace")
@@ -55,9 +57,15 @@ def trainer_settings(args) -> TrainerSettings:
 
     swaps = tuple(name for name in ("cueq", "oeq") if getattr(args, f"enable_{name}", False))
     loss = getattr(args, "loss", None)
-    return TrainerSettings(batch_size=args.batch_size, seed=args.seed, dtype=args.default_dtype,
-                           device=args.device, kernel_swaps=swaps, loss=f"mace_run_train --loss {loss}",
-                           loss_weightings=("stock", "per_sample") if loss in LINEAR_WEIGHT_LOSSES else ("stock",))
+    return TrainerSettings(
+        batch_size=args.batch_size,
+        seed=args.seed,
+        dtype=args.default_dtype,
+        device=args.device,
+        kernel_swaps=swaps,
+        loss=f"mace_run_train --loss {loss}",
+        loss_weightings=("stock", "per_sample") if loss in LINEAR_WEIGHT_LOSSES else ("stock",),
+    )
 
 
 def install(config) -> callable:
@@ -67,9 +75,16 @@ def install(config) -> callable:
     from cfm_plugins.ops.patching import is_patched
     from cfm_plugins.static.forward import installed
 
-    saved = {name: getattr(rt, name) for name in ("init_distributed", "torch_geometric", "configure_model", "DDP", "deepcopy")}
+    saved = {
+        name: getattr(rt, name)
+        for name in ("init_distributed", "torch_geometric", "configure_model", "DDP", "deepcopy")
+    }
     stock_init, stock_tg, stock_configure, stock_ddp = (
-        saved["init_distributed"], saved["torch_geometric"], saved["configure_model"], saved["DDP"])
+        saved["init_distributed"],
+        saved["torch_geometric"],
+        saved["configure_model"],
+        saved["DDP"],
+    )
     state = Session(config)
     hook, dist = state.hook, state.dist
     static = bool(hook.cfm_static_forward.get_hookimpls())
@@ -79,39 +94,61 @@ def install(config) -> callable:
     def init_distributed(args):
         state.trainer = trainer_settings(args)
         r_max.append(float(args.r_max))
-        resume["file"] = SamplerStateFile(os.path.join(args.checkpoints_dir, f"{args.name}_run-{args.seed}"
-                                                       f"{STATE_SUFFIX}"), dist.rank)
+        resume["file"] = SamplerStateFile(
+            os.path.join(args.checkpoints_dir, f"{args.name}_run-{args.seed}{STATE_SUFFIX}"),
+            dist.rank,
+        )
         hook.cfm_trainer_settings(config=config, trainer=state.trainer)
         if dist.world_size == 1:
             return stock_init(args)
         if args.device != dist.device_type:
-            raise ValueError(f"mace_run_train --device {args.device} but cfm-run set up the ranks for {dist.device}: "
-                             f"pass `cfm-run --device {args.device}` too")
+            raise ValueError(
+                f"mace_run_train --device {args.device} but cfm-run set up the ranks for "
+                f"{dist.device}: "
+                f"pass `cfm-run --device {args.device}` too"
+            )
         if not args.distributed:
-            log.info("%d MPI ranks: turning on mace's --distributed (each rank trains on its share)", dist.world_size)
+            log.info(
+                "%d MPI ranks: turning on mace's --distributed (each rank trains on its share)",
+                dist.world_size,
+            )
             args.distributed = True
         # mace selects the GPU (and DDP's device) by the local rank it gets here: give it ours
-        return dist.rank, dist.device_index if dist.device_type == "cuda" else dist.local_rank, dist.world_size
+        return (
+            dist.rank,
+            dist.device_index if dist.device_type == "cuda" else dist.local_rank,
+            dist.world_size,
+        )
 
     loader_factory = undo_epochs = None
     if hook.cfm_batch_sampler.get_hookimpls():  # a feature offers batch samplers (binpack)
         from cfm_plugins_adapters.mace.loader import follow_mace_epochs, make_dataloader_factory
 
-        loader_factory = make_dataloader_factory(stock_tg.dataloader.DataLoader, state,
-                                                 pad_distance=lambda: 2.0 * max(r_max[-1], 1.0))
+        loader_factory = make_dataloader_factory(
+            stock_tg.dataloader.DataLoader, state, pad_distance=lambda: 2.0 * max(r_max[-1], 1.0)
+        )
         undo_epochs = follow_mace_epochs(state, lambda: resume.get("file"))
-    tg = types.SimpleNamespace(dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg) \
-        if loader_factory else stock_tg
+    tg = (
+        types.SimpleNamespace(
+            dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg
+        )
+        if loader_factory
+        else stock_tg
+    )
 
     recorder = None
     if config.get("step_log") or wants_step_times(config):
         import importlib
 
-        mace_train = importlib.import_module("mace.tools.train")  # the module (mace.tools.train is also a function)
+        mace_train = importlib.import_module(
+            "mace.tools.train"
+        )  # the module (mace.tools.train is also a function)
 
         from cfm_plugins_adapters.mace.steplog import StepRecorder
 
-        recorder = StepRecorder(state, config.get("step_log", type=str) if config.get("step_log") else None)
+        recorder = StepRecorder(
+            state, config.get("step_log", type=str) if config.get("step_log") else None
+        )
         saved_take_step = mace_train.take_step
         mace_train.take_step = recorder.wrap_take_step(saved_take_step)
 
@@ -147,8 +184,13 @@ def install(config) -> callable:
                 hook.cfm_unpatch_model(model=out, config=config)
         return out
 
-    for name, value in dict(init_distributed=init_distributed, torch_geometric=tg,
-                            configure_model=configure_model, DDP=DDP, deepcopy=deepcopy).items():
+    for name, value in dict(
+        init_distributed=init_distributed,
+        torch_geometric=tg,
+        configure_model=configure_model,
+        DDP=DDP,
+        deepcopy=deepcopy,
+    ).items():
         setattr(rt, name, value)
 
     def undo():

@@ -9,6 +9,7 @@
 ``local_sizes`` gives the sizes of one rank's shard only (``indices``), so under MPI each rank
 reads ``1/world_size`` of the data and the sampler gathers the rest.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,7 +38,10 @@ def sample_size(dataset, index: int, need_edges: bool = True) -> tuple[int, int]
         return _hdf5_atoms(dataset, index), -1
     item = dataset[index]
     if item is None:
-        raise ValueError(f"sample {index} of {type(dataset).__name__} could not be read (the dataset returned None)")
+        raise ValueError(
+            f"sample {index} of {type(dataset).__name__} could not be read (the dataset returned "
+            "None)"
+        )
     return _graph_size(item)
 
 

@@ -13,6 +13,7 @@ atoms and edges, the wall time of the whole step, the compute times above (``com
 the inner module). :func:`cfm_plugins.steplog.load_imbalance` turns the files into the load
 imbalance factor of the HydraGNN paper (LIF = sum of per-step max / sum of per-step mean).
 """
+
 from __future__ import annotations
 
 import time
@@ -43,7 +44,10 @@ class StepRecorder:
                 self._fwd_time += time.perf_counter() - self._fwd_start
                 self._fwd_start = None
 
-        self._hook_ids = (model.register_forward_pre_hook(pre).id, model.register_forward_hook(post).id)
+        self._hook_ids = (
+            model.register_forward_pre_hook(pre).id,
+            model.register_forward_hook(post).id,
+        )
 
     def attach_ddp(self, ddp_model) -> None:
         """Mark the end of each step's backward compute (DDP's last gradient bucket)."""
@@ -69,11 +73,19 @@ class StepRecorder:
                 atoms, edges, graphs = batch_totals(batch)
                 hand_over(sampler, atoms, edges, graphs, wall_s=compute_s, cpu_s=compute_cpu_s)
             if self.writer is not None:
-                self.writer.write({
-                    "loss": float(metrics["loss"]), "wall_s": time.perf_counter() - start,
-                    "forward_s": self._fwd_time, "compute_s": compute_s, "compute_cpu_s": compute_cpu_s,
-                    "graphs": graphs, "atoms": atoms, "edges": edges,
-                }, sampler)
+                self.writer.write(
+                    {
+                        "loss": float(metrics["loss"]),
+                        "wall_s": time.perf_counter() - start,
+                        "forward_s": self._fwd_time,
+                        "compute_s": compute_s,
+                        "compute_cpu_s": compute_cpu_s,
+                        "graphs": graphs,
+                        "atoms": atoms,
+                        "edges": edges,
+                    },
+                    sampler,
+                )
             return loss, metrics
 
         return take_step

@@ -7,6 +7,7 @@ through nequip's own ``nequip.extension`` entry point), and the binpack loader i
 dataloader ``_target_`` (:func:`BinPackDataLoader`). Checkpoints written under the plugin are
 stock nequip checkpoints.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,10 @@ def running_session(who: str):
     """The session of the run under way, or a RuntimeError saying how ``who`` must be run."""
     session = _STATE.get("session")
     if session is None or not session.config.is_enabled("nequip"):
-        raise RuntimeError(f"{who} runs under `cfm-run --enable nequip,... -- nequip-train ...` (it needs the "
-                           "ranks and options cfm-run sets up)")
+        raise RuntimeError(
+            f"{who} runs under `cfm-run --enable nequip,... -- nequip-train ...` (it needs the "
+            "ranks and options cfm-run sets up)"
+        )
     return session
 
 
@@ -40,7 +43,8 @@ def __getattr__(name):
 
 
 def serves(argv) -> bool:
-    """Whether ``argv`` runs nequip-train (the console script, or ``python -m nequip.scripts.train``)."""
+    """Whether ``argv`` runs nequip-train (the console script, or ``python -m
+    nequip.scripts.train``)."""
     if not argv:
         return False
     if os.path.basename(str(argv[0])) in PROGRAMS:
@@ -58,9 +62,11 @@ def cfm_configure(config):
     import importlib.util
 
     if importlib.util.find_spec("nequip") is None:
-        raise ValueError("the nequip plugin needs nequip in this environment: pip install 'cfm-plugins[nequip]' "
-                         "(NequIP needs e3nn 0.6, mace-torch pins 0.4.4: use a separate environment, e.g. "
-                         "`make venv-nequip`)")
+        raise ValueError(
+            "the nequip plugin needs nequip in this environment: pip install 'cfm-plugins[nequip]' "
+            "(NequIP needs e3nn 0.6, mace-torch pins 0.4.4: use a separate environment, e.g. "
+            "`make venv-nequip`)"
+        )
 
 
 @hookimpl
@@ -70,12 +76,16 @@ def cfm_before_trainer(config, dist, argv):
     from cfm_plugins_adapters.nequip import seams
 
     if not serves(argv):
-        log.warning("the nequip plugin meets nequip-train; %r is another command, so it does nothing", argv[:1])
+        log.warning(
+            "the nequip plugin meets nequip-train; %r is another command, so it does nothing",
+            argv[:1],
+        )
         return None
     if config.is_enabled("fused"):
         from cfm_plugins_adapters.nequip.modifier import register_form
 
-        register_form()  # the kernel table then fuses TensorProductScatter whole (product + scatter)
+        # the kernel table then fuses TensorProductScatter whole (product + scatter)
+        register_form()
     # batch size and seed: from nequip's config, as its loaders are made
     _STATE["session"] = session = Session(config, TrainerSettings(device=config.get("device")))
     undo_seams = seams.install(session)
@@ -94,4 +104,6 @@ def cfm_graph_sizes(dataset, indices, need_edges):
 
     if not is_nequip_dataset(dataset):
         return None
-    return GraphSizes(*local_sizes(dataset, indices, need_edges), indices)  # edges not read: -1, so None
+    return GraphSizes(
+        *local_sizes(dataset, indices, need_edges), indices
+    )  # edges not read: -1, so None

@@ -1,4 +1,5 @@
 """Lightning callbacks the nequip adapter adds to nequip-train's Trainer."""
+
 from __future__ import annotations
 
 import lightning
@@ -23,7 +24,8 @@ class FuseOnSetup(lightning.Callback):
 
 
 class BinPackState(lightning.Callback):
-    """Keeps the training sampler's resume state (the ``cost=auto`` fits) in Lightning's checkpoints.
+    """Keeps the training sampler's resume state (the ``cost=auto`` fits) in Lightning's
+    checkpoints.
 
     Step times cannot be measured again, so a run restarted from a checkpoint (nequip's
     ``ckpt_path``) must be given the fits of the run that wrote it to plan the same batches.
@@ -44,12 +46,19 @@ class BinPackState(lightning.Callback):
         session = _STATE.get("session")
         sampler = session.train_sampler if session is not None else None
         loop = trainer.fit_loop
-        if sampler is None or not isinstance(loop.max_batches, int) or trainer.limit_train_batches != 1.0:
+        if (
+            sampler is None
+            or not isinstance(loop.max_batches, int)
+            or trainer.limit_train_batches != 1.0
+        ):
             return
         steps = len(sampler)
         if steps != loop.max_batches:
             loop.max_batches = steps
-            if isinstance(trainer.val_check_interval, float) and trainer.val_check_batch is not None:
+            if (
+                isinstance(trainer.val_check_interval, float)
+                and trainer.val_check_batch is not None
+            ):
                 trainer.val_check_batch = max(1, int(steps * trainer.val_check_interval))
 
     def state_dict(self):

@@ -1,4 +1,5 @@
-"""NequIP's extension entry point (``nequip.extension``: ``init_always``): registers ``enable_CFMFused``.
+"""NequIP's extension entry point (``nequip.extension``: ``init_always``): registers
+``enable_CFMFused``.
 
 ``import nequip`` imports every ``init_always`` entry of that group *while nequip itself is still
 being imported*, so nothing of ``nequip.nn`` may be imported here (it would import a half-built
@@ -7,6 +8,7 @@ modifier to its ``TensorProductScatter`` right after that module has run, and lo
 of our ``cfm::`` operators (what a package compiled with the modifier calls). Nothing else in
 nequip is changed, and nothing happens unless nequip is used.
 """
+
 from __future__ import annotations
 
 import importlib.abc

@@ -3,8 +3,9 @@
 NequIP's ``NequIPDataModule`` builds each loader with ``hydra.utils.instantiate(cfg,
 dataset=..., generator=...)``; the default ``_target_`` is ``torch.utils.data.DataLoader``.
 :func:`BinPackDataLoader` takes the same arguments and returns a ``torch.utils.data.DataLoader``
-whose ``batch_sampler`` is the ``binpack`` plugin's :class:`~cfm_plugins.sampler.BinPackBatchSampler`,
-built from the dataset's atom (and edge) counts, each rank reading only its shard's sizes::
+whose ``batch_sampler`` is the ``binpack`` plugin's
+:class:`~cfm_plugins.sampler.BinPackBatchSampler`, built from the dataset's atom (and edge) counts,
+each rank reading only its shard's sizes::
 
     data:
       train_dataloader:
@@ -21,6 +22,7 @@ with ``cfm-run --enable nequip,binpack`` alone the adapter puts it in place of e
 DataLoader without any config change. Lightning's ``set_epoch`` at the start of every training
 epoch reaches the sampler through :class:`LightningBatchSampler`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +57,10 @@ def statistics_pass():
 def _sample_size(dataset, index: int) -> tuple[int, int]:
     data = dataset[index]
     if not isinstance(data, dict) or "pos" not in data:
-        raise ValueError(f"sample {index} of {type(dataset).__name__} is not a NequIP AtomicDataDict "
-                         f"(got {type(data).__name__})")
+        raise ValueError(
+            f"sample {index} of {type(dataset).__name__} is not a NequIP AtomicDataDict "
+            f"(got {type(data).__name__})"
+        )
     edges = data.get("edge_index")
     return int(data["pos"].shape[0]), (int(edges.shape[1]) if edges is not None else -1)
 
@@ -102,9 +106,9 @@ class _SetEpoch:
 class LightningBatchSampler(BatchSamplerWrapper):
     """The batch sampler as Lightning sees it.
 
-    Lightning (2.6) calls ``set_epoch`` on ``loader.sampler`` and on ``loader.batch_sampler.sampler``,
-    never on the batch sampler itself; without this wrapper every epoch would repeat the plan
-    of epoch 0.
+    Lightning (2.6) calls ``set_epoch`` on ``loader.sampler`` and on
+    ``loader.batch_sampler.sampler``, never on the batch sampler itself; without this wrapper every
+    epoch would repeat the plan of epoch 0.
     """
 
     def __init__(self, batch_sampler):
@@ -112,9 +116,17 @@ class LightningBatchSampler(BatchSamplerWrapper):
         self.sampler = _SetEpoch(batch_sampler)
 
 
-def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: bool | None = None,
-                      cfm_role: str | None = None, sampler=None, batch_sampler=None, drop_last: bool = False,
-                      **kwargs) -> DataLoader:
+def BinPackDataLoader(
+    dataset,
+    generator=None,
+    batch_size: int = 1,
+    shuffle: bool | None = None,
+    cfm_role: str | None = None,
+    sampler=None,
+    batch_sampler=None,
+    drop_last: bool = False,
+    **kwargs,
+) -> DataLoader:
     """A ``torch.utils.data.DataLoader`` over ``dataset`` with balanced bin-packed batches.
 
     ``cfm_role``: ``train`` (shuffled, re-packed from seed + epoch), ``val``/``test``/``predict``
@@ -124,32 +136,51 @@ def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: boo
     """
     role = cfm_role or ("train" if shuffle else "val")
     if role not in ROLES:
-        raise ValueError(f"BinPackDataLoader: cfm_role={role!r}; expected one of {', '.join(ROLES)}")
+        raise ValueError(
+            f"BinPackDataLoader: cfm_role={role!r}; expected one of {', '.join(ROLES)}"
+        )
     if sampler is not None or batch_sampler is not None:
-        raise ValueError("BinPackDataLoader makes its own batch sampler: remove `sampler`/`batch_sampler` from "
-                         "the dataloader config")
+        raise ValueError(
+            "BinPackDataLoader makes its own batch sampler: remove `sampler`/`batch_sampler` from "
+            "the dataloader config"
+        )
     if _STATS_PASS.get():  # NequIP's dataset statistics: every rank reads the whole set, as stock
-        return DataLoader(dataset, batch_size=batch_size, shuffle=False, generator=generator, **kwargs)
+        return DataLoader(
+            dataset, batch_size=batch_size, shuffle=False, generator=generator, **kwargs
+        )
     from cfm_plugins_adapters.nequip import running_session
 
-    session = running_session("BinPackDataLoader (for a plain nequip-train use torch.utils.data.DataLoader)")
+    session = running_session(
+        "BinPackDataLoader (for a plain nequip-train use torch.utils.data.DataLoader)"
+    )
     hook, config, dist = session.hook, session.config, session.dist
     if role == "train":
         session.trainer = dataclasses.replace(session.trainer, batch_size=int(batch_size))
 
     n = len(dataset)
     indices = shard_indices(n, dist)
-    sizes = hook.cfm_graph_sizes(dataset=dataset, indices=indices, need_edges=any(hook.cfm_needs_edges(config=config)))
+    sizes = hook.cfm_graph_sizes(
+        dataset=dataset, indices=indices, need_edges=any(hook.cfm_needs_edges(config=config))
+    )
     if sizes is None:
-        raise ValueError(f"BinPackDataLoader: no plugin reads the sizes of a {type(dataset).__name__}")
+        raise ValueError(
+            f"BinPackDataLoader: no plugin reads the sizes of a {type(dataset).__name__}"
+        )
     if dist.world_size == 1 or dist.comm is None:
         sizes.indices = None  # the whole dataset, in order
-    batch_sampler = hook.cfm_batch_sampler(dataset=dataset, sizes=sizes, config=config, dist=dist,
-                                           role="train" if role == "train" else ("test" if role == "test" else "valid"),
-                                           trainer=session.trainer)
+    batch_sampler = hook.cfm_batch_sampler(
+        dataset=dataset,
+        sizes=sizes,
+        config=config,
+        dist=dist,
+        role="train" if role == "train" else ("test" if role == "test" else "valid"),
+        trainer=session.trainer,
+    )
     if batch_sampler is None:
-        raise RuntimeError("BinPackDataLoader: no batch sampler was offered; enable the binpack plugin "
-                           "(`cfm-run --enable nequip,binpack`)")
+        raise RuntimeError(
+            "BinPackDataLoader: no batch sampler was offered; enable the binpack plugin "
+            "(`cfm-run --enable nequip,binpack`)"
+        )
     if role == "train":  # timed steps go there; a restored checkpoint's sampler state comes here
         session.train_sampler = batch_sampler
         pending = getattr(session, "pending_resume", None)
@@ -157,5 +188,10 @@ def BinPackDataLoader(dataset, generator=None, batch_size: int = 1, shuffle: boo
             batch_sampler.load_resume_state(pending)
             session.pending_resume = None
     if drop_last:
-        log.info("%s loader: drop_last is not needed with balanced batches; every structure is used", role)
-    return DataLoader(dataset, batch_sampler=LightningBatchSampler(batch_sampler), generator=generator, **kwargs)
+        log.info(
+            "%s loader: drop_last is not needed with balanced batches; every structure is used",
+            role,
+        )
+    return DataLoader(
+        dataset, batch_sampler=LightningBatchSampler(batch_sampler), generator=generator, **kwargs
+    )

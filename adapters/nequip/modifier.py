@@ -16,6 +16,7 @@ All of a model's ``TensorProductScatter`` modules are swapped or none is (nequip
 that mix two subclasses carrying the same modifier), so a model we cannot fuse runs stock, with a
 warning saying why.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,11 +49,21 @@ class _EdgeIndexCache:
     def get(self, edge_dst: torch.Tensor, edge_src: torch.Tensor) -> torch.Tensor:
         from cfm_plugins.ops._backend import tracing
 
-        if tracing(edge_dst):  # torch.compile, nequip-compile (make_fx, torch.export): no identity cache
+        if tracing(
+            edge_dst
+        ):  # torch.compile, nequip-compile (make_fx, torch.export): no identity cache
             return torch.stack([edge_src, edge_dst])
         rd, rs = _root(edge_dst), _root(edge_src)
-        key = (edge_dst.data_ptr(), edge_src.data_ptr(), tuple(edge_dst.shape), edge_dst.stride(),
-               edge_src.stride(), rd._version, rs._version, edge_dst.device)
+        key = (
+            edge_dst.data_ptr(),
+            edge_src.data_ptr(),
+            tuple(edge_dst.shape),
+            edge_dst.stride(),
+            edge_src.stride(),
+            rd._version,
+            rs._version,
+            edge_dst.device,
+        )
         if self._key == key and self._refs[0]() is rd and self._refs[1]() is rs:
             return self._value
         value = torch.stack([edge_src, edge_dst])
@@ -95,7 +106,13 @@ def fused_class():
                 """The stock module holding this one's (shared) state."""
                 stock = TensorProductScatter.__new__(TensorProductScatter)
                 torch.nn.Module.__init__(stock)
-                for name in ("feature_irreps_in", "irreps_edge_attr", "irreps_mid", "instructions", "model_dtype"):
+                for name in (
+                    "feature_irreps_in",
+                    "irreps_edge_attr",
+                    "irreps_mid",
+                    "instructions",
+                    "model_dtype",
+                ):
                     setattr(stock, name, getattr(self, name))
                 stock.tp = self.tp.to_e3nn()
                 stock.train(self.training)
@@ -123,12 +140,16 @@ def form():
             raise ValueError(f"it is already a {type(old).__name__} (another modifier)")
         return cls(old)  # FusedConvTP raises ValueError for a product it cannot fuse
 
-    return Form("nequip TensorProductScatter",
-                recognise=lambda m, parent, attr: isinstance(m, TensorProductScatter) and not isinstance(m, cls),
-                make=make,
-                is_fused=lambda m, parent, attr: isinstance(m, cls),
-                restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_stock()),
-                all_or_none=True)  # nequip refuses models that mix two subclasses carrying one modifier
+    return Form(
+        "nequip TensorProductScatter",
+        recognise=lambda m, parent, attr: (
+            isinstance(m, TensorProductScatter) and not isinstance(m, cls)
+        ),
+        make=make,
+        is_fused=lambda m, parent, attr: isinstance(m, cls),
+        restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_stock()),
+        all_or_none=True,
+    )  # nequip refuses models that mix two subclasses carrying one modifier
 
 
 def register_form() -> None:
@@ -140,16 +161,21 @@ def register_form() -> None:
 
 
 def fuse(model: torch.nn.Module) -> int:
-    """Swap every ``TensorProductScatter`` of ``model`` (in place) for the fused one, with the kernel
-    table. Returns the number swapped: 0 (with a warning saying why) when the model has none, or
-    when one of them cannot be fused (then none is: the model runs stock)."""
+    """Swap every ``TensorProductScatter`` of ``model`` (in place) for the fused one, with the
+    kernel table. Returns the number swapped: 0 (with a warning saying why) when the model has
+    none, or when one of them cannot be fused (then none is: the model runs stock)."""
     from cfm_plugins.ops.patching import patch_model
 
     register_form()
     report = patch_model(model, ("conv_tp",))
     if report.missing:
-        log.warning("%s: the model (%s) has no nequip TensorProductScatter module, the module this modifier "
-                    "replaces; it runs stock", MODIFIER, type(model).__name__)
+        log.warning(
+            "%s: the model (%s) has no nequip TensorProductScatter module, the module this "
+            "modifier "
+            "replaces; it runs stock",
+            MODIFIER,
+            type(model).__name__,
+        )
     elif report.total:
         log.info("%s: %d TensorProductScatter module(s) fused", MODIFIER, report.total)
     return report.total
@@ -182,8 +208,8 @@ def register(tp_scatter_cls) -> None:
         persistent=False,  # an acceleration: the same model, faster
         private=False,
         unsupported_devices=[],  # CPU (compiled C++) and CUDA
-        # the kernels are C++ torch operators: `nequip-compile --mode aotinductor` (nequip 0.19 refuses
-        # its torchscript mode on torch >= 2.10) and train-time torch.compile
+        # the kernels are C++ torch operators: `nequip-compile --mode aotinductor` (nequip 0.19
+        # refuses its torchscript mode on torch >= 2.10) and train-time torch.compile
         supported_compile_modes=["aotinductor"],
     )(classmethod(enable_CFMFused))
     setattr(tp_scatter_cls, MODIFIER, method)

@@ -32,6 +32,7 @@ Lightning reuses the process group cfm-run created (``torch.distributed.is_initi
 
 :func:`install` puts these in place and returns an undo callable; nothing else is changed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,10 +45,18 @@ log = logging.getLogger("cfm_plugins.nequip")
 
 LOADER_TARGET = "cfm_plugins_adapters.nequip.BinPackDataLoader"
 _STOCK_LOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-_TRAINERS = {"lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer",
-             "lightning.pytorch.trainer.trainer.Trainer"}
-_LOADER_KEYS = {"train_dataloader": "train", "val_dataloader": "val", "test_dataloader": "test",
-                "predict_dataloader": "predict"}
+_TRAINERS = {
+    "lightning.Trainer",
+    "lightning.pytorch.Trainer",
+    "pytorch_lightning.Trainer",
+    "lightning.pytorch.trainer.trainer.Trainer",
+}
+_LOADER_KEYS = {
+    "train_dataloader": "train",
+    "val_dataloader": "val",
+    "test_dataloader": "test",
+    "predict_dataloader": "predict",
+}
 
 
 def _target(cfg):
@@ -68,7 +77,9 @@ def data_config(cfg: dict, session) -> dict:
             loader["_target_"] = LOADER_TARGET
             loader["cfm_role"] = role
         else:
-            log.warning("binpack: the %s is a %s (not torch's DataLoader); left as it is", key, target)
+            log.warning(
+                "binpack: the %s is a %s (not torch's DataLoader); left as it is", key, target
+            )
         cfg[key] = loader
     return cfg
 
@@ -111,20 +122,36 @@ def trainer_config(cfg: dict, config, dist) -> dict:
     spawning = _spawning_strategy(cfg.get("strategy"))
     ours = [name for name in ("binpack", "fused") if config.is_enabled(name)]
     if spawning and (dist.world_size > 1 or ours):
-        why = (f"cfm-run runs {dist.world_size} ranks already" if dist.world_size > 1
-               else f"{' and '.join(ours)} act(s) in cfm-run's process only")
-        raise ValueError(f"trainer.strategy={spawning} starts its own processes, which cannot run under mpirun and "
-                         f"cfm-run ({why}); use strategy: ddp (the default cfm-run sets on several ranks) and launch "
-                         "the ranks with mpirun -np N")
+        why = (
+            f"cfm-run runs {dist.world_size} ranks already"
+            if dist.world_size > 1
+            else f"{' and '.join(ours)} act(s) in cfm-run's process only"
+        )
+        raise ValueError(
+            f"trainer.strategy={spawning} starts its own processes, which cannot run under mpirun "
+            "and "
+            f"cfm-run ({why}); use strategy: ddp (the default cfm-run sets on several ranks) and "
+            "launch "
+            "the ranks with mpirun -np N"
+        )
     if config.is_enabled("binpack"):
-        _replace(cfg, "use_distributed_sampler", False, "binpack's sampler shards the batches over the ranks itself")
+        _replace(
+            cfg,
+            "use_distributed_sampler",
+            False,
+            "binpack's sampler shards the batches over the ranks itself",
+        )
         callbacks.append({"_target_": "cfm_plugins_adapters.nequip.callbacks.BinPackState"})
         callbacks.append({"_target_": "cfm_plugins_adapters.nequip.weighting.LossWeighting"})
     if config.is_enabled("fused"):
         callbacks.append({"_target_": "cfm_plugins_adapters.nequip.callbacks.FuseOnSetup"})
     if config.get("step_log") or wants_step_times(config):
-        callbacks.append({"_target_": "cfm_plugins_adapters.nequip.steplog.StepLog",
-                          "path": config.get("step_log", type=str) if config.get("step_log") else None})
+        callbacks.append(
+            {
+                "_target_": "cfm_plugins_adapters.nequip.steplog.StepLog",
+                "path": config.get("step_log", type=str) if config.get("step_log") else None,
+            }
+        )
     if callbacks:
         cfg["callbacks"] = list(cfg.get("callbacks") or []) + callbacks
     if dist.world_size > 1:
@@ -169,12 +196,19 @@ def install(session) -> callable:
         elif config.is_enabled("binpack") and _is_datamodule(target):
             cfg = data_config(cfg, session)
         built = stock_instantiate(cfg, *args, **kwargs)
-        if config.is_enabled("binpack") and hasattr(built, "loss") and hasattr(built, "training_step"):
+        if (
+            config.is_enabled("binpack")
+            and hasattr(built, "loss")
+            and hasattr(built, "training_step")
+        ):
             from cfm_plugins_adapters.nequip.weighting import loss_weightings
 
-            # the training module exists before Lightning makes the loaders: binpack's choice sees its loss
+            # the training module exists before Lightning makes the loaders: binpack's choice sees
+            # its loss
             loss, weightings = loss_weightings(built)
-            session.trainer = dataclasses.replace(session.trainer, loss=loss, loss_weightings=weightings)
+            session.trainer = dataclasses.replace(
+                session.trainer, loss=loss, loss_weightings=weightings
+            )
         return built
 
     def get_statistics(self, *args, **kwargs):

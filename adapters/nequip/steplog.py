@@ -1,4 +1,5 @@
-"""Per-rank step timings of a nequip-train run (option ``step_log=PATH``, ``cost=auto``, or as a callback).
+"""Per-rank step timings of a nequip-train run (option ``step_log=PATH``, ``cost=auto``, or as a
+callback).
 
 :class:`StepLog` is a Lightning callback. It times every training step's compute
 (:class:`cfm_plugins.steptime.StepTimer`: wall time to DDP's last gradient bucket, and the training
@@ -13,8 +14,10 @@ wall time, and for training steps ``compute_s``/``compute_cpu_s``.
 ``sum_steps max_rank / sum_steps mean_rank``.
 
 Under ``cfm-run`` the adapter adds it to the Trainer's callbacks when ``step_log`` is set or a
-feature needs step times; in a config: ``{_target_: cfm_plugins_adapters.nequip.steplog.StepLog, path: PATH}``.
+feature needs step times; in a config: ``{_target_: cfm_plugins_adapters.nequip.steplog.StepLog,
+path: PATH}``.
 """
+
 from __future__ import annotations
 
 import time
@@ -58,10 +61,15 @@ class StepLog(lightning.Callback):
         if self.path is not None:
             self._writer = StepLogWriter(self.path, trainer.global_rank, append=True)
         # training_step and validation_step call the LightningModule itself (energy and forces)
-        self._handles = [pl_module.register_forward_pre_hook(self._pre), pl_module.register_forward_hook(self._post)]
+        self._handles = [
+            pl_module.register_forward_pre_hook(self._pre),
+            pl_module.register_forward_hook(self._post),
+        ]
 
     def on_train_start(self, trainer, pl_module):
-        self.timer.attach(trainer.strategy.model)  # DDP: the end of backward compute is its last bucket
+        self.timer.attach(
+            trainer.strategy.model
+        )  # DDP: the end of backward compute is its last bucket
 
     def teardown(self, trainer, pl_module, stage):
         for h in self._handles:
@@ -84,10 +92,17 @@ class StepLog(lightning.Callback):
         if batch.get("ptr") is None and energies is not None:
             graphs = int(energies.shape[0])
         rec = {
-            "stage": stage, "epoch": int(trainer.current_epoch), "step": int(batch_idx), "graphs": graphs,
+            "stage": stage,
+            "epoch": int(trainer.current_epoch),
+            "step": int(batch_idx),
+            "graphs": graphs,
             "atoms": atoms,
-            "energies": energies.detach().flatten().to(torch.float64).tolist() if energies is not None else [],
-            "forward_s": self._forward_s, "wall_s": time.perf_counter() - self._t_step, **(extra or {}),
+            "energies": energies.detach().flatten().to(torch.float64).tolist()
+            if energies is not None
+            else [],
+            "forward_s": self._forward_s,
+            "wall_s": time.perf_counter() - self._t_step,
+            **(extra or {}),
         }
         self._writer.write(rec, sampler)
 
@@ -101,12 +116,20 @@ class StepLog(lightning.Callback):
         sampler = session.train_sampler if session is not None else None
         atoms, edges, graphs = batch_totals(batch)
         hand_over(sampler, atoms, edges, graphs, wall_s=compute_s, cpu_s=compute_cpu_s)
-        self._write(trainer, "train", batch, batch_idx, {"compute_s": compute_s, "compute_cpu_s": compute_cpu_s},
-                    sampler)
+        self._write(
+            trainer,
+            "train",
+            batch,
+            batch_idx,
+            {"compute_s": compute_s, "compute_cpu_s": compute_cpu_s},
+            sampler,
+        )
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         self._start()
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ):
         if not trainer.sanity_checking:
             self._write(trainer, "val", batch, batch_idx)

@@ -17,6 +17,7 @@ is the same for every element of the step.
   order the DataLoader yields them) and scales the weighted sum's gradient; the value nequip logs
   stays its own. Validation uses nequip's ``val_metrics``, never touched.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,7 +48,11 @@ def loss_terms(manager) -> tuple[dict[str, str], str | None]:
         if entry.per_type:
             return {}, f"{name} averages per-type means (per_type: true)"
         if type(metric) not in (MeanSquaredError, MeanAbsoluteError):
-            return {}, f"{name} is a {type(metric).__name__}, not a mean (MeanSquaredError or MeanAbsoluteError)"
+            return (
+                {},
+                f"{name} is a {type(metric).__name__}, not a mean (MeanSquaredError or "
+                "MeanAbsoluteError)",
+            )
         kind = KINDS.get(entry.field.type)
         if kind is None:
             return {}, f"{name} is a metric of an {entry.field.type} field"
@@ -88,11 +93,17 @@ class LossWeighting(Callback):
         if self.sampler is None or self._wrapped is pl_module.loss:
             return
         kinds, reason = loss_terms(pl_module.loss)
-        if reason is not None:  # binpack chose per_sample from TrainerSettings; the module changed since
-            raise ValueError(f"binpack loss_weighting=per_sample: {reason}; set loss_weighting=stock")
+        if (
+            reason is not None
+        ):  # binpack chose per_sample from TrainerSettings; the module changed since
+            raise ValueError(
+                f"binpack loss_weighting=per_sample: {reason}; set loss_weighting=stock"
+            )
         self._wrap(pl_module.loss, kinds)
-        log.info("binpack loss_weighting=per_sample: nequip's loss terms scaled per step (%s)",
-                 ", ".join(f"{n}: {k}" for n, k in kinds.items()))
+        log.info(
+            "binpack loss_weighting=per_sample: nequip's loss terms scaled per step (%s)",
+            ", ".join(f"{n}: {k}" for n, k in kinds.items()),
+        )
 
     def _wrap(self, manager, kinds):
         stock = manager.forward
@@ -103,9 +114,15 @@ class LossWeighting(Callback):
             scale, key = callback.current, f"{prefix}weighted_sum{suffix}"
             if scale is None or key not in out:
                 return out
-            scaled = sum(out[f"{prefix}{name}{suffix}"] * manager.entries[name].coeff
-                         * (scale.graphs if kind == "graphs" else scale.atoms) for name, kind in kinds.items())
-            out[key] = scaled + (out[key] - scaled).detach()  # nequip's value, the per-sample gradient
+            scaled = sum(
+                out[f"{prefix}{name}{suffix}"]
+                * manager.entries[name].coeff
+                * (scale.graphs if kind == "graphs" else scale.atoms)
+                for name, kind in kinds.items()
+            )
+            out[key] = (
+                scaled + (out[key] - scaled).detach()
+            )  # nequip's value, the per-sample gradient
             return out
 
         manager.forward = forward

@@ -8,6 +8,7 @@
 Lazy: importing this package does not import mace (or e3nn); the first use of
 ``CFMCalculator`` does.
 """
+
 from __future__ import annotations
 
 import importlib

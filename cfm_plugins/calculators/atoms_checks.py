@@ -3,8 +3,10 @@
 mace's own conversion fails on an element the model was not trained on with ``ValueError:
 np.int64(26) is not in list``, evaluates a structure with a NaN coordinate to a NaN energy without a
 word, and replaces an all-zero cell of a periodic structure by a 1 A cube (an energy of thousands
-of eV, without a word). :func:`check_atoms` names the structure, the atoms, the values and what to do.
+of eV, without a word). :func:`check_atoms` names the structure, the atoms, the values and what to
+do.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +30,8 @@ def _symbol(z: int) -> str:
 
 
 def _named(atoms, label: str) -> str:
-    """``label`` and the formula, for a message (only on the error path: the formula is not free)."""
+    """``label`` and the formula, for a message (only on the error path: the formula is not
+    free)."""
     return f"{label} ({atoms.get_chemical_formula()})"
 
 
@@ -49,9 +52,11 @@ def check_atoms(atoms, known_numbers, label: str = "the structure") -> None:
     if outside.any():
         unknown = sorted(set(numbers[outside].tolist()))
         parts = "; ".join(f"{_symbol(z)} (atoms {_indices(numbers == z)})" for z in unknown)
-        raise ValueError(f"{_named(atoms, label)} has elements the model was not trained on: "
-                         f"{parts}. The model knows {', '.join(_symbol(z) for z in known)}: use a model trained "
-                         "on these elements (a foundation model covers most of the periodic table)")
+        raise ValueError(
+            f"{_named(atoms, label)} has elements the model was not trained on: "
+            f"{parts}. The model knows {', '.join(_symbol(z) for z in known)}: use a model trained "
+            "on these elements (a foundation model covers most of the periodic table)"
+        )
     positions = np.asarray(atoms.positions, dtype=float)
     # the sum first (fast: an MD step at 4000 atoms pays microseconds); it overflows only past 1e308
     with np.errstate(over="ignore"):
@@ -59,10 +64,13 @@ def check_atoms(atoms, known_numbers, label: str = "the structure") -> None:
     bad = ~np.isfinite(positions).all(axis=1) if suspect else np.zeros(0, bool)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{_named(atoms, label)} has positions that are not finite: atoms "
-                         f"{_indices(bad)} (atom {first} at {positions[first].tolist()}). A diverged MD run or an "
-                         "optimiser step gone wrong leaves NaN or inf behind: start again from the last good "
-                         "structure, with a smaller time step")
+        raise ValueError(
+            f"{_named(atoms, label)} has positions that are not finite: atoms "
+            f"{_indices(bad)} (atom {first} at {positions[first].tolist()}). A diverged MD run or "
+            "an "
+            "optimiser step gone wrong leaves NaN or inf behind: start again from the last good "
+            "structure, with a smaller time step"
+        )
     pbc = np.asarray(atoms.pbc, dtype=bool)
     if not pbc.any():
         return
@@ -79,9 +87,11 @@ def check_atoms(atoms, known_numbers, label: str = "the structure") -> None:
         elif np.linalg.det(gram) <= DEGENERATE**2 * np.prod(squared):
             problem = "is degenerate (a periodic vector is zero, or they are parallel or coplanar)"
     if problem is not None:
-        raise ValueError(f"{_named(atoms, label)} is periodic along {pbc.tolist()} but its cell {problem}: "
-                         f"{cell.tolist()}. Set the cell (atoms.set_cell(...)) or, for a molecule or a "
-                         "cluster, make it non-periodic (atoms.pbc = False)")
+        raise ValueError(
+            f"{_named(atoms, label)} is periodic along {pbc.tolist()} but its cell {problem}: "
+            f"{cell.tolist()}. Set the cell (atoms.set_cell(...)) or, for a molecule or a "
+            "cluster, make it non-periodic (atoms.pbc = False)"
+        )
 
 
 __all__ = ["check_atoms"]

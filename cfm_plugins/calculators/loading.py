@@ -10,6 +10,7 @@ mace is imported here only when a model is loaded (``import mace`` first also se
 ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, which e3nn 0.4.4 needs on recent torch; an explicit
 ``weights_only=True`` still wins over it).
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,8 +20,10 @@ from pathlib import Path
 
 import torch
 
-EXPECTED = ("a whole MACE model pickled with torch.save(model): the .model file written by mace_run_train "
-            "(not a checkpoint or a state_dict)")
+EXPECTED = (
+    "a whole MACE model pickled with torch.save(model): the .model file written by mace_run_train "
+    "(not a checkpoint or a state_dict)"
+)
 
 #: attributes every MACE-family model (mace.modules.MACE and its subclasses) carries
 MACE_ATTRIBUTES = ("r_max", "atomic_numbers", "interactions", "products")
@@ -32,19 +35,30 @@ def check_device(device: str) -> None:
     if not dev.startswith("cuda"):
         return
     if not torch.cuda.is_available():
-        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise RuntimeError(f"device={dev!r} was requested but CUDA is not available (torch {torch.__version__}, "
-                           f"{built}, {torch.cuda.device_count()} CUDA devices visible); use device='cpu'")
+        built = (
+            f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        )
+        raise RuntimeError(
+            f"device={dev!r} was requested but CUDA is not available (torch {torch.__version__}, "
+            f"{built}, {torch.cuda.device_count()} CUDA devices visible); use device='cpu'"
+        )
     if ":" in dev and int(dev.split(":", 1)[1]) >= torch.cuda.device_count():
-        raise RuntimeError(f"device={dev!r} was requested but only {torch.cuda.device_count()} CUDA device(s) "
-                           "are visible")
+        raise RuntimeError(
+            f"device={dev!r} was requested but only {torch.cuda.device_count()} CUDA device(s) "
+            "are visible"
+        )
 
 
 def expand_model_paths(model_paths) -> list[Path]:
-    """A path, a glob pattern (``mace_*.model``, a committee) or a list of paths -> existing files."""
+    """A path, a glob pattern (``mace_*.model``, a committee) or a list of paths -> existing
+    files."""
     if isinstance(model_paths, (str, Path)):
         text = str(model_paths)
-        matches = sorted(glob.glob(text)) if glob.has_magic(text) else ([text] if Path(text).exists() else [])
+        matches = (
+            sorted(glob.glob(text))
+            if glob.has_magic(text)
+            else ([text] if Path(text).exists() else [])
+        )
         if not matches:
             raise FileNotFoundError(f"no MACE model file at {text!r} (expected {EXPECTED})")
         paths = [Path(p) for p in matches]
@@ -64,13 +78,17 @@ def describe(obj) -> str:
         keys = list(obj)[:8]
         hint = ""
         if "model" in obj or all(isinstance(v, torch.Tensor) for v in obj.values()):
-            hint = (" (a training checkpoint or a state_dict: weights without the model; load it with "
-                    "weights_only=True and architecture=)")
+            hint = (
+                " (a training checkpoint or a state_dict: weights without the model; load it with "
+                "weights_only=True and architecture=)"
+            )
         return f"a {type(obj).__name__} with keys {keys}{'...' if len(obj) > 8 else ''}{hint}"
     if isinstance(obj, torch.nn.Module):
         missing = [a for a in MACE_ATTRIBUTES if not hasattr(obj, a)]
-        return (f"a torch.nn.Module of class {type(obj).__module__}.{type(obj).__qualname__} "
-                f"without the MACE attributes {missing}")
+        return (
+            f"a torch.nn.Module of class {type(obj).__module__}.{type(obj).__qualname__} "
+            f"without the MACE attributes {missing}"
+        )
     return f"an object of type {type(obj).__module__}.{type(obj).__qualname__}"
 
 
@@ -92,24 +110,39 @@ def load_mace_model(path, device: str = "cpu") -> torch.nn.Module:
     check_device(device)
     try:
         obj = torch.load(str(path), map_location=device, weights_only=False)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ModuleNotFoundError, AttributeError) as exc:
-        raise ValueError(f"{str(path)!r} could not be read by torch.load ({type(exc).__name__}: {exc}); "
-                         f"expected {EXPECTED}") from exc
+    except (
+        pickle.UnpicklingError,
+        RuntimeError,
+        EOFError,
+        ModuleNotFoundError,
+        AttributeError,
+    ) as exc:
+        raise ValueError(
+            f"{str(path)!r} could not be read by torch.load ({type(exc).__name__}: {exc}); "
+            f"expected {EXPECTED}"
+        ) from exc
     return check_mace_model(obj, repr(str(path)))
 
 
-WEIGHTS_EXPECTED = ("a state_dict saved with torch.save(model.state_dict(), path), or a mace training "
-                    "checkpoint (checkpoints/*.pt, its 'model' entry)")
+WEIGHTS_EXPECTED = (
+    "a state_dict saved with torch.save(model.state_dict(), path), or a mace training "
+    "checkpoint (checkpoints/*.pt, its 'model' entry)"
+)
 
 
 def weights_from(obj, source: str) -> dict:
     """The state_dict inside what ``torch.load(weights_only=True)`` returned, or TypeError."""
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # a mace CheckpointState
         obj = obj["model"]
-    if isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                             for k, v in obj.items()):
+    if (
+        isinstance(obj, dict)
+        and obj
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    ):
         return obj
-    raise TypeError(f"{source} holds {describe(obj)}, not model weights; expected {WEIGHTS_EXPECTED}")
+    raise TypeError(
+        f"{source} holds {describe(obj)}, not model weights; expected {WEIGHTS_EXPECTED}"
+    )
 
 
 def load_mace_weights(path, architecture, device: str = "cpu") -> torch.nn.Module:
@@ -132,26 +165,41 @@ def load_mace_weights(path, architecture, device: str = "cpu") -> torch.nn.Modul
         obj = torch.load(str(path), map_location=device, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise ValueError(
-            f"{source} cannot be loaded with weights_only=True: it pickles Python objects (a whole model, "
-            f"as mace_run_train's .model files do), not only weights ({str(exc).splitlines()[0]}). If you trust "
-            "the file, load it with weights_only=False; to get a weights-only file, run once where the file is "
-            "trusted: torch.save(torch.load(path, weights_only=False).state_dict(), 'model_weights.pt')") from exc
+            f"{source} cannot be loaded with weights_only=True: it pickles Python objects (a whole "
+            "model, "
+            f"as mace_run_train's .model files do), not only weights ({str(exc).splitlines()[0]}). "
+            "If you trust "
+            "the file, load it with weights_only=False; to get a weights-only file, run once where "
+            "the file is "
+            "trusted: torch.save(torch.load(path, weights_only=False).state_dict(), "
+            "'model_weights.pt')"
+        ) from exc
     except (RuntimeError, EOFError) as exc:
-        raise ValueError(f"{source} could not be read by torch.load ({type(exc).__name__}: {exc}); "
-                         f"expected {WEIGHTS_EXPECTED}") from exc
+        raise ValueError(
+            f"{source} could not be read by torch.load ({type(exc).__name__}: {exc}); "
+            f"expected {WEIGHTS_EXPECTED}"
+        ) from exc
     weights = weights_from(obj, source)
     if architecture is None:
-        raise ValueError(f"{source} holds weights only ({len(weights)} tensors): pass architecture=, a MACE model "
-                         "of the same configuration (built with the training options, or loaded from a file you "
-                         "trust), for the weights to be loaded into")
-    model = architecture() if callable(architecture) and not isinstance(architecture, torch.nn.Module) \
+        raise ValueError(
+            f"{source} holds weights only ({len(weights)} tensors): pass architecture=, a MACE "
+            "model "
+            "of the same configuration (built with the training options, or loaded from a file you "
+            "trust), for the weights to be loaded into"
+        )
+    model = (
+        architecture()
+        if callable(architecture) and not isinstance(architecture, torch.nn.Module)
         else copy.deepcopy(architecture)
+    )
     model = check_mace_model(model, "architecture")
     try:
         model.load_state_dict(weights, strict=True)
     except RuntimeError as exc:
-        raise ValueError(f"the weights in {source} do not fit the given architecture ({exc}); build the "
-                         "architecture with the options the weights were trained with") from exc
+        raise ValueError(
+            f"the weights in {source} do not fit the given architecture ({exc}); build the "
+            "architecture with the options the weights were trained with"
+        ) from exc
     return model.to(device)
 
 

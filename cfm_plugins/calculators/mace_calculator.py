@@ -21,6 +21,7 @@ lists, committee and unit handling, same results), with six differences:
 This module imports mace; ``cfm_plugins.calculators`` imports it only when ``CFMCalculator`` is
 first used.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,14 @@ from mace.calculators import MACECalculator
 from mace.tools import torch_geometric, torch_tools
 
 from cfm_plugins.calculators.atoms_checks import check_atoms
-from cfm_plugins.calculators.loading import (check_device, check_mace_model, expand_model_paths, load_mace_model,
-                                            load_mace_weights, model_dtype)
+from cfm_plugins.calculators.loading import (
+    check_device,
+    check_mace_model,
+    expand_model_paths,
+    load_mace_model,
+    load_mace_weights,
+    model_dtype,
+)
 
 log = logging.getLogger("cfm_plugins.calculators")
 
@@ -49,7 +56,8 @@ class CFMCalculator(MACECalculator):
 
     Arguments are those of :class:`mace.calculators.MACECalculator` (``model_paths``: a path, a glob
     such as ``"mace_*.model"`` for a committee, or a list; ``device``; ``default_dtype``;
-    ``energy_units_to_eV``; ``length_units_to_A``; ``model_type``; ``compile_mode``; ``head``; ...), plus:
+    ``energy_units_to_eV``; ``length_units_to_A``; ``model_type``; ``compile_mode``; ``head``; ...),
+    plus:
 
     Args:
         kernels: the fused kernels to swap in, out of ``("symmetric_contraction", "conv_tp")``.
@@ -63,9 +71,9 @@ class CFMCalculator(MACECalculator):
         compile: ``"off"`` (default), ``"default"``, ``"max-autotune"`` or ``"reduce-overhead"``
             (CUDA graphs; GPUs only): ``torch.compile`` of the model's forward with forces, fused
             kernels inside, one graph per shape (a model holding TorchScript is rebuilt from its
-            configuration first, weights kept). Not mace's ``compile_mode``, which rebuilds the model
-            without the fused kernels. ``compile_backend="aot_eager"`` runs the captured graphs without
-            code generation (tests, debugging).
+            configuration first, weights kept). Not mace's ``compile_mode``, which rebuilds the
+            model without the fused kernels. ``compile_backend="aot_eager"`` runs the captured
+            graphs without code generation (tests, debugging).
         static_shapes: pad every evaluation to a budget of atoms, edges and graphs (default: on
             when compiling). The budget starts at the first structure's size plus
             ``budget_headroom`` and grows in steps, with a log line each time.
@@ -109,13 +117,24 @@ class CFMCalculator(MACECalculator):
 
         kernels = check_kernels(kernels, "CFMCalculator kernels") if fused else ()
         if default_dtype not in ("", "float32", "float64"):
-            raise ValueError(f"default_dtype={default_dtype!r}; expected 'float32', 'float64' or '' (the model's)")
-        refuse_other_kernels(kernels, kwargs.get("enable_cueq"), kwargs.get("enable_oeq"), "pass fused=False to use them")
+            raise ValueError(
+                f"default_dtype={default_dtype!r}; expected 'float32', 'float64' or '' (the "
+                "model's)"
+            )
+        refuse_other_kernels(
+            kernels,
+            kwargs.get("enable_cueq"),
+            kwargs.get("enable_oeq"),
+            "pass fused=False to use them",
+        )
         if kernels and compile_mode is not None:
             raise NotImplementedError(
-                "compile_mode with the fused kernels is not supported: mace's compile path rebuilds the model "
-                "from its configuration and would drop the fused modules; use compile='default' (ours, fused "
-                "kernels inside) or fused=False for mace's compile")
+                "compile_mode with the fused kernels is not supported: mace's compile path "
+                "rebuilds the model "
+                "from its configuration and would drop the fused modules; use compile='default' "
+                "(ours, fused "
+                "kernels inside) or fused=False for mace's compile"
+            )
         from cfm_plugins.static.forward import check_compile_mode
 
         check_compile_mode(compile, device, compile_backend)
@@ -127,20 +146,32 @@ class CFMCalculator(MACECalculator):
 
         skin = default_skin(skin, device, compile_mode)
         if skin is not None and compile_mode is not None:
-            raise ValueError("skin= keeps the neighbour list between steps in CFMCalculator's own batches; "
-                             "mace's compile_mode pads them its own way: give one of them")
+            raise ValueError(
+                "skin= keeps the neighbour list between steps in CFMCalculator's own batches; "
+                "mace's compile_mode pads them its own way: give one of them"
+            )
         if (model_paths is None) == (models is None):
-            raise ValueError("give exactly one of model_paths (MACE model files) or models (loaded modules)")
+            raise ValueError(
+                "give exactly one of model_paths (MACE model files) or models (loaded modules)"
+            )
         check_device(device)
 
         if (weights_only or architecture is not None) and models is not None:
-            raise ValueError("weights_only/architecture apply to model_paths; models= are already loaded modules")
+            raise ValueError(
+                "weights_only/architecture apply to model_paths; models= are already loaded modules"
+            )
         if architecture is not None and not weights_only:
-            raise ValueError("architecture= is used only with weights_only=True (to load state_dicts into)")
+            raise ValueError(
+                "architecture= is used only with weights_only=True (to load state_dicts into)"
+            )
         if models is None:
             paths = expand_model_paths(model_paths)
-            models = [load_mace_weights(p, architecture, device) if weights_only else load_mace_model(p, device)
-                      for p in paths]
+            models = [
+                load_mace_weights(p, architecture, device)
+                if weights_only
+                else load_mace_model(p, device)
+                for p in paths
+            ]
             sources = [str(p) for p in paths]
         else:
             models = list(models) if isinstance(models, (list, tuple)) else [models]
@@ -149,11 +180,19 @@ class CFMCalculator(MACECalculator):
         if default_dtype:
             for i, model in enumerate(models):
                 if model_dtype(model) != default_dtype:
-                    warnings.warn(f"MACE model {sources[i]} is {model_dtype(model)}; converting it to "
-                                  f"default_dtype={default_dtype} (as MACECalculator does)", stacklevel=2)
+                    warnings.warn(
+                        f"MACE model {sources[i]} is {model_dtype(model)}; converting it to "
+                        f"default_dtype={default_dtype} (as MACECalculator does)",
+                        stacklevel=2,
+                    )
 
-        super().__init__(models=models, device=device, default_dtype=default_dtype,
-                         compile_mode=compile_mode, **kwargs)
+        super().__init__(
+            models=models,
+            device=device,
+            default_dtype=default_dtype,
+            compile_mode=compile_mode,
+            **kwargs,
+        )
         self.kernels = kernels
         self.fused = bool(kernels)
         self.compile = compile
@@ -161,35 +200,54 @@ class CFMCalculator(MACECalculator):
         if compile != "off":
             self._without_torchscript()
         self.patch_reports = [self._patch(model) for model in self.models]
-        self.budget = None  # the BudgetTracker of the padded evaluations (static_shapes), made at the first one
+        # the BudgetTracker of the padded evaluations (static_shapes), made at the first one
+        self.budget = None
         self.budget_headroom = float(budget_headroom)
         self.md_graphs = None  # with skin: the graph of the last structure, made again from it (MD)
         if skin is not None:
             from cfm_plugins.calculators.mace_graph import MDGraphs
 
             self.md_graphs = MDGraphs(self.r_max, skin, self.z_table, self.available_heads)
-            log.info("CFMCalculator: the neighbour list is kept between MD steps (skin %g A; skin=None "
-                     "rebuilds it at every evaluation, as mace does)", skin)
+            log.info(
+                "CFMCalculator: the neighbour list is kept between MD steps (skin %g A; skin=None "
+                "rebuilds it at every evaluation, as mace does)",
+                skin,
+            )
         if compile == "off" and str(device).startswith("cuda") and self.kernels:
-            log.info("CFMCalculator: for long MD on a GPU, compile='reduce-overhead' captures the step in CUDA graphs "
-                     "(an H100 took 59 instead of 126 ms per step at 4000 atoms, float32); it compiles once per "
-                     "padded size first (57 s before the first step at 4000 atoms on an H200, repaid after about "
-                     "900 steps; docs/inference.md)")
+            log.info(
+                "CFMCalculator: for long MD on a GPU, compile='reduce-overhead' captures the step "
+                "in CUDA graphs "
+                "(an H100 took 59 instead of 126 ms per step at 4000 atoms, float32); it compiles "
+                "once per "
+                "padded size first (57 s before the first step at 4000 atoms on an H200, repaid "
+                "after about "
+                "900 steps; docs/inference.md)"
+            )
         if compile != "off" or self.static_shapes:
             from cfm_plugins.static import mace as static_mace
             from cfm_plugins.static.forward import install
 
             for model in self.models:
-                install(model, static_mace.MACE_SPEC, compile=compile, dynamic=False if self.static_shapes else None,
-                        backend=compile_backend)
+                install(
+                    model,
+                    static_mace.MACE_SPEC,
+                    compile=compile,
+                    dynamic=False if self.static_shapes else None,
+                    backend=compile_backend,
+                )
 
     def _without_torchscript(self) -> None:
-        """Compiling needs models without TorchScript (e3nn's code generation): rebuild those that hold it."""
+        """Compiling needs models without TorchScript (e3nn's code generation): rebuild those that
+        hold it."""
         from cfm_plugins.static.mace import holds_torchscript, without_torchscript
 
         for i, model in enumerate(self.models):
             if holds_torchscript(model):
-                log.info("CFMCalculator: rebuilding model %d without TorchScript modules so it can be compiled", i)
+                log.info(
+                    "CFMCalculator: rebuilding model %d without TorchScript modules so it can be "
+                    "compiled",
+                    i,
+                )
                 self.models[i] = without_torchscript(model)
                 for p in self.models[i].parameters():
                     p.requires_grad = False
@@ -203,8 +261,12 @@ class CFMCalculator(MACECalculator):
         for p in model.parameters():  # as MACECalculator leaves them: inference only
             p.requires_grad = False
         if report.missing:
-            warnings.warn(f"fused kernels {list(report.missing)}: no matching module found in the model; those "
-                          "parts run mace's own code", stacklevel=3)
+            warnings.warn(
+                f"fused kernels {list(report.missing)}: no matching module found in the model; "
+                "those "
+                "parts run mace's own code",
+                stacklevel=3,
+            )
         log.info("CFMCalculator: fused kernels swapped in: %s", report)
         return report
 
@@ -215,32 +277,50 @@ class CFMCalculator(MACECalculator):
         self.arrays_keys.update({self.charges_key: "charges"})
         keyspec = mace_data.KeySpecification(info_keys=self.info_keys, arrays_keys=self.arrays_keys)
         with torch_tools.default_dtype(self.default_dtype):
-            configs = [mace_data.config_from_atoms(atoms, key_specification=keyspec, head_name=self.head)
-                       for atoms in atoms_list]
-            if self.md_graphs is not None and len(configs) == 1:  # one structure at a time: a trajectory
+            configs = [
+                mace_data.config_from_atoms(atoms, key_specification=keyspec, head_name=self.head)
+                for atoms in atoms_list
+            ]
+            if (
+                self.md_graphs is not None and len(configs) == 1
+            ):  # one structure at a time: a trajectory
                 graphs = [self.md_graphs.graph(configs[0])]
             else:
-                graphs = [mace_data.AtomicData.from_config(c, z_table=self.z_table, cutoff=self.r_max,
-                                                           heads=self.available_heads) for c in configs]
+                graphs = [
+                    mace_data.AtomicData.from_config(
+                        c, z_table=self.z_table, cutoff=self.r_max, heads=self.available_heads
+                    )
+                    for c in configs
+                ]
         if not self.static_shapes:
             return torch_geometric.Batch.from_data_list(graphs).to(self.device)
         return self._padded(graphs).to(self.device)
 
     def _padded(self, graphs):
-        """``graphs`` as one :class:`~cfm_plugins.static.mace.PaddedBatch` in the models' dtype, padded to
-        the budget (made from the first batch, raised in steps by a larger one, logged)."""
+        """``graphs`` as one :class:`~cfm_plugins.static.mace.PaddedBatch` in the models' dtype,
+        padded to the budget (made from the first batch, raised in steps by a larger one,
+        logged)."""
         from cfm_plugins.static.budget import BudgetTracker, budget_for
         from cfm_plugins.static.mace import PaddingCollater, batch_sizes
 
         if self.budget is None:
-            self.budget = BudgetTracker(budget_for(*batch_sizes(graphs), self.budget_headroom), self.budget_headroom,
-                                        "CFMCalculator")
+            self.budget = BudgetTracker(
+                budget_for(*batch_sizes(graphs), self.budget_headroom),
+                self.budget_headroom,
+                "CFMCalculator",
+            )
             log.info("CFMCalculator: static shapes, evaluations padded to %s", self.budget.budget)
         dtype = next(self.models[0].parameters()).dtype
-        collate = PaddingCollater(torch_geometric.Batch.from_data_list, self.budget, 2.0 * max(float(self.r_max), 1.0))
+        collate = PaddingCollater(
+            torch_geometric.Batch.from_data_list, self.budget, 2.0 * max(float(self.r_max), 1.0)
+        )
         batch = collate(graphs)
-        for key in batch.padded.keys:  # mace converts the batch's floats to the model's dtype key by key:
-            value = batch.padded[key]  # do it on the padded tensors, so that conversion finds nothing to do
+        for (
+            key
+        ) in batch.padded.keys:  # mace converts the batch's floats to the model's dtype key by key:
+            value = batch.padded[
+                key
+            ]  # do it on the padded tensors, so that conversion finds nothing to do
             if torch.is_tensor(value) and torch.is_floating_point(value):
                 batch.padded[key] = value.to(dtype)
         return batch.remake_views()
@@ -248,7 +328,8 @@ class CFMCalculator(MACECalculator):
     def _atoms_to_batch(self, atoms):
         """mace's conversion of one structure (``calculate``); padded with ``static_shapes``; with
         ``skin``, the neighbour list and graph of the last structure made again (:class:`MDGraphs`).
-        A structure the model cannot evaluate is a ``ValueError`` saying why (:func:`check_atoms`)."""
+        A structure the model cannot evaluate is a ``ValueError`` saying why
+        (:func:`check_atoms`)."""
         check_atoms(atoms, self.z_table.zs)
         if not self.static_shapes and self.md_graphs is None:
             return super()._atoms_to_batch(atoms)
@@ -266,12 +347,24 @@ class CFMCalculator(MACECalculator):
                 if torch.is_tensor(value) and torch.is_floating_point(value):
                     data[key] = value.to(dtype=dtype)
             out = model(data.to_dict(), compute_stress=True, training=False)
-            per_model.append({k: out[k].detach() for k in ("energy", "forces", "stress", "node_energy")
-                              if out.get(k) is not None})
-        mean = {k: torch.stack([o[k] for o in per_model]).mean(0).cpu().numpy() for k in per_model[0]}
+            per_model.append(
+                {
+                    k: out[k].detach()
+                    for k in ("energy", "forces", "stress", "node_energy")
+                    if out.get(k) is not None
+                }
+            )
+        mean = {
+            k: torch.stack([o[k] for o in per_model]).mean(0).cpu().numpy() for k in per_model[0]
+        }
         node_heads = batch["head"][batch["batch"]]
-        node_e0 = (self.models[0].atomic_energies_fn(batch["node_attrs"])[torch.arange(len(node_heads)), node_heads]
-                   .detach().cpu().numpy())
+        node_e0 = (
+            self.models[0]
+            .atomic_energies_fn(batch["node_attrs"])[torch.arange(len(node_heads)), node_heads]
+            .detach()
+            .cpu()
+            .numpy()
+        )
 
         e_conv = self.energy_units_to_eV
         f_conv = self.energy_units_to_eV / self.length_units_to_A
@@ -291,7 +384,9 @@ class CFMCalculator(MACECalculator):
             results.append(res)
         return results
 
-    def get_properties_batch(self, atoms_list, max_atoms: int | None = None, attach: bool = False) -> list[dict]:
+    def get_properties_batch(
+        self, atoms_list, max_atoms: int | None = None, attach: bool = False
+    ) -> list[dict]:
         """Energy, forces, stress, per-atom energies of many structures, several per model call.
 
         Returns one dict per structure with the keys of :data:`BATCH_PROPERTIES` (the values
@@ -301,7 +396,9 @@ class CFMCalculator(MACECalculator):
         SinglePointCalculator with its results.
         """
         if self.model_type not in ("MACE", "EnergyDipoleMACE"):
-            raise NotImplementedError(f"get_properties_batch supports energy models (MACE), not {self.model_type}")
+            raise NotImplementedError(
+                f"get_properties_batch supports energy models (MACE), not {self.model_type}"
+            )
         atoms_list = list(atoms_list)
         for i, atoms in enumerate(atoms_list):
             check_atoms(atoms, self.z_table.zs, f"structure {i} of the list")
@@ -317,13 +414,17 @@ class CFMCalculator(MACECalculator):
         results = [res for chunk in chunks for res in self._evaluate_batch(chunk)]
         if attach:
             for atoms, res in zip(atoms_list, results):
-                atoms.calc = SinglePointCalculator(atoms, **{k: v for k, v in res.items() if k != "node_energy"})
+                atoms.calc = SinglePointCalculator(
+                    atoms, **{k: v for k, v in res.items() if k != "node_energy"}
+                )
         return results
 
     def __repr__(self) -> str:
         kernels = ",".join(self.kernels) or "none (stock mace)"
-        return (f"CFMCalculator({self.num_models} model(s), device={str(self.device)!r}, "
-                f"dtype={self.default_dtype}, fused={kernels})")
+        return (
+            f"CFMCalculator({self.num_models} model(s), device={str(self.device)!r}, "
+            f"dtype={self.default_dtype}, fused={kernels})"
+        )
 
 
 __all__ = ["CFMCalculator", "BATCH_PROPERTIES", "DEFAULT_KERNELS"]

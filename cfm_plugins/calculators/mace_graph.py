@@ -10,6 +10,7 @@ derives from the cell its neighbour list returns (which, in a non-periodic direc
 positions). Any other change of the configuration makes the graph again with ``from_config``.
 ``tests/calculators/test_mace_graph.py`` compares every field with ``from_config``'s.
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,16 +37,23 @@ def mace_cell(positions: np.ndarray, cutoff: float, pbc, cell) -> np.ndarray:
 
 def _signature(config) -> tuple:
     """Everything of a mace ``Configuration`` but its positions, comparable with ``==``."""
+
     def frozen(value):
         if value is None or isinstance(value, (str, bytes, bool, int, float)):
             return value
         a = np.asarray(value)
         return (a.dtype.str, a.shape, a.tobytes())
 
-    return (frozen(config.atomic_numbers), frozen(config.cell), tuple(bool(p) for p in config.pbc),
-            frozen(config.weight), config.config_type, config.head,
-            tuple(sorted((k, frozen(v)) for k, v in config.properties.items())),
-            tuple(sorted((k, frozen(v)) for k, v in config.property_weights.items())))
+    return (
+        frozen(config.atomic_numbers),
+        frozen(config.cell),
+        tuple(bool(p) for p in config.pbc),
+        frozen(config.weight),
+        config.config_type,
+        config.head,
+        tuple(sorted((k, frozen(v)) for k, v in config.properties.items())),
+        tuple(sorted((k, frozen(v)) for k, v in config.property_weights.items())),
+    )
 
 
 class MDGraphs:
@@ -72,14 +80,20 @@ class MDGraphs:
 
         signature = _signature(config)
         if signature != self._signature:
-            self._graph = mace_data.AtomicData.from_config(config, z_table=self.z_table, cutoff=self.cutoff,
-                                                           heads=self.heads)
+            self._graph = mace_data.AtomicData.from_config(
+                config, z_table=self.z_table, cutoff=self.cutoff, heads=self.heads
+            )
             self._signature = signature
         dtype = torch.get_default_dtype()
-        edge_index, shifts, unit_shifts = self.neighbours.edges(config.positions, config.pbc, config.cell, dtype)
-        cell = torch.tensor(mace_cell(config.positions, self.cutoff, config.pbc, config.cell), dtype=dtype)
+        edge_index, shifts, unit_shifts = self.neighbours.edges(
+            config.positions, config.pbc, config.cell, dtype
+        )
+        cell = torch.tensor(
+            mace_cell(config.positions, self.cutoff, config.pbc, config.cell), dtype=dtype
+        )
         volume = torch.linalg.det(cell)
-        # a new set of fields (AtomicData has no usable clone); the kept tensors are shared, not written
+        # a new set of fields (AtomicData has no usable clone); the kept tensors are shared, not
+        # written
         graph = copy.copy(self._graph)
         graph.edge_index = edge_index
         graph.positions = torch.tensor(config.positions, dtype=dtype)
@@ -87,6 +101,9 @@ class MDGraphs:
         graph.unit_shifts = unit_shifts
         graph.cell = cell
         graph.volume = volume
-        graph.rcell = (2 * torch.pi * torch.linalg.inv(cell.mT) if torch.abs(volume) > 0
-                       else torch.zeros(3, 3, dtype=dtype))
+        graph.rcell = (
+            2 * torch.pi * torch.linalg.inv(cell.mT)
+            if torch.abs(volume) > 0
+            else torch.zeros(3, 3, dtype=dtype)
+        )
         return graph

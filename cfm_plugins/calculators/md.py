@@ -4,6 +4,7 @@
 demos and ``benchmarks/mace_train.py`` time NequIP's and mace's calculators with the same function.
 Needs ASE only.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,8 +19,15 @@ except ImportError:  # older ase
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution as thermalize_momenta
 
 
-def time_md(calc, atoms, steps: int = 20, timestep_fs: float = 2.0, temperature_K: float = 300.0,
-            seed: int = 0, warmup: int = 1) -> float:
+def time_md(
+    calc,
+    atoms,
+    steps: int = 20,
+    timestep_fs: float = 2.0,
+    temperature_K: float = 300.0,
+    seed: int = 0,
+    warmup: int = 1,
+) -> float:
     """Seconds per VelocityVerlet step of ``atoms`` (a copy) with ``calc``, after ``warmup`` steps.
 
     Velocities are drawn from a Maxwell-Boltzmann distribution with ``seed``, so two calculators

@@ -12,10 +12,11 @@ the periodic directions or the number of atoms changed, the list is built again.
 Only the order of the pairs may differ from a fresh build's (each atom's neighbours in the order
 the candidates had), which changes sums over edges at round-off level.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -26,7 +27,8 @@ __all__ = ["SkinNeighbourList", "check_skin", "default_skin", "CUDA_SKIN"]
 #: with it in 0.38x the step without, and in 0.19x with the step captured (docs/benchmarks.md)
 CUDA_SKIN = 1.0
 
-#: ``build(positions, cutoff, pbc, cell) -> (edge_index [2, E], shifts [E, 3], unit_shifts [E, 3], cell)``
+#: ``build(positions, cutoff, pbc, cell) -> (edge_index [2, E], shifts [E, 3], unit_shifts [E, 3],
+# cell)``
 Build = Callable[..., tuple]
 
 
@@ -35,20 +37,28 @@ def check_skin(skin) -> float:
     try:
         value = float(skin)
     except (TypeError, ValueError):
-        raise ValueError(f"skin must be a distance in Angstrom (a number >= 0), got {skin!r}") from None
+        raise ValueError(
+            f"skin must be a distance in Angstrom (a number >= 0), got {skin!r}"
+        ) from None
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"skin must be a finite distance >= 0 (Angstrom; 0 rebuilds the neighbour list at every "
-                         f"step), got {skin!r}; 0.5-2 A suits MD at room temperature with 1-2 fs steps")
+        raise ValueError(
+            "skin must be a finite distance >= 0 (Angstrom; 0 rebuilds the neighbour list at "
+            "every "
+            f"step), got {skin!r}; 0.5-2 A suits MD at room temperature with 1-2 fs steps"
+        )
     return value
 
 
 def default_skin(skin, device, compile_mode=None) -> float | None:
     """The skin of ``CFMCalculator(skin=...)``: ``"auto"`` is :data:`CUDA_SKIN` on a CUDA device and
-    ``None`` (mace's conversion at every evaluation) elsewhere or with mace's ``compile_mode``, which
+    ``None`` (mace's conversion at every evaluation) elsewhere or with mace's ``compile_mode``,
+    which
     pads its batches its own way; ``None`` stays; a number is checked (:func:`check_skin`)."""
     if isinstance(skin, str):
         if skin != "auto":
-            raise ValueError(f"skin must be 'auto', None or a distance in Angstrom (a number >= 0), got {skin!r}")
+            raise ValueError(
+                f"skin must be 'auto', None or a distance in Angstrom (a number >= 0), got {skin!r}"
+            )
         on_cuda = str(device).startswith("cuda")
         return CUDA_SKIN if on_cuda and compile_mode is None else None
     return None if skin is None else check_skin(skin)
@@ -61,7 +71,8 @@ def _mace_build(positions, cutoff, pbc, cell):
 
 
 class SkinNeighbourList:
-    """Pairs closer than ``cutoff``, from a list built with ``cutoff + skin`` and kept while it holds.
+    """Pairs closer than ``cutoff``, from a list built with ``cutoff + skin`` and kept while it
+    holds.
 
     Args:
         cutoff: the model's cutoff (Angstrom).
@@ -81,7 +92,9 @@ class SkinNeighbourList:
         self.reuses = 0
         self._key = None  # (number of atoms, pbc, cell) of the kept list
         self._ref = None  # positions at the build [N, 3], float64 tensor
-        self._pairs = None  # (edge_index [2, E], unit_shifts [E, 3], shifts [E, 3]) within cutoff + skin
+        self._pairs = (
+            None  # (edge_index [2, E], unit_shifts [E, 3], shifts [E, 3]) within cutoff + skin
+        )
 
     def _matches(self, positions: torch.Tensor, pbc: tuple, cell: np.ndarray) -> bool:
         if self._key is None or self.skin == 0:
@@ -92,8 +105,9 @@ class SkinNeighbourList:
         moved = (positions - self._ref).square().sum(1).max() if n else torch.tensor(0.0)
         return bool(moved < (self.skin / 2) ** 2)
 
-    def edges(self, positions, pbc, cell, dtype: torch.dtype = torch.float64
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def edges(
+        self, positions, pbc, cell, dtype: torch.dtype = torch.float64
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(edge_index [2, E] int64, shifts [E, 3], unit_shifts [E, 3])`` (CPU tensors, the shifts
         in ``dtype``) of the pairs closer than the cutoff: what mace's ``get_neighborhood(positions,
         cutoff, pbc, cell)`` returns, up to the order of the pairs. ``cell`` may be None (nothing
@@ -106,16 +120,27 @@ class SkinNeighbourList:
         else:
             self._rebuild(positions, pbc, cell)
         edge_index, unit_shifts, shifts = self._pairs
-        d = positions.index_select(0, edge_index[1]) - positions.index_select(0, edge_index[0]) + shifts
+        d = (
+            positions.index_select(0, edge_index[1])
+            - positions.index_select(0, edge_index[0])
+            + shifts
+        )
         keep = torch.nonzero(d.square().sum(1) < self.cutoff**2).squeeze(1)
-        return (edge_index.index_select(1, keep), shifts.index_select(0, keep).to(dtype),
-                unit_shifts.index_select(0, keep).to(dtype))
+        return (
+            edge_index.index_select(1, keep),
+            shifts.index_select(0, keep).to(dtype),
+            unit_shifts.index_select(0, keep).to(dtype),
+        )
 
     def _rebuild(self, positions: torch.Tensor, pbc: tuple, cell: np.ndarray) -> None:
         # get_neighborhood may write into the cell it is given (non-periodic directions): a copy
-        edge_index, shifts, unit_shifts, _ = self._build(positions.numpy(), self.cutoff + self.skin, pbc, cell.copy())
-        self._pairs = (torch.as_tensor(np.ascontiguousarray(edge_index), dtype=torch.long),
-                       torch.as_tensor(np.asarray(unit_shifts, dtype=float)),
-                       torch.as_tensor(np.asarray(shifts, dtype=float)))
+        edge_index, shifts, unit_shifts, _ = self._build(
+            positions.numpy(), self.cutoff + self.skin, pbc, cell.copy()
+        )
+        self._pairs = (
+            torch.as_tensor(np.ascontiguousarray(edge_index), dtype=torch.long),
+            torch.as_tensor(np.asarray(unit_shifts, dtype=float)),
+            torch.as_tensor(np.asarray(shifts, dtype=float)),
+        )
         self._key, self._ref = (len(positions), pbc, cell), positions.clone()
         self.builds += 1

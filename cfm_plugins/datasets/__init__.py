@@ -1,4 +1,5 @@
-"""Example data sets with real EMT labels, made with ASE alone (no download), deterministic for a seed.
+"""Example data sets with real EMT labels, made with ASE alone (no download), deterministic for a
+seed.
 
 Size-diverse on purpose (a few atoms to a few hundred): the spread that makes fixed-count batches
 unbalanced across ranks. The examples, demos, benchmarks and tests train on them; so can you.

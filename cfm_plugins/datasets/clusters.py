@@ -1,4 +1,5 @@
-"""A size-diverse set of molecules and metal clusters (3 to 300 atoms) with EMT labels, as PyG graphs.
+"""A size-diverse set of molecules and metal clusters (3 to 300 atoms) with EMT labels, as PyG
+graphs.
 
 What HydraGNN trains on in its own examples is a list of ``torch_geometric.data.Data`` graphs
 (node features ``x``, positions ``pos``, a radius graph ``edge_index``, graph targets ``y``).
@@ -14,8 +15,8 @@ Every structure is rattled and labelled with ASE's EMT calculator (it has parame
 N, O and these metals). Targets: the EMT energy per atom (graph head, eV/atom); with
 ``forces=True`` (an interatomic potential, HydraGNN's ``enable_interatomic_potential``) the
 total energy (``energy`` and ``y``, eV) and the EMT forces (``forces``, eV/A) instead. Node
-features: the atomic number. Edges: every neighbour within ``radius`` (ASE's neighbour list), at most
-``max_neighbours`` nearest per atom, as HydraGNN's ``RadiusGraph`` does; edges are computed
+features: the atomic number. Edges: every neighbour within ``radius`` (ASE's neighbour list), at
+most ``max_neighbours`` nearest per atom, as HydraGNN's ``RadiusGraph`` does; edges are computed
 here because PyG's ``radius_graph`` needs torch-cluster, which has no wheels for every torch.
 
 Deterministic for a seed. Needs ASE, torch and torch_geometric (the ``[hydragnn]`` extra). The
@@ -24,6 +25,7 @@ command line, which writes the list with ``torch.save`` and prints a size summar
 
     python examples/hydragnn/make_dataset.py --out examples/hydragnn/dataset/clusters.pt -n 400
 """
+
 from __future__ import annotations
 
 import math
@@ -57,7 +59,9 @@ def _cluster(rng: np.random.Generator, target: int, max_atoms: int):
     a = FCC_A[metal]
     at = None
     if kind == "ico":  # 13, 55, 147, 309 atoms: the largest shell count that fits
-        shells = max(s for s in (2, 3, 4, 5) if 10 * s**3 / 3 - 5 * s**2 + 11 * s / 3 - 1 <= max(target, 13))
+        shells = max(
+            s for s in (2, 3, 4, 5) if 10 * s**3 / 3 - 5 * s**2 + 11 * s / 3 - 1 <= max(target, 13)
+        )
         at = Icosahedron(metal, shells, latticeconstant=a)
     elif kind == "octa":
         for length in (5, 4, 3, 2):
@@ -84,7 +88,8 @@ def _cluster(rng: np.random.Generator, target: int, max_atoms: int):
 
 
 def _edges(atoms, radius: float, max_neighbours: int) -> np.ndarray:
-    """Directed edges (2, E) to every neighbour within ``radius``, the nearest ``max_neighbours``."""
+    """Directed edges (2, E) to every neighbour within ``radius``, the nearest
+    ``max_neighbours``."""
     from ase.neighborlist import neighbor_list
 
     i, j, d = neighbor_list("ijd", atoms, radius)
@@ -122,15 +127,16 @@ def to_graph(atoms, radius: float, max_neighbours: int, forces: bool = False):
     return graph
 
 
-def make_structures(n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 300,
-                    molecule_share: float = 0.3) -> list:
+def make_structures(
+    n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 300, molecule_share: float = 0.3
+) -> list:
     """``n`` rattled structures: about ``molecule_share`` molecules, the rest metal clusters."""
     from ase.build import molecule
 
     rng = np.random.default_rng(seed)
     names = _molecule_names(min_atoms)
     out = []
-    for k in range(n):
+    for _ in range(n):
         if rng.random() < molecule_share:
             at = molecule(str(rng.choice(names)))
         else:
@@ -143,8 +149,18 @@ def make_structures(n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 
     return [out[i] for i in order]
 
 
-def make_dataset(n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 300, radius: float = 5.0,
-                 max_neighbours: int = 20, forces: bool = False) -> list:
-    """``n`` labelled PyG graphs (:func:`make_structures`, then :func:`to_graph`); the same list for the same arguments."""
-    return [to_graph(a, radius, max_neighbours, forces) for a in make_structures(n, seed, min_atoms, max_atoms)]
-
+def make_dataset(
+    n: int,
+    seed: int = 0,
+    min_atoms: int = 3,
+    max_atoms: int = 300,
+    radius: float = 5.0,
+    max_neighbours: int = 20,
+    forces: bool = False,
+) -> list:
+    """``n`` labelled PyG graphs (:func:`make_structures`, then :func:`to_graph`); the same list for
+    the same arguments."""
+    return [
+        to_graph(a, radius, max_neighbours, forces)
+        for a in make_structures(n, seed, min_atoms, max_atoms)
+    ]

@@ -1,4 +1,5 @@
-"""A size-diverse CuNi training set with real EMT labels, in the extended XYZ form mace_run_train reads.
+"""A size-diverse CuNi training set with real EMT labels, in the extended XYZ form mace_run_train
+reads.
 
 Structures (all rattled, random Cu/Ni composition):
 
@@ -9,10 +10,10 @@ Structures (all rattled, random Cu/Ni composition):
 
 Labels are ASE's EMT energies, forces and (bulk only) stress, written under the keys that
 mace-torch 0.3.16 reads by default: ``REF_energy`` (info), ``REF_forces`` (arrays) and
-``REF_stress`` (info, Voigt order, eV/A^3). mace rewrites the plain names ``energy``/``forces``/``stress``
-(unsafe with ASE >= 3.23), so we never use them. The training file starts with one
-``config_type=IsolatedAtom`` entry per element, from which ``--E0s=isolated`` (or the default
-E0s extraction) takes the atomic reference energies.
+``REF_stress`` (info, Voigt order, eV/A^3). mace rewrites the plain names
+``energy``/``forces``/``stress`` (unsafe with ASE >= 3.23), so we never use them. The training file
+starts with one ``config_type=IsolatedAtom`` entry per element, from which ``--E0s=isolated`` (or
+the default E0s extraction) takes the atomic reference energies.
 
 :func:`make_dataset` writes ``train.xyz``, ``valid.xyz``, ``test.xyz`` and ``cell512.xyz`` (a
 512-atom CuNi cell for MD timings, :func:`make_cell512`) into a folder; :func:`make_structures`
@@ -21,6 +22,7 @@ returns labelled ``Atoms``. Deterministic for a seed. Needs ASE (the ``[mace]``,
 
     python examples/make_dataset.py --out DIR --n-train 200 --n-valid 20 --seed 0 [--max-atoms 500]
 """
+
 from __future__ import annotations
 
 import math
@@ -61,7 +63,9 @@ def _log_uniform_size(rng: np.random.Generator, lo: int, hi: int) -> int:
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
 
-def _repeats(rng: np.random.Generator, target: int, per_cell: int, max_atoms: int) -> tuple[int, int, int]:
+def _repeats(
+    rng: np.random.Generator, target: int, per_cell: int, max_atoms: int
+) -> tuple[int, int, int]:
     """Three repeat counts whose product times ``per_cell`` is near ``target`` and <= max_atoms."""
     cells = max(1, target // per_cell)
     reps = [1, 1, 1]
@@ -78,11 +82,14 @@ def _repeats(rng: np.random.Generator, target: int, per_cell: int, max_atoms: in
 
 # ----------------------------------------------------------------------------- builders
 def make_bulk(rng: np.random.Generator, max_atoms: int, cubic: bool) -> Atoms:
-    """A strained, rattled fcc CuNi cell: repeats of the cubic (4 atoms) or primitive (1 atom) cell."""
+    """A strained, rattled fcc CuNi cell: repeats of the cubic (4 atoms) or primitive (1 atom)
+    cell."""
     per_cell = 4 if cubic else 1
     target = _log_uniform_size(rng, 4, max_atoms)
     reps = _repeats(rng, target, per_cell, max_atoms)
-    if per_cell * reps[0] * reps[1] * reps[2] < 4:  # a primitive cell of fewer than 4 atoms: grow it
+    if (
+        per_cell * reps[0] * reps[1] * reps[2] < 4
+    ):  # a primitive cell of fewer than 4 atoms: grow it
         reps = (2, 2, 1)
     atoms = bulk("Cu", "fcc", a=1.0, cubic=cubic).repeat(reps)
     symbols, x_ni = _composition(rng, len(atoms))
@@ -108,8 +115,13 @@ def make_slab(rng: np.random.Generator, max_atoms: int) -> Atoms:
     ny = int(np.clip(side + rng.integers(-1, 2), 2, max(2, max_atoms // (nx * layers))))
     builder = fcc111 if facet == "111" else fcc100
     symbols, x_ni = _composition(rng, nx * ny * layers)
-    atoms = builder("Cu", size=(nx, ny, layers), a=_lattice_constant(x_ni), vacuum=float(rng.uniform(6, 9)),
-                    orthogonal=(facet == "100"))
+    atoms = builder(
+        "Cu",
+        size=(nx, ny, layers),
+        a=_lattice_constant(x_ni),
+        vacuum=float(rng.uniform(6, 9)),
+        orthogonal=(facet == "100"),
+    )
     atoms.set_chemical_symbols(symbols)
     atoms.info.pop("adsorbate_info", None)  # a dict: extended XYZ cannot store it
     _rattle(atoms, rng, float(rng.uniform(0.02, 0.1)))
@@ -127,8 +139,12 @@ def make_cluster(rng: np.random.Generator, max_atoms: int) -> Atoms:
         if shells:
             atoms = Icosahedron("Cu", int(rng.choice(shells)), latticeconstant=a)
     elif shape == "octahedron":  # length 3..6, cutoff for truncated / cuboctahedral shapes
-        options = [(n, c) for n in range(3, 8) for c in range(0, (n - 1) // 2 + 1)
-                   if len(Octahedron("Cu", n, c)) <= max_atoms]
+        options = [
+            (n, c)
+            for n in range(3, 8)
+            for c in range(0, (n - 1) // 2 + 1)
+            if len(Octahedron("Cu", n, c)) <= max_atoms
+        ]
         if options:
             n, c = options[int(rng.integers(len(options)))]
             atoms = Octahedron("Cu", n, c, latticeconstant=a)
@@ -152,7 +168,8 @@ def make_cluster(rng: np.random.Generator, max_atoms: int) -> Atoms:
 
 
 def isolated_atoms(symbols=ELEMENTS) -> list[Atoms]:
-    """One ``config_type=IsolatedAtom`` entry per element (default Cu and Ni), labelled with EMT (for the E0s)."""
+    """One ``config_type=IsolatedAtom`` entry per element (default Cu and Ni), labelled with EMT
+    (for the E0s)."""
     out = []
     for symbol in symbols:
         atoms = Atoms(symbol, positions=[[10.0, 10.0, 10.0]], cell=[20.0, 20.0, 20.0], pbc=False)
@@ -185,7 +202,8 @@ def label(atoms: Atoms, with_stress: bool | None = None) -> Atoms:
     return atoms
 
 
-#: the fewest atoms a structure of :func:`make_structure` has (a cubic fcc cell; the smallest cluster)
+#: the fewest atoms a structure of :func:`make_structure` has (a cubic fcc cell; the smallest
+# cluster)
 MIN_ATOMS = 4
 
 
@@ -218,11 +236,21 @@ def make_structures(n: int, seed: int, max_atoms: int = 500, progress=None) -> l
 def size_histogram(frames, edges=HIST_EDGES) -> list[tuple[str, int]]:
     """``("lo-hi", count)`` of the structures whose atom count falls in each range of ``edges``."""
     sizes = np.array([len(a) for a in frames])
-    return [(f"{lo}-{hi - 1}", int(((sizes >= lo) & (sizes < hi)).sum())) for lo, hi in zip(edges[:-1], edges[1:])]
+    return [
+        (f"{lo}-{hi - 1}", int(((sizes >= lo) & (sizes < hi)).sum()))
+        for lo, hi in zip(edges[:-1], edges[1:])
+    ]
 
 
-def make_dataset(out, n_train: int = 200, n_valid: int = 20, n_test: int | None = None, seed: int = 0,
-                 max_atoms: int = 500, verbose: bool = False) -> dict[str, Path]:
+def make_dataset(
+    out,
+    n_train: int = 200,
+    n_valid: int = 20,
+    n_test: int | None = None,
+    seed: int = 0,
+    max_atoms: int = 500,
+    verbose: bool = False,
+) -> dict[str, Path]:
     """Write train/valid/test (and cell512) extended XYZ files into ``out``; return their paths.
 
     The three splits come from independent random streams of ``seed``, so their contents do not
@@ -230,8 +258,11 @@ def make_dataset(out, n_train: int = 200, n_valid: int = 20, n_test: int | None 
     """
     n_test = n_valid if n_test is None else n_test
     if max_atoms < MIN_ATOMS:
-        raise ValueError(f"max_atoms={max_atoms}: the smallest structure made has {MIN_ATOMS} atoms (a cubic fcc "
-                         f"cell); give max_atoms >= {MIN_ATOMS}")
+        raise ValueError(
+            f"max_atoms={max_atoms}: the smallest structure made has {MIN_ATOMS} atoms (a cubic "
+            "fcc "
+            f"cell); give max_atoms >= {MIN_ATOMS}"
+        )
     for name, n in (("n_train", n_train), ("n_valid", n_valid), ("n_test", n_test)):
         if n < 0:
             raise ValueError(f"{name}={n}: a number of structures must be >= 0")
@@ -242,12 +273,15 @@ def make_dataset(out, n_train: int = 200, n_valid: int = 20, n_test: int | None 
         def report(i, n):
             if verbose and (i == n or i % max(1, n // 4) == 0):
                 print(f"  {name}: {i}/{n}", flush=True)
+
         return report
 
     paths = {}
     splits = {"train": (n_train, 0), "valid": (n_valid, 1), "test": (n_test, 2)}
     for name, (n, stream) in splits.items():
-        frames = make_structures(n, seed=[seed, stream], max_atoms=max_atoms, progress=progress(name))
+        frames = make_structures(
+            n, seed=[seed, stream], max_atoms=max_atoms, progress=progress(name)
+        )
         if name == "train":
             frames = isolated_atoms() + frames
         paths[name] = out / f"{name}.xyz"
@@ -258,20 +292,32 @@ def make_dataset(out, n_train: int = 200, n_valid: int = 20, n_test: int | None 
 
 
 def summary(paths: dict[str, Path]) -> str:
-    """A few lines per file of :func:`make_dataset`: frames, atom counts, kinds, a size histogram."""
+    """A few lines per file of :func:`make_dataset`: frames, atom counts, kinds, a size
+    histogram."""
     lines = []
     for name, path in paths.items():
-        frames = read(path, index=":") if Path(path).stat().st_size else []  # a split of 0 structures
+        frames = (
+            read(path, index=":") if Path(path).stat().st_size else []
+        )  # a split of 0 structures
         sizes = [len(a) for a in frames if a.info.get("config_type") != "IsolatedAtom"]
         kinds: dict[str, int] = {}
         for a in frames:
             kinds[a.info.get("config_type", "?")] = kinds.get(a.info.get("config_type", "?"), 0) + 1
-        atoms = f"atoms {min(sizes)}..{max(sizes)} (total {sum(sizes)})" if sizes else "no structures"
+        atoms = (
+            f"atoms {min(sizes)}..{max(sizes)} (total {sum(sizes)})" if sizes else "no structures"
+        )
         lines.append(f"{name}: {len(frames)} frames, {atoms} -> {path}")
         if kinds:
             lines.append("  kinds: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
         if len(sizes) > 1:
-            lines.append("  atoms histogram: " + ", ".join(f"{b}: {c}" for b, c in size_histogram(
-                [a for a in frames if a.info.get("config_type") != "IsolatedAtom"]) if c))
+            lines.append(
+                "  atoms histogram: "
+                + ", ".join(
+                    f"{b}: {c}"
+                    for b, c in size_histogram(
+                        [a for a in frames if a.info.get("config_type") != "IsolatedAtom"]
+                    )
+                    if c
+                )
+            )
     return "\n".join(lines)
-

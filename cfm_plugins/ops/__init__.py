@@ -7,6 +7,7 @@ The sparse coefficient lists (*what* is computed) live in ``descriptors/``; the 
 (*how* it runs) are torch operators built from ``cuda/`` and loaded by ``_backend.py``. The kernel
 table (``kernel_table.py``) says which modules each kernel replaces; ``patching.py`` swaps them.
 """
+
 from __future__ import annotations
 
 import importlib

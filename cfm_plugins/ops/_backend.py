@@ -1,4 +1,5 @@
-"""The one backend chooser of the fused kernels: compiled CPU, compiled CUDA (C++ or Triton), or pure torch.
+"""The one backend chooser of the fused kernels: compiled CPU, compiled CUDA (C++ or Triton), or
+pure torch.
 
 The compiled kernels are torch operators ``cfm::<kernel>_<pass>`` declared in C++ (``cuda/``):
 the library ``cfm_plugins/_C*.so`` registers every operator with its CPU and Meta kernels and its
@@ -25,6 +26,7 @@ one where it cannot run is an error, never a silent fallback.
 fused module would do inside the step (register the Triton kernels, copy the descriptors to the
 host, keep device tables): a CUDA graph must not own such allocations nor make such copies.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,7 +41,8 @@ from torch._subclasses.fake_tensor import is_fake
 log = logging.getLogger("cfm_plugins.ops")
 
 BUILD_HINT = (
-    "build them with `pip install --no-build-isolation -e .` from the cfm-plugins checkout after torch is "
+    "build them with `pip install --no-build-isolation -e .` from the cfm-plugins checkout after "
+    "torch is "
     "installed (needs a C++20 compiler; add CFM_PLUGINS_CUDA=1 and nvcc for the CUDA kernels), or "
     "`python setup.py build_ext --inplace`"
 )
@@ -65,10 +68,15 @@ _AUTO: dict[str, str] = {}  # what ``auto`` resolved to in this process ("triton
 def gpu_backend() -> str:
     """The GPU backend in force: :func:`set_gpu_backend`'s choice, else ``CFM_PLUGINS_GPU_BACKEND``,
     else ``auto``."""
-    name = _GPU_BACKEND[0] or os.environ.get("CFM_PLUGINS_GPU_BACKEND", "").strip().lower() or "auto"
+    name = (
+        _GPU_BACKEND[0] or os.environ.get("CFM_PLUGINS_GPU_BACKEND", "").strip().lower() or "auto"
+    )
     if name not in GPU_BACKENDS:
-        raise ValueError(f"cfm_plugins: unknown GPU backend {name!r} (CFM_PLUGINS_GPU_BACKEND or fused_backend); "
-                         f"choose one of {', '.join(GPU_BACKENDS)}")
+        raise ValueError(
+            f"cfm_plugins: unknown GPU backend {name!r} (CFM_PLUGINS_GPU_BACKEND or "
+            "fused_backend); "
+            f"choose one of {', '.join(GPU_BACKENDS)}"
+        )
     return name
 
 
@@ -76,9 +84,13 @@ def set_gpu_backend(name: str | None) -> None:
     """Choose the kernels of the ``cfm::`` operators on CUDA tensors for this process (``None``:
     back to the environment). Leaving ``triton`` restores the C++ CUDA kernels."""
     if name is not None and name not in GPU_BACKENDS:
-        raise ValueError(f"cfm_plugins: unknown GPU backend {name!r}; choose one of {', '.join(GPU_BACKENDS)}")
+        raise ValueError(
+            f"cfm_plugins: unknown GPU backend {name!r}; choose one of {', '.join(GPU_BACKENDS)}"
+        )
     _GPU_BACKEND[0] = name
-    effective = name or os.environ.get("CFM_PLUGINS_GPU_BACKEND", "").strip().lower() or "auto"  # checked when used
+    effective = (
+        name or os.environ.get("CFM_PLUGINS_GPU_BACKEND", "").strip().lower() or "auto"
+    )  # checked when used
     if effective == "auto":
         effective = _AUTO.get("auto", "triton")  # not resolved yet: nothing was registered for it
     if effective != "triton":
@@ -102,7 +114,10 @@ def _auto_backend() -> str:
         ok, why = triton_kernels.available()
         _AUTO["auto"] = "triton" if ok else "cuda"
         if not ok:
-            log.info("cfm_plugins: the fused operators use the C++ CUDA kernels on GPUs (Triton: %s)", why)
+            log.info(
+                "cfm_plugins: the fused operators use the C++ CUDA kernels on GPUs (Triton: %s)",
+                why,
+            )
     return _AUTO["auto"]
 
 
@@ -139,18 +154,24 @@ def _triton_on_cuda() -> None:
 
     if not triton_kernels.registered("CUDA"):
         triton_kernels.register("CUDA")
-        log.info("cfm_plugins: the cfm:: operators run their Triton kernels on CUDA tensors; %s",
-                 _first_use_note())
+        log.info(
+            "cfm_plugins: the cfm:: operators run their Triton kernels on CUDA tensors; %s",
+            _first_use_note(),
+        )
 
 
 def _first_use_note() -> str:
     """What a first run on a GPU pays: Triton compiles each kernel at its first launch and keeps it
-    in its cache, which later runs (and other ranks) load. Measured on an H200 (docs/benchmarks.md)."""
+    in its cache, which later runs (and other ranks) load. Measured on an H200
+    (docs/benchmarks.md)."""
     from triton import knobs
 
-    return ("each compiles at its first launch, and is kept in Triton's cache (%s; TRITON_CACHE_DIR moves it, "
-            "e.g. to a shared file system for a cluster's nodes): on an H200 the first validation pass of a "
-            "two-layer MACE took 16.8 s with nothing cached, 4.2 s with the kernels cached" % knobs.cache.dir)
+    return (
+        f"each compiles at its first launch, and is kept in Triton's cache ({knobs.cache.dir}; "
+        "TRITON_CACHE_DIR moves it, e.g. to a shared file system for a cluster's nodes): on an "
+        "H200 the first validation pass of a two-layer MACE took 16.8 s with nothing cached, "
+        "4.2 s with the kernels cached"
+    )
 
 
 def _library_file(kind: str) -> Path | None:
@@ -160,12 +181,15 @@ def _library_file(kind: str) -> Path | None:
 
 def library_paths(cuda: bool = False) -> list[str]:
     """Files a C++ program must load (``dlopen``, or ``torch.ops.load_library``) before it runs a
-    scripted or AOT-compiled model that calls ``cfm::`` operators: the CPU library, then the CUDA one."""
+    scripted or AOT-compiled model that calls ``cfm::`` operators: the CPU library, then the CUDA
+    one."""
     kinds = ["cpu"] + (["cuda"] if cuda else [])
     paths = [_library_file(k) for k in kinds]
     missing = [k for k, p in zip(kinds, paths) if p is None]
     if missing:
-        raise RuntimeError(f"the compiled {'/'.join(missing)} operator library is not built: {BUILD_HINT}")
+        raise RuntimeError(
+            f"the compiled {'/'.join(missing)} operator library is not built: {BUILD_HINT}"
+        )
     return [str(p) for p in paths]
 
 
@@ -184,7 +208,10 @@ def load(kind: str = "cpu") -> bool:
                     torch.ops.load_library(str(path))
                     ok = True
                 except OSError as exc:  # built against another torch, or a missing runtime
-                    why = f"{path.name} does not load ({exc}); rebuild it against torch {torch.__version__}"
+                    why = (
+                        f"{path.name} does not load ({exc}); "
+                        f"rebuild it against torch {torch.__version__}"
+                    )
         _LOADED[kind], _WHY[kind] = ok, why
     return _LOADED[kind]
 
@@ -218,12 +245,21 @@ def operator_note(kernel: str) -> str:
     """
     from cfm_plugins import __version__
 
-    files = [p.name for p in (_library_file("cpu"), _library_file("cuda") if _LOADED.get("cuda") else None) if p]
-    return (f"cfm-plugins {__version__}: this model calls the cfm::{kernel}_* operators of the compiled library "
-            f"{' and '.join(files) or 'cfm_plugins/_C'} (cfm_plugins.library_paths()), built against torch "
-            f"{torch.__version__}. Load it before torch.jit.load, in a process with that torch version: "
-            "cfm_plugins.load_library() in Python; a C++ program (LAMMPS) loads the files of "
-            "cfm_plugins.library_paths() first (e.g. LD_PRELOAD).")
+    files = [
+        p.name
+        for p in (_library_file("cpu"), _library_file("cuda") if _LOADED.get("cuda") else None)
+        if p
+    ]
+    return (
+        f"cfm-plugins {__version__}: this model calls the cfm::{kernel}_* operators of the "
+        "compiled library "
+        f"{' and '.join(files) or 'cfm_plugins/_C'} (cfm_plugins.library_paths()), built against "
+        "torch "
+        f"{torch.__version__}. Load it before torch.jit.load, in a process with that torch "
+        "version: "
+        "cfm_plugins.load_library() in Python; a C++ program (LAMMPS) loads the files of "
+        "cfm_plugins.library_paths() first (e.g. LD_PRELOAD)."
+    )
 
 
 def operators_available() -> bool:
@@ -232,7 +268,7 @@ def operators_available() -> bool:
 
 
 def choose(device: torch.device) -> str:
-    """"cpu", "cuda" or "torch": which implementation runs for tensors on ``device``."""
+    """ "cpu", "cuda" or "torch": which implementation runs for tensors on ``device``."""
     kind = device.type
     if kind not in _LIBS or disabled():
         return "torch"
@@ -243,8 +279,12 @@ def choose(device: torch.device) -> str:
         return kind
     if kind not in _WARNED:
         _WARNED.add(kind)
-        msg = (f"cfm_plugins: the compiled {kind.upper()} kernels are not available ({_WHY[kind]}); the fused "
-               f"modules run their pure-torch fallback on {kind} (exact, slower). To use them, {BUILD_HINT}.")
+        msg = (
+            f"cfm_plugins: the compiled {kind.upper()} kernels are not available ({_WHY[kind]}); "
+            "the fused "
+            f"modules run their pure-torch fallback on {kind} (exact, slower). To use them, "
+            f"{BUILD_HINT}."
+        )
         if kind == "cuda":
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
         else:

@@ -2,17 +2,19 @@
 
 The fused modules derive tables from a batch's index tensors: the CSR groupings of ``edge_index``
 (:func:`cfm_plugins.ops.conv_tp.edge_csr`) and the nodes grouped by element
-(:func:`cfm_plugins.ops.symmetric_contraction.node_groups`). Every interaction layer and the backward
-get the same tensor, so the work (and its copy to the host) is done once per batch.
+(:func:`cfm_plugins.ops.symmetric_contraction.node_groups`). Every interaction layer and the
+backward get the same tensor, so the work (and its copy to the host) is done once per batch.
 :class:`TensorCache` keys an entry on the tensor's storage, version (an in-place change recomputes),
-shape, dtype and device, checks its identity, keeps the most recent entries, and drops an entry
-when its tensor is freed (the batch is over).
+shape, dtype and device, checks its identity, keeps the most recent entries, and drops an entry when
+its tensor is freed (the batch is over).
 """
+
 from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from typing import Callable, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 import torch
 

@@ -24,11 +24,11 @@ derivatives); :mod:`cfm_plugins.ops._backend` chooses.
 ``conv_tp`` of MACE interaction blocks (their ``conv_fusion`` seam selects the fused call form),
 then any other uvu tensor product with per-edge weights, whatever its class.
 """
+
 import inspect
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ class EdgeCSR:
     sptr: torch.Tensor  # [N+1]
 
 
-def _graph_tensors(edge_index: torch.Tensor, num_nodes: int) -> List[torch.Tensor]:
+def _graph_tensors(edge_index: torch.Tensor, num_nodes: int) -> list[torch.Tensor]:
     """[sender, receiver, rperm, rptr, sperm, sptr] of the operators (TorchScript-compatible)."""
     ei = edge_index.to(torch.int64)
     # copies, not views: a view would keep edge_index alive and its cache entry with it
@@ -119,7 +119,9 @@ class _TorchTables:
         self.ent_j = torch.as_tensor(d.ent_j, **i64)
         self.ent_coef = torch.as_tensor(d.ent_coef, dtype=torch.float64, device=device)
         counts = (d.pair_ent_start[1:] - d.pair_ent_start[:-1]).astype("int64")
-        self.ent_pair = torch.repeat_interleave(torch.arange(d.num_pairs, **i64), torch.as_tensor(counts, **i64))
+        self.ent_pair = torch.repeat_interleave(
+            torch.arange(d.num_pairs, **i64), torch.as_tensor(counts, **i64)
+        )
         self.paths = []
         for p in range(d.num_paths):
             q0, q1 = int(d.path_pair_start[p]), int(d.path_pair_start[p + 1])
@@ -145,7 +147,7 @@ def _torch_segment(tabs: _TorchTables, node_in, y, w, other, target, n_out):
     src = node_in.index_select(0, other)
     msg = node_in.new_zeros(E, tabs.dim_out)
     for q0, q1, C, woff, in_idx, out_idx in tabs.paths:
-        contrib = (R[:, q0:q1, None] * src[:, in_idx]) * w[:, None, woff:woff + C]
+        contrib = (R[:, q0:q1, None] * src[:, in_idx]) * w[:, None, woff : woff + C]
         msg.index_add_(1, out_idx.reshape(-1), contrib.reshape(E, -1))
     return out.index_add_(0, target, msg)
 
@@ -175,7 +177,7 @@ class FusedConvTP(torch.nn.Module):
     follows ``.to()``; ``forward`` is TorchScript-compatible.
     """
 
-    def __init__(self, tp: torch.nn.Module, device: Optional[torch.device] = None):
+    def __init__(self, tp: torch.nn.Module, device: torch.device | None = None):
         super().__init__()
         desc, paths = _desc.from_e3nn(tp)
         device = torch.device(device) if device is not None else _module_device(tp)
@@ -195,26 +197,36 @@ class FusedConvTP(torch.nn.Module):
             self.register_buffer(name, buf, persistent=name not in tp._non_persistent_buffers_set)
         for name, mod in tp._modules.items():
             self.add_module(name, mod)
-        self.__dict__["_e3nn_tp"] = tp  # not a submodule: keeps state_dict keys, restored by to_e3nn()
+        self.__dict__["_e3nn_tp"] = (
+            tp  # not a submodule: keeps state_dict keys, restored by to_e3nn()
+        )
         perm_in = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_in1])
         perm_out = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_out])
         self._identity_in = bool((perm_in == np.arange(len(perm_in))).all())
         self._identity_out = bool((perm_out == np.arange(len(perm_out))).all())
         i64 = dict(dtype=torch.int64, device=device)
         self.register_buffer("_cl_perm_in", torch.as_tensor(perm_in, **i64), persistent=False)
-        self.register_buffer("_cl_perm_out_inv", torch.as_tensor(np.argsort(perm_out), **i64), persistent=False)
+        self.register_buffer(
+            "_cl_perm_out_inv", torch.as_tensor(np.argsort(perm_out), **i64), persistent=False
+        )
         # the descriptor as the operators take it (conv_tp_ops.h): tables, transposed tables, sizes
         for suffix, d in (("", desc), ("_t", desc.transpose())):
             ints, coef = d.packed()
-            self.register_buffer(f"_tp_ints{suffix}", torch.as_tensor(ints, dtype=torch.int32, device=device),
-                                 persistent=False)
-            self.register_buffer(f"_tp_coef{suffix}", torch.as_tensor(coef, dtype=torch.float64, device=device),
-                                 persistent=False)
-        self._tp_meta: List[int] = desc.meta()
+            self.register_buffer(
+                f"_tp_ints{suffix}",
+                torch.as_tensor(ints, dtype=torch.int32, device=device),
+                persistent=False,
+            )
+            self.register_buffer(
+                f"_tp_coef{suffix}",
+                torch.as_tensor(coef, dtype=torch.float64, device=device),
+                persistent=False,
+            )
+        self._tp_meta: list[int] = desc.meta()
         self.__dict__["_torch_tabs"] = {}
 
     @classmethod
-    def from_e3nn(cls, tp: torch.nn.Module, device: Optional[torch.device] = None) -> "FusedConvTP":
+    def from_e3nn(cls, tp: torch.nn.Module, device: torch.device | None = None) -> "FusedConvTP":
         return cls(tp, device=device)
 
     def to_e3nn(self) -> torch.nn.Module:
@@ -242,7 +254,9 @@ class FusedConvTP(torch.nn.Module):
         # to the (synchronised) e3nn module, which travels in the state, and re-attach on load.
         tp = self.to_e3nn()
         state = self.__dict__.copy()
-        state["_modules"] = OrderedDict((k, v) for k, v in self._modules.items() if k not in tp._modules)
+        state["_modules"] = OrderedDict(
+            (k, v) for k, v in self._modules.items() if k not in tp._modules
+        )
         state["_cfm_shared_modules"] = list(tp._modules)
         state["_torch_tabs"] = {}
         return state
@@ -256,51 +270,79 @@ class FusedConvTP(torch.nn.Module):
             self._modules[name] = tp._modules[name]
 
     def __prepare_scriptable__(self):
-        """Called by ``torch.jit.script``: the scripted module names the operator library it needs."""
+        """Called by ``torch.jit.script``: the scripted module names the operator library it
+        needs."""
         return _backend.carry_operator_note(self, "conv_tp")
 
     def extra_repr(self) -> str:
-        return (f"{self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out} | {self.descriptor.num_paths} paths, "
-                f"{self.descriptor.num_pairs} pairs, {self.descriptor.num_entries} CG entries | "
-                f"{self.weight_numel} weights per edge")
+        return (
+            f"{self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out} | "
+            f"{self.descriptor.num_paths} paths, "
+            f"{self.descriptor.num_pairs} pairs, {self.descriptor.num_entries} CG entries | "
+            f"{self.weight_numel} weights per edge"
+        )
 
     # -- eager-only helpers (a scripted model skips the checks and always runs the operators) --
     @torch.jit.unused
     def _check(self, x, y, w, edge_index):
-        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and isinstance(w, torch.Tensor)):
+        if not (
+            isinstance(x, torch.Tensor)
+            and isinstance(y, torch.Tensor)
+            and isinstance(w, torch.Tensor)
+        ):
             raise ValueError("FusedConvTP: node_feats, edge_attrs and tp_weights must be tensors")
         if x.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"FusedConvTP: node_feats dtype {x.dtype}; float32 or float64 expected")
+            raise ValueError(
+                f"FusedConvTP: node_feats dtype {x.dtype}; float32 or float64 expected"
+            )
         if y.dtype != x.dtype or w.dtype != x.dtype:
-            raise ValueError(f"FusedConvTP: dtype mismatch: node_feats {x.dtype}, edge_attrs {y.dtype}, "
-                             f"tp_weights {w.dtype}")
+            raise ValueError(
+                f"FusedConvTP: dtype mismatch: node_feats {x.dtype}, edge_attrs {y.dtype}, "
+                f"tp_weights {w.dtype}"
+            )
         if not (x.device == y.device == w.device == edge_index.device):
             raise ValueError("FusedConvTP: inputs on different devices")
         if x.device != self._tp_ints.device:
-            raise ValueError(f"FusedConvTP: inputs on {x.device} but the module's tables on {self._tp_ints.device}; "
-                             "move the model with .to(device)")
+            raise ValueError(
+                f"FusedConvTP: inputs on {x.device} but the module's tables on "
+                f"{self._tp_ints.device}; "
+                "move the model with .to(device)"
+            )
         if x.dim() != 2 or x.shape[1] != self._in1_dim:
-            raise ValueError(f"FusedConvTP: node_feats shape {tuple(x.shape)}; expected [num_nodes, "
-                             f"{self._in1_dim}] ({self.irreps_in1})")
+            raise ValueError(
+                f"FusedConvTP: node_feats shape {tuple(x.shape)}; expected [num_nodes, "
+                f"{self._in1_dim}] ({self.irreps_in1})"
+            )
         if y.dim() != 2 or y.shape[1] != self._in2_dim:
-            raise ValueError(f"FusedConvTP: edge_attrs shape {tuple(y.shape)}; expected [num_edges, "
-                             f"{self._in2_dim}] ({self.irreps_in2})")
+            raise ValueError(
+                f"FusedConvTP: edge_attrs shape {tuple(y.shape)}; expected [num_edges, "
+                f"{self._in2_dim}] ({self.irreps_in2})"
+            )
         if w.dim() != 2 or w.shape[1] != self.weight_numel:
-            raise ValueError(f"FusedConvTP: tp_weights shape {tuple(w.shape)}; expected [num_edges, "
-                             f"{self.weight_numel}] (weight_numel)")
+            raise ValueError(
+                f"FusedConvTP: tp_weights shape {tuple(w.shape)}; expected [num_edges, "
+                f"{self.weight_numel}] (weight_numel)"
+            )
         if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-            raise ValueError(f"FusedConvTP: edge_index shape {tuple(edge_index.shape)}; expected [2, num_edges]")
+            raise ValueError(
+                f"FusedConvTP: edge_index shape {tuple(edge_index.shape)}; expected [2, num_edges]"
+            )
         if edge_index.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"FusedConvTP: edge_index dtype {edge_index.dtype}; int64 or int32 expected")
+            raise ValueError(
+                f"FusedConvTP: edge_index dtype {edge_index.dtype}; int64 or int32 expected"
+            )
         E = edge_index.shape[1]
         if y.shape[0] != E or w.shape[0] != E:
-            raise ValueError(f"FusedConvTP: {E} edges in edge_index but edge_attrs has {y.shape[0]} rows and "
-                             f"tp_weights {w.shape[0]}")
+            raise ValueError(
+                f"FusedConvTP: {E} edges in edge_index but edge_attrs has {y.shape[0]} rows and "
+                f"tp_weights {w.shape[0]}"
+            )
         # the range of edge_index is checked once per edge_index, where its CSR is built (edge_csr)
 
     @torch.jit.unused
-    def _eager_graph(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-                     edge_index: torch.Tensor) -> Tuple[List[torch.Tensor], bool]:
+    def _eager_graph(
+        self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, edge_index: torch.Tensor
+    ) -> tuple[list[torch.Tensor], bool]:
         """(graph tensors from the shared CSR cache, whether the compiled operators run)."""
         if not _backend.tracing(edge_index):
             self._check(x, y, w, edge_index)
@@ -316,32 +358,49 @@ class FusedConvTP(torch.nn.Module):
             return
         from cfm_plugins.ops.triton import conv_tp as triton_tp
 
-        triton_tp.prepare([self._tp_ints, self._tp_coef], [self._tp_ints_t, self._tp_coef_t], self._tp_meta)
+        triton_tp.prepare(
+            [self._tp_ints, self._tp_coef], [self._tp_ints_t, self._tp_coef_t], self._tp_meta
+        )
 
     @torch.jit.unused
-    def _torch_forward(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-                       graph: List[torch.Tensor]) -> torch.Tensor:
+    def _torch_forward(
+        self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, graph: list[torch.Tensor]
+    ) -> torch.Tensor:
         key = str(x.device)
         tabs = self.__dict__["_torch_tabs"].get(key)
         if tabs is None:
             tabs = self.__dict__["_torch_tabs"][key] = _TorchTables(self.descriptor, x.device)
         return _torch_segment(tabs, x, y, w, graph[0], graph[1], graph[3].shape[0] - 1)
 
-    def forward(self, node_feats: torch.Tensor, edge_attrs: torch.Tensor, tp_weights: torch.Tensor,
-                edge_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        node_feats: torch.Tensor,
+        edge_attrs: torch.Tensor,
+        tp_weights: torch.Tensor,
+        edge_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if edge_index is None:  # e3nn's call form: one "node" per row, sender = receiver = row
             rows = torch.arange(node_feats.shape[0], device=node_feats.device)
             edge_index = torch.stack([rows, rows])
         if torch.jit.is_scripting():
             graph = _graph_tensors(edge_index, node_feats.shape[0])
-            use_ops = True  # a scripted model runs the cfm:: operators (their library must be loaded)
+            use_ops = (
+                True  # a scripted model runs the cfm:: operators (their library must be loaded)
+            )
         else:
             graph, use_ops = self._eager_graph(node_feats, edge_attrs, tp_weights, edge_index)
         x = node_feats if self._identity_in else node_feats.index_select(1, self._cl_perm_in)
         x, y, w = x.contiguous(), edge_attrs.contiguous(), tp_weights.contiguous()
         if use_ops:
-            out = torch.ops.cfm.conv_tp_fwd(x, y, w, graph, [self._tp_ints, self._tp_coef],
-                                            [self._tp_ints_t, self._tp_coef_t], self._tp_meta)
+            out = torch.ops.cfm.conv_tp_fwd(
+                x,
+                y,
+                w,
+                graph,
+                [self._tp_ints, self._tp_coef],
+                [self._tp_ints_t, self._tp_coef_t],
+                self._tp_meta,
+            )
         else:
             out = self._torch_forward(x, y, w, graph)
         return out if self._identity_out else out.index_select(1, self._cl_perm_out_inv)
@@ -374,30 +433,44 @@ def is_uvu_conv_tp(m) -> bool:
     internal nor shared), whatever its class: what :class:`FusedConvTP` reads."""
     if isinstance(m, FusedConvTP) or not isinstance(m, torch.nn.Module):
         return False
-    if not all(hasattr(m, a) for a in ("irreps_in1", "irreps_in2", "irreps_out", "instructions", "weight_numel")):
+    if not all(
+        hasattr(m, a)
+        for a in ("irreps_in1", "irreps_in2", "irreps_out", "instructions", "weight_numel")
+    ):
         return False
-    ins = list(getattr(m, "instructions") or [])
+    ins = list(m.instructions or [])
     if not ins or any(getattr(i, "connection_mode", None) != "uvu" for i in ins):
         return False
     return not getattr(m, "internal_weights", True) and not getattr(m, "shared_weights", True)
 
 
 def _is_block_conv_tp(m, parent, attr) -> bool:
-    return attr == "conv_tp" and parent is not None and is_uvu_conv_tp(m) and _reads_conv_fusion(parent)
+    return (
+        attr == "conv_tp"
+        and parent is not None
+        and is_uvu_conv_tp(m)
+        and _reads_conv_fusion(parent)
+    )
 
 
 def _make_for_block(tp, block, attr) -> FusedConvTP:
     if hasattr(block, "conv_fusion"):
-        raise ValueError(f"{type(block).__name__} already has conv_fusion={block.conv_fusion!r} beside an e3nn "
-                         "conv_tp (another kernel swap?)")
+        raise ValueError(
+            f"{type(block).__name__} already has conv_fusion={block.conv_fusion!r} beside an e3nn "
+            "conv_tp (another kernel swap?)"
+        )
     # on the block's device: patching a model already on a GPU keeps everything there
     return FusedConvTP.from_e3nn(tp, device=_module_device(block))
 
 
 def _install_in_block(block, attr, fused) -> None:
     setattr(block, attr, fused)
-    block.conv_fusion = CONV_FUSION  # the block now calls conv_tp(node_feats, edge_attrs, tp_weights, edge_index)
-    swap_radial_silu(block)  # the radial MLP computing tp_weights: a lean double backward (ops/silu.py)
+    block.conv_fusion = (
+        CONV_FUSION  # the block now calls conv_tp(node_feats, edge_attrs, tp_weights, edge_index)
+    )
+    swap_radial_silu(
+        block
+    )  # the radial MLP computing tp_weights: a lean double backward (ops/silu.py)
 
 
 def _restore_in_block(fused, block, attr) -> None:
@@ -413,18 +486,23 @@ KERNEL = Kernel(
     (
         # MACE interaction blocks (and vendored copies) whose forward reads conv_fusion: one fused
         # gather + product + scatter, no per-edge message tensor
-        Form("block conv_tp with the conv_fusion seam",
-             recognise=_is_block_conv_tp,
-             make=_make_for_block,
-             install=_install_in_block,
-             is_fused=lambda m, parent, attr: isinstance(m, FusedConvTP)
-             and getattr(parent, "conv_fusion", None) == CONV_FUSION,
-             restore=_restore_in_block),
+        Form(
+            "block conv_tp with the conv_fusion seam",
+            recognise=_is_block_conv_tp,
+            make=_make_for_block,
+            install=_install_in_block,
+            is_fused=lambda m, parent, attr: (
+                isinstance(m, FusedConvTP) and getattr(parent, "conv_fusion", None) == CONV_FUSION
+            ),
+            restore=_restore_in_block,
+        ),
         # any other uvu tensor product with per-edge weights: e3nn's call form (no scatter)
-        Form("e3nn uvu tensor product",
-             recognise=lambda m, parent, attr: is_uvu_conv_tp(m),
-             make=lambda m, parent, attr: FusedConvTP.from_e3nn(m),
-             is_fused=lambda m, parent, attr: isinstance(m, FusedConvTP),
-             restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_e3nn())),
+        Form(
+            "e3nn uvu tensor product",
+            recognise=lambda m, parent, attr: is_uvu_conv_tp(m),
+            make=lambda m, parent, attr: FusedConvTP.from_e3nn(m),
+            is_fused=lambda m, parent, attr: isinstance(m, FusedConvTP),
+            restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_e3nn()),
+        ),
     ),
 )

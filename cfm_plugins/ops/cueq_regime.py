@@ -14,6 +14,7 @@ cuEquivariance is installed is where ours loses: :func:`note_batch` says so once
 what to do. Nothing is switched behind the user's back: the two replace the same modules with
 different layouts, chosen when the model is built.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,19 +45,32 @@ def slower_than_cueq(device: torch.device, dtype: torch.dtype, nodes: int, train
     atoms, on an NVIDIA GPU where cuEquivariance is installed). ``training``: the model's weights
     are trainable and gradients are on (mace's trainer never switches ``.train()``/``.eval()``;
     the calculators freeze the weights)."""
-    return (training and dtype == torch.float64 and nodes > FLOAT64_TRAIN_NODES and device.type == "cuda"
-            and torch.version.hip is None and cueq_installed())
+    return (
+        training
+        and dtype == torch.float64
+        and nodes > FLOAT64_TRAIN_NODES
+        and device.type == "cuda"
+        and torch.version.hip is None
+        and cueq_installed()
+    )
 
 
 def message(nodes: int) -> str:
     """The warning, for a batch of ``nodes`` atoms."""
-    return (f"cfm_plugins: a float64 training batch of {nodes} atoms on the GPU: above about "
-            f"{FLOAT64_TRAIN_NODES} atoms a batch, mace's cuEquivariance kernels were measured faster than "
-            "the fused ones in the float64 train step (an H200: 1.01x at 2916 atoms, 1.23x at 4000; ours "
-            "faster at 2048 and below, 0.89x; both far ahead of stock e3nn). For the fastest float64 training "
-            "keep batches at or below 2000 atoms (binpack's default on GPUs, or -o max_tokens=2000 with "
-            "cost=atoms), or train with mace's --enable_cueq instead of the fused kernels. Float32, and "
-            "inference in either dtype, are faster with ours at every size measured. Said once.")
+    return (
+        f"cfm_plugins: a float64 training batch of {nodes} atoms on the GPU: above about "
+        f"{FLOAT64_TRAIN_NODES} atoms a batch, mace's cuEquivariance kernels were measured faster "
+        "than "
+        "the fused ones in the float64 train step (an H200: 1.01x at 2916 atoms, 1.23x at 4000; "
+        "ours "
+        "faster at 2048 and below, 0.89x; both far ahead of stock e3nn). For the fastest float64 "
+        "training "
+        "keep batches at or below 2000 atoms (binpack's default on GPUs, or -o max_tokens=2000 "
+        "with "
+        "cost=atoms), or train with mace's --enable_cueq instead of the fused kernels. Float32, "
+        "and "
+        "inference in either dtype, are faster with ours at every size measured. Said once."
+    )
 
 
 def note_batch(device: torch.device, dtype: torch.dtype, nodes: int, training: bool) -> bool:

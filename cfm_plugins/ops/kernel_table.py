@@ -1,4 +1,5 @@
-"""The one table of fused kernels: what each replaces, how a module is recognised, made and restored.
+"""The one table of fused kernels: what each replaces, how a module is recognised, made and
+restored.
 
 A fused kernel (``symmetric_contraction``, ``conv_tp``, or one a third party registers) is a
 :class:`Kernel`: a name and an ordered list of :class:`Form` entries, one per way a trainer's
@@ -18,11 +19,12 @@ The built-in kernels come from the kernel modules (``symmetric_contraction.KERNE
 the one way from the ``fused`` option (or :class:`~cfm_plugins.calculators.CFMCalculator`, or
 nequip's ``enable_CFMFused`` modifier) to a swapped module.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 #: form callables take (module, parent, attr): the module, the module holding it, and its name there
 Recognise = Callable[[object, object, str], bool]
@@ -60,8 +62,8 @@ class Form:
 
 @dataclass(frozen=True)
 class Kernel:
-    """A fused kernel: its name (the value users write in ``fused_kernels``), one line saying what it
-    replaces, and its forms, tried in order for every module of a model."""
+    """A fused kernel: its name (the value users write in ``fused_kernels``), one line saying
+    what it replaces, and its forms, tried in order for every module of a model."""
 
     name: str
     summary: str
@@ -94,12 +96,15 @@ def kernel_names() -> tuple[str, ...]:
 
 
 def register_kernel(kernel: Kernel, replace: bool = False) -> Kernel:
-    """Add a kernel to the table (a third kernel is one call). ``replace`` allows re-registering a name."""
+    """Add a kernel to the table (a third kernel is one call). ``replace`` allows re-registering a
+    name."""
     table = _table()
     if kernel.name in table and not replace:
         raise ValueError(f"a fused kernel named {kernel.name!r} is already registered")
     if not kernel.forms:
-        raise ValueError(f"fused kernel {kernel.name!r} has no form: nothing would recognise its modules")
+        raise ValueError(
+            f"fused kernel {kernel.name!r} has no form: nothing would recognise its modules"
+        )
     table[kernel.name] = kernel
     return kernel
 
@@ -128,5 +133,7 @@ def check_kernels(names, where: str = "fused kernels") -> tuple[str, ...]:
     known = _table()
     bad = [n for n in names if n not in known]
     if bad:
-        raise ValueError(f"{where}: unknown fused kernel {', '.join(map(repr, bad))}; known: {', '.join(known)}")
+        raise ValueError(
+            f"{where}: unknown fused kernel {', '.join(map(repr, bad))}; known: {', '.join(known)}"
+        )
     return names

@@ -12,6 +12,7 @@ the operator library is loaded where it runs (:func:`cfm_plugins.library_paths`)
 Every route to a swap comes here: the ``fused`` plugin (``cfm_patch_model``, which every trainer
 adapter calls), :class:`~cfm_plugins.calculators.CFMCalculator` and nequip's ``enable_CFMFused``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,7 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cfm_plugins.ops.kernel_table import check_kernels, kernel_names, kernels as _kernels
+from cfm_plugins.ops.kernel_table import check_kernels, kernel_names
+from cfm_plugins.ops.kernel_table import kernels as _kernels
 
 log = logging.getLogger("cfm_plugins.fused")
 
@@ -43,15 +45,20 @@ class PatchReport:
 
     @property
     def missing(self) -> tuple[str, ...]:
-        """The kernels asked for that have no module in the model (none swapped, none already fused)."""
-        return tuple(k for k, names in self.swapped.items() if not names and not self.already.get(k))
+        """The kernels asked for that have no module in the model (none swapped, none already
+        fused)."""
+        return tuple(
+            k for k, names in self.swapped.items() if not names and not self.already.get(k)
+        )
 
     def __str__(self) -> str:
         return ", ".join(f"{k}: {v}" for k, v in self.counts.items()) or "nothing"
 
     def describe(self) -> str:
         """The counts and the module names, for a log line."""
-        return "; ".join(f"{k}: {len(v)} ({', '.join(v)})" if v else f"{k}: 0" for k, v in self.swapped.items())
+        return "; ".join(
+            f"{k}: {len(v)} ({', '.join(v)})" if v else f"{k}: 0" for k, v in self.swapped.items()
+        )
 
 
 def _forms(names):
@@ -91,8 +98,10 @@ def _matches(model, names, already):
     every_form = _forms(kernel_names())
     for kind, form in forms:
         if form.recognise(model, None, ""):
-            raise ValueError(f"the model itself ({type(model).__name__}) is the {kind} module to swap; "
-                             "wrap it in a module first")
+            raise ValueError(
+                f"the model itself ({type(model).__name__}) is the {kind} module to swap; "
+                "wrap it in a module first"
+            )
     found = {k: [] for k in names}
     walk = _walk(model)
     for name, parent, attr, module in walk:
@@ -132,7 +141,9 @@ def patch_model(model: torch.nn.Module, kernels=None) -> PatchReport:
             made.setdefault(kind, []).append((name, form, parent, attr, new))
         for name, form, parent, attr, new in made.get(kind, []):
             if form.name in refused:
-                report.left.append((name, f"another module of the form {form.name!r} cannot be fused"))
+                report.left.append(
+                    (name, f"another module of the form {form.name!r} cannot be fused")
+                )
                 continue
             form.install(parent, attr, new)
             report.swapped[kind].append(name)
@@ -157,4 +168,7 @@ def unpatch_model(model: torch.nn.Module, kernels=None) -> PatchReport:
 def is_patched(model: torch.nn.Module) -> bool:
     """Whether ``model`` holds a module that a registered kernel made."""
     every_form = _forms(kernel_names())
-    return any(_made_by(every_form, module, parent, attr) is not None for _, parent, attr, module in _walk(model))
+    return any(
+        _made_by(every_form, module, parent, attr) is not None
+        for _, parent, attr, module in _walk(model)
+    )

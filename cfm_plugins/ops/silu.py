@@ -1,4 +1,5 @@
-"""e3nn's normalized SiLU in the radial MLPs of MACE's interaction blocks, with a lean double backward.
+"""e3nn's normalized SiLU in the radial MLPs of MACE's interaction blocks, with a lean double
+backward.
 
 A MACE interaction block computes its conv TP's per-edge weights with an e3nn ``FullyConnectedNet``
 (``conv_tp_weights``: three SiLU layers of [edges, 64]) whose activation is
@@ -12,7 +13,8 @@ memory peak loses those tensors (docs/benchmarks.md, ``benchmarks/memory_peak.py
 It is not a kernel of its own in the kernel table: the ``conv_tp`` kernel's MACE-block form swaps
 the block's radial-MLP activations when it fuses the block (:func:`swap_radial_silu`) and puts
 e3nn's modules back when it restores it (:func:`restore_radial_silu`). Without the compiled
-library (or with ``CFM_PLUGINS_FORCE_TORCH=1``) it calls ``torch.nn.functional.silu``, as stock does.
+library (or with ``CFM_PLUGINS_FORCE_TORCH=1``) it calls ``torch.nn.functional.silu``, as stock
+does.
 """
 
 import torch
@@ -21,13 +23,19 @@ from cfm_plugins.ops import _backend
 
 
 def is_normalized_silu(m) -> bool:
-    """e3nn's ``normalize2mom`` of ``torch.nn.functional.silu`` (whatever e3nn version: by layout)."""
-    return (isinstance(m, torch.nn.Module) and getattr(m, "f", None) is torch.nn.functional.silu
-            and hasattr(m, "cst") and hasattr(m, "_is_id"))
+    """e3nn's ``normalize2mom`` of ``torch.nn.functional.silu`` (whatever e3nn version: by
+    layout)."""
+    return (
+        isinstance(m, torch.nn.Module)
+        and getattr(m, "f", None) is torch.nn.functional.silu
+        and hasattr(m, "cst")
+        and hasattr(m, "_is_id")
+    )
 
 
 class LeanSiLU(torch.nn.Module):
-    """``silu(x) * cst`` like the e3nn ``normalize2mom(silu)`` it replaces, through ``cfm::silu``."""
+    """``silu(x) * cst`` like the e3nn ``normalize2mom(silu)`` it replaces, through
+    ``cfm::silu``."""
 
     cst: float
     scaled: bool
@@ -50,7 +58,11 @@ class LeanSiLU(torch.nn.Module):
 def _radial_layers(block: torch.nn.Module) -> list:
     """The layers of ``block.conv_tp_weights`` (MACE's radial MLP) that have an activation slot."""
     mlp = getattr(block, "conv_tp_weights", None)
-    return [layer for layer in mlp.children() if hasattr(layer, "act")] if isinstance(mlp, torch.nn.Module) else []
+    return (
+        [layer for layer in mlp.children() if hasattr(layer, "act")]
+        if isinstance(mlp, torch.nn.Module)
+        else []
+    )
 
 
 def swap_radial_silu(block: torch.nn.Module) -> int:

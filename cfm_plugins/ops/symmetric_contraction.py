@@ -21,7 +21,6 @@ it recognises MACE's layout whatever the class, so vendored copies are fused too
 """
 
 import logging
-from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -46,8 +45,10 @@ CHUNK = 128  # nodes per kernel work unit (all of one element)
 # Pure-torch evaluation of the same descriptor (fallback; autograd does every derivative)
 # ----------------------------------------------------------------------------------------------
 
-def _torch_polynomial(module: "FusedSymmetricContraction", x: torch.Tensor, coeff: torch.Tensor,
-                      elem: torch.Tensor) -> torch.Tensor:
+
+def _torch_polynomial(
+    module: "FusedSymmetricContraction", x: torch.Tensor, coeff: torch.Tensor, elem: torch.Tensor
+) -> torch.Tensor:
     """Returns out [N, C, O] (component-major per channel)."""
     d = module.descriptor
     N, C, _ = x.shape
@@ -62,7 +63,9 @@ def _torch_polynomial(module: "FusedSymmetricContraction", x: torch.Tensor, coef
             new = P[:, :, parent[lo:hi]] * x[:, :, last[lo:hi]]
         P = torch.cat([P, new], dim=-1)
     term_j = module._sc_term_j.long()
-    onehot = torch.nn.functional.one_hot(module._sc_term_out.long(), d.num_out).to(x.dtype)  # [T, O]
+    onehot = torch.nn.functional.one_hot(module._sc_term_out.long(), d.num_out).to(
+        x.dtype
+    )  # [T, O]
     rows = module._sc_term_row.long()
     if _backend.tracing(x):
         # torch.compile / export: no shape may depend on the data, so every node gathers its own
@@ -88,7 +91,8 @@ _GROUPS_CACHE = TensorCache(8)
 
 
 def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A small host array on ``device`` without waiting for the device's queue (pinned, non-blocking)."""
+    """A small host array on ``device`` without waiting for the device's queue (pinned,
+    non-blocking)."""
     t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
@@ -97,12 +101,15 @@ def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def _element_counts(idx: torch.Tensor, num_elements: int) -> torch.Tensor:
     """Nodes per element (int64, ``num_elements`` long; indices out of range counted at the ends,
-    where the caller checks them). No ``bincount``: on CUDA it waits for the device to size its output."""
+    where the caller checks them). No ``bincount``: on CUDA it waits for the device to size its
+    output."""
     counts = torch.zeros(num_elements, dtype=torch.int64, device=idx.device)
     return counts.index_add(0, idx.clamp(0, num_elements - 1), torch.ones_like(idx))
 
 
-def _group(y: torch.Tensor, idx: torch.Tensor, num_elements: int, chunk: int) -> Tuple[torch.Tensor, ...]:
+def _group(
+    y: torch.Tensor, idx: torch.Tensor, num_elements: int, chunk: int
+) -> tuple[torch.Tensor, ...]:
     E, n, device = num_elements, idx.shape[0], idx.device
     if y.is_floating_point():
         valid = (((y == 0) | (y == 1)).all(-1) & (y.sum(-1) == 1)).all()
@@ -112,25 +119,38 @@ def _group(y: torch.Tensor, idx: torch.Tensor, num_elements: int, chunk: int) ->
     host = torch.cat([valid.reshape(1).long(), counts]).tolist()  # the one copy to the host
     if not host[0]:
         if y.is_floating_point():
-            raise ValueError("y must be one-hot (exactly one 1 per node, zeros elsewhere); "
-                             "mixtures of elements are not supported by the fused contraction")
-        raise ValueError(f"element indices must lie in [0, {E}), got range [{int(idx.min())}, {int(idx.max())}]")
+            raise ValueError(
+                "y must be one-hot (exactly one 1 per node, zeros elsewhere); "
+                "mixtures of elements are not supported by the fused contraction"
+            )
+        raise ValueError(
+            f"element indices must lie in [0, {E}), got range [{int(idx.min())}, {int(idx.max())}]"
+        )
     counts_h = np.asarray(host[1:], dtype=np.int64)
     present_h = np.flatnonzero(counts_h)
     counts_p = counts_h[present_h]
     lut = np.zeros(E, dtype=np.int64)
     lut[present_h] = np.arange(present_h.size)
-    # chunks of <= chunk nodes of one element, in element order: chunk_ptr = their first sorted nodes, then n
+    # chunks of <= chunk nodes of one element, in element order: chunk_ptr = their first sorted
+    # nodes, then n
     starts = np.cumsum(counts_p) - counts_p
-    chunk_ptr = np.concatenate([np.arange(s, s + c, chunk) for s, c in zip(starts, counts_p)] + [np.array([n])])
+    chunk_ptr = np.concatenate(
+        [np.arange(s, s + c, chunk) for s, c in zip(starts, counts_p)] + [np.array([n])]
+    )
     inv = _to_device(lut, device)[idx]
     order = torch.argsort(inv, stable=True)
-    return (_to_device(present_h, device), inv, _to_device(counts_p, device), order,
-            _to_device(chunk_ptr, device))
+    return (
+        _to_device(present_h, device),
+        inv,
+        _to_device(counts_p, device),
+        order,
+        _to_device(chunk_ptr, device),
+    )
 
 
-def node_groups(y: torch.Tensor, idx: torch.Tensor, num_elements: int,
-                chunk: int = CHUNK) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def node_groups(
+    y: torch.Tensor, idx: torch.Tensor, num_elements: int, chunk: int = CHUNK
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The nodes of one batch by element: (present elements, sorted; each node's index into them;
     nodes per present element; the nodes sorted by element, stably; chunk pointers: runs of at most
     ``chunk`` nodes of one element, then the node count). ``y`` is the node attributes (one-hot
@@ -140,12 +160,15 @@ def node_groups(y: torch.Tensor, idx: torch.Tensor, num_elements: int,
     once (on a GPU, the one wait for the queued kernels; the grouping is then done on the host and
     copied back without waiting), and the result is cached on ``y``'s identity and version: every
     layer of a forward gets the same node attributes."""
-    return _GROUPS_CACHE.get(y, (int(num_elements), int(chunk)), lambda: _group(y, idx, num_elements, chunk))
+    return _GROUPS_CACHE.get(
+        y, (int(num_elements), int(chunk)), lambda: _group(y, idx, num_elements, chunk)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # The module
 # ----------------------------------------------------------------------------------------------
+
 
 def _mace_symmetric_contraction_class():
     from mace.modules.symmetric_contraction import SymmetricContraction
@@ -166,7 +189,10 @@ class FusedSymmetricContraction(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, use_kernel: bool = True) -> None:
         super().__init__()
         if not hasattr(module, "contractions"):
-            raise ValueError(f"expected a mace SymmetricContraction (with .contractions), got {type(module).__name__}")
+            raise ValueError(
+                "expected a mace SymmetricContraction (with .contractions), got "
+                f"{type(module).__name__}"
+            )
         self.contractions = module.contractions  # shared: same parameters, buffers, state_dict keys
         self.irreps_in = getattr(module, "irreps_in", None)
         self.irreps_out = getattr(module, "irreps_out", None)
@@ -182,9 +208,11 @@ class FusedSymmetricContraction(torch.nn.Module):
         for name, t in desc.int_tensors(dev).items():
             self.register_buffer(f"_sc_{name}", t, persistent=False)
         term_j = np.repeat(np.arange(len(desc.monomials)), np.diff(desc.term_ptr))
-        self.register_buffer("_sc_term_j", torch.as_tensor(term_j, dtype=torch.int32, device=dev), persistent=False)
-        # The A blocks, flattened into one buffer; block b is _sc_A[off:off + rows * k].view(rows, k)
-        # and folds the weight _weight_list()[w] (TorchScript has no lists of buffers).
+        self.register_buffer(
+            "_sc_term_j", torch.as_tensor(term_j, dtype=torch.int32, device=dev), persistent=False
+        )
+        # The A blocks, flattened into one buffer; block b is _sc_A[off:off + rows * k].view(rows,
+        # k) and folds the weight _weight_list()[w] (TorchScript has no lists of buffers).
         first_weight, k0 = [], 0
         for c in self.contractions:
             first_weight.append(k0)
@@ -199,29 +227,53 @@ class FusedSymmetricContraction(torch.nn.Module):
         A = np.concatenate(flat) if flat else np.zeros(0)
         self.register_buffer("_sc_A", torch.as_tensor(A, dtype=dtype, device=dev), persistent=False)
         degrees = [len(m) for m in desc.monomials]
-        self._degree_ranges = [(degrees.index(g), len(degrees) - degrees[::-1].index(g))
-                               for g in sorted(set(degrees))]
+        self._degree_ranges = [
+            (degrees.index(g), len(degrees) - degrees[::-1].index(g)) for g in sorted(set(degrees))
+        ]
         self._padded = -(-self.channels // CHANNEL_TILE) * CHANNEL_TILE
         self._chunk = CHUNK
-        self._meta: List[int] = [desc.num_ell, len(desc.monomials), desc.num_slots, desc.num_out, desc.out_dim,
-                                 desc.num_rows, self.channels, self._padded]
+        self._meta: list[int] = [
+            desc.num_ell,
+            len(desc.monomials),
+            desc.num_slots,
+            desc.num_out,
+            desc.out_dim,
+            desc.num_rows,
+            self.channels,
+            self._padded,
+        ]
 
     def __prepare_scriptable__(self):
-        """Called by ``torch.jit.script``: the scripted module names the operator library it needs."""
+        """Called by ``torch.jit.script``: the scripted module names the operator library it
+        needs."""
         return _backend.carry_operator_note(self, "symmetric_contraction")
 
     # -- construction / conversion -------------------------------------------------------------
     @classmethod
-    def from_mace(cls, module: torch.nn.Module, use_kernel: bool = True) -> "FusedSymmetricContraction":
+    def from_mace(
+        cls, module: torch.nn.Module, use_kernel: bool = True
+    ) -> "FusedSymmetricContraction":
         """Wrap a mace ``SymmetricContraction`` (sharing its weights and buffers)."""
         return cls(module, use_kernel=use_kernel)
 
     @classmethod
-    def from_irreps(cls, irreps_in, irreps_out, correlation: int, num_elements: int,
-                    use_reduced_cg: bool = False, use_kernel: bool = True) -> "FusedSymmetricContraction":
+    def from_irreps(
+        cls,
+        irreps_in,
+        irreps_out,
+        correlation: int,
+        num_elements: int,
+        use_reduced_cg: bool = False,
+        use_kernel: bool = True,
+    ) -> "FusedSymmetricContraction":
         """Build mace's module with mace's constructor (default dtype) and wrap it."""
-        sc = _mace_symmetric_contraction_class()(irreps_in=irreps_in, irreps_out=irreps_out, correlation=correlation,
-                                                 num_elements=num_elements, use_reduced_cg=use_reduced_cg)
+        sc = _mace_symmetric_contraction_class()(
+            irreps_in=irreps_in,
+            irreps_out=irreps_out,
+            correlation=correlation,
+            num_elements=num_elements,
+            use_reduced_cg=use_reduced_cg,
+        )
         return cls(sc, use_kernel=use_kernel)
 
     def to_mace(self) -> torch.nn.Module:
@@ -230,40 +282,61 @@ class FusedSymmetricContraction(torch.nn.Module):
 
     def extra_repr(self) -> str:
         d = self.descriptor
-        return (f"{self.irreps_in} -> {self.irreps_out}, elements={self.num_elements}, channels={self.channels}, "
-                f"monomials={len(d.monomials)}, terms={d.num_rows}")
+        return (
+            f"{self.irreps_in} -> {self.irreps_out}, elements={self.num_elements}, "
+            f"channels={self.channels}, "
+            f"monomials={len(d.monomials)}, terms={d.num_rows}"
+        )
 
     # -- inputs (eager only: a scripted or compiled model skips these checks) -------------------
     @torch.jit.unused
     def _check(self, x: torch.Tensor, y: torch.Tensor) -> None:
         L = self.descriptor.num_ell
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"x must be a tensor [nodes, {self.channels}, {L}], got {type(x).__name__}")
+            raise ValueError(
+                f"x must be a tensor [nodes, {self.channels}, {L}], got {type(x).__name__}"
+            )
         if x.dim() != 3 or x.shape[1] != self.channels or x.shape[2] != L:
-            raise ValueError(f"x must have shape [nodes, {self.channels}, {L}] (channels, (lmax+1)^2), "
-                             f"got {list(x.shape)}")
+            raise ValueError(
+                f"x must have shape [nodes, {self.channels}, {L}] (channels, (lmax+1)^2), "
+                f"got {list(x.shape)}"
+            )
         wdt = self.contractions[0].weights_max.dtype
         if x.dtype not in (torch.float32, torch.float64) or x.dtype != wdt:
-            raise ValueError(f"x must be {wdt} like the weights (float32 or float64), got {x.dtype}")
+            raise ValueError(
+                f"x must be {wdt} like the weights (float32 or float64), got {x.dtype}"
+            )
         if x.device != self.contractions[0].weights_max.device:
-            raise ValueError(f"x is on {x.device} but the weights are on {self.contractions[0].weights_max.device}")
+            raise ValueError(
+                f"x is on {x.device} but the weights are on "
+                f"{self.contractions[0].weights_max.device}"
+            )
         self._check_y(y, x.shape[0])
 
     @torch.jit.unused
     def _check_y(self, y: torch.Tensor, n: int) -> None:
         E = self.num_elements
         if not isinstance(y, torch.Tensor):
-            raise ValueError(f"y must be a one-hot tensor [nodes, {E}] or element indices [nodes], got {type(y).__name__}")
+            raise ValueError(
+                f"y must be a one-hot tensor [nodes, {E}] or element indices [nodes], got "
+                f"{type(y).__name__}"
+            )
         # shapes and types here; the values (one-hot, indices in range) where the nodes are grouped
         # by element, in the same device-to-host copy (node_groups)
         if y.dtype in _INDEX_DTYPES:
             if y.dim() != 1 or y.shape[0] != n:
-                raise ValueError(f"integer y must be element indices of shape [{n}], got {list(y.shape)}")
+                raise ValueError(
+                    f"integer y must be element indices of shape [{n}], got {list(y.shape)}"
+                )
             return
         if not y.is_floating_point():
-            raise ValueError(f"y must be a floating one-hot [nodes, {E}] or integer indices, got {y.dtype}")
+            raise ValueError(
+                f"y must be a floating one-hot [nodes, {E}] or integer indices, got {y.dtype}"
+            )
         if y.dim() != 2 or y.shape[0] != n or y.shape[1] != E:
-            raise ValueError(f"one-hot y must have shape [{n}, {E}] (nodes, num_elements), got {list(y.shape)}")
+            raise ValueError(
+                f"one-hot y must have shape [{n}, {E}] (nodes, num_elements), got {list(y.shape)}"
+            )
 
     @torch.jit.unused
     def _eager_backend(self, x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -271,14 +344,20 @@ class FusedSymmetricContraction(torch.nn.Module):
         if not _backend.tracing(x):
             self._check(x, y)
             # said once where cuEquivariance's kernels were measured faster: a training batch (its
-            # weights trainable; mace's trainer never calls .train()/.eval(), calculators freeze them)
-            cueq_regime.note_batch(x.device, x.dtype, x.shape[0],
-                                   torch.is_grad_enabled() and self.contractions[0].weights_max.requires_grad)
+            # weights trainable; mace's trainer never calls .train()/.eval(), calculators freeze
+            # them)
+            cueq_regime.note_batch(
+                x.device,
+                x.dtype,
+                x.shape[0],
+                torch.is_grad_enabled() and self.contractions[0].weights_max.requires_grad,
+            )
         return self.use_kernel and x.shape[0] > 0 and _backend.choose(x.device) != "torch"
 
     @torch.jit.unused
-    def _eager_groups(self, y: torch.Tensor, idx: torch.Tensor, x: torch.Tensor,
-                      use_ops: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _eager_groups(
+        self, y: torch.Tensor, idx: torch.Tensor, x: torch.Tensor, use_ops: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(present elements, each node's index into them, nodes per present element, nodes sorted
         by element, chunk pointers). Eager: :func:`node_groups` (one host copy per y, shared by the
         layers). Traced (torch.compile, export, AOTInductor): every element and a number of chunks
@@ -296,13 +375,16 @@ class FusedSymmetricContraction(torch.nn.Module):
         return node_groups(y, idx, self.num_elements, self._chunk)
 
     @torch.jit.unused
-    def _torch_forward(self, x: torch.Tensor, coeff: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    def _torch_forward(
+        self, x: torch.Tensor, coeff: torch.Tensor, inv: torch.Tensor
+    ) -> torch.Tensor:
         return self._layout(_torch_polynomial(self, x, coeff, inv))
 
     # -- forward -------------------------------------------------------------------------------
-    def _weight_list(self) -> List[torch.Tensor]:
-        """Every contraction's weights: weights_max (nu = correlation), then weights[i] (nu = correlation-1-i)."""
-        ws: List[torch.Tensor] = []
+    def _weight_list(self) -> list[torch.Tensor]:
+        """Every contraction's weights: weights_max (nu = correlation), then weights[i] (nu =
+        correlation-1-i)."""
+        ws: list[torch.Tensor] = []
         for c in self.contractions:
             ws.append(c.weights_max)
             for w in c.weights:
@@ -312,36 +394,42 @@ class FusedSymmetricContraction(torch.nn.Module):
     def _fold(self, present: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """coeff[e', row, c] for the elements ``present`` (differentiable in the weights)."""
         ws = self._weight_list()
-        parts: List[torch.Tensor] = []
+        parts: list[torch.Tensor] = []
         pad = self._padded - self.channels
         for blk in self._a_blocks:
             off, rows, k, wi = blk[0], blk[1], blk[2], blk[3]
-            A = self._sc_A[off:off + rows * k].view(rows, k).to(dtype)
+            A = self._sc_A[off : off + rows * k].view(rows, k).to(dtype)
             Wp = ws[wi].index_select(0, present)
             if pad > 0:
                 Wp = torch.nn.functional.pad(Wp, [0, pad])
             parts.append(torch.einsum("rk,ekc->erc", A, Wp))
         if len(parts) == 0:
-            return torch.zeros(present.shape[0], 0, self._padded, dtype=dtype, device=present.device)
+            return torch.zeros(
+                present.shape[0], 0, self._padded, dtype=dtype, device=present.device
+            )
         return torch.cat(parts, dim=1).contiguous()
 
     def _layout(self, out_noc: torch.Tensor) -> torch.Tensor:
         """[N, C, O] (torch fallback) -> mace layout [N, sum_i C*(2L_i+1)]."""
         parts, o = [], 0
         for M in self.descriptor.irrep_dims:
-            parts.append(out_noc[:, :, o:o + M].reshape(out_noc.shape[0], -1))
+            parts.append(out_noc[:, :, o : o + M].reshape(out_noc.shape[0], -1))
             o += M
         return torch.cat(parts, dim=-1)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         if torch.jit.is_scripting():
-            use_ops = True  # a scripted model runs the cfm:: operators (their library must be loaded)
+            use_ops = (
+                True  # a scripted model runs the cfm:: operators (their library must be loaded)
+            )
         else:
             use_ops = self._eager_backend(x, y)
         idx = y.argmax(dim=-1) if y.is_floating_point() else y.long()
         if torch.jit.is_scripting():
-            present, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+            present, inv, counts = torch._unique2(
+                idx, sorted=True, return_inverse=True, return_counts=True
+            )
             order, chunk_ptr = self._chunks(inv, counts, n)
         else:
             present, inv, counts, order, chunk_ptr = self._eager_groups(y, idx, x, use_ops)
@@ -349,11 +437,15 @@ class FusedSymmetricContraction(torch.nn.Module):
         x = x.contiguous()
         if not use_ops:
             return self._torch_forward(x, coeff, inv)
-        return torch.ops.cfm.symmetric_contraction_fwd(x, coeff, inv.contiguous(), order, chunk_ptr,
-                                                       self._desc_tensors(), self._meta)
+        return torch.ops.cfm.symmetric_contraction_fwd(
+            x, coeff, inv.contiguous(), order, chunk_ptr, self._desc_tensors(), self._meta
+        )
 
-    def _chunks(self, inv: torch.Tensor, counts: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(order, chunk_ptr): nodes sorted by element, cut into chunks of <= CHUNK nodes of one element."""
+    def _chunks(
+        self, inv: torch.Tensor, counts: torch.Tensor, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order, chunk_ptr): nodes sorted by element, cut into chunks of <= CHUNK nodes of one
+        element."""
         chunk = self._chunk
         order = torch.argsort(inv, stable=True)
         nch = torch.div(counts + (chunk - 1), chunk, rounding_mode="floor")
@@ -361,12 +453,18 @@ class FusedSymmetricContraction(torch.nn.Module):
         chunk_seg = torch.repeat_interleave(torch.arange(counts.shape[0], device=inv.device), nch)
         first = torch.repeat_interleave(torch.cumsum(nch, 0) - nch, nch)
         k = torch.arange(chunk_seg.shape[0], device=inv.device) - first
-        chunk_ptr = torch.cat([seg_start[chunk_seg] + k * chunk,
-                               torch.full([1], n, dtype=torch.int64, device=inv.device)])
+        chunk_ptr = torch.cat(
+            [
+                seg_start[chunk_seg] + k * chunk,
+                torch.full([1], n, dtype=torch.int64, device=inv.device),
+            ]
+        )
         return order.contiguous(), chunk_ptr.contiguous()
 
     @torch.jit.unused
-    def _static_chunks(self, inv: torch.Tensor, counts: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _static_chunks(
+        self, inv: torch.Tensor, counts: torch.Tensor, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(order, chunk_ptr) of :meth:`_chunks`, with ``n // CHUNK + elements`` chunks whatever the
         values: the real chunks, then empty ones at ``n`` (which the kernels skip). An element of
         ``c`` nodes has ``ceil(c / CHUNK) <= c // CHUNK + 1`` chunks, so that many always suffice.
@@ -378,7 +476,9 @@ class FusedSymmetricContraction(torch.nn.Module):
         ends = torch.cumsum(nch, 0)  # chunks of the elements up to e
         seg_start = torch.cumsum(counts, 0) - counts
         slot = torch.arange(n // chunk + E, device=inv.device)
-        seg = torch.searchsorted(ends, slot, right=True)  # the element of each slot; E past the last chunk
+        seg = torch.searchsorted(
+            ends, slot, right=True
+        )  # the element of each slot; E past the last chunk
         e = seg.clamp(max=E - 1)
         start = seg_start[e] + (slot - (ends - nch)[e]) * chunk
         start = torch.where(seg < E, start, torch.full_like(start, n))
@@ -396,15 +496,24 @@ class FusedSymmetricContraction(torch.nn.Module):
 
         triton_sc.prepare(desc, self._meta, desc[0].device)
 
-    def _desc_tensors(self) -> List[torch.Tensor]:
+    def _desc_tensors(self) -> list[torch.Tensor]:
         """The descriptor tables in the order of the operators' ``desc`` argument (sc_ops.h)."""
-        return [self._sc_parent, self._sc_last, self._sc_slot, self._sc_term_ptr, self._sc_term_row,
-                self._sc_term_out, self._sc_out_base, self._sc_out_stride]
+        return [
+            self._sc_parent,
+            self._sc_last,
+            self._sc_slot,
+            self._sc_term_ptr,
+            self._sc_term_row,
+            self._sc_term_out,
+            self._sc_out_base,
+            self._sc_out_stride,
+        ]
 
 
 # ----------------------------------------------------------------------------------------------
 # The kernel table entry: recognised by MACE's layout, whatever the class
 # ----------------------------------------------------------------------------------------------
+
 
 def is_symmetric_contraction(m) -> bool:
     """MACE's symmetric-contraction layout, whatever the class (trainers vendor it: HydraGNN's
@@ -424,7 +533,10 @@ def is_symmetric_contraction(m) -> bool:
             return False
         if len(getattr(c, "weights", ())) != nu - 1 or not callable(getattr(c, "U_tensors", None)):
             return False
-        if any(not isinstance(getattr(c, f"U_matrix_{k}", None), torch.Tensor) for k in range(1, nu + 1)):
+        if any(
+            not isinstance(getattr(c, f"U_matrix_{k}", None), torch.Tensor)
+            for k in range(1, nu + 1)
+        ):
             return False
     return True
 
@@ -436,9 +548,13 @@ def _restore(fused: "FusedSymmetricContraction", parent: torch.nn.Module, attr: 
 KERNEL = Kernel(
     "symmetric_contraction",
     "MACE's symmetric contraction (product basis), by its layout",
-    (Form("mace-layout symmetric contraction",
-          recognise=lambda m, parent, attr: is_symmetric_contraction(m),
-          make=lambda m, parent, attr: FusedSymmetricContraction.from_mace(m),
-          is_fused=lambda m, parent, attr: isinstance(m, FusedSymmetricContraction),
-          restore=_restore),),
+    (
+        Form(
+            "mace-layout symmetric contraction",
+            recognise=lambda m, parent, attr: is_symmetric_contraction(m),
+            make=lambda m, parent, attr: FusedSymmetricContraction.from_mace(m),
+            is_fused=lambda m, parent, attr: isinstance(m, FusedSymmetricContraction),
+            restore=_restore,
+        ),
+    ),
 )

@@ -1,21 +1,22 @@
 """binpack: balanced bin-packing batches (Algorithm 1 of the MACE paper) on every rank.
 
 Its options (``max_tokens``, ``cost``, ``cost_a``, ``cost_b``, ``calibrate_steps``,
-``recalibrate_every``, ``oversize``, ``seed``, ``loss_weighting``) are declared in :func:`cfm_declare_options`
-(``cfm-run --list`` shows them). The default capacity is the
-trainer's batch size times the mean graph cost, so an epoch has about as many steps as with the
-trainer's own batches, at least the largest graph; on GPUs it is clamped to the paper's section 5.5
-range (800..4000 atoms in float32, 400..2000 in float64: enough to saturate an A100, below its
-memory ceiling). Each epoch is re-packed from ``seed + epoch``.
+``recalibrate_every``, ``oversize``, ``seed``, ``loss_weighting``) are declared in
+:func:`cfm_declare_options` (``cfm-run --list`` shows them). The default capacity is the trainer's
+batch size times the mean graph cost, so an epoch has about as many steps as with the trainer's own
+batches, at least the largest graph; on GPUs it is clamped to the paper's section 5.5 range
+(800..4000 atoms in float32, 400..2000 in float64: enough to saturate an A100, below its memory
+ceiling). Each epoch is re-packed from ``seed + epoch``.
 
 ``cost=auto`` (:class:`~cfm_plugins.sampler.AutoCostBatchSampler`): the training plans of the first
 epoch (or ``calibrate_steps`` steps) use ``cost_a*atoms + cost_b*edges`` (atoms by default), their
 steps packed at 70, 85 and 100 % of the capacity so that the counts vary
 (:func:`~cfm_plugins.sampler.packing.pack_levels`), the adapters hand every step's compute time to
 the sampler (:func:`cfm_needs_step_times` tells them to), and from the next epoch on the plans use
-a cost fitted on those times (see :mod:`cfm_plugins.sampler.autocost`). Evaluation loaders keep the initial cost (their steps run
-forward only). The clock is the training thread's CPU time on CPU ranks with one intra-op
-thread (unaffected by other processes sharing the cores), wall-clock time otherwise.
+a cost fitted on those times (see :mod:`cfm_plugins.sampler.autocost`). Evaluation loaders keep the
+initial cost (their steps run forward only). The clock is the training thread's CPU time on CPU
+ranks with one intra-op thread (unaffected by other processes sharing the cores), wall-clock time
+otherwise.
 
 ``loss_weighting``: batches filled to a token budget hold varying numbers of graphs, so a trainer's
 per-batch loss means weigh graphs (energy) and atoms (forces) unequally over an epoch.
@@ -27,6 +28,7 @@ what kept the trained model within stock's seed spread on every measure of the c
 benchmark (docs/benchmarks.md, "Training quality"), where ``stock`` weighting was not on the
 largest structures' energies. Evaluation loaders are never reweighted.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +43,9 @@ log = logging.getLogger("cfm_plugins.binpack")
 GPU_TOKEN_RANGE = {"float32": (800, 4000), "float64": (400, 2000)}
 
 
-def default_capacity(mean_cost: float, max_cost: float, batch_size: int, device: str = "cpu",
-                     dtype: str = "float64") -> int:
+def default_capacity(
+    mean_cost: float, max_cost: float, batch_size: int, device: str = "cpu", dtype: str = "float64"
+) -> int:
     """The default bin capacity described in this module's docstring."""
     cap = math.ceil(mean_cost * max(int(batch_size), 1))
     if device == "cuda":
@@ -58,25 +61,75 @@ def cfm_declare_options():
     from cfm_plugins.sampler.weighting import LOSS_WEIGHTINGS
 
     return [
-        Option("max_tokens", float, None, "bin capacity in cost units (default: the trainer's batch size x the "
-               "mean graph cost, at least the largest graph; on GPUs clamped to 800..4000 atoms in float32, "
-               "400..2000 in float64)", positive=True),
-        Option("cost", str, "atoms", "cost of a graph: atoms, edges, linear (cost_a*atoms + cost_b*edges), or "
-               "auto (fitted on the run's own step times after calibrate_steps steps)", COST_OPTIONS),
-        Option("cost_a", float, 1.0, "atom weight of the linear cost (with cost=auto: of the calibration plans)"),
-        Option("cost_b", float, 0.0, "edge weight of the linear cost (with cost=auto: of the calibration plans)"),
-        Option("calibrate_steps", int, 0, "cost=auto: training steps timed before the first fit (0: one epoch); "
-               "the fitted cost plans from the next epoch on"),
-        Option("recalibrate_every", int, 0, "cost=auto: refit every this many epochs on the steps since the last "
-               "fit (0: never), for runs whose step cost changes (GPU warm-up, compilation)"),
-        Option("oversize", str, "error", "a graph costlier than max_tokens: error, solo (a batch of its own) "
-               "or skip", OVERSIZE_POLICIES),
-        Option("seed", int, None, "packing seed (default: the trainer's seed, else 0); epoch e packs from seed+e"),
-        Option("loss_weighting", str, "per_sample", "training loss weighting: per_sample (every graph's energy "
-               "term and every atom's forces term weigh the same over an epoch, whatever batch and rank it lands "
-               "in; where the trainer's loss cannot be reweighted, stock, said once) or stock (the trainer's "
-               "per-batch means, unchanged); evaluation is never reweighted",
-               LOSS_WEIGHTINGS),
+        Option(
+            "max_tokens",
+            float,
+            None,
+            "bin capacity in cost units (default: the trainer's batch size x the "
+            "mean graph cost, at least the largest graph; on GPUs clamped to 800..4000 atoms in "
+            "float32, "
+            "400..2000 in float64)",
+            positive=True,
+        ),
+        Option(
+            "cost",
+            str,
+            "atoms",
+            "cost of a graph: atoms, edges, linear (cost_a*atoms + cost_b*edges), or "
+            "auto (fitted on the run's own step times after calibrate_steps steps)",
+            COST_OPTIONS,
+        ),
+        Option(
+            "cost_a",
+            float,
+            1.0,
+            "atom weight of the linear cost (with cost=auto: of the calibration plans)",
+        ),
+        Option(
+            "cost_b",
+            float,
+            0.0,
+            "edge weight of the linear cost (with cost=auto: of the calibration plans)",
+        ),
+        Option(
+            "calibrate_steps",
+            int,
+            0,
+            "cost=auto: training steps timed before the first fit (0: one epoch); "
+            "the fitted cost plans from the next epoch on",
+        ),
+        Option(
+            "recalibrate_every",
+            int,
+            0,
+            "cost=auto: refit every this many epochs on the steps since the last "
+            "fit (0: never), for runs whose step cost changes (GPU warm-up, compilation)",
+        ),
+        Option(
+            "oversize",
+            str,
+            "error",
+            "a graph costlier than max_tokens: error, solo (a batch of its own) or skip",
+            OVERSIZE_POLICIES,
+        ),
+        Option(
+            "seed",
+            int,
+            None,
+            "packing seed (default: the trainer's seed, else 0); epoch e packs from seed+e",
+        ),
+        Option(
+            "loss_weighting",
+            str,
+            "per_sample",
+            "training loss weighting: per_sample (every graph's energy "
+            "term and every atom's forces term weigh the same over an epoch, whatever batch and "
+            "rank it lands "
+            "in; where the trainer's loss cannot be reweighted, stock, said once) or stock (the "
+            "trainer's "
+            "per-batch means, unchanged); evaluation is never reweighted",
+            LOSS_WEIGHTINGS,
+        ),
     ]
 
 
@@ -103,8 +156,13 @@ def costs_from_sizes(sizes, config) -> np.ndarray:
     from cfm_plugins.sampler import graph_costs
 
     kind = config.get("cost")
-    return graph_costs(sizes.atoms, sizes.edges, kind="linear" if kind == "auto" else kind, a=config.get("cost_a"),
-                       b=config.get("cost_b"))
+    return graph_costs(
+        sizes.atoms,
+        sizes.edges,
+        kind="linear" if kind == "auto" else kind,
+        a=config.get("cost_a"),
+        b=config.get("cost_b"),
+    )
 
 
 def step_clock(dist) -> str:
@@ -124,8 +182,11 @@ def global_stats(costs: np.ndarray, dist) -> tuple[float, float]:
     """(mean, max) cost over every rank's shard."""
     if dist.world_size == 1 or dist.comm is None:
         return float(np.mean(costs)), float(np.max(costs))
-    n, total, peak = dist.comm.allreduce(len(costs)), dist.comm.allreduce(float(np.sum(costs))), \
-        dist.comm.allreduce(float(np.max(costs)) if len(costs) else 0.0, op=_mpi_max())
+    n, total, peak = (
+        dist.comm.allreduce(len(costs)),
+        dist.comm.allreduce(float(np.sum(costs))),
+        dist.comm.allreduce(float(np.max(costs)) if len(costs) else 0.0, op=_mpi_max()),
+    )
     return total / max(n, 1), peak
 
 
@@ -139,10 +200,16 @@ def _mpi_max():
 def cfm_configure(config):
     for name in ("calibrate_steps", "recalibrate_every"):
         if config.get(name) < 0:
-            raise ValueError(f"binpack option {name}={config.options.get(name)!r} must be >= 0 (0: "
-                             f"{'one epoch' if name == 'calibrate_steps' else 'never'})")
+            raise ValueError(
+                f"binpack option {name}={config.options.get(name)!r} must be >= 0 (0: "
+                f"{'one epoch' if name == 'calibrate_steps' else 'never'})"
+            )
         if config.get(name) and config.get("cost") != "auto":
-            log.warning("binpack option %s is read only with cost=auto (cost=%s here)", name, config.get("cost"))
+            log.warning(
+                "binpack option %s is read only with cost=auto (cost=%s here)",
+                name,
+                config.get("cost"),
+            )
 
 
 @hookimpl
@@ -153,40 +220,85 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
     capacity = config.get("max_tokens")
     if capacity is None:
         mean, peak = global_stats(costs, dist)
-        capacity = default_capacity(mean, peak, trainer.batch_size or 8, getattr(dist, "device_type", dist.device),
-                                    trainer.dtype or "float64")
+        capacity = default_capacity(
+            mean,
+            peak,
+            trainer.batch_size or 8,
+            getattr(dist, "device_type", dist.device),
+            trainer.dtype or "float64",
+        )
     seed = config.get("seed")
-    common = dict(rank=dist.rank, world_size=dist.world_size, seed=seed if seed is not None else (trainer.seed or 0),
-                  comm=dist.comm if dist.world_size > 1 else None, local_indices=sizes.indices,
-                  oversize=config.get("oversize"), shuffle=(role == "train"), evaluation=(role != "train"),
-                  repeat=(role == "train"),
-                  loss_weighting=training_loss_weighting(config, trainer) if role == "train" else "stock")  # eval: never
+    common = dict(
+        rank=dist.rank,
+        world_size=dist.world_size,
+        seed=seed if seed is not None else (trainer.seed or 0),
+        comm=dist.comm if dist.world_size > 1 else None,
+        local_indices=sizes.indices,
+        oversize=config.get("oversize"),
+        shuffle=(role == "train"),
+        evaluation=(role != "train"),
+        repeat=(role == "train"),
+        loss_weighting=training_loss_weighting(config, trainer) if role == "train" else "stock",
+    )  # eval: never
     cost = config.get("cost")
     if cost == "auto" and role == "train":
         from cfm_plugins.sampler import AutoCostBatchSampler, CostCalibration
 
         if sizes.edges is None:
-            raise ValueError(f"cost=auto needs the edge count of every graph, and the sizes of this "
-                             f"{type(dataset).__name__} came without them; use cost=atoms, or a dataset whose "
-                             "graphs carry their edges")
+            raise ValueError(
+                f"cost=auto needs the edge count of every graph, and the sizes of this "
+                f"{type(dataset).__name__} came without them; use cost=atoms, or a dataset whose "
+                "graphs carry their edges"
+            )
         clock = step_clock(dist)
-        calibration = CostCalibration(calibrate_steps=config.get("calibrate_steps"),
-                                      recalibrate_every=config.get("recalibrate_every"), clock=clock)
-        sampler = AutoCostBatchSampler(sizes.atoms, sizes.edges, costs, capacity, calibration=calibration, **common)
-        cost = (f"auto: calibrating on {'one epoch' if not calibration.calibrate_steps else f'{calibration.calibrate_steps} steps'}"
-                f" planned with {initial_cost_label(config)}, {'thread CPU' if clock == 'cpu' else 'wall-clock'} time")
+        calibration = CostCalibration(
+            calibrate_steps=config.get("calibrate_steps"),
+            recalibrate_every=config.get("recalibrate_every"),
+            clock=clock,
+        )
+        sampler = AutoCostBatchSampler(
+            sizes.atoms, sizes.edges, costs, capacity, calibration=calibration, **common
+        )
+        cost = (
+            "auto: calibrating on "
+            + (
+                f"{calibration.calibrate_steps} steps"
+                if calibration.calibrate_steps
+                else "one epoch"
+            )
+            + f" planned with {initial_cost_label(config)}, "
+            f"{'thread CPU' if clock == 'cpu' else 'wall-clock'} time"
+        )
     else:
-        sampler = BinPackBatchSampler(costs, capacity, atoms=sizes.atoms if role == "train" else None, **common)
+        sampler = BinPackBatchSampler(
+            costs, capacity, atoms=sizes.atoms if role == "train" else None, **common
+        )
         if cost == "auto":
-            cost = f"{initial_cost_label(config)}: evaluation loaders keep the initial cost under cost=auto"
-    log.info("binpack %s: %d steps on each of %d ranks, capacity %g (%s)", role, len(sampler), dist.world_size,
-             capacity, cost)
+            cost = (
+                f"{initial_cost_label(config)}: "
+                "evaluation loaders keep the initial cost under cost=auto"
+            )
+    log.info(
+        "binpack %s: %d steps on each of %d ranks, capacity %g (%s)",
+        role,
+        len(sampler),
+        dist.world_size,
+        capacity,
+        cost,
+    )
     if role == "train" and dist.rank == 0:
         log_weight_spread(sampler)
     if sampler.repeated:
-        log.warning("binpack %s: %d sample(s) do not give each of %d ranks a batch at every step: %d of them "
-                    "repeated in epoch %d (others in later epochs), as torch's DistributedSampler pads",
-                    role, len(sampler.costs), dist.world_size, sampler.repeated, sampler.epoch)
+        log.warning(
+            "binpack %s: %d sample(s) do not give each of %d ranks a batch at every step: %d of "
+            "them "
+            "repeated in epoch %d (others in later epochs), as torch's DistributedSampler pads",
+            role,
+            len(sampler.costs),
+            dist.world_size,
+            sampler.repeated,
+            sampler.epoch,
+        )
     return sampler
 
 
@@ -196,17 +308,21 @@ def initial_cost_label(config) -> str:
 
 
 def training_loss_weighting(config, trainer) -> str:
-    """The ``loss_weighting`` the training sampler uses: the option's value where the trainer's adapter
-    can apply it (``trainer.loss_weightings``). A weighting set explicitly that the adapter cannot
-    apply is an error; the default (``per_sample``) falls back to ``stock``, said in one log line: a
-    loss that has no per-sample weights to scale (mace's Huber loss, a trainer whose adapter offers
-    none) trains as the trainer defines it."""
+    """The ``loss_weighting`` the training sampler uses: the option's value where the trainer's
+    adapter can apply it (``trainer.loss_weightings``). A weighting set explicitly that the
+    adapter cannot apply is an error; the default (``per_sample``) falls back to ``stock``, said
+    in one log line: a loss that has no per-sample weights to scale (mace's Huber loss, a trainer
+    whose adapter offers none) trains as the trainer defines it."""
     wanted = config.get("loss_weighting")
     if wanted in trainer.loss_weightings:
         return wanted
     loss = trainer.loss or "this trainer's loss"
-    why = (f"binpack loss_weighting={wanted}: {loss} cannot be reweighted per sample (the adapter scales "
-           f"per-sample weights only in losses linear in them; it offers {', '.join(trainer.loss_weightings)})")
+    why = (
+        f"binpack loss_weighting={wanted}: {loss} cannot be reweighted per sample (the adapter "
+        "scales "
+        "per-sample weights only in losses linear in them; it offers "
+        f"{', '.join(trainer.loss_weightings)})"
+    )
     if "loss_weighting" in config.options:
         raise ValueError(f"{why}: set loss_weighting=stock or change the loss")
     log.info("%s: using loss_weighting=stock", why)
@@ -215,14 +331,25 @@ def training_loss_weighting(config, trainer) -> str:
 
 def log_weight_spread(sampler) -> None:
     """Say how unequally the trainer's own loss means weigh graphs and atoms over epoch 0's plan,
-    and what ``loss_weighting`` does about it (step-wide means, as mace's loss; per-rank means differ
+    and what ``loss_weighting`` does about it (step-wide means, as mace's loss; per-rank means
+    differ
     little)."""
     from cfm_plugins.sampler.weighting import weight_spread
 
     graphs, atoms = weight_spread(sampler.plan(), sampler.atoms, "step")
     if sampler.loss_weighting == "per_sample":
-        log.info("binpack loss_weighting=per_sample: every graph and atom weighs the same over an epoch (the "
-                 "trainer's own means would weigh graphs up to %.1fx and atoms up to %.1fx apart)", graphs, atoms)
+        log.info(
+            "binpack loss_weighting=per_sample: every graph and atom weighs the same over an epoch "
+            "(the "
+            "trainer's own means would weigh graphs up to %.1fx and atoms up to %.1fx apart)",
+            graphs,
+            atoms,
+        )
     else:
-        log.info("binpack loss_weighting=stock: over an epoch the per-batch means weigh graphs up to %.1fx and "
-                 "atoms up to %.1fx apart (loss_weighting=per_sample makes them equal)", graphs, atoms)
+        log.info(
+            "binpack loss_weighting=stock: over an epoch the per-batch means weigh graphs up to "
+            "%.1fx and "
+            "atoms up to %.1fx apart (loss_weighting=per_sample makes them equal)",
+            graphs,
+            atoms,
+        )

@@ -8,6 +8,7 @@ read only here): ``fused_kernels``, which kernels; ``fused_backend``, which kern
 run on CUDA tensors (the Triton ones generated from the same descriptors, the default where Triton
 imports, or the C++ CUDA ones), handed to :func:`cfm_plugins.ops._backend.set_gpu_backend`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,20 +18,37 @@ from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.fused")
 
-_REPORTED = weakref.WeakSet()  # models reported once: nequip patches its model at every Trainer setup
+_REPORTED = (
+    weakref.WeakSet()
+)  # models reported once: nequip patches its model at every Trainer setup
 
 
 @hookimpl
 def cfm_declare_options():
     from cfm_plugins.options import Option
 
-    return [Option("fused_kernels", str, "symmetric_contraction,conv_tp",
-                   "comma list of the kernels to swap in: symmetric_contraction, conv_tp (or a registered one)"),
-            Option("fused_backend", str, None,
-                   "kernels of the fused operators on CUDA tensors: auto (default, or CFM_PLUGINS_GPU_BACKEND: "
-                   "Triton where it imports, else the C++ CUDA kernels), triton (Triton kernels generated from "
-                   "the descriptors, NVIDIA and AMD; 2.6-3.1x faster train steps than cuda on an H100), cuda "
-                   "(the C++ CUDA kernels). CPU tensors always run the C++ CPU kernels", ("auto", "cuda", "triton"))]
+    return [
+        Option(
+            "fused_kernels",
+            str,
+            "symmetric_contraction,conv_tp",
+            "comma list of the kernels to swap in: symmetric_contraction, conv_tp (or a registered "
+            "one)",
+        ),
+        Option(
+            "fused_backend",
+            str,
+            None,
+            "kernels of the fused operators on CUDA tensors: auto (default, or "
+            "CFM_PLUGINS_GPU_BACKEND: "
+            "Triton where it imports, else the C++ CUDA kernels), triton (Triton kernels generated "
+            "from "
+            "the descriptors, NVIDIA and AMD; 2.6-3.1x faster train steps than cuda on an H100), "
+            "cuda "
+            "(the C++ CUDA kernels). CPU tensors always run the C++ CPU kernels",
+            ("auto", "cuda", "triton"),
+        ),
+    ]
 
 
 @hookimpl
@@ -38,15 +56,22 @@ def cfm_needs_adapter():
     return True  # models are patched where an adapter builds the trainer's model
 
 
-def refuse_other_kernels(kernels, enable_cueq=False, enable_oeq=False,
-                         remedy="use one of them (drop fused from --enable, or the mace flag)") -> None:
+def refuse_other_kernels(
+    kernels,
+    enable_cueq=False,
+    enable_oeq=False,
+    remedy="use one of them (drop fused from --enable, or the mace flag)",
+) -> None:
     """The fused kernels and mace's cuEquivariance/OpenEquivariance swaps replace the same modules.
 
     The one check of this conflict: the ``fused`` plugin runs it on the trainer's settings and
     :class:`cfm_plugins.calculators.CFMCalculator` on its arguments.
     """
     if kernels and (enable_cueq or enable_oeq):
-        raise ValueError(f"the fused kernels and mace's enable_cueq/enable_oeq replace the same modules: {remedy}")
+        raise ValueError(
+            "the fused kernels and mace's enable_cueq/enable_oeq replace the same modules: "
+            f"{remedy}"
+        )
 
 
 def kernels_option(config) -> tuple[str, ...]:
@@ -78,10 +103,18 @@ def _report(model, report, kernels) -> None:
     if report.total:
         log.info("fused kernels swapped in %s: %s", name, report.describe())
     if report.missing:
-        what = "nothing was swapped and training goes on with its own layers" if report.total == 0 else \
-            "those stay stock"
-        log.warning("fused: the model (%s) has no module for %s of fused_kernels=%s; %s", name,
-                    ", ".join(report.missing), ",".join(kernels), what)
+        what = (
+            "nothing was swapped and training goes on with its own layers"
+            if report.total == 0
+            else "those stay stock"
+        )
+        log.warning(
+            "fused: the model (%s) has no module for %s of fused_kernels=%s; %s",
+            name,
+            ", ".join(report.missing),
+            ",".join(kernels),
+            what,
+        )
 
 
 def apply_backend_option(config) -> None:

@@ -8,11 +8,12 @@ pad atoms form inert pad graphs whose outputs are cut off before the trainer's l
 (:mod:`cfm_plugins.static.forward`), so losses, gradients and metrics are those of the unpadded
 batch. ``compile=reduce-overhead`` (CUDA graphs) needs a GPU.
 
-Why a feature plugin and not part of an adapter: like ``binpack`` and ``fused`` it acts through hooks
-that every adapter calls at its seams (``cfm_batch_budget`` where a loader is built,
+Why a feature plugin and not part of an adapter: like ``binpack`` and ``fused`` it acts through
+hooks that every adapter calls at its seams (``cfm_batch_budget`` where a loader is built,
 ``cfm_static_forward`` where the model is built); the adapter brings what is trainer-specific (how a
 batch is padded, which outputs are per graph or per atom, what a model needs before compiling).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,9 @@ from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.static")
 
-_FORWARDS: weakref.WeakSet = weakref.WeakSet()  # the StaticForwards this process installed, for the summary
+_FORWARDS: weakref.WeakSet = (
+    weakref.WeakSet()
+)  # the StaticForwards this process installed, for the summary
 
 
 @hookimpl
@@ -34,14 +37,36 @@ def cfm_declare_options():
     from cfm_plugins.static.budget import DEFAULT_HEADROOM
 
     return [
-        Option("static_shapes", bool, True, "pad every batch of a loader to one budget of atoms, edges and graphs "
-               "(from the bin-packing plan; needs binpack) so the model sees one shape"),
-        Option("compile", str, "off", "torch.compile the model's forward with forces (fullgraph, one graph per "
-               "shape): off, default, max-autotune, or reduce-overhead (CUDA graphs; GPUs only)", COMPILE_MODES),
-        Option("compile_backend", str, "inductor", "torch.compile backend: inductor (generated kernels) or "
-               "aot_eager (the same graphs run op by op, no code generation: tests, debugging)", COMPILE_BACKENDS),
-        Option("budget_headroom", float, DEFAULT_HEADROOM, "headroom of the padded budget over the fullest planned "
-               "bin, for edges and graphs (a batch over the budget raises it, logged)"),
+        Option(
+            "static_shapes",
+            bool,
+            True,
+            "pad every batch of a loader to one budget of atoms, edges and graphs "
+            "(from the bin-packing plan; needs binpack) so the model sees one shape",
+        ),
+        Option(
+            "compile",
+            str,
+            "off",
+            "torch.compile the model's forward with forces (fullgraph, one graph per "
+            "shape): off, default, max-autotune, or reduce-overhead (CUDA graphs; GPUs only)",
+            COMPILE_MODES,
+        ),
+        Option(
+            "compile_backend",
+            str,
+            "inductor",
+            "torch.compile backend: inductor (generated kernels) or "
+            "aot_eager (the same graphs run op by op, no code generation: tests, debugging)",
+            COMPILE_BACKENDS,
+        ),
+        Option(
+            "budget_headroom",
+            float,
+            DEFAULT_HEADROOM,
+            "headroom of the padded budget over the fullest planned "
+            "bin, for edges and graphs (a batch over the budget raises it, logged)",
+        ),
         Option("budget_epochs", int, 3, "the budget covers the plans of this many first epochs"),
     ]
 
@@ -57,7 +82,8 @@ def cfm_needs_edges(config):
 
 
 def resolve_device(config) -> str:
-    """The device of the run: the ``device`` option, with ``auto`` resolved as the ranks resolve it."""
+    """The device of the run: the ``device`` option, with ``auto`` resolved as the ranks resolve
+    it."""
     device = config.get("device") or "auto"
     if device == "auto":
         import torch
@@ -71,26 +97,41 @@ def cfm_configure(config):
     from cfm_plugins.static.forward import check_compile_mode
 
     if config.get("budget_headroom") < 0:
-        raise ValueError(f"static option budget_headroom={config.get('budget_headroom')!r} must be >= 0")
+        raise ValueError(
+            f"static option budget_headroom={config.get('budget_headroom')!r} must be >= 0"
+        )
     if config.get("budget_epochs") < 1:
-        raise ValueError(f"static option budget_epochs={config.get('budget_epochs')!r} must be >= 1")
+        raise ValueError(
+            f"static option budget_epochs={config.get('budget_epochs')!r} must be >= 1"
+        )
     check_compile_mode(config.get("compile"), resolve_device(config), config.get("compile_backend"))
-    if config.get("static_shapes") and config.pm is not None and not config.pm.hook.cfm_batch_sampler.get_hookimpls():
-        raise ValueError("static_shapes pads bin-packed batches to a budget taken from the packing plan: enable "
-                         "binpack too (--enable mace,binpack,static), or set -o static_shapes=false to compile "
-                         "without padding")
+    if (
+        config.get("static_shapes")
+        and config.pm is not None
+        and not config.pm.hook.cfm_batch_sampler.get_hookimpls()
+    ):
+        raise ValueError(
+            "static_shapes pads bin-packed batches to a budget taken from the packing plan: enable "
+            "binpack too (--enable mace,binpack,static), or set -o static_shapes=false to compile "
+            "without padding"
+        )
 
 
 def global_sizes(sizes, dist) -> tuple[np.ndarray, np.ndarray]:
-    """Atom and edge counts of the whole dataset (a collective under MPI: each rank read its shard)."""
+    """Atom and edge counts of the whole dataset (a collective under MPI: each rank read its
+    shard)."""
     if sizes.edges is None:
-        raise ValueError("static shapes need the edge count of every structure; the adapter gave none")
+        raise ValueError(
+            "static shapes need the edge count of every structure; the adapter gave none"
+        )
     if sizes.indices is None:
         return sizes.atoms, sizes.edges
     from cfm_plugins.sampler.batch_sampler import gather_shards
 
-    return (gather_shards(sizes.atoms.astype(np.float64), sizes.indices, dist.comm).astype(np.int64),
-            gather_shards(sizes.edges.astype(np.float64), sizes.indices, dist.comm).astype(np.int64))
+    return (
+        gather_shards(sizes.atoms.astype(np.float64), sizes.indices, dist.comm).astype(np.int64),
+        gather_shards(sizes.edges.astype(np.float64), sizes.indices, dist.comm).astype(np.int64),
+    )
 
 
 @hookimpl
@@ -103,20 +144,29 @@ def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
     while not hasattr(sampler, "packing_of_epoch") and hasattr(sampler, "batch_sampler"):
         sampler = sampler.batch_sampler  # wrappers (an adapter's epoch forwarding)
     if not hasattr(sampler, "packing_of_epoch"):
-        raise ValueError(f"static_shapes: the {role} batch sampler ({type(batch_sampler).__name__}) has no packing "
-                         "plan to take a budget from: enable binpack")
+        raise ValueError(
+            f"static_shapes: the {role} batch sampler ({type(batch_sampler).__name__}) has no "
+            "packing "
+            "plan to take a budget from: enable binpack"
+        )
     atoms, edges = global_sizes(sizes, dist)
     epochs = config.get("budget_epochs") if sampler.shuffle else 1
-    # bins as full as their mean rather than full and light ones, as many, and even in atoms and edges
-    # together: padding to the fullest costs the gap in each (every plan of every epoch alike, so the
-    # step count does not change)
+    # bins as full as their mean rather than full and light ones, as many, and even in atoms and
+    # edges
+    # together: padding to the fullest costs the gap in each (every plan of every epoch alike, so
+    # the step count does not change)
     sampler.even = True
     sampler.even_dims = np.column_stack([atoms, edges])
     plans = [sampler.packing_of_epoch(e) for e in range(epochs)]
     headroom = config.get("budget_headroom")
     budget = budget_of_plans(plans, sampler.costs, atoms, edges, sampler.capacity, headroom)
-    log.info("static shapes (%s): every batch padded to %s (pad over the first %d epoch plan(s): %s)",
-             role, budget, epochs, padding_overhead(plans, atoms, edges, budget))
+    log.info(
+        "static shapes (%s): every batch padded to %s (pad over the first %d epoch plan(s): %s)",
+        role,
+        budget,
+        epochs,
+        padding_overhead(plans, atoms, edges, budget),
+    )
     return BudgetTracker(budget, headroom, role)
 
 
@@ -124,8 +174,13 @@ def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
 def cfm_static_forward(model, config, spec):
     from cfm_plugins.static import forward
 
-    fwd = forward.install(model, spec, compile=config.get("compile"),
-                          dynamic=False if config.get("static_shapes") else None, backend=config.get("compile_backend"))
+    fwd = forward.install(
+        model,
+        spec,
+        compile=config.get("compile"),
+        dynamic=False if config.get("static_shapes") else None,
+        backend=config.get("compile_backend"),
+    )
     _FORWARDS.add(fwd)
     return fwd
 
@@ -145,5 +200,11 @@ def cfm_after_trainer(config, dist, exit_code):
         return
     counts = compile_counts()
     shapes = sorted({s for f in _FORWARDS for s in f.shapes}, key=str)
-    log.info("static shapes: rank %d: dynamo compiled %d graph(s) for %d shape(s) %s; graph breaks: %s",
-             getattr(dist, "rank", 0), counts["graphs"], len(shapes), shapes, counts["graph_breaks"] or "none")
+    log.info(
+        "static shapes: rank %d: dynamo compiled %d graph(s) for %d shape(s) %s; graph breaks: %s",
+        getattr(dist, "rank", 0),
+        counts["graphs"],
+        len(shapes),
+        shapes,
+        counts["graph_breaks"] or "none",
+    )

@@ -5,7 +5,8 @@
   throughout (for batches padded to one budget).
 - :class:`BinPackBatchSampler` (``batch_sampler.py``, the only module importing torch): a
   ``DataLoader(batch_sampler=...)`` per rank, MPI-agreed, resumable.
-- :func:`graph_costs`, :func:`calibrate_linear_cost`, :func:`fit_linear_cost` (``costs.py``): cost models.
+- :func:`graph_costs`, :func:`calibrate_linear_cost`, :func:`fit_linear_cost` (``costs.py``): cost
+  models.
 - :func:`fit_step_times`, :class:`StepCost`, :class:`CostCalibration` (``autocost.py``, numpy only):
   ``cost=auto``, a per-graph cost fitted on the run's own step times; :class:`AutoCostBatchSampler`
   (``batch_sampler.py``) re-plans with it.
@@ -15,17 +16,34 @@
 The packers the benchmark compares against and the paper's workload live beside the benchmark
 (``benchmarks/baselines.py``, ``benchmarks/workload.py``), not in the package.
 
-``BinPackBatchSampler`` and ``AutoCostBatchSampler`` are imported lazily so that ``from cfm_plugins.sampler import pack``
-does not import torch.
+``BinPackBatchSampler`` and ``AutoCostBatchSampler`` are imported lazily so that ``from
+cfm_plugins.sampler import pack`` does not import torch.
 """
+
 from .autocost import CostCalibration, StepCost, fit_step_times
 from .costs import LinearCostFit, calibrate_linear_cost, fit_counts, fit_linear_cost, graph_costs
 from .packing import Packing, lower_bound_bins, pack
 from .report import BalanceReport, balance_report, load_imbalance_factor, plot_batches
 
-__all__ = ["pack", "Packing", "lower_bound_bins", "graph_costs", "calibrate_linear_cost", "fit_linear_cost",
-           "fit_counts", "LinearCostFit", "fit_step_times", "StepCost", "CostCalibration", "balance_report",
-           "BalanceReport", "load_imbalance_factor", "plot_batches", "BinPackBatchSampler", "AutoCostBatchSampler"]
+__all__ = [
+    "pack",
+    "Packing",
+    "lower_bound_bins",
+    "graph_costs",
+    "calibrate_linear_cost",
+    "fit_linear_cost",
+    "fit_counts",
+    "LinearCostFit",
+    "fit_step_times",
+    "StepCost",
+    "CostCalibration",
+    "balance_report",
+    "BalanceReport",
+    "load_imbalance_factor",
+    "plot_batches",
+    "BinPackBatchSampler",
+    "AutoCostBatchSampler",
+]
 
 
 def __getattr__(name):

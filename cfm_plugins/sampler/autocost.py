@@ -45,6 +45,7 @@ so everything can be tested without torch or MPI):
 - :class:`CostCalibration`: the schedule and memory of one run: which steps calibrate, when a fit
   is due, the fits made with the epoch each applies from, and the state saved for resume.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -105,8 +106,12 @@ class StepCost:
 
     def predict(self, atoms, edges, graphs) -> np.ndarray:
         """Predicted step time of batches with these totals."""
-        return self.c0 + self.a * np.asarray(atoms, np.float64) + self.b * np.asarray(edges, np.float64) \
+        return (
+            self.c0
+            + self.a * np.asarray(atoms, np.float64)
+            + self.b * np.asarray(edges, np.float64)
             + self.g * np.asarray(graphs, np.float64)
+        )
 
     def graph_costs(self, atoms, edges) -> np.ndarray:
         """The cost of each graph: ``a*atoms + b*edges + g`` (seconds)."""
@@ -119,8 +124,11 @@ class StepCost:
         return self.a > 0 or self.b > 0 or self.g > 0
 
     def formula(self) -> str:
-        parts = [f"{_seconds(self.c0)}"] + [f"{_seconds(v)}/{n}" for n, v in
-                                             (("atom", self.a), ("edge", self.b), ("graph", self.g)) if v > 0]
+        parts = [f"{_seconds(self.c0)}"] + [
+            f"{_seconds(v)}/{n}"
+            for n, v in (("atom", self.a), ("edge", self.b), ("graph", self.g))
+            if v > 0
+        ]
         return " + ".join(parts)
 
     def to_dict(self) -> dict:
@@ -130,7 +138,7 @@ class StepCost:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StepCost":
+    def from_dict(cls, d: dict) -> StepCost:
         d = dict(d)
         d["terms"] = tuple(d.get("terms", ()))
         d["cv_table"] = tuple((tuple(t), float(e)) for t, e in d.get("cv_table", ()))
@@ -152,13 +160,19 @@ def _counts(atoms, edges, graphs, terms) -> list[np.ndarray]:
 
 
 def _fit_terms(times, atoms, edges, graphs, terms):
-    """``(coef by term, c0, r2)`` of the non-negative fit of ``times`` on ``terms`` (flat arrays)."""
+    """``(coef by term, c0, r2)`` of the non-negative fit of ``times`` on ``terms`` (flat
+    arrays)."""
     coef, c0, _, r2 = fit_counts(_counts(atoms, edges, graphs, terms), times, intercept=True)
     return dict(zip(terms, (float(c) for c in coef))), c0, r2
 
 
 def _predict(coef: dict, c0: float, atoms, edges, graphs) -> np.ndarray:
-    return c0 + coef.get("atoms", 0.0) * atoms + coef.get("edges", 0.0) * edges + coef.get("graphs", 0.0) * graphs
+    return (
+        c0
+        + coef.get("atoms", 0.0) * atoms
+        + coef.get("edges", 0.0) * edges
+        + coef.get("graphs", 0.0) * graphs
+    )
 
 
 def outlier_steps(times, atoms, edges, graphs, cutoff: float = OUTLIER_CUTOFF) -> np.ndarray:
@@ -190,8 +204,16 @@ def outlier_steps(times, atoms, edges, graphs, cutoff: float = OUTLIER_CUTOFF) -
     return flagged
 
 
-def fit_step_times(times, atoms, edges, graphs, folds: int = 5, clock: str = "cpu",
-                   outlier_cutoff: float | None = OUTLIER_CUTOFF, select: str = "best") -> StepCost:
+def fit_step_times(
+    times,
+    atoms,
+    edges,
+    graphs,
+    folds: int = 5,
+    clock: str = "cpu",
+    outlier_cutoff: float | None = OUTLIER_CUTOFF,
+    select: str = "best",
+) -> StepCost:
     """Fit step times of ``S`` steps on ``R`` ranks (four ``(S, R)`` arrays); see the module notes.
 
     Steps with an outlying record (:func:`outlier_steps`; ``outlier_cutoff=None``: none) are left
@@ -209,11 +231,16 @@ def fit_step_times(times, atoms, edges, graphs, folds: int = 5, clock: str = "cp
         raise ValueError(f"select={select!r}: expected one of {', '.join(SELECT_RULES)}")
     t, na, ne, ng = (np.asarray(x, dtype=np.float64) for x in (times, atoms, edges, graphs))
     if t.ndim != 2 or not (t.shape == na.shape == ne.shape == ng.shape):
-        raise ValueError(f"fit_step_times needs four (steps, ranks) arrays of one shape, got "
-                         f"{t.shape}, {na.shape}, {ne.shape}, {ng.shape}")
+        raise ValueError(
+            f"fit_step_times needs four (steps, ranks) arrays of one shape, got "
+            f"{t.shape}, {na.shape}, {ne.shape}, {ng.shape}"
+        )
     if t.shape[0] < 4:
-        raise ValueError(f"fit_step_times needs at least 4 timed steps, got {t.shape[0]}: calibrate on more steps "
-                         "(calibrate_steps, or a larger data set / smaller max_tokens)")
+        raise ValueError(
+            f"fit_step_times needs at least 4 timed steps, got {t.shape[0]}: calibrate on more "
+            "steps "
+            "(calibrate_steps, or a larger data set / smaller max_tokens)"
+        )
     if not np.all(np.isfinite(t)):
         raise ValueError("fit_step_times: the step times hold NaN or inf")
     dropped = 0
@@ -231,8 +258,9 @@ def fit_step_times(times, atoms, edges, graphs, folds: int = 5, clock: str = "cp
             sq = np.empty(steps)
             for f in range(k):
                 train, test = fold != f, fold == f
-                coef, c0, _ = _fit_terms(t[train].ravel(), na[train].ravel(), ne[train].ravel(), ng[train].ravel(),
-                                         terms)
+                coef, c0, _ = _fit_terms(
+                    t[train].ravel(), na[train].ravel(), ne[train].ravel(), ng[train].ravel(), terms
+                )
                 pred = _predict(coef, c0, na[test], ne[test], ng[test])
                 sq[test] = (pred.max(axis=1) - measured_max[test]) ** 2
             mse = float(sq.mean())
@@ -240,15 +268,28 @@ def fit_step_times(times, atoms, edges, graphs, folds: int = 5, clock: str = "cp
             scored.append((terms, mse, se))
     best = min(scored, key=lambda s: s[1])
     # "best": the equals of the best (a count whose coefficient came out 0 predicts the same)
-    margin = best[2] if select != "best" else 1e-9 * best[1] + (1e-9 * float(measured_max.mean())) ** 2
+    margin = (
+        best[2] if select != "best" else 1e-9 * best[1] + (1e-9 * float(measured_max.mean())) ** 2
+    )
     eligible = [s for s in scored if s[1] <= best[1] + margin]
     sign = -1 if select == "most" else 1
     terms, mse, _ = min(eligible, key=lambda s: (sign * len(s[0]), s[1]))
     coef, c0, r2 = _fit_terms(t.ravel(), na.ravel(), ne.ravel(), ng.ravel(), terms)
     table = tuple((s[0], float(np.sqrt(s[1]))) for s in sorted(scored, key=lambda s: s[1]))
-    return StepCost(c0=c0, a=coef.get("atoms", 0.0), b=coef.get("edges", 0.0), g=coef.get("graphs", 0.0),
-                    terms=terms, r2=r2, cv_rms=float(np.sqrt(mse)), steps=steps,
-                    ranks=ranks, clock=clock, cv_table=table, outliers=dropped)
+    return StepCost(
+        c0=c0,
+        a=coef.get("atoms", 0.0),
+        b=coef.get("edges", 0.0),
+        g=coef.get("graphs", 0.0),
+        terms=terms,
+        r2=r2,
+        cv_rms=float(np.sqrt(mse)),
+        steps=steps,
+        ranks=ranks,
+        clock=clock,
+        cv_table=table,
+        outliers=dropped,
+    )
 
 
 def predicted_lif(fit: StepCost, packing, atoms, edges, world_size: int) -> float:
@@ -299,8 +340,11 @@ def align_records(parts: list[list[StepRecord]], clock: str):
     """
     if not parts or any(not p for p in parts):
         return None
-    use = clock if all(getattr(r, f"{clock}_s") is not None for p in parts for r in p) else \
-        next(c for c in CLOCKS if c != clock)
+    use = (
+        clock
+        if all(getattr(r, f"{clock}_s") is not None for p in parts for r in p)
+        else next(c for c in CLOCKS if c != clock)
+    )
     if any(getattr(r, f"{use}_s") is None for p in parts for r in p):
         return None
     epochs = sorted({r.epoch for p in parts for r in p})
@@ -309,16 +353,22 @@ def align_records(parts: list[list[StepRecord]], clock: str):
         per_rank = [[r for r in p if r.epoch == e] for p in parts]
         n = min(len(x) for x in per_rank)
         if any(len(x) != n for x in per_rank):
-            log.warning("cost=auto: epoch %d has %s step records on the ranks; the first %d are used", e,
-                        [len(x) for x in per_rank], n)
+            log.warning(
+                "cost=auto: epoch %d has %s step records on the ranks; the first %d are used",
+                e,
+                [len(x) for x in per_rank],
+                n,
+            )
         for i in range(n):
             step = [x[i] for x in per_rank]
             if not any(r.warmup for r in step):
                 rows.append(step)
     if not rows:
         return None
-    mat = {k: np.array([[getattr(r, k) for r in row] for row in rows], dtype=np.float64)
-           for k in ("atoms", "edges", "graphs", f"{use}_s")}
+    mat = {
+        k: np.array([[getattr(r, k) for r in row] for row in rows], dtype=np.float64)
+        for k in ("atoms", "edges", "graphs", f"{use}_s")
+    }
     return mat[f"{use}_s"], mat["atoms"], mat["edges"], mat["graphs"], use
 
 
@@ -338,13 +388,23 @@ class Calibration:
     lif_predicted_before: float = float("nan")  # the fit's prediction for the calibration plan
 
     def to_dict(self) -> dict:
-        return {"from_epoch": self.from_epoch, "fit": self.fit.to_dict(), "lif_measured": self.lif_measured,
-                "lif_predicted": self.lif_predicted, "lif_predicted_before": self.lif_predicted_before}
+        return {
+            "from_epoch": self.from_epoch,
+            "fit": self.fit.to_dict(),
+            "lif_measured": self.lif_measured,
+            "lif_predicted": self.lif_predicted,
+            "lif_predicted_before": self.lif_predicted_before,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Calibration":
-        return cls(int(d["from_epoch"]), StepCost.from_dict(d["fit"]), float(d["lif_measured"]),
-                   float(d["lif_predicted"]), float(d.get("lif_predicted_before", float("nan"))))
+    def from_dict(cls, d: dict) -> Calibration:
+        return cls(
+            int(d["from_epoch"]),
+            StepCost.from_dict(d["fit"]),
+            float(d["lif_measured"]),
+            float(d["lif_predicted"]),
+            float(d.get("lif_predicted_before", float("nan"))),
+        )
 
 
 def data_digest(atoms, edges) -> str:
@@ -383,9 +443,15 @@ class CostCalibration:
 
     def __post_init__(self):
         if int(self.calibrate_steps) != self.calibrate_steps or self.calibrate_steps < 0:
-            raise ValueError(f"calibrate_steps must be an integer >= 0 (0: one epoch), got {self.calibrate_steps!r}")
+            raise ValueError(
+                "calibrate_steps must be an integer >= 0 (0: one epoch), got "
+                f"{self.calibrate_steps!r}"
+            )
         if int(self.recalibrate_every) != self.recalibrate_every or self.recalibrate_every < 0:
-            raise ValueError(f"recalibrate_every must be an integer >= 0 (0: never), got {self.recalibrate_every!r}")
+            raise ValueError(
+                "recalibrate_every must be an integer >= 0 (0: never), got "
+                f"{self.recalibrate_every!r}"
+            )
         self.levels = check_levels(self.levels)
         if self.clock not in CLOCKS:
             raise ValueError(f"clock {self.clock!r}: expected one of {', '.join(CLOCKS)}")
@@ -425,16 +491,27 @@ class CostCalibration:
             return done >= max(int(self.calibrate_steps), 1)
         return epoch >= self.history[-1].from_epoch + self.recalibrate_every
 
-    def record(self, epoch: int, atoms: int, edges: int, graphs: int, wall_s=None, cpu_s=None) -> None:
+    def record(
+        self, epoch: int, atoms: int, edges: int, graphs: int, wall_s=None, cpu_s=None
+    ) -> None:
         """This rank's step: its batch totals and compute time."""
         if not self.collecting:
             return
         first = not self._started
         self._started = True
-        self.records.append(StepRecord(int(epoch), int(atoms), int(edges), int(graphs),
-                                       None if wall_s is None else float(wall_s),
-                                       None if cpu_s is None else float(cpu_s)))
-        if first:  # the process's first steps pay one-off costs (allocation, lazy init, DDP buckets)
+        self.records.append(
+            StepRecord(
+                int(epoch),
+                int(atoms),
+                int(edges),
+                int(graphs),
+                None if wall_s is None else float(wall_s),
+                None if cpu_s is None else float(cpu_s),
+            )
+        )
+        if (
+            first
+        ):  # the process's first steps pay one-off costs (allocation, lazy init, DDP buckets)
             self._warmup_left = self.warmup_steps
         if self._warmup_left > 0:
             self.records[-1].warmup = True
@@ -452,9 +529,15 @@ class CostCalibration:
 
     # -- resume ---------------------------------------------------------------------------------
     def state(self, digest: str) -> dict:
-        return {"version": STATE_VERSION, "data": digest, "calibrations": [c.to_dict() for c in self.history]}
+        return {
+            "version": STATE_VERSION,
+            "data": digest,
+            "calibrations": [c.to_dict() for c in self.history],
+        }
 
-    def load_state(self, state: dict, digest: str, epoch: int | None = None, restart_at_zero: bool = False) -> bool:
+    def load_state(
+        self, state: dict, digest: str, epoch: int | None = None, restart_at_zero: bool = False
+    ) -> bool:
         """Restore saved calibrations; returns False (and says why) when they do not apply.
 
         ``epoch``: the epoch the trainer resumes at; calibrations applying from a later epoch
@@ -465,17 +548,27 @@ class CostCalibration:
         if not state:
             return False
         if state.get("version") != STATE_VERSION:
-            log.warning("cost=auto: saved calibration has version %r (this is %d); calibrating anew",
-                        state.get("version"), STATE_VERSION)
+            log.warning(
+                "cost=auto: saved calibration has version %r (this is %d); calibrating anew",
+                state.get("version"),
+                STATE_VERSION,
+            )
             return False
         if state.get("data") != digest:
-            log.warning("cost=auto: the saved calibration belongs to another training set (other graph sizes); "
-                        "calibrating anew")
+            log.warning(
+                "cost=auto: the saved calibration belongs to another training set (other graph "
+                "sizes); "
+                "calibrating anew"
+            )
             return False
         history = [Calibration.from_dict(c) for c in state.get("calibrations", [])]
         if restart_at_zero and history:
             last = history[-1]
-            history = [Calibration(0, last.fit, last.lif_measured, last.lif_predicted, last.lif_predicted_before)]
+            history = [
+                Calibration(
+                    0, last.fit, last.lif_measured, last.lif_predicted, last.lif_predicted_before
+                )
+            ]
         elif epoch is not None:
             history = [c for c in history if c.from_epoch <= epoch]
         self.history = history

@@ -8,8 +8,10 @@ are gathered once, and at the start of every epoch the ranks compare a checksum 
 
 With ``loss_weighting="per_sample"`` the sampler also gives, for every batch it yielded, the loss
 scales that make each graph and atom weigh the same over the epoch (:mod:`.weighting`); a trainer
-adapter applies them to the batch the DataLoader returns (:meth:`BinPackBatchSampler.next_loss_scale`).
+adapter applies them to the batch the DataLoader returns
+(:meth:`BinPackBatchSampler.next_loss_scale`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -19,8 +21,23 @@ import logging
 import numpy as np
 from torch.utils.data import Sampler
 
-from .autocost import Calibration, align_records, data_digest, fit_step_times, fitted_costs, predicted_lif
-from .packing import Packing, check_capacity, check_world_size, pack, pack_levels, packing_from_bins, validate_costs
+from .autocost import (
+    Calibration,
+    align_records,
+    data_digest,
+    fit_step_times,
+    fitted_costs,
+    predicted_lif,
+)
+from .packing import (
+    Packing,
+    check_capacity,
+    check_world_size,
+    pack,
+    pack_levels,
+    packing_from_bins,
+    validate_costs,
+)
 from .report import load_imbalance_factor
 from .weighting import LossScale, check_loss_weighting, check_reduction, per_sample_scales
 
@@ -40,8 +57,10 @@ def gather_shards(costs: np.ndarray, local_indices, comm) -> np.ndarray:
     """
     idx = np.asarray(local_indices, dtype=np.int64)
     if idx.ndim != 1 or idx.shape != costs.shape[:1]:
-        raise ValueError(f"local_indices has shape {idx.shape} but costs has shape {costs.shape}: "
-                         "give one global dataset index per local cost")
+        raise ValueError(
+            f"local_indices has shape {idx.shape} but costs has shape {costs.shape}: "
+            "give one global dataset index per local cost"
+        )
     parts = comm.allgather((idx, costs))
     all_idx = np.concatenate([p[0] for p in parts])
     all_cost = np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts])
@@ -55,12 +74,17 @@ def gather_shards(costs: np.ndarray, local_indices, comm) -> np.ndarray:
     if np.any(seen > 1):
         dup = np.flatnonzero(seen > 1)
         owners = [r for r, p in enumerate(parts) if np.isin(p[0], dup[:1]).any()]
-        raise ValueError(f"shards overlap: {len(dup)} sample(s) appear on more than one rank, e.g. sample "
-                         f"{int(dup[0])} on ranks {_rank_list(owners)}; give each global index to exactly one rank")
+        raise ValueError(
+            f"shards overlap: {len(dup)} sample(s) appear on more than one rank, e.g. sample "
+            f"{int(dup[0])} on ranks {_rank_list(owners)}; give each global index to exactly one "
+            "rank"
+        )
     if np.any(seen == 0):
         gap = np.flatnonzero(seen == 0)
-        raise ValueError(f"shards leave gaps: {len(gap)} sample(s) of 0..{n - 1} are on no rank, e.g. "
-                         f"{gap[:5].tolist()}; every global index must belong to one rank")
+        raise ValueError(
+            f"shards leave gaps: {len(gap)} sample(s) of 0..{n - 1} are on no rank, e.g. "
+            f"{gap[:5].tolist()}; every global index must belong to one rank"
+        )
     out = np.empty((n,) + all_cost.shape[1:], dtype=np.float64)
     out[all_idx] = all_cost
     return out
@@ -93,43 +117,75 @@ class BinPackBatchSampler(Sampler):
         loss_weighting: ``"stock"`` (the trainer's own loss, unchanged) or ``"per_sample"``:
             :meth:`next_loss_scale` gives the factors of each yielded batch (see
             :mod:`cfm_plugins.sampler.weighting`).
-        even: bins of nearly equal cost instead of full ones, as many (:func:`~cfm_plugins.sampler.packing.pack_even`): what
-            batches padded to one budget want (the ``static`` feature sets it); a settable attribute.
+        even: bins of nearly equal cost instead of full ones, as many
+        (:func:`~cfm_plugins.sampler.packing.pack_even`): what
+            batches padded to one budget want (the ``static`` feature sets it); a settable
+            attribute.
 
     ``len()`` is the number of steps of the current epoch, the same on every rank.
     ``state_dict()`` records epoch, seed and the batches yielded so far; after
     ``load_state_dict`` the next iteration continues with the next batch.
     """
 
-    def __init__(self, costs, capacity, *, rank: int, world_size: int, seed: int = 0, comm=None,
-                 local_indices=None, drop_last: bool = False, oversize: str = "error", shuffle: bool = True,
-                 evaluation: bool = False, repeat: bool = False, atoms=None, loss_weighting: str = "stock",
-                 even: bool = False):
+    def __init__(
+        self,
+        costs,
+        capacity,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int = 0,
+        comm=None,
+        local_indices=None,
+        drop_last: bool = False,
+        oversize: str = "error",
+        shuffle: bool = True,
+        evaluation: bool = False,
+        repeat: bool = False,
+        atoms=None,
+        loss_weighting: str = "stock",
+        even: bool = False,
+    ):
         # world_size and capacity first (rank is checked against world_size; comm against both);
         # oversize and the costs are checked by ``pack``, which runs at the end of the constructor
         world_size = check_world_size(world_size)
         if int(rank) != rank or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank!r} is not in 0..{world_size - 1} (world_size {world_size})")
+            raise ValueError(
+                f"rank {rank!r} is not in 0..{world_size - 1} (world_size {world_size})"
+            )
         if int(seed) != seed or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.rank, self.world_size, self.seed = int(rank), world_size, int(seed)
         self.capacity = check_capacity(capacity)
-        self.comm, self.drop_last, self.oversize, self.shuffle = comm, bool(drop_last), oversize, bool(shuffle)
+        self.comm, self.drop_last, self.oversize, self.shuffle = (
+            comm,
+            bool(drop_last),
+            oversize,
+            bool(shuffle),
+        )
         self.evaluation, self.repeat, self.even = bool(evaluation), bool(repeat), bool(even)
         #: with ``even``, per-sample sizes (``(n, k)``: atoms, edges) the bins are to be even in too
         #: (:func:`~cfm_plugins.sampler.even_dims.pack_even_dims`); set by the ``static`` plugin
         self.even_dims = None
         self.loss_weighting = check_loss_weighting(loss_weighting)
         if self.loss_weighting != "stock" and atoms is None:
-            raise ValueError(f"loss_weighting={loss_weighting!r} needs the atom count of every sample (atoms=...)")
+            raise ValueError(
+                f"loss_weighting={loss_weighting!r} needs the atom count of every sample "
+                "(atoms=...)"
+            )
         if comm is not None:
             self._check_comm(comm)
         self.costs = validate_costs(self._global(costs, local_indices))
         self.atoms = None if atoms is None else self._global(atoms, local_indices, check=False)
         if self.atoms is not None and self.atoms.shape != self.costs.shape:
-            raise ValueError(f"atoms has {self.atoms.size} entries, costs {self.costs.size}: give one atom count "
-                             "per sample")
-        self._yielded_bins: collections.deque = collections.deque()  # bins yielded, scales not yet taken
+            raise ValueError(
+                f"atoms has {self.atoms.size} entries, costs {self.costs.size}: give one atom "
+                "count "
+                "per sample"
+            )
+        self._yielded_bins: collections.deque = (
+            collections.deque()
+        )  # bins yielded, scales not yet taken
         self._scales: dict = {}  # (plan key, reduction) -> per-bin scales
         self.epoch = 0
         self._resume = 0  # batches to skip at the next __iter__ (set by load_state_dict)
@@ -152,8 +208,10 @@ class BinPackBatchSampler(Sampler):
             return gather_shards(local, local_indices, self.comm)
         idx = np.asarray(local_indices, dtype=np.int64)
         if idx.shape != local.shape or not np.array_equal(np.sort(idx), np.arange(len(idx))):
-            raise ValueError("local_indices hold a shard but comm is None: pass the mpi4py communicator "
-                             "(comm=MPI.COMM_WORLD) so the shards can be gathered, or give global costs")
+            raise ValueError(
+                "local_indices hold a shard but comm is None: pass the mpi4py communicator "
+                "(comm=MPI.COMM_WORLD) so the shards can be gathered, or give global costs"
+            )
         glob = np.empty(len(idx))
         glob[idx] = local
         return glob
@@ -164,16 +222,23 @@ class BinPackBatchSampler(Sampler):
         if size is not None and size != self.world_size:
             raise ValueError(f"world_size={self.world_size} but the communicator has {size} ranks")
         if hasattr(comm, "Get_rank") and comm.Get_rank() != self.rank:
-            raise ValueError(f"rank={self.rank} but this process is rank {comm.Get_rank()} of the communicator")
+            raise ValueError(
+                f"rank={self.rank} but this process is rank {comm.Get_rank()} of the communicator"
+            )
 
     def _check_same_costs(self, glob: np.ndarray):
-        digest = (len(glob), hashlib.blake2b(np.ascontiguousarray(glob).tobytes(), digest_size=16).hexdigest())
+        digest = (
+            len(glob),
+            hashlib.blake2b(np.ascontiguousarray(glob).tobytes(), digest_size=16).hexdigest(),
+        )
         everyone = self.comm.allgather(digest)
         odd = [r for r, d in enumerate(everyone) if d != everyone[0]]
         if odd:
-            raise ValueError(f"ranks {_rank_list(odd)} have different global costs than rank 0 "
-                             f"({[d[0] for d in everyone]} samples): without local_indices every rank must "
-                             "give the same global cost array")
+            raise ValueError(
+                f"ranks {_rank_list(odd)} have different global costs than rank 0 "
+                f"({[d[0] for d in everyone]} samples): without local_indices every rank must "
+                "give the same global cost array"
+            )
 
     def _verify(self, plan: Packing):
         """Compare the plan's checksum across ranks (collective, once per epoch)."""
@@ -184,11 +249,15 @@ class BinPackBatchSampler(Sampler):
             groups = {}
             for r, h in enumerate(sums):
                 groups.setdefault(h, []).append(r)
-            desc = "; ".join(f"ranks [{_rank_list(rs)}] have plan {h[:12]}" for h, rs in groups.items())
+            desc = "; ".join(
+                f"ranks [{_rank_list(rs)}] have plan {h[:12]}" for h, rs in groups.items()
+            )
             odd = [r for r, h in enumerate(sums) if h != sums[0]]
-            raise RuntimeError(f"the ranks disagree on the batch plan of epoch {self.epoch}: ranks "
-                               f"{_rank_list(odd)} differ from rank 0 ({desc}); give every rank the same "
-                               "seed, capacity, costs and options")
+            raise RuntimeError(
+                f"the ranks disagree on the batch plan of epoch {self.epoch}: ranks "
+                f"{_rank_list(odd)} differ from rank 0 ({desc}); give every rank the same "
+                "seed, capacity, costs and options"
+            )
         self._verified_key = self._plan_key
 
     # -- the plan ------------------------------------------------------------------------------
@@ -196,16 +265,30 @@ class BinPackBatchSampler(Sampler):
         return self.seed + (self.epoch if epoch is None else int(epoch)) if self.shuffle else None
 
     def packing_of_epoch(self, epoch: int) -> Packing:
-        """The (global) packing of epoch ``epoch``, before ``drop_last``, without changing the sampler's
-        epoch: what the epochs ahead will hold (padded batches size their budget from it)."""
-        return pack(self.costs, self.capacity, self.world_size, seed=self._pack_seed(epoch), oversize=self.oversize,
-                    evaluation=self.evaluation, repeat=self.repeat, even=self.even,
-                    dims=self.even_dims if self.even else None)
+        """The (global) packing of epoch ``epoch``, before ``drop_last``, without changing the
+        sampler's epoch: what the epochs ahead will hold (padded batches size their budget from
+        it)."""
+        return pack(
+            self.costs,
+            self.capacity,
+            self.world_size,
+            seed=self._pack_seed(epoch),
+            oversize=self.oversize,
+            evaluation=self.evaluation,
+            repeat=self.repeat,
+            even=self.even,
+            dims=self.even_dims if self.even else None,
+        )
 
     def plan(self) -> Packing:
         """The (global) packing of the current epoch, after ``drop_last``."""
-        key = (self._pack_seed(), self.epoch if self.shuffle else None, self._cost_version, self.even,
-               None if self.even_dims is None else id(self.even_dims))
+        key = (
+            self._pack_seed(),
+            self.epoch if self.shuffle else None,
+            self._cost_version,
+            self.even,
+            None if self.even_dims is None else id(self.even_dims),
+        )
         if self._plan is None or self._plan_key != key:
             p = self.packing_of_epoch(self.epoch)
             if self.drop_last:
@@ -221,19 +304,28 @@ class BinPackBatchSampler(Sampler):
             self._dropped = (0, 0)
             return p
         if not keep.any():
-            raise ValueError("drop_last=True would drop every step (all bins under half the capacity); "
-                             "use drop_last=False or a smaller capacity")
-        kept = packing_from_bins([p[b] for b in np.flatnonzero(np.repeat(keep, w))], w, solo=p.solo,
-                                 skipped=p.skipped)
+            raise ValueError(
+                "drop_last=True would drop every step (all bins under half the capacity); "
+                "use drop_last=False or a smaller capacity"
+            )
+        kept = packing_from_bins(
+            [p[b] for b in np.flatnonzero(np.repeat(keep, w))], w, solo=p.solo, skipped=p.skipped
+        )
         n_drop = len(p.indices) - len(kept.indices)
         self._dropped = (int((~keep).sum()), int(n_drop))
-        log.info("drop_last: dropped %d step(s) whose bins average under half the capacity (%d samples "
-                 "not seen in epoch %d)", self._dropped[0], n_drop, self.epoch)
+        log.info(
+            "drop_last: dropped %d step(s) whose bins average under half the capacity (%d samples "
+            "not seen in epoch %d)",
+            self._dropped[0],
+            n_drop,
+            self.epoch,
+        )
         return kept
 
     @property
     def repeated(self) -> int:
-        """Samples placed twice in the current epoch's plan so that every rank has a batch (``repeat``)."""
+        """Samples placed twice in the current epoch's plan so that every rank has a batch
+        (``repeat``)."""
         return len(self.plan().repeated)
 
     @property
@@ -266,20 +358,23 @@ class BinPackBatchSampler(Sampler):
 
     # -- loss weighting ------------------------------------------------------------------------
     def loss_scales(self, reduction: str = "step") -> np.ndarray:
-        """``(num_bins, 2)`` factors ``[graphs, atoms]`` of every bin of the current plan (all 1 under
-        ``loss_weighting="stock"``); ``reduction`` is how the trainer averages its loss over ranks
-        (:mod:`cfm_plugins.sampler.weighting`)."""
+        """``(num_bins, 2)`` factors ``[graphs, atoms]`` of every bin of the current plan (all 1
+        under ``loss_weighting="stock"``); ``reduction`` is how the trainer averages its loss
+        over ranks (:mod:`cfm_plugins.sampler.weighting`)."""
         check_reduction(reduction)
         plan = self.plan()
         if self.loss_weighting == "stock":
             return np.ones((len(plan), 2))
         key = (self._plan_key, reduction)
         if key not in self._scales:
-            self._scales = {key: per_sample_scales(plan, self.atoms, reduction)}  # the current plan's only
+            self._scales = {
+                key: per_sample_scales(plan, self.atoms, reduction)
+            }  # the current plan's only
         return self._scales[key]
 
     def next_loss_scale(self, reduction: str = "step") -> LossScale:
-        """The factors of the oldest batch yielded and not yet scaled, in the order batches were yielded.
+        """The factors of the oldest batch yielded and not yet scaled, in the order batches were
+        yielded.
 
         A DataLoader returns batches in the order its batch sampler yielded them (prefetching
         workers included), so an adapter calls this once for every batch the loader returns.
@@ -288,17 +383,22 @@ class BinPackBatchSampler(Sampler):
         if self.loss_weighting == "stock":
             return LossScale(1.0, 1.0)
         if not self._yielded_bins:
-            raise RuntimeError("next_loss_scale: no batch was yielded since the last call (call it once per batch "
-                               "the DataLoader returns)")
+            raise RuntimeError(
+                "next_loss_scale: no batch was yielded since the last call (call it once per batch "
+                "the DataLoader returns)"
+            )
         key, b = self._yielded_bins.popleft()
         if key != self._plan_key:
-            raise RuntimeError("next_loss_scale: the batch belongs to a plan that is no longer the current one "
-                               "(set_epoch was called during an epoch)")
+            raise RuntimeError(
+                "next_loss_scale: the batch belongs to a plan that is no longer the current one "
+                "(set_epoch was called during an epoch)"
+            )
         g, a = self.loss_scales(reduction)[b]
         return LossScale(float(g), float(a))
 
     def set_epoch(self, epoch: int) -> None:
-        """Select epoch ``epoch`` (plan packed from ``seed + epoch``) and start it from its first batch."""
+        """Select epoch ``epoch`` (plan packed from ``seed + epoch``) and start it from its first
+        batch."""
         if int(epoch) != epoch or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         if int(epoch) != self.epoch:
@@ -310,15 +410,25 @@ class BinPackBatchSampler(Sampler):
         """Epoch, seed and batches consumed in the epoch (default: the batches yielded so far;
         pass the number actually trained on when a DataLoader prefetches ahead)."""
         done = self._yielded if batches_consumed is None else int(batches_consumed)
-        return {"epoch": self.epoch, "seed": self.seed, "batches_consumed": done,
-                "world_size": self.world_size, "num_batches": len(self), "checksum": self.plan().checksum()}
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "batches_consumed": done,
+            "world_size": self.world_size,
+            "num_batches": len(self),
+            "checksum": self.plan().checksum(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume: the next iteration continues with batch ``state['batches_consumed']`` of its epoch."""
+        """Resume: the next iteration continues with batch ``state['batches_consumed']`` of its
+        epoch."""
         ws = state.get("world_size", self.world_size)
         if ws != self.world_size:
-            raise ValueError(f"state was saved with world_size {ws}, this sampler has {self.world_size}: the plan "
-                             "differs; resume from the start of an epoch instead (set_epoch)")
+            raise ValueError(
+                f"state was saved with world_size {ws}, this sampler has {self.world_size}: the "
+                "plan "
+                "differs; resume from the start of an epoch instead (set_epoch)"
+            )
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         done = int(state["batches_consumed"])
@@ -326,8 +436,11 @@ class BinPackBatchSampler(Sampler):
         if not 0 <= done <= n:
             raise ValueError(f"batches_consumed={done} is not in 0..{n} for epoch {self.epoch}")
         if "checksum" in state and state["checksum"] != self.plan().checksum():
-            log.warning("resumed plan differs from the saved one (costs or options changed): the rest of "
-                        "epoch %d may repeat or miss samples", self.epoch)
+            log.warning(
+                "resumed plan differs from the saved one (costs or options changed): the rest of "
+                "epoch %d may repeat or miss samples",
+                self.epoch,
+            )
         self._resume = done
         self._yielded = done
 
@@ -357,7 +470,8 @@ class BatchSamplerWrapper(Sampler):
 
 
 class AutoCostBatchSampler(BinPackBatchSampler):
-    """A :class:`BinPackBatchSampler` whose costs are fitted on the run's own step times (``cost=auto``).
+    """A :class:`BinPackBatchSampler` whose costs are fitted on the run's own step times
+    (``cost=auto``).
 
     The first epoch (or the first ``calibration.calibrate_steps`` steps) is planned with
     ``initial_costs``, its steps packed at the calibration's capacity levels
@@ -377,12 +491,30 @@ class AutoCostBatchSampler(BinPackBatchSampler):
     ``calibration``: a :class:`~cfm_plugins.sampler.autocost.CostCalibration` (schedule, clock).
     """
 
-    def __init__(self, atoms, edges, initial_costs, capacity, *, calibration, rank: int, world_size: int,
-                 seed: int = 0, comm=None, local_indices=None, **kwargs):
-        cols = np.stack([np.asarray(x, dtype=np.float64).reshape(-1) for x in (atoms, edges, initial_costs)], axis=1)
+    def __init__(
+        self,
+        atoms,
+        edges,
+        initial_costs,
+        capacity,
+        *,
+        calibration,
+        rank: int,
+        world_size: int,
+        seed: int = 0,
+        comm=None,
+        local_indices=None,
+        **kwargs,
+    ):
+        cols = np.stack(
+            [np.asarray(x, dtype=np.float64).reshape(-1) for x in (atoms, edges, initial_costs)],
+            axis=1,
+        )
         if local_indices is not None:
             if comm is None:
-                raise ValueError("local_indices hold a shard but comm is None: pass the mpi4py communicator")
+                raise ValueError(
+                    "local_indices hold a shard but comm is None: pass the mpi4py communicator"
+                )
             cols = gather_shards(cols, local_indices, comm)
         self.atoms, self.edges, initial = cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy()
         self.initial_costs = initial
@@ -393,9 +525,19 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         self._said_untimed = False
         self._waiting = None  # (epoch, passes over the loader) of the last "too few steps" verdict
         self._passes = 0  # iterations of this sampler (the same count on every rank)
-        self._levels_planned = None  # whether the cached plan is a calibration plan of several capacities
-        super().__init__(initial, capacity, rank=rank, world_size=world_size, seed=seed, comm=comm, atoms=self.atoms,
-                         **kwargs)
+        self._levels_planned = (
+            None  # whether the cached plan is a calibration plan of several capacities
+        )
+        super().__init__(
+            initial,
+            capacity,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            comm=comm,
+            atoms=self.atoms,
+            **kwargs,
+        )
 
     # -- what adapters call ---------------------------------------------------------------------
     @property
@@ -403,35 +545,50 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         """Whether :meth:`record_step` is wanted now (while calibrating, or with recalibration)."""
         return self.calibration.collecting
 
-    def record_step(self, atoms: int, edges: int, graphs: int, wall_s: float | None = None,
-                    cpu_s: float | None = None) -> None:
+    def record_step(
+        self,
+        atoms: int,
+        edges: int,
+        graphs: int,
+        wall_s: float | None = None,
+        cpu_s: float | None = None,
+    ) -> None:
         """One training step of this rank: the batch's totals and its compute time (forward +
         backward, without waits for other ranks), in wall-clock and/or thread CPU seconds."""
         self.calibration.record(self.epoch, atoms, edges, graphs, wall_s, cpu_s)
 
     @property
     def cost_label(self) -> str:
-        """The cost of the current epoch's plan, for step logs: ``initial`` or ``auto-<k>`` (k-th fit)."""
+        """The cost of the current epoch's plan, for step logs: ``initial`` or ``auto-<k>`` (k-th
+        fit)."""
         cal = self.calibration.fit_for(self.epoch)
         return "initial" if cal is None else f"auto-{self.calibration.history.index(cal) + 1}"
 
     @property
     def calibrations(self) -> list:
-        """The fits made so far (:class:`~cfm_plugins.sampler.autocost.Calibration`), oldest first."""
+        """The fits made so far (:class:`~cfm_plugins.sampler.autocost.Calibration`), oldest
+        first."""
         return list(self.calibration.history)
 
     def resume_state(self) -> dict | None:
         """What a resume needs to plan the same batches (JSON-able), or None before any fit."""
         return self.calibration.state(self._digest) if self.calibration.history else None
 
-    def load_resume_state(self, state: dict | None, epoch: int | None = None, restart_at_zero: bool = False) -> bool:
+    def load_resume_state(
+        self, state: dict | None, epoch: int | None = None, restart_at_zero: bool = False
+    ) -> bool:
         """Take the fits of an interrupted run (see :meth:`CostCalibration.load_state`); the
         plans of ``epoch`` on use them. Returns whether any fit applies."""
-        ok = self.calibration.load_state(state, self._digest, epoch=epoch, restart_at_zero=restart_at_zero)
+        ok = self.calibration.load_state(
+            state, self._digest, epoch=epoch, restart_at_zero=restart_at_zero
+        )
         if ok and self.rank == 0:
             cal = self.calibration.current
-            log.info("cost=auto: resuming with the saved fit from epoch %d: step time = %s", cal.from_epoch,
-                     cal.fit.formula())
+            log.info(
+                "cost=auto: resuming with the saved fit from epoch %d: step time = %s",
+                cal.from_epoch,
+                cal.fit.formula(),
+            )
         self._use_costs_of(self.epoch)
         return ok
 
@@ -452,21 +609,35 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         self._use_costs_of(epoch)
 
     def packing_of_epoch(self, epoch: int) -> Packing:
-        """As :meth:`BinPackBatchSampler.packing_of_epoch`; an epoch timed for the first fit is packed at
-        the calibration's capacity levels (:func:`~cfm_plugins.sampler.packing.pack_levels`), so that the
-        counts of its steps vary enough to be told apart from the constant step time."""
+        """As :meth:`BinPackBatchSampler.packing_of_epoch`; an epoch timed for the first fit is
+        packed at the calibration's capacity levels
+        (:func:`~cfm_plugins.sampler.packing.pack_levels`), so that the counts of its steps vary
+        enough to be told apart from the constant step time."""
         if not self._levels_for(epoch):
             return super().packing_of_epoch(epoch)
-        return pack_levels(self.costs, self.capacity, self.world_size, seed=self._pack_seed(epoch),
-                           levels=self.calibration.levels, oversize=self.oversize, repeat=self.repeat)
+        return pack_levels(
+            self.costs,
+            self.capacity,
+            self.world_size,
+            seed=self._pack_seed(epoch),
+            levels=self.calibration.levels,
+            oversize=self.oversize,
+            repeat=self.repeat,
+        )
 
     def _levels_for(self, epoch: int) -> bool:
-        """Whether ``epoch`` gets the calibration plan of several capacities: before the first fit, while
-        step times are wanted, unless the bins are to be padded to one budget (``even``: a padded step
-        takes the same time whatever its counts) or under-filled steps are dropped (``drop_last``)."""
+        """Whether ``epoch`` gets the calibration plan of several capacities: before the first
+        fit, while step times are wanted, unless the bins are to be padded to one budget
+        (``even``: a padded step takes the same time whatever its counts) or under-filled steps
+        are dropped (``drop_last``)."""
         cal = self.calibration
-        return (len(cal.levels) > 1 and cal.fit_for(epoch) is None and cal.collecting and not self.even
-                and not self.drop_last)
+        return (
+            len(cal.levels) > 1
+            and cal.fit_for(epoch) is None
+            and cal.collecting
+            and not self.even
+            and not self.drop_last
+        )
 
     def plan(self) -> Packing:
         key = self._levels_for(self.epoch)
@@ -489,10 +660,13 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         self._plan = None
 
     def _calibrate(self, epoch: int) -> None:
-        """Gather every rank's records, fit on rank 0, take rank 0's verdict everywhere (collective)."""
+        """Gather every rank's records, fit on rank 0, take rank 0's verdict everywhere
+        (collective)."""
         planned = dict(self.calibration.planned)
         waiting = (epoch, self._passes)  # the same on every rank
-        if waiting == self._waiting:  # asked again for the same epoch without a pass over the loader since
+        if (
+            waiting == self._waiting
+        ):  # asked again for the same epoch without a pass over the loader since
             return  # (mace calls set_epoch twice, then iterates): the verdict stands
         local = self.calibration.take_records()
         multi = self.comm is not None and self.world_size > 1
@@ -501,7 +675,9 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         if multi:
             verdict = self.comm.allgather(verdict)[0]
         kind, payload = verdict
-        if kind == "more":  # too few steps yet: keep this rank's records and time the next epoch too
+        if (
+            kind == "more"
+        ):  # too few steps yet: keep this rank's records and time the next epoch too
             self.calibration.records = local + self.calibration.records
             self.calibration.planned = planned
             self._waiting = waiting
@@ -512,45 +688,83 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         cal = Calibration.from_dict(payload)
         self.calibration.history.append(cal)
         self._use_costs_of(epoch)
-        cal.lif_predicted = predicted_lif(cal.fit, self.plan(), self.atoms, self.edges, self.world_size)
+        cal.lif_predicted = predicted_lif(
+            cal.fit, self.plan(), self.atoms, self.edges, self.world_size
+        )
         if self.rank == 0:
             f = cal.fit
             cands = ", ".join(f"{'+'.join(t)} {e * 1e3:.3g} ms" for t, e in f.cv_table[:4])
             clock = "thread CPU time" if f.clock == "cpu" else "wall-clock time"
-            log.info("binpack cost=auto from epoch %d: step time = %s (%s of forward+backward, %d steps x %d ranks%s, "
-                     "R^2 %.3f; model %s chosen by cross-validated error of the per-step max over ranks: %s); "
-                     "LIF measured in the calibration %.3f (the fit predicts %.3f there), predicted for the new plan "
-                     "%.3f; capacity %g", epoch, f.formula(), clock, f.steps, f.ranks,
-                     f", {f.outliers} outlying step(s) left out" if f.outliers else "", f.r2,
-                     "+".join(f.terms) or "(none)", cands, cal.lif_measured, cal.lif_predicted_before,
-                     cal.lif_predicted, self.capacity)
+            log.info(
+                "binpack cost=auto from epoch %d: step time = %s (%s of forward+backward, %d steps "
+                "x %d ranks%s, "
+                "R^2 %.3f; model %s chosen by cross-validated error of the per-step max over "
+                "ranks: %s); "
+                "LIF measured in the calibration %.3f (the fit predicts %.3f there), predicted for "
+                "the new plan "
+                "%.3f; capacity %g",
+                epoch,
+                f.formula(),
+                clock,
+                f.steps,
+                f.ranks,
+                f", {f.outliers} outlying step(s) left out" if f.outliers else "",
+                f.r2,
+                "+".join(f.terms) or "(none)",
+                cands,
+                cal.lif_measured,
+                cal.lif_predicted_before,
+                cal.lif_predicted,
+                self.capacity,
+            )
 
     def _fit(self, parts, epoch: int):
-        """Rank 0's verdict on the gathered records: ("fit", calibration), ("more", None) or ("none", reason)."""
+        """Rank 0's verdict on the gathered records: ("fit", calibration), ("more", None) or
+        ("none", reason)."""
         first = not self.calibration.history
         if not any(parts):  # the loader was iterated without training (a trainer's set-up pass), or
             if not self._said_untimed:  # the adapter does not time steps: wait for timed steps
                 self._said_untimed = True
-                log.info("binpack cost=auto: no timed training step in the epochs so far (a pass over the loader "
-                         "without training, or an adapter that does not time steps); the plans keep %s until there "
-                         "are", "the initial cost" if first else "the last fit")
+                log.info(
+                    "binpack cost=auto: no timed training step in the epochs so far (a pass over "
+                    "the loader "
+                    "without training, or an adapter that does not time steps); the plans keep %s "
+                    "until there "
+                    "are",
+                    "the initial cost" if first else "the last fit",
+                )
             return ("more", None)
         aligned = align_records(parts, self.calibration.clock)
         if aligned is None:
-            log.warning("binpack cost=auto: the ranks share no timed step; keeping %s",
-                        "the initial cost" if first else "the last fit")
+            log.warning(
+                "binpack cost=auto: the ranks share no timed step; keeping %s",
+                "the initial cost" if first else "the last fit",
+            )
             return ("none", "the ranks share no timed step")
         times, atoms, edges, graphs, clock = aligned
         if len(times) < 4:
             if first:
-                log.info("binpack cost=auto: %d timed steps are too few to fit; timing the next epoch too", len(times))
+                log.info(
+                    "binpack cost=auto: %d timed steps are too few to fit; timing the next epoch "
+                    "too",
+                    len(times),
+                )
                 return ("more", None)
-            log.info("binpack cost=auto: %d timed steps are too few to refit; keeping the last fit", len(times))
+            log.info(
+                "binpack cost=auto: %d timed steps are too few to refit; keeping the last fit",
+                len(times),
+            )
             return ("none", "too few steps")
         fit = fit_step_times(times, atoms, edges, graphs, clock=clock)
         if not fit.explains:
-            log.warning("binpack cost=auto: the step times do not grow with atoms, edges or graphs (R^2 %.3f over %d "
-                        "steps); keeping %s", fit.r2, fit.steps, "the initial cost" if first else "the last fit")
+            log.warning(
+                "binpack cost=auto: the step times do not grow with atoms, edges or graphs (R^2 "
+                "%.3f over %d "
+                "steps); keeping %s",
+                fit.r2,
+                fit.steps,
+                "the initial cost" if first else "the last fit",
+            )
             return ("none", "nothing explains the step times")
         before = load_imbalance_factor(fit.predict(atoms, edges, graphs))
         cal = Calibration(epoch, fit, load_imbalance_factor(times), float("nan"), before)
@@ -564,7 +778,9 @@ class AutoCostBatchSampler(BinPackBatchSampler):
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("cost_state"):
-            self.calibration.load_state(state["cost_state"], self._digest, epoch=int(state["epoch"]))
+            self.calibration.load_state(
+                state["cost_state"], self._digest, epoch=int(state["epoch"])
+            )
         self.epoch = int(state["epoch"])
         self._use_costs_of(self.epoch)
         super().load_state_dict(state)

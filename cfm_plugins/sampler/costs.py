@@ -8,12 +8,13 @@ intercept that keeps the fixed per-step cost out of ``a`` and ``b``. Both fits k
 coefficient >= 0: the atoms and edges of batches are nearly collinear, and an unconstrained fit
 can trade a negative weight on one count for a larger one on the other.
 """
+
 from __future__ import annotations
 
 import logging
 import math
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -22,7 +23,9 @@ log = logging.getLogger("cfm_plugins.sampler")
 COST_KINDS = ("atoms", "edges", "linear")
 
 
-def graph_costs(num_atoms, num_edges=None, kind: str = "atoms", a: float = 1.0, b: float = 0.0) -> np.ndarray:
+def graph_costs(
+    num_atoms, num_edges=None, kind: str = "atoms", a: float = 1.0, b: float = 0.0
+) -> np.ndarray:
     """Cost of each graph as float64: ``atoms``, ``edges`` or ``linear`` (``a*atoms + b*edges``).
 
     A graph with atoms but no edges (a single atom, a molecule whose atoms are all farther apart
@@ -40,12 +43,16 @@ def graph_costs(num_atoms, num_edges=None, kind: str = "atoms", a: float = 1.0, 
     if num_edges is not None:
         edges = np.asarray(num_edges, dtype=np.float64)
         if edges.shape != atoms.shape:
-            raise ValueError(f"num_edges has {edges.shape[0]} entries but num_atoms has {atoms.shape[0]}")
+            raise ValueError(
+                f"num_edges has {edges.shape[0]} entries but num_atoms has {atoms.shape[0]}"
+            )
     if kind == "atoms":
         return atoms.copy()
     if edges is None and (kind == "edges" or b != 0.0):
-        raise ValueError(f"cost kind {kind!r} needs num_edges (per-graph edge counts); the dataset gives none: "
-                         "use cost=atoms (or linear with cost_b=0), or give the graphs their edges")
+        raise ValueError(
+            f"cost kind {kind!r} needs num_edges (per-graph edge counts); the dataset gives none: "
+            "use cost=atoms (or linear with cost_b=0), or give the graphs their edges"
+        )
     if kind == "edges":
         return np.where((edges <= 0) & (atoms > 0), 1.0, edges)
     if not (math.isfinite(a) and math.isfinite(b)) or a < 0 or b < 0 or a + b <= 0:
@@ -79,8 +86,8 @@ def _fit_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares ``y ~ x @ coef`` with ``coef >= 0``, exactly: the best unconstrained fit on
     each subset of the (few) columns whose coefficients all come out >= 0."""
     n = x.shape[1]
-    best, best_err = np.zeros(n), float(np.sum(y ** 2))
-    for mask in range(1, 2 ** n):
+    best, best_err = np.zeros(n), float(np.sum(y**2))
+    for mask in range(1, 2**n):
         cols = [j for j in range(n) if mask >> j & 1]
         sub, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
         if np.any(sub < 0):
@@ -93,7 +100,9 @@ def _fit_nonneg(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_counts(counts, times, intercept: bool = False) -> tuple[np.ndarray, float, np.ndarray, float]:
+def fit_counts(
+    counts, times, intercept: bool = False
+) -> tuple[np.ndarray, float, np.ndarray, float]:
     """Non-negative least squares of ``times ~ c0 + sum_k coef_k * counts[k]``.
 
     ``counts``: a list of 1-D arrays (atoms, edges, graphs, ... of each timed batch), one per
@@ -102,12 +111,19 @@ def fit_counts(counts, times, intercept: bool = False) -> tuple[np.ndarray, floa
     count is favoured by its magnitude.
     """
     t = np.asarray(times, dtype=np.float64)
-    cols = [np.asarray(c, dtype=np.float64) for c in counts] + ([np.ones_like(t)] if intercept else [])
+    cols = [np.asarray(c, dtype=np.float64) for c in counts] + (
+        [np.ones_like(t)] if intercept else []
+    )
     if t.ndim != 1 or any(c.shape != t.shape for c in cols):
-        raise ValueError(f"fit_counts needs 1-D counts and times of one length (got shapes "
-                         f"{[c.shape for c in cols]} and {t.shape})")
+        raise ValueError(
+            f"fit_counts needs 1-D counts and times of one length (got shapes "
+            f"{[c.shape for c in cols]} and {t.shape})"
+        )
     if len(t) < len(cols):
-        raise ValueError(f"a fit of {len(cols)} coefficients needs at least {len(cols)} timed batches, got {len(t)}")
+        raise ValueError(
+            f"a fit of {len(cols)} coefficients needs at least {len(cols)} timed batches, got "
+            f"{len(t)}"
+        )
     if not np.all(np.isfinite(t)):
         raise ValueError("the times hold NaN or inf")
     x = np.stack(cols, axis=1)
@@ -122,8 +138,11 @@ def fit_counts(counts, times, intercept: bool = False) -> tuple[np.ndarray, floa
     return coef[:n], float(coef[n]) if intercept else 0.0, pred, r2
 
 
-def fit_linear_cost(num_atoms, num_edges, times, intercept: bool = False, num_graphs=None) -> LinearCostFit:
-    """Fit ``times ~ c0 + a*atoms + b*edges [+ g*graphs]`` (``c0`` only with ``intercept``), all >= 0.
+def fit_linear_cost(
+    num_atoms, num_edges, times, intercept: bool = False, num_graphs=None
+) -> LinearCostFit:
+    """Fit ``times ~ c0 + a*atoms + b*edges [+ g*graphs]`` (``c0`` only with ``intercept``), all >=
+    0.
 
     ``num_atoms``, ``num_edges`` (and ``num_graphs``): totals of each measured batch; ``times``:
     its measured time. ``g`` (on the result) is the cost of a graph beyond its atoms and edges
@@ -133,19 +152,32 @@ def fit_linear_cost(num_atoms, num_edges, times, intercept: bool = False, num_gr
     edges = np.asarray(num_edges, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
     if not (atoms.ndim == edges.ndim == t.ndim == 1 and len(atoms) == len(edges) == len(t)):
-        raise ValueError(f"fit_linear_cost needs 1-D atoms, edges and times of one length "
-                         f"(got shapes {atoms.shape}, {edges.shape}, {t.shape})")
+        raise ValueError(
+            f"fit_linear_cost needs 1-D atoms, edges and times of one length "
+            f"(got shapes {atoms.shape}, {edges.shape}, {t.shape})"
+        )
     counts = [atoms, edges] + ([num_graphs] if num_graphs is not None else [])
     if len(t) < len(counts) + intercept:
-        raise ValueError(f"fit_linear_cost needs at least {len(counts) + intercept} timed batches, got {len(t)}")
+        raise ValueError(
+            f"fit_linear_cost needs at least {len(counts) + intercept} timed batches, got {len(t)}"
+        )
     if not np.all(np.isfinite(t)):
         raise ValueError("fit_linear_cost: the times hold NaN or inf")
     coef, c0, pred, r2 = fit_counts(counts, t, intercept)
-    return LinearCostFit(coef[0], coef[1], r2, t, pred, c0=c0, g=coef[2] if num_graphs is not None else 0.0)
+    return LinearCostFit(
+        coef[0], coef[1], r2, t, pred, c0=c0, g=coef[2] if num_graphs is not None else 0.0
+    )
 
 
-def calibrate_linear_cost(run_batch: Callable[[object], object], batches: Sequence, num_atoms, num_edges,
-                          repeats: int = 3, warmup: int = 1, normalize: bool = False) -> LinearCostFit:
+def calibrate_linear_cost(
+    run_batch: Callable[[object], object],
+    batches: Sequence,
+    num_atoms,
+    num_edges,
+    repeats: int = 3,
+    warmup: int = 1,
+    normalize: bool = False,
+) -> LinearCostFit:
     """Fit ``time ~ a*atoms + b*edges`` from timings of ``run_batch(batch)`` on ``batches``.
 
     Args:
@@ -163,8 +195,10 @@ def calibrate_linear_cost(run_batch: Callable[[object], object], batches: Sequen
     atoms = np.asarray(num_atoms, dtype=np.float64)
     edges = np.asarray(num_edges, dtype=np.float64)
     if len(batches) < 2 or len(atoms) != len(batches) or len(edges) != len(batches):
-        raise ValueError(f"calibrate_linear_cost needs >= 2 batches with one atom and one edge total each "
-                         f"(got {len(batches)} batches, {len(atoms)} atom and {len(edges)} edge totals)")
+        raise ValueError(
+            f"calibrate_linear_cost needs >= 2 batches with one atom and one edge total each "
+            f"(got {len(batches)} batches, {len(atoms)} atom and {len(edges)} edge totals)"
+        )
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     for _ in range(warmup):
@@ -179,11 +213,18 @@ def calibrate_linear_cost(run_batch: Callable[[object], object], batches: Sequen
         times[i] = best
     fit = fit_linear_cost(atoms, edges, times)
     a, b = fit
-    log.info("cost calibration on %d batches: time ~ %.4g*atoms + %.4g*edges (R^2 = %.3f)", len(batches), a, b,
-             fit.r2)
+    log.info(
+        "cost calibration on %d batches: time ~ %.4g*atoms + %.4g*edges (R^2 = %.3f)",
+        len(batches),
+        a,
+        b,
+        fit.r2,
+    )
     if not normalize:
         return fit
     if a <= 0:
-        raise ValueError("calibrate_linear_cost(normalize=True): the fitted atom coefficient is 0; "
-                         "use normalize=False or batches with more varied atom counts")
+        raise ValueError(
+            "calibrate_linear_cost(normalize=True): the fitted atom coefficient is 0; "
+            "use normalize=False or batches with more varied atom counts"
+        )
     return LinearCostFit(1.0, b / a, fit.r2, times, fit.predicted)

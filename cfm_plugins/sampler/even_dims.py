@@ -25,14 +25,16 @@ Cost: each sample scans the bins (``B`` of them, or the :data:`CANDIDATES` least
 every :data:`REFRESH` samples, when there are more): about a second for 50 000 samples in 500 bins.
 Deterministic: every rank computes the same plan.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from .packing import Packing, _arrange_steps, check_capacity, even_out, pack, validate_costs
 
-#: slacks over the mean fill of the cost tried in turn (as :func:`~cfm_plugins.sampler.packing.pack_even`'s),
-#: and for each, those of the other sizes (a bin may exceed the mean of a dimension by this much)
+#: slacks over the mean fill of the cost tried in turn (as
+#:func:`~cfm_plugins.sampler.packing.pack_even`'s), : and for each, those of the other sizes (a bin
+# may exceed the mean of a dimension by this much)
 COST_SLACKS = (0.01, 0.02, 0.04)
 DIMS_SLACKS = (0.02, 0.04, 0.08, 0.16)
 #: bins each sample chooses from when there are more (the least loaded, by their fullest dimension)
@@ -42,22 +44,27 @@ REFRESH = 32
 
 
 def check_dims(dims, n: int) -> np.ndarray:
-    """``dims`` as an ``(n, k)`` float array of finite sizes >= 0, or a ``ValueError`` naming the first bad sample."""
+    """``dims`` as an ``(n, k)`` float array of finite sizes >= 0, or a ``ValueError`` naming the
+    first bad sample."""
     d = np.asarray(dims, dtype=np.float64)
     if d.ndim == 1:
         d = d[:, None]
     if d.ndim != 2 or d.shape[0] != n:
-        raise ValueError(f"dims: expected one row of sizes per sample ({n} rows), got shape {np.shape(dims)}")
+        raise ValueError(
+            f"dims: expected one row of sizes per sample ({n} rows), got shape {np.shape(dims)}"
+        )
     bad = np.flatnonzero(~np.isfinite(d).all(axis=1) | (d < 0).any(axis=1))
     if len(bad):
-        raise ValueError(f"dims: sample {int(bad[0])} has sizes {d[bad[0]].tolist()}; every size must be finite "
-                         f"and >= 0 ({len(bad)} bad sample(s))")
+        raise ValueError(
+            f"dims: sample {int(bad[0])} has sizes {d[bad[0]].tolist()}; every size must be finite "
+            f"and >= 0 ({len(bad)} bad sample(s))"
+        )
     return d
 
 
 def _best_bin(load, size, limits, inv, bins) -> int:
-    """Of ``bins`` (indices into ``load``), the one whose fullest dimension relative to ``limits`` is
-    lowest after taking ``size``, among those it fits; -1 if it fits none."""
+    """Of ``bins`` (indices into ``load``), the one whose fullest dimension relative to
+    ``limits`` is lowest after taking ``size``, among those it fits; -1 if it fits none."""
     after = load[bins] + size
     fits = (after <= limits * (1 + 1e-12)).all(axis=1)
     if not fits.any():
@@ -66,8 +73,8 @@ def _best_bin(load, size, limits, inv, bins) -> int:
 
 
 def _assign(sizes: np.ndarray, limits: np.ndarray, n_bins: int, order: np.ndarray):
-    """Bin of every sample of ``order`` (greedy: :func:`_best_bin` among the candidates, else among all
-    bins), and each sample's slot in its bin; ``None`` when a sample fits no bin."""
+    """Bin of every sample of ``order`` (greedy: :func:`_best_bin` among the candidates, else
+    among all bins), and each sample's slot in its bin; ``None`` when a sample fits no bin."""
     load = np.zeros((n_bins, sizes.shape[1]))
     count = np.zeros(n_bins, np.int64)
     item_bin = np.empty(len(order), np.int64)
@@ -89,15 +96,21 @@ def _assign(sizes: np.ndarray, limits: np.ndarray, n_bins: int, order: np.ndarra
 
 
 def _joint(c, sizes, keep, full: Packing, n_bins: int, cap: float, rng) -> Packing | None:
-    """The samples ``keep`` (sizes ``sizes``: the cost, then the dims) in ``n_bins`` bins even in every
-    dimension (the first slacks at which all fit), ``full``'s solo bins after them; ``None`` if none
-    fits them."""
+    """The samples ``keep`` (sizes ``sizes``: the cost, then the dims) in ``n_bins`` bins even in
+    every dimension (the first slacks at which all fit), ``full``'s solo bins after them;
+    ``None`` if none fits them."""
     mean, largest = sizes.sum(axis=0) / n_bins, sizes.max(axis=0)
     same_as_cost = (sizes == sizes[:, :1]).all(axis=0)
-    for slack in [np.where(same_as_cost, s_cost, s_other) for s_cost in COST_SLACKS for s_other in DIMS_SLACKS]:
+    for slack in [
+        np.where(same_as_cost, s_cost, s_other) for s_cost in COST_SLACKS for s_other in DIMS_SLACKS
+    ]:
         limits = np.maximum(mean * (1.0 + slack), largest)
-        limits[same_as_cost] = np.minimum(limits[same_as_cost], cap)  # the cost (and a column that is it)
-        limits = np.where(limits > 0, limits, 1.0)  # a dimension of zeros (no edges anywhere) never binds
+        limits[same_as_cost] = np.minimum(
+            limits[same_as_cost], cap
+        )  # the cost (and a column that is it)
+        limits = np.where(
+            limits > 0, limits, 1.0
+        )  # a dimension of zeros (no edges anywhere) never binds
         key = (sizes / limits).sum(axis=1)
         tie = rng.random(len(key)) if rng is not None else np.arange(len(key))
         order = np.lexsort((tie, -key))
@@ -110,8 +123,18 @@ def _joint(c, sizes, keep, full: Packing, n_bins: int, cap: float, rng) -> Packi
             idx = np.concatenate([idx, solo])
             item_bin = np.concatenate([item_bin, np.arange(n_bins, n_bins + len(solo))])
             slot = np.concatenate([slot, np.zeros(len(solo), np.int64)])
-        p = _arrange_steps(idx, c[idx], item_bin, slot, n_bins + len(solo), full.world_size, rng, solo,
-                           full.skipped, float(limits[0]))
+        p = _arrange_steps(
+            idx,
+            c[idx],
+            item_bin,
+            slot,
+            n_bins + len(solo),
+            full.world_size,
+            rng,
+            solo,
+            full.skipped,
+            float(limits[0]),
+        )
         p.limits = tuple(float(x) for x in limits)
         return p
     return None
@@ -127,11 +150,22 @@ def pack_even_dims(costs, dims, capacity, world_size, seed=None, **kwargs) -> Pa
     d = check_dims(dims, len(c))
     cap = check_capacity(capacity)
     if full.capacity is None or not (c <= cap).any():
-        return full  # a set too small for the ranks (repeated or merged samples): nothing to even out
+        return (
+            full  # a set too small for the ranks (repeated or merged samples): nothing to even out
+        )
     keep = np.setdiff1d(np.flatnonzero(c <= cap), full.skipped)
     n_bins = full.num_bins - len(full.solo)
     p = None
-    if c[keep].sum() / n_bins * (1.0 + COST_SLACKS[0]) <= cap:  # else Algorithm 1's bins are full: no room
-        p = _joint(c, np.column_stack([c[keep], d[keep]]), keep, full, n_bins, cap,
-                   np.random.default_rng(seed) if seed is not None else None)
+    if (
+        c[keep].sum() / n_bins * (1.0 + COST_SLACKS[0]) <= cap
+    ):  # else Algorithm 1's bins are full: no room
+        p = _joint(
+            c,
+            np.column_stack([c[keep], d[keep]]),
+            keep,
+            full,
+            n_bins,
+            cap,
+            np.random.default_rng(seed) if seed is not None else None,
+        )
     return p if p is not None else even_out(full, c, cap, world_size, seed, **kwargs)

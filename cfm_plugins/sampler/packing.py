@@ -31,6 +31,7 @@ Steps: bins are sorted by cost and cut into groups of ``W`` consecutive bins, so
 step get nearly equal work; with a seed the step order and the bin-to-rank mapping inside a step
 are shuffled (the batch sampler also shuffles the graphs inside each batch).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -71,15 +72,20 @@ class Packing:
     repeated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: the capacity the bins were dealt to (``pack(..., even=True)`` lowers it); ``None``: not known
     capacity: float | None = None
-    #: bins even in several sizes (``pack(..., even=True, dims=...)``): the limit of each, the cost's
-    #: first, then the columns of ``dims``; no bin exceeds them but ``solo`` ones. ``None``: one cost
+    #: bins even in several sizes (``pack(..., even=True, dims=...)``): the limit of each, the
+    # cost's : first, then the columns of ``dims``; no bin exceeds them but ``solo`` ones. ``None``:
+    # one cost
     limits: tuple | None = None
 
     def __post_init__(self):
         self.indices = np.ascontiguousarray(self.indices, dtype=np.int64)
         self.offsets = np.ascontiguousarray(self.offsets, dtype=np.int64)
-        if self.offsets.ndim != 1 or len(self.offsets) < 1 or self.offsets[0] != 0 \
-                or self.offsets[-1] != len(self.indices):
+        if (
+            self.offsets.ndim != 1
+            or len(self.offsets) < 1
+            or self.offsets[0] != 0
+            or self.offsets[-1] != len(self.indices)
+        ):
             raise ValueError("Packing: offsets must start at 0 and end at len(indices)")
 
     def __len__(self) -> int:
@@ -87,14 +93,14 @@ class Packing:
 
     def __iter__(self):
         for b in range(len(self)):
-            yield self.indices[self.offsets[b]:self.offsets[b + 1]]
+            yield self.indices[self.offsets[b] : self.offsets[b + 1]]
 
     def __getitem__(self, b: int) -> np.ndarray:
         if b < 0:
             b += len(self)
         if not 0 <= b < len(self):
             raise IndexError(f"bin {b} out of range ({len(self)} bins)")
-        return self.indices[self.offsets[b]:self.offsets[b + 1]]
+        return self.indices[self.offsets[b] : self.offsets[b + 1]]
 
     @property
     def num_bins(self) -> int:
@@ -150,7 +156,8 @@ class Packing:
 
 
 def offsets_from_counts(counts) -> np.ndarray:
-    """CSR offsets (``len(counts) + 1`` entries, starting at 0) of bins holding ``counts`` samples each."""
+    """CSR offsets (``len(counts) + 1`` entries, starting at 0) of bins holding ``counts`` samples
+    each."""
     counts = np.asarray(counts, dtype=np.int64)
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
@@ -160,7 +167,11 @@ def offsets_from_counts(counts) -> np.ndarray:
 def packing_from_bins(bins, world_size: int, **kwargs) -> Packing:
     """A :class:`Packing` whose bins are ``bins`` (index arrays, in step order)."""
     counts = [len(b) for b in bins]
-    indices = np.concatenate([np.asarray(b, np.int64) for b in bins]) if len(bins) else np.zeros(0, np.int64)
+    indices = (
+        np.concatenate([np.asarray(b, np.int64) for b in bins])
+        if len(bins)
+        else np.zeros(0, np.int64)
+    )
     return Packing(indices, offsets_from_counts(counts), world_size=world_size, **kwargs)
 
 
@@ -185,7 +196,8 @@ def validate_costs(costs) -> np.ndarray:
         raise ValueError(
             f"sample {i} has cost {float(arr[i])!r}: every cost must be finite and > 0 "
             f"({len(where)} bad sample(s), first ones {where[:5].tolist()}); "
-            f"check the atom/edge counts of these samples or remove them from the dataset")
+            f"check the atom/edge counts of these samples or remove them from the dataset"
+        )
     return arr
 
 
@@ -224,7 +236,7 @@ def _stable_argsort_int(key: np.ndarray, max_key: int) -> np.ndarray:
 def _rank_keys(costs: np.ndarray) -> tuple[np.ndarray, int, bool]:
     """Integer sort keys, larger cost -> smaller key; and whether keys are exact (integer costs)."""
     top_f = float(costs.max())
-    if top_f < 2 ** 52 and np.all(costs == np.floor(costs)):
+    if top_f < 2**52 and np.all(costs == np.floor(costs)):
         top = int(top_f)
         dtype = np.uint16 if top < 1 << 16 else (np.uint32 if top < 1 << 32 else np.int64)
         return (top_f - costs).astype(dtype), top, True
@@ -254,8 +266,9 @@ def sort_descending(costs: np.ndarray, rng: np.random.Generator | None) -> tuple
 # Algorithm 1
 
 
-def deal(sizes: np.ndarray, capacity: float, num_bins: int, add_bins: int,
-         monotone: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
+def deal(
+    sizes: np.ndarray, capacity: float, num_bins: int, add_bins: int, monotone: bool = True
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Algorithm 1 on graphs already in dealing order.
 
     Returns the bin of each graph, its slot in that bin (0 for the first graph the bin received)
@@ -296,17 +309,17 @@ def deal(sizes: np.ndarray, capacity: float, num_bins: int, add_bins: int,
             # bins too full for graph `ptr`: a run of the (sorted) active order
             k = int(np.searchsorted(ra[j:], s[ptr], side="left"))
             if k:
-                failed.append(active[j:j + k])
+                failed.append(active[j : j + k])
                 j += k
             c = min(m - j, n - ptr)
             if c > 0 and not monotone:
                 c = _fitting_run(ra, s, j, ptr, c)
             if c > 0:
-                tgt = active[j:j + c]
-                item_bin[ptr:ptr + c] = tgt
-                slot[ptr:ptr + c] = cnt[tgt]
+                tgt = active[j : j + c]
+                item_bin[ptr : ptr + c] = tgt
+                slot[ptr : ptr + c] = cnt[tgt]
                 cnt[tgt] += 1
-                rem[tgt] -= s[ptr:ptr + c]
+                rem[tgt] -= s[ptr : ptr + c]
                 kept.append(tgt)
                 j += c
                 ptr += c
@@ -342,7 +355,7 @@ def _fitting_run(ra, s, j, ptr, c_max, window=1024) -> int:
     c = 0
     while c < c_max:
         e = min(c_max, c + window)
-        ok = ra[j + c:j + e] >= s[ptr + c:ptr + e]
+        ok = ra[j + c : j + e] >= s[ptr + c : ptr + e]
         if not ok.all():
             return c + int(np.argmin(ok))
         c = e
@@ -351,7 +364,8 @@ def _fitting_run(ra, s, j, ptr, c_max, window=1024) -> int:
 
 
 def _fill_empty_bins(item_bin: np.ndarray, slot: np.ndarray, num_bins: int) -> None:
-    """Give each empty bin the last-dealt graph of one of the bins holding the most graphs (in place).
+    """Give each empty bin the last-dealt graph of one of the bins holding the most graphs (in
+    place).
 
     A rank cannot train on an empty batch. An empty bin can appear when W bins were added for
     fewer than W leftover graphs; moving a graph into an empty bin always respects capacity.
@@ -359,19 +373,21 @@ def _fill_empty_bins(item_bin: np.ndarray, slot: np.ndarray, num_bins: int) -> N
     counts = np.bincount(item_bin, minlength=num_bins)
     empty = np.flatnonzero(counts == 0)
     while len(empty):
-        donors = np.argsort(-counts, kind="stable")[:len(empty)]
+        donors = np.argsort(-counts, kind="stable")[: len(empty)]
         donors = donors[counts[donors] >= 2]
         if not len(donors):
-            raise ValueError(f"cannot fill {num_bins} bins with {len(item_bin)} samples; use fewer ranks")
+            raise ValueError(
+                f"cannot fill {num_bins} bins with {len(item_bin)} samples; use fewer ranks"
+            )
         is_donor = np.zeros(num_bins, dtype=bool)
         is_donor[donors] = True
         moved = np.flatnonzero(is_donor[item_bin] & (slot == counts[item_bin] - 1))
-        targets = empty[:len(moved)]
+        targets = empty[: len(moved)]
         counts[item_bin[moved]] -= 1
         item_bin[moved] = targets
         slot[moved] = 0
         counts[targets] = 1
-        empty = empty[len(moved):]
+        empty = empty[len(moved) :]
 
 
 def lower_bound_bins(total: float, capacity: float) -> int:
@@ -387,8 +403,18 @@ def round_up(x: int, m: int) -> int:
 EVEN_SLACKS = (0.01, 0.02, 0.04)
 
 
-def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", evaluation: bool = False,
-         repeat: bool = False, even: bool = False, dims=None) -> Packing:
+def pack(
+    costs,
+    capacity,
+    world_size,
+    seed=None,
+    *,
+    oversize: str = "error",
+    evaluation: bool = False,
+    repeat: bool = False,
+    even: bool = False,
+    dims=None,
+) -> Packing:
     """Pack samples into bins of at most ``capacity`` total cost, ``world_size`` bins per step.
 
     Args:
@@ -426,10 +452,26 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", eva
     if even and dims is not None:
         from .even_dims import pack_even_dims
 
-        return pack_even_dims(costs, dims, capacity, world_size, seed, oversize=oversize, evaluation=evaluation,
-                              repeat=repeat)
+        return pack_even_dims(
+            costs,
+            dims,
+            capacity,
+            world_size,
+            seed,
+            oversize=oversize,
+            evaluation=evaluation,
+            repeat=repeat,
+        )
     if even:
-        return pack_even(costs, capacity, world_size, seed, oversize=oversize, evaluation=evaluation, repeat=repeat)
+        return pack_even(
+            costs,
+            capacity,
+            world_size,
+            seed,
+            oversize=oversize,
+            evaluation=evaluation,
+            repeat=repeat,
+        )
     c = validate_costs(costs)
     cap = check_capacity(capacity)
     w = check_world_size(world_size)
@@ -440,31 +482,48 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", eva
     solo = skipped = np.zeros(0, np.int64)
     if len(over):
         i = int(over[0])
-        names = ", ".join(f"{int(j)} ({c[j]:g})" for j in over[:5]) + (" ..." if len(over) > 5 else "")
+        names = ", ".join(f"{int(j)} ({c[j]:g})" for j in over[:5]) + (
+            " ..." if len(over) > 5 else ""
+        )
         if oversize == "error":
             raise ValueError(
-                f"sample {i} has cost {c[i]:g} > capacity {cap:g} ({len(over)} sample(s) exceed it: "
+                f"sample {i} has cost {c[i]:g} > capacity {cap:g} ({len(over)} sample(s) exceed "
+                "it: "
                 f"{names}); raise the capacity to at least {c[over].max():g}, or choose "
-                f"oversize='solo' (alone in its own batch) or oversize='skip' (dropped)")
+                f"oversize='solo' (alone in its own batch) or oversize='skip' (dropped)"
+            )
         if oversize == "skip":
             skipped = over
-            log.warning("bin packing: skipping %d sample(s) costlier than capacity %g: %s",
-                        len(over), cap, names)
+            log.warning(
+                "bin packing: skipping %d sample(s) costlier than capacity %g: %s",
+                len(over),
+                cap,
+                names,
+            )
         else:
             solo = over
-            log.warning("bin packing: %d sample(s) costlier than capacity %g each get a batch of "
-                        "their own: %s", len(over), cap, names)
+            log.warning(
+                "bin packing: %d sample(s) costlier than capacity %g each get a batch of "
+                "their own: %s",
+                len(over),
+                cap,
+                names,
+            )
     normal = np.flatnonzero(c <= cap) if len(over) else None  # None: every sample
     cn = c if normal is None else c[normal]
     n_norm, n_solo = len(cn), len(solo)
     if n_norm + n_solo == 0:
-        raise ValueError(f"no sample left to pack: all {n} samples are costlier than capacity {cap:g} "
-                         "and oversize='skip' dropped them")
+        raise ValueError(
+            f"no sample left to pack: all {n} samples are costlier than capacity {cap:g} "
+            "and oversize='skip' dropped them"
+        )
     total = float(cn.sum()) if n_norm else 0.0
     lb = lower_bound_bins(total, cap) if n_norm else 0
     n_bins = round_up(lb + n_solo, w) - n_solo
     if n_norm + n_solo < w or n_bins > n_norm:
-        return _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total)
+        return _too_few_samples(
+            c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total
+        )
     rng = np.random.default_rng(seed) if seed is not None else None
 
     if n_norm:
@@ -474,7 +533,9 @@ def pack(costs, capacity, world_size, seed=None, *, oversize: str = "error", eva
             order = normal[order]
         item_bin, slot, n_bins = deal(sizes, cap, n_bins, w, monotone=monotone)
         if n_bins > n_norm:  # only possible for tiny inputs
-            return _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total)
+            return _too_few_samples(
+                c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total
+            )
         _fill_empty_bins(item_bin, slot, n_bins)
     else:
         order = sizes = np.zeros(0, np.int64)
@@ -506,16 +567,26 @@ def pack_even(costs, capacity, world_size, seed=None, **kwargs) -> Packing:
     plan with no more than ``B`` bins is returned (its ``capacity`` records the lowered value),
     else the plan at ``capacity``. Deterministic: every rank computes the same plan.
     """
-    return even_out(pack(costs, capacity, world_size, seed, **kwargs), costs, capacity, world_size, seed, **kwargs)
+    return even_out(
+        pack(costs, capacity, world_size, seed, **kwargs),
+        costs,
+        capacity,
+        world_size,
+        seed,
+        **kwargs,
+    )
 
 
 def even_out(full: Packing, costs, capacity, world_size, seed=None, **kwargs) -> Packing:
-    """:func:`pack_even` of ``full``, the plan ``pack(costs, capacity, world_size, seed, **kwargs)``."""
+    """:func:`pack_even` of ``full``, the plan ``pack(costs, capacity, world_size, seed,
+    **kwargs)``."""
     c = validate_costs(costs)
     cap = check_capacity(capacity)
     fits = c[c <= cap]
     if full.capacity is None or len(fits) == 0:
-        return full  # a set too small for the ranks (repeated or merged samples): nothing to even out
+        return (
+            full  # a set too small for the ranks (repeated or merged samples): nothing to even out
+        )
     bins = full.num_bins - len(full.solo)
     floor, mean_fill = float(fits.max()), float(fits.sum()) / bins
     for slack in EVEN_SLACKS:
@@ -523,31 +594,56 @@ def even_out(full: Packing, costs, capacity, world_size, seed=None, **kwargs) ->
         if lowered >= cap:
             break
         p = pack(c, lowered, world_size, seed, **kwargs)
-        if p.num_bins <= full.num_bins and len(p.solo) == len(full.solo) and len(p.skipped) == len(full.skipped):
+        if (
+            p.num_bins <= full.num_bins
+            and len(p.solo) == len(full.solo)
+            and len(p.skipped) == len(full.skipped)
+        ):
             return p
     return full
 
 
-#: the capacities of ``cost=auto``'s calibration plans, as fractions of the capacity (:func:`pack_levels`)
+#: the capacities of ``cost=auto``'s calibration plans, as fractions of the capacity
+# (:func:`pack_levels`)
 CALIBRATION_LEVELS = (0.7, 0.85, 1.0)
 
 
 def check_levels(levels) -> tuple:
-    """``levels`` as a sorted tuple of distinct fractions of the capacity in (0, 1], the largest 1.0."""
+    """``levels`` as a sorted tuple of distinct fractions of the capacity in (0, 1], the largest
+    1.0."""
     try:
         f = sorted(float(x) for x in levels)
     except (TypeError, ValueError):
-        raise ValueError(f"levels={levels!r}: give a list of fractions of the capacity, e.g. (0.7, 0.85, 1.0)") \
-            from None
-    if not f or not all(math.isfinite(x) and 0 < x <= 1 for x in f) or f[-1] != 1.0 or len(set(f)) != len(f):
-        raise ValueError(f"levels={levels!r}: give distinct fractions of the capacity in (0, 1], the largest 1.0 "
-                         "(no bin may exceed the capacity), e.g. (0.7, 0.85, 1.0); (1.0,) for one capacity")
+        raise ValueError(
+            f"levels={levels!r}: give a list of fractions of the capacity, e.g. (0.7, 0.85, 1.0)"
+        ) from None
+    if (
+        not f
+        or not all(math.isfinite(x) and 0 < x <= 1 for x in f)
+        or f[-1] != 1.0
+        or len(set(f)) != len(f)
+    ):
+        raise ValueError(
+            f"levels={levels!r}: give distinct fractions of the capacity in (0, 1], the largest "
+            "1.0 "
+            "(no bin may exceed the capacity), e.g. (0.7, 0.85, 1.0); (1.0,) for one capacity"
+        )
     return tuple(f)
 
 
-def pack_levels(costs, capacity, world_size, seed=None, levels=CALIBRATION_LEVELS, *, min_steps: int = 2,
-                oversize: str = "error", repeat: bool = False) -> Packing:
-    """Steps packed at several capacities: all bins of a step to one capacity, the capacity varying between steps.
+def pack_levels(
+    costs,
+    capacity,
+    world_size,
+    seed=None,
+    levels=CALIBRATION_LEVELS,
+    *,
+    min_steps: int = 2,
+    oversize: str = "error",
+    repeat: bool = False,
+) -> Packing:
+    """Steps packed at several capacities: all bins of a step to one capacity, the capacity varying
+    between steps.
 
     Why. ``cost=auto`` fits step times against the atoms, edges and graphs of the batches the run
     trained on. Plans of one capacity give every bin about the capacity in their cost (atoms, say),
@@ -581,14 +677,22 @@ def pack_levels(costs, capacity, world_size, seed=None, levels=CALIBRATION_LEVEL
     mid = (np.cumsum(c[order]) - 0.5 * c[order]) / float(c.sum())
     level = np.empty(len(c), dtype=np.int64)
     level[order] = np.minimum(np.searchsorted(share, mid, side="right"), len(f) - 1)
-    fits = np.minimum(np.searchsorted(f * cap, c, side="left"), len(f) - 1)  # lowest level each sample fits
+    fits = np.minimum(
+        np.searchsorted(f * cap, c, side="left"), len(f) - 1
+    )  # lowest level each sample fits
     level = np.maximum(level, fits)
     steps, groups, repeated = [], [0], []
     for k in range(len(f)):
         members = np.flatnonzero(level == k)
         if len(members) == 0:
             continue
-        sub = pack(c[members], f[k] * cap, w, None if rng is None else int(rng.integers(1 << 31)), repeat=repeat)
+        sub = pack(
+            c[members],
+            f[k] * cap,
+            w,
+            None if rng is None else int(rng.integers(1 << 31)),
+            repeat=repeat,
+        )
         steps += [[members[b] for b in sub.step(s, w)] for s in range(sub.num_steps(w))]
         groups.append(len(steps))
         repeated.append(members[sub.repeated])
@@ -596,30 +700,47 @@ def pack_levels(costs, capacity, world_size, seed=None, levels=CALIBRATION_LEVEL
         ordered = [steps[i] for i in rng.permutation(len(steps))]
     else:  # round robin over the levels
         per_level = [steps[a:b] for a, b in zip(groups[:-1], groups[1:])]
-        ordered = [g[i] for i in range(max(len(g) for g in per_level)) for g in per_level if i < len(g)]
-    return packing_from_bins([b for step in ordered for b in step], w, repeated=np.concatenate(repeated),
-                             capacity=cap)
+        ordered = [
+            g[i] for i in range(max(len(g) for g in per_level)) for g in per_level if i < len(g)
+        ]
+    return packing_from_bins(
+        [b for step in ordered for b in step], w, repeated=np.concatenate(repeated), capacity=cap
+    )
 
 
 def _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, bins_needed, total) -> Packing:
-    """The plan for a set that cannot fill ``w`` non-empty bins per step, or the error saying what helps."""
+    """The plan for a set that cannot fill ``w`` non-empty bins per step, or the error saying what
+    helps."""
     if evaluation:
         return deal_over_ranks(pack(c, cap, 1, seed, oversize=oversize), c, w)
     if repeat:
         return fill_with_repeats(pack(c, cap, 1, seed, oversize=oversize), c, w, seed)
     n = len(c)
     if n < w:
-        helps = (f"use at most {n} rank(s) or more samples (a larger capacity cannot help: every rank needs a "
-                 "sample of its own), or let the sampler repeat samples (repeat=True, as binpack does for "
-                 "training loaders)")
+        helps = (
+            f"use at most {n} rank(s) or more samples (a larger capacity cannot help: every rank "
+            "needs a "
+            "sample of its own), or let the sampler repeat samples (repeat=True, as binpack does "
+            "for "
+            "training loaders)"
+        )
     else:
         k = n // w * w  # the most bins that n samples fill, a multiple of w
-        fits = float(np.sort(c)[::-1][:-(-n // k)].sum())  # dealt round-robin into k bins, each fits
-        helps = (f"a capacity of {fits:g} or more packs them into {k} bins; or use fewer ranks, more samples, "
-                 "or repeat=True")
-    raise ValueError(f"cannot give each of {w} ranks a non-empty batch at every step: {n} sample(s) of total cost "
-                     f"{total:g} need {bins_needed} bins of capacity {cap:g} (a multiple of {w}), more than there "
-                     f"are samples; {helps}")
+        fits = float(
+            np.sort(c)[::-1][: -(-n // k)].sum()
+        )  # dealt round-robin into k bins, each fits
+        helps = (
+            f"a capacity of {fits:g} or more packs them into {k} bins; or use fewer ranks, more "
+            "samples, "
+            "or repeat=True"
+        )
+    raise ValueError(
+        f"cannot give each of {w} ranks a non-empty batch at every step: {n} sample(s) of total "
+        "cost "
+        f"{total:g} need {bins_needed} bins of capacity {cap:g} (a multiple of {w}), more than "
+        "there "
+        f"are samples; {helps}"
+    )
 
 
 def _split_bins(bins: list, target: int) -> list:
@@ -628,12 +749,13 @@ def _split_bins(bins: list, target: int) -> list:
     bins = list(bins)
     while len(bins) < target and any(len(b) > 1 for b in bins):
         k = int(np.argmax([len(b) for b in bins]))
-        bins[k:k + 1] = [bins[k][:-1], bins[k][-1:]]
+        bins[k : k + 1] = [bins[k][:-1], bins[k][-1:]]
     return bins
 
 
 def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Packing:
-    """Deal the bins of a one-rank ``packing`` over ``world_size`` ranks for training, no rank empty.
+    """Deal the bins of a one-rank ``packing`` over ``world_size`` ranks for training, no rank
+    empty.
 
     The bins are split (within the capacity) until their number is a multiple of ``world_size``
     or each holds one sample; the bins still missing hold one repeated sample each, chosen at
@@ -652,8 +774,13 @@ def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Pa
     if missing:
         picks = np.resize(rng.permutation(pool) if rng is not None else pool, missing)
         bins += [np.array([i], np.int64) for i in picks]
-        log.debug("bin packing: %d sample(s) for %d ranks: %d repeated so that every rank has a batch at every step",
-                  len(pool), w, missing)
+        log.debug(
+            "bin packing: %d sample(s) for %d ranks: %d repeated so that every rank has a batch at "
+            "every step",
+            len(pool),
+            w,
+            missing,
+        )
     cost = np.array([c[b].sum() for b in bins])
     if rng is None:
         by_cost = np.argsort(cost, kind="stable")
@@ -664,11 +791,18 @@ def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Pa
     if rng is not None:
         steps = rng.permuted(steps[rng.permutation(len(steps))], axis=1)
     repeated = picks if missing else np.zeros(0, np.int64)
-    return packing_from_bins([bins[i] for i in steps.ravel()], w, solo=packing.solo, skipped=packing.skipped,
-                             repeated=np.asarray(repeated, np.int64))
+    return packing_from_bins(
+        [bins[i] for i in steps.ravel()],
+        w,
+        solo=packing.solo,
+        skipped=packing.skipped,
+        repeated=np.asarray(repeated, np.int64),
+    )
 
 
-def _arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, capacity=None) -> Packing:
+def _arrange_steps(
+    order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, capacity=None
+) -> Packing:
     """Sort bins by cost, cut into steps of ``w``, shuffle (with ``rng``), build the CSR arrays.
 
     No sort over the graphs: each graph goes to ``offsets[its bin's position] + its slot``.
@@ -692,8 +826,14 @@ def _arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, 
     dest += slot
     indices = np.empty(len(order), dtype=np.int64)
     indices[dest] = order
-    return Packing(indices, offsets, world_size=w, solo=np.asarray(solo, np.int64),
-                   skipped=np.asarray(skipped, np.int64), capacity=capacity)
+    return Packing(
+        indices,
+        offsets,
+        world_size=w,
+        solo=np.asarray(solo, np.int64),
+        skipped=np.asarray(skipped, np.int64),
+        capacity=capacity,
+    )
 
 
 def deal_over_ranks(packing: Packing, costs, world_size: int) -> Packing:
@@ -714,19 +854,36 @@ def deal_over_ranks(packing: Packing, costs, world_size: int) -> Packing:
     if w <= len(packing.indices):
         bins = _split_bins(bins, w)
     if len(bins) < w:
-        log.info("evaluation set of %d sample(s) in %d bin(s) for %d ranks: every rank evaluates all of them "
-                 "(each sample counted %d times; averages are unchanged)", len(packing.indices), len(bins), w, w)
-        return packing_from_bins([b for b in bins for _ in range(w)], w, solo=packing.solo, skipped=packing.skipped)
+        log.info(
+            "evaluation set of %d sample(s) in %d bin(s) for %d ranks: every rank evaluates all of "
+            "them "
+            "(each sample counted %d times; averages are unchanged)",
+            len(packing.indices),
+            len(bins),
+            w,
+            w,
+        )
+        return packing_from_bins(
+            [b for b in bins for _ in range(w)], w, solo=packing.solo, skipped=packing.skipped
+        )
     cost = np.array([c[b].sum() for b in bins])
     order = np.argsort(-cost, kind="stable")
-    keep = [bins[i] for i in order[:len(bins) // w * w]]
-    kept_cost = [float(cost[i]) for i in order[:len(keep)]]
-    for i in order[len(keep):]:
+    keep = [bins[i] for i in order[: len(bins) // w * w]]
+    kept_cost = [float(cost[i]) for i in order[: len(keep)]]
+    for i in order[len(keep) :]:
         j = int(np.argmin(kept_cost))
         keep[j] = np.concatenate([keep[j], bins[i]])
         kept_cost[j] += float(cost[i])
     if len(keep) < len(bins):
-        log.info("evaluation plan: %d bin(s) merged into others so that each of %d ranks has a batch at every step "
-                 "(largest bin cost now %g)", len(bins) - len(keep), w, max(kept_cost))
+        log.info(
+            "evaluation plan: %d bin(s) merged into others so that each of %d ranks has a batch at "
+            "every step "
+            "(largest bin cost now %g)",
+            len(bins) - len(keep),
+            w,
+            max(kept_cost),
+        )
     by_cost = np.argsort(kept_cost, kind="stable")
-    return packing_from_bins([keep[i] for i in by_cost], w, solo=packing.solo, skipped=packing.skipped)
+    return packing_from_bins(
+        [keep[i] for i in by_cost], w, solo=packing.solo, skipped=packing.skipped
+    )

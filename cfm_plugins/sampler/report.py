@@ -2,7 +2,8 @@
 
 Definitions (``W`` ranks, costs ``c``, capacity ``C``, ``B`` bins, steps ``s`` of ``W`` bins):
 
-- ``lower_bound_bins = ceil(sum c / C)``; ``min_bins_for_world`` = that rounded up to a multiple of W.
+- ``lower_bound_bins = ceil(sum c / C)``; ``min_bins_for_world`` = that rounded up to a multiple of
+  W.
 - ``padding = 1 - sum c / (B*C)``; ``min_padding`` = the same with ``min_bins_for_world`` bins.
 - per-step imbalance = max / mean of the step's bin costs (1 = perfectly balanced).
 - ``lif`` (HydraGNN paper, LIF = T_max / T_avg) over the epoch: ``sum_s max_s / sum_s mean_s``.
@@ -10,6 +11,7 @@ Definitions (``W`` ranks, costs ``c``, capacity ``C``, ``B`` bins, steps ``s`` o
   slowest rank (cost taken as proportional to the bin cost), relative to a perfect split of the
   total work over the W ranks.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +31,10 @@ def load_imbalance_factor(per_step) -> float:
     """
     t = np.asarray(per_step, dtype=np.float64)
     if t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
-        raise ValueError(f"load_imbalance_factor needs a (steps, ranks) matrix with at least one step, got shape {t.shape}")
+        raise ValueError(
+            "load_imbalance_factor needs a (steps, ranks) matrix with at least one step, got "
+            f"shape {t.shape}"
+        )
     mean = float(t.mean(axis=1).sum())
     return float(t.max(axis=1).sum()) / mean if mean > 0 else math.nan
 
@@ -65,20 +70,31 @@ class BalanceReport:
         return d
 
     def to_text(self) -> str:
-        return "\n".join([
-            f"samples {self.num_samples}, total cost {self.total_cost:g}, capacity {self.capacity:g}, "
-            f"{self.world_size} ranks",
-            f"bins {self.num_bins} = {self.num_steps} steps (lower bound {self.lower_bound_bins}, "
-            f"{self.min_bins_for_world} for {self.world_size} ranks; x{self.num_bins / self.lower_bound_bins:.4f})",
-            f"padding {100 * self.padding:.3f}% (minimum for the rank count {100 * self.min_padding:.3f}%)",
-            f"bin cost min {self.min_bin_cost:g} max {self.max_bin_cost:g}; {self.bins_over_capacity} bins over capacity",
-            f"per-step imbalance (max/mean) mean {self.mean_imbalance:.5f} max {self.max_imbalance:.5f}; "
-            f"LIF {self.lif:.5f}; straggler-bound epoch cost / ideal {self.straggler_ratio:.5f}",
-            f"samples lost {self.samples_lost}, duplicated {self.samples_duplicated}",
-        ])
+        return "\n".join(
+            [
+                f"samples {self.num_samples}, total cost {self.total_cost:g}, capacity "
+                f"{self.capacity:g}, "
+                f"{self.world_size} ranks",
+                f"bins {self.num_bins} = {self.num_steps} steps (lower bound "
+                f"{self.lower_bound_bins}, "
+                f"{self.min_bins_for_world} for {self.world_size} ranks; "
+                f"x{self.num_bins / self.lower_bound_bins:.4f})",
+                f"padding {100 * self.padding:.3f}% (minimum for the rank count "
+                f"{100 * self.min_padding:.3f}%)",
+                f"bin cost min {self.min_bin_cost:g} max {self.max_bin_cost:g}; "
+                f"{self.bins_over_capacity} bins over capacity",
+                f"per-step imbalance (max/mean) mean {self.mean_imbalance:.5f} max "
+                f"{self.max_imbalance:.5f}; "
+                f"LIF {self.lif:.5f}; "
+                f"straggler-bound epoch cost / ideal {self.straggler_ratio:.5f}",
+                f"samples lost {self.samples_lost}, duplicated {self.samples_duplicated}",
+            ]
+        )
 
 
-def balance_report(packing: Packing, costs, capacity, world_size: int | None = None) -> BalanceReport:
+def balance_report(
+    packing: Packing, costs, capacity, world_size: int | None = None
+) -> BalanceReport:
     """Numbers of :class:`BalanceReport` for ``packing`` of ``costs`` (the array given to pack)."""
     c = np.asarray(costs, dtype=np.float64)
     w = packing.world_size if world_size is None else int(world_size)
@@ -94,23 +110,42 @@ def balance_report(packing: Packing, costs, capacity, world_size: int | None = N
     mbw = round_up(lb, w)
     nb = len(packing)
     return BalanceReport(
-        num_samples=len(c), num_bins=nb, num_steps=nb // w, world_size=w, capacity=cap, total_cost=total,
-        lower_bound_bins=lb, min_bins_for_world=mbw,
-        padding=1.0 - total / (nb * cap), min_padding=1.0 - total / (mbw * cap),
-        max_bin_cost=float(bc.max()), min_bin_cost=float(bc.min()),
-        step_max=smax, step_mean=smean,
-        mean_imbalance=float(imb.mean()), max_imbalance=float(imb.max()),
+        num_samples=len(c),
+        num_bins=nb,
+        num_steps=nb // w,
+        world_size=w,
+        capacity=cap,
+        total_cost=total,
+        lower_bound_bins=lb,
+        min_bins_for_world=mbw,
+        padding=1.0 - total / (nb * cap),
+        min_padding=1.0 - total / (mbw * cap),
+        max_bin_cost=float(bc.max()),
+        min_bin_cost=float(bc.min()),
+        step_max=smax,
+        step_mean=smean,
+        mean_imbalance=float(imb.mean()),
+        max_imbalance=float(imb.max()),
         lif=load_imbalance_factor(sc),
         straggler_ratio=float(smax.sum() / (total / w)),
-        samples_lost=int(np.sum(seen == 0)), samples_duplicated=int(np.sum(np.maximum(seen - 1, 0))),
+        samples_lost=int(np.sum(seen == 0)),
+        samples_duplicated=int(np.sum(np.maximum(seen - 1, 0))),
         bins_over_capacity=int(np.sum(bc > cap * (1 + 1e-12))),
     )
 
 
-def plot_batches(packing: Packing, costs, world_size: int | None, path, steps=range(4),
-                 baseline: Packing | None = None, capacity: float | None = None,
-                 titles=("fixed-count batches", "bin packing"), cost_label: str = "atoms",
-                 rank_label: str = "rank") -> str:
+def plot_batches(
+    packing: Packing,
+    costs,
+    world_size: int | None,
+    path,
+    steps=range(4),
+    baseline: Packing | None = None,
+    capacity: float | None = None,
+    titles=("fixed-count batches", "bin packing"),
+    cost_label: str = "atoms",
+    rank_label: str = "rank",
+) -> str:
     """Draw a few steps like the MACE paper's Figure 12 and save a PNG at ``path``.
 
     One row per rank and step, each graph a rectangle of length proportional to its cost;
@@ -126,8 +161,14 @@ def plot_batches(packing: Packing, costs, world_size: int | None, path, steps=ra
     c = np.asarray(costs, dtype=np.float64)
     w = packing.world_size if world_size is None else int(world_size)
     steps = list(steps)
-    panels = [(baseline, titles[0]), (packing, titles[1])] if baseline is not None else [(packing, titles[1])]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 0.35 * w * len(steps) + 1.5), squeeze=False)
+    panels = (
+        [(baseline, titles[0]), (packing, titles[1])]
+        if baseline is not None
+        else [(packing, titles[1])]
+    )
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(7 * len(panels), 0.35 * w * len(steps) + 1.5), squeeze=False
+    )
     cmap = plt.get_cmap("tab20")
     for ax, (pk, title) in zip(axes[0], panels):
         y = 0
@@ -135,10 +176,18 @@ def plot_batches(packing: Packing, costs, world_size: int | None, path, steps=ra
         for s in steps:
             if s >= pk.num_steps(w):
                 continue
-            for r, items in enumerate(pk.step(s, w)):
+            for items in pk.step(s, w):
                 x = 0.0
-                for k, i in enumerate(items):
-                    ax.barh(y, c[i], left=x, height=0.8, color=cmap(int(i) % 20), edgecolor="black", linewidth=0.3)
+                for i in items:
+                    ax.barh(
+                        y,
+                        c[i],
+                        left=x,
+                        height=0.8,
+                        color=cmap(int(i) % 20),
+                        edgecolor="black",
+                        linewidth=0.3,
+                    )
                     x += c[i]
                 xmax = max(xmax, x)
                 y += 1
@@ -146,7 +195,10 @@ def plot_batches(packing: Packing, costs, world_size: int | None, path, steps=ra
         if capacity is not None:
             ax.axvline(capacity, color="red", linestyle="--", linewidth=1)
         ax.set_yticks(range(y))
-        ax.set_yticklabels([f"step {s} {rank_label} {r}" for s in steps if s < pk.num_steps(w) for r in range(w)], fontsize=7)
+        ax.set_yticklabels(
+            [f"step {s} {rank_label} {r}" for s in steps if s < pk.num_steps(w) for r in range(w)],
+            fontsize=7,
+        )
         ax.invert_yaxis()
         ax.set_xlim(0, max(xmax, capacity or 0) * 1.02)
         ax.set_xlabel(f"cost ({cost_label})")

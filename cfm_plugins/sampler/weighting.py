@@ -30,6 +30,7 @@ the same count. So the epoch's summed gradient is ``S`` times the dataset mean, 
 batches: the learning rate keeps its meaning. Elements are graphs for graph terms (energy,
 stress, virials) and atoms for atom terms (forces); :class:`LossScales` holds both factors.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,29 +54,38 @@ class LossScale:
 
 def check_reduction(reduction: str) -> str:
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r}: expected one of {', '.join(REDUCTIONS)} (how the trainer "
-                         "averages its loss: over the whole step on all ranks, or over each rank's batch)")
+        raise ValueError(
+            f"reduction={reduction!r}: expected one of {', '.join(REDUCTIONS)} (how the trainer "
+            "averages its loss: over the whole step on all ranks, or over each rank's batch)"
+        )
     return reduction
 
 
 def check_loss_weighting(weighting: str) -> str:
     if weighting not in LOSS_WEIGHTINGS:
-        raise ValueError(f"loss_weighting={weighting!r}: expected one of {', '.join(LOSS_WEIGHTINGS)}")
+        raise ValueError(
+            f"loss_weighting={weighting!r}: expected one of {', '.join(LOSS_WEIGHTINGS)}"
+        )
     return weighting
 
 
 def _atoms(atoms, packing: Packing) -> np.ndarray:
     arr = np.asarray(atoms, dtype=np.float64)
     if arr.ndim != 1 or (len(packing.indices) and arr.size <= int(packing.indices.max())):
-        raise ValueError(f"atoms has shape {arr.shape}: give one atom count per sample of the packed costs")
+        raise ValueError(
+            f"atoms has shape {arr.shape}: give one atom count per sample of the packed costs"
+        )
     if np.any(arr[packing.indices] <= 0):
         i = int(packing.indices[np.flatnonzero(arr[packing.indices] <= 0)[0]])
-        raise ValueError(f"sample {i} has {arr[i]:g} atoms: every packed sample needs at least one atom")
+        raise ValueError(
+            f"sample {i} has {arr[i]:g} atoms: every packed sample needs at least one atom"
+        )
     return arr
 
 
 def denominators(packing: Packing, atoms, reduction: str = "step") -> np.ndarray:
-    """``(num_bins, 2)``: what the trainer divides each bin's graph and atom terms by (see module doc).
+    """``(num_bins, 2)``: what the trainer divides each bin's graph and atom terms by (see module
+    doc).
 
     ``"step"``: the graph and atom counts of the bin's step over all ranks; ``"batch"``: the
     bin's own counts times the world size (the rank's mean, then DDP's average over ranks).
@@ -83,8 +93,13 @@ def denominators(packing: Packing, atoms, reduction: str = "step") -> np.ndarray
     check_reduction(reduction)
     atoms = _atoms(atoms, packing)
     w = packing.world_size
-    counts = np.stack([packing.bin_sizes().astype(np.float64),
-                       np.bincount(packing.bin_ids(), weights=atoms[packing.indices], minlength=len(packing))], axis=1)
+    counts = np.stack(
+        [
+            packing.bin_sizes().astype(np.float64),
+            np.bincount(packing.bin_ids(), weights=atoms[packing.indices], minlength=len(packing)),
+        ],
+        axis=1,
+    )
     if reduction == "batch":
         return counts * w
     per_step = counts.reshape(packing.num_steps(w), w, 2).sum(axis=1)
@@ -92,7 +107,8 @@ def denominators(packing: Packing, atoms, reduction: str = "step") -> np.ndarray
 
 
 def per_sample_scales(packing: Packing, atoms, reduction: str = "step") -> np.ndarray:
-    """``(num_bins, 2)`` factors ``[graphs, atoms]`` of every bin under ``loss_weighting=per_sample``.
+    """``(num_bins, 2)`` factors ``[graphs, atoms]`` of every bin under
+    ``loss_weighting=per_sample``.
 
     ``c = D * S / T`` (module doc): every graph (atom) then weighs ``S / T`` over the epoch. A
     sample that appears in several bins (an evaluation plan of a set smaller than the ranks) is
@@ -105,7 +121,9 @@ def per_sample_scales(packing: Packing, atoms, reduction: str = "step") -> np.nd
     return den * (steps / totals)
 
 
-def epoch_weights(packing: Packing, atoms, reduction: str = "step", scales=None) -> tuple[np.ndarray, np.ndarray]:
+def epoch_weights(
+    packing: Packing, atoms, reduction: str = "step", scales=None
+) -> tuple[np.ndarray, np.ndarray]:
     """Each sample's total weight over the epoch in the graph terms and per atom in the atom terms.
 
     ``scales``: ``(num_bins, 2)`` factors applied to each bin (``None``: all 1, the trainer's own
@@ -118,8 +136,10 @@ def epoch_weights(packing: Packing, atoms, reduction: str = "step", scales=None)
     den = denominators(packing, atoms, reduction)
     factors = np.ones_like(den) if scales is None else np.asarray(scales, dtype=np.float64)
     if factors.shape != den.shape:
-        raise ValueError(f"scales has shape {factors.shape}, the packing has {len(packing)} bins: expected "
-                         f"{den.shape}")
+        raise ValueError(
+            f"scales has shape {factors.shape}, the packing has {len(packing)} bins: expected "
+            f"{den.shape}"
+        )
     per_bin = factors / den  # what one graph / one atom of the bin weighs
     n = len(atoms)
     bins = packing.bin_ids()
@@ -129,8 +149,8 @@ def epoch_weights(packing: Packing, atoms, reduction: str = "step", scales=None)
 
 
 def weight_spread(packing: Packing, atoms, reduction: str = "step") -> tuple[float, float]:
-    """``(graphs, atoms)``: max/min of the per-sample epoch weights under the trainer's own weighting
-    (1.0: every graph, resp. atom, weighs the same; 20: some graph counts 20x another)."""
+    """``(graphs, atoms)``: max/min of the per-sample epoch weights under the trainer's own
+    weighting (1.0: every graph, resp. atom, weighs the same; 20: some graph counts 20x another)."""
     g, a = epoch_weights(packing, atoms, reduction)
     idx = np.unique(packing.indices)
     return float(g[idx].max() / g[idx].min()), float(a[idx].max() / a[idx].min())

@@ -13,17 +13,27 @@ The ``static`` feature plugin (:mod:`cfm_plugins.plugins.static`) reaches them t
 uses them directly for MD. The names of :mod:`.forward` are imported lazily, so that declaring the
 plugin's options (``cfm-run --list``) does not import torch.
 """
+
 from .budget import Budget, BudgetTracker, budget_from_plan, budget_of_plans, padding_overhead
 
 #: the ``compile`` option's values; ``reduce-overhead`` (CUDA graphs) needs a CUDA device
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
-#: torch.compile backends: inductor generates kernels; aot_eager runs the same captured graphs (forward and
-#: backward) op by op, without code generation (minutes on a small CPU): for tests and debugging
+#: torch.compile backends: inductor generates kernels; aot_eager runs the same captured graphs
+# (forward and : backward) op by op, without code generation (minutes on a small CPU): for tests and
+# debugging
 COMPILE_BACKENDS = ("inductor", "aot_eager")
 
 _FORWARD_NAMES = ("REAL_SIZES", "StaticForward", "compile_counts", "install", "installed", "remove")
-__all__ = ["Budget", "BudgetTracker", "budget_from_plan", "budget_of_plans", "padding_overhead",
-           "COMPILE_MODES", "COMPILE_BACKENDS", *_FORWARD_NAMES]
+__all__ = [
+    "Budget",
+    "BudgetTracker",
+    "budget_from_plan",
+    "budget_of_plans",
+    "padding_overhead",
+    "COMPILE_MODES",
+    "COMPILE_BACKENDS",
+    *_FORWARD_NAMES,
+]
 
 
 def __getattr__(name):

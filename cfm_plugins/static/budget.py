@@ -21,6 +21,7 @@ A batch that does not fit (a later epoch's plan, a batch built by hand) never cr
 truncated: :class:`BudgetTracker` raises the budget to cover it, with headroom, and says so in
 one log line (the model then compiles once more, for the new shape).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,7 +32,8 @@ import numpy as np
 
 log = logging.getLogger("cfm_plugins.static")
 
-#: default headroom over the fullest planned bin, for edges and graphs (and atoms when the cost is not atoms)
+#: default headroom over the fullest planned bin, for edges and graphs (and atoms when the cost is
+# not atoms)
 DEFAULT_HEADROOM = 0.05
 #: edge budgets are rounded up to a multiple of this (fewer distinct shapes when a budget grows)
 EDGE_MULTIPLE = 64
@@ -50,9 +52,13 @@ class Budget:
     def __post_init__(self):
         for name in ("atoms", "edges", "graphs"):
             value = getattr(self, name)
-            if int(value) != value or value < (0 if name == "edges" else 2 if name == "graphs" else 1):
-                raise ValueError(f"Budget.{name}={value!r}: expected an integer, at least "
-                                 f"{0 if name == 'edges' else 2 if name == 'graphs' else 1}")
+            if int(value) != value or value < (
+                0 if name == "edges" else 2 if name == "graphs" else 1
+            ):
+                raise ValueError(
+                    f"Budget.{name}={value!r}: expected an integer, at least "
+                    f"{0 if name == 'edges' else 2 if name == 'graphs' else 1}"
+                )
 
     def fits(self, atoms: int, edges: int, graphs: int) -> bool:
         return atoms < self.atoms and edges <= self.edges and graphs < self.graphs
@@ -60,7 +66,9 @@ class Budget:
     def padding(self, atoms: int, edges: int, graphs: int) -> tuple[int, int, int]:
         """Pad atoms, pad edges and pad graphs that fill a batch of that size up to the budget."""
         if not self.fits(atoms, edges, graphs):
-            raise ValueError(f"a batch of {atoms} atoms, {edges} edges and {graphs} graphs does not fit {self}")
+            raise ValueError(
+                f"a batch of {atoms} atoms, {edges} edges and {graphs} graphs does not fit {self}"
+            )
         return self.atoms - atoms, self.edges - edges, self.graphs - graphs
 
     def __str__(self) -> str:
@@ -71,8 +79,14 @@ def _round_up(x: float, multiple: int) -> int:
     return int(math.ceil(x / multiple) * multiple) if x > 0 else 0
 
 
-def budget_for(atoms: float, edges: float, graphs: float, headroom: float = DEFAULT_HEADROOM,
-               atoms_exact: bool = False, edges_exact: bool = False) -> Budget:
+def budget_for(
+    atoms: float,
+    edges: float,
+    graphs: float,
+    headroom: float = DEFAULT_HEADROOM,
+    atoms_exact: bool = False,
+    edges_exact: bool = False,
+) -> Budget:
     """The budget of batches of at most ``atoms``/``edges``/``graphs`` (real, no pad), with
     ``headroom`` on each (not on atoms when ``atoms_exact``, nor on edges when ``edges_exact``: a
     capacity bounds them)."""
@@ -80,10 +94,16 @@ def budget_for(atoms: float, edges: float, graphs: float, headroom: float = DEFA
         raise ValueError(f"headroom={headroom!r} must be >= 0")
     a = int(math.ceil(atoms)) if atoms_exact else int(math.ceil(atoms * (1 + headroom)))
     e = edges if edges_exact else edges * (1 + headroom)
-    return Budget(atoms=a + 1, edges=_round_up(e, EDGE_MULTIPLE), graphs=int(math.ceil(graphs * (1 + headroom))) + 1)
+    return Budget(
+        atoms=a + 1,
+        edges=_round_up(e, EDGE_MULTIPLE),
+        graphs=int(math.ceil(graphs * (1 + headroom))) + 1,
+    )
 
 
-def bin_sizes(packing, atoms: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bin_sizes(
+    packing, atoms: np.ndarray, edges: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Atoms, edges and graphs of every bin of a :class:`~cfm_plugins.sampler.Packing`
     (``atoms``/``edges`` indexed like the costs the plan was packed from)."""
     ids, n = packing.bin_ids(), len(packing)
@@ -92,10 +112,16 @@ def bin_sizes(packing, atoms: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray
     return a.astype(np.int64), e.astype(np.int64), packing.bin_sizes().astype(np.int64)
 
 
-def budget_from_plan(plans, atoms, edges, capacity_atoms: float | None = None,
-                     headroom: float = DEFAULT_HEADROOM, capacity_edges: float | None = None) -> Budget:
-    """The budget covering every bin of ``plans`` (one :class:`Packing` or several, e.g. the plans of
-    the first epochs), with ``headroom``.
+def budget_from_plan(
+    plans,
+    atoms,
+    edges,
+    capacity_atoms: float | None = None,
+    headroom: float = DEFAULT_HEADROOM,
+    capacity_edges: float | None = None,
+) -> Budget:
+    """The budget covering every bin of ``plans`` (one :class:`Packing` or several, e.g. the plans
+    of the first epochs), with ``headroom``.
 
     ``capacity_atoms``: the capacity the bins were dealt to when the cost is atoms (the atom budget
     is then that capacity, plus the pad atom); ``capacity_edges`` the same when the cost is edges
@@ -106,24 +132,37 @@ def budget_from_plan(plans, atoms, edges, capacity_atoms: float | None = None,
     max_a = max(int(s[0].max()) for s in sizes)
     max_e = max(int(s[1].max()) for s in sizes)
     max_g = max(int(s[2].max()) for s in sizes)
-    return budget_for(max_a if capacity_atoms is None else max(capacity_atoms, max_a),
-                      max_e if capacity_edges is None else max(capacity_edges, max_e), max_g, headroom,
-                      atoms_exact=capacity_atoms is not None, edges_exact=capacity_edges is not None)
+    return budget_for(
+        max_a if capacity_atoms is None else max(capacity_atoms, max_a),
+        max_e if capacity_edges is None else max(capacity_edges, max_e),
+        max_g,
+        headroom,
+        atoms_exact=capacity_atoms is not None,
+        edges_exact=capacity_edges is not None,
+    )
 
 
-def budget_of_plans(plans, costs, atoms, edges, capacity: float, headroom: float = DEFAULT_HEADROOM) -> Budget:
-    """The budget of ``plans`` packed from ``costs`` at ``capacity`` as binpack packs them for padded
-    batches: the limits of bins even in atoms and edges (``Packing.limits``: cost, atoms, edges),
-    else the capacity the bins were dealt to, in atoms or edges where the cost is one of them, and
-    the fullest bin + ``headroom`` for the rest."""
+def budget_of_plans(
+    plans, costs, atoms, edges, capacity: float, headroom: float = DEFAULT_HEADROOM
+) -> Budget:
+    """The budget of ``plans`` packed from ``costs`` at ``capacity`` as binpack packs them for
+    padded batches: the limits of bins even in atoms and edges (``Packing.limits``: cost, atoms,
+    edges), else the capacity the bins were dealt to, in atoms or edges where the cost is one of
+    them, and the fullest bin + ``headroom`` for the rest."""
     plans = [plans] if hasattr(plans, "bin_ids") else list(plans)
     if all(p.limits is not None for p in plans):  # no bin exceeds the limits: they are the budget
         limit_a, limit_e = np.max([p.limits[1:3] for p in plans], axis=0)
         return budget_from_plan(plans, atoms, edges, limit_a, headroom, capacity_edges=limit_e)
     dealt = max(p.capacity or capacity for p in plans)  # no bin exceeds it, in the packing's cost
     by_atoms, by_edges = np.array_equal(costs, atoms), np.array_equal(costs, edges)
-    return budget_from_plan(plans, atoms, edges, dealt if by_atoms else None, headroom,
-                            capacity_edges=dealt if by_edges and not by_atoms else None)
+    return budget_from_plan(
+        plans,
+        atoms,
+        edges,
+        dealt if by_atoms else None,
+        headroom,
+        capacity_edges=dealt if by_edges and not by_atoms else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -135,7 +174,8 @@ class PaddingOverhead:
     batches: int
 
     def __str__(self) -> str:
-        return f"{100 * self.atoms:.2f}% atoms, {100 * self.edges:.2f}% edges over {self.batches} batches"
+        atoms, edges = 100 * self.atoms, 100 * self.edges
+        return f"{atoms:.2f}% atoms, {edges:.2f}% edges over {self.batches} batches"
 
 
 def padding_overhead(plans, atoms, edges, budget: Budget) -> PaddingOverhead:
@@ -147,8 +187,11 @@ def padding_overhead(plans, atoms, edges, budget: Budget) -> PaddingOverhead:
     for p in plans:
         a, e, _ = bin_sizes(p, atoms, edges)
         real_a, real_e, n = real_a + int(a.sum()), real_e + int(e.sum()), n + len(a)
-    return PaddingOverhead(atoms=(n * budget.atoms - real_a) / max(real_a, 1),
-                           edges=(n * budget.edges - real_e) / max(real_e, 1), batches=n)
+    return PaddingOverhead(
+        atoms=(n * budget.atoms - real_a) / max(real_a, 1),
+        edges=(n * budget.edges - real_e) / max(real_e, 1),
+        batches=n,
+    )
 
 
 class BudgetTracker:
@@ -169,14 +212,28 @@ class BudgetTracker:
         if b.fits(atoms, edges, graphs):
             return b
         grown = budget_for(atoms, edges, graphs, self.headroom)
-        new = Budget(atoms=max(b.atoms, grown.atoms) if atoms >= b.atoms else b.atoms,
-                     edges=max(b.edges, grown.edges) if edges > b.edges else b.edges,
-                     graphs=max(b.graphs, grown.graphs) if graphs >= b.graphs else b.graphs)
+        new = Budget(
+            atoms=max(b.atoms, grown.atoms) if atoms >= b.atoms else b.atoms,
+            edges=max(b.edges, grown.edges) if edges > b.edges else b.edges,
+            graphs=max(b.graphs, grown.graphs) if graphs >= b.graphs else b.graphs,
+        )
         self.budget = new
         self.raises += 1
-        log.info("static shapes (%s): a batch of %d atoms, %d edges, %d graphs is over the budget (%s); raised "
-                 "to %s (one more compilation for the new shape)", self.name, atoms, edges, graphs, b, new)
+        log.info(
+            "static shapes (%s): a batch of %d atoms, %d edges, %d graphs is over the budget (%s); "
+            "raised "
+            "to %s (one more compilation for the new shape)",
+            self.name,
+            atoms,
+            edges,
+            graphs,
+            b,
+            new,
+        )
         return new
 
     def __repr__(self) -> str:
-        return f"BudgetTracker({self.name}: {self.budget}, headroom {self.headroom:g}, raised {self.raises}x)"
+        return (
+            f"BudgetTracker({self.name}: {self.budget}, headroom {self.headroom:g}, "
+            f"raised {self.raises}x)"
+        )

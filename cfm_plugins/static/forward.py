@@ -23,6 +23,7 @@ names its place, never a silent fall back to eager; ``dynamic=False``: one graph
 padding makes one per budget. :func:`compile_counts` reads dynamo's counters (compiled graphs and
 graph breaks) for the log and the tests.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,7 +35,8 @@ from cfm_plugins.static import COMPILE_BACKENDS, COMPILE_MODES
 
 log = logging.getLogger("cfm_plugins.static")
 
-#: key of the model's input dict holding ``(graphs, atoms, edges)`` of the real batch, then the padded sizes
+#: key of the model's input dict holding ``(graphs, atoms, edges)`` of the real batch, then the
+# padded sizes
 REAL_SIZES = "cfm_real_sizes"
 LEVELS = ("graph", "atom", "edge", "whole")
 #: compiled graphs allowed per forward before dynamo stops compiling it (its default is 8): budgets
@@ -43,13 +45,14 @@ RECOMPILE_LIMIT = 64
 
 
 def configure_dynamo() -> None:
-    """Let dynamo trace ``torch.autograd.grad`` into the graph (forces and stress are gradients of the
-    energy taken inside the forward) and compile a few dozen shapes per forward.
+    """Let dynamo trace ``torch.autograd.grad`` into the graph (forces and stress are gradients of
+    the energy taken inside the forward) and compile a few dozen shapes per forward.
 
-    Under DistributedDataParallel dynamo's DDP optimizer would split the graph at the gradient buckets'
-    boundaries (to overlap all-reduce with backward); a split graph cannot take ``autograd.grad``
-    through the pieces (``-1 * None`` at ``compute_forces``: it broke a MACE-MP-medium-like model on
-    2 ranks, whose parameters fill more than one 25 MB bucket). It is turned off: the compiled
+    Under DistributedDataParallel dynamo's DDP optimizer would split the graph at the gradient
+    buckets' boundaries (to overlap all-reduce with backward); a split graph cannot take
+    ``autograd.grad`` through the pieces (``-1 * None`` at ``compute_forces``: it broke a
+    MACE-MP-medium-like model on 2 ranks, whose parameters fill more than one 25 MB bucket). It is
+    turned off: the compiled
     forward stays one graph, DDP's hooks still all-reduce every bucket in backward."""
     import torch._dynamo as dynamo
 
@@ -63,39 +66,54 @@ def configure_dynamo() -> None:
 
 
 def check_compile_mode(mode: str, device, backend: str = "inductor") -> str:
-    """``mode`` if it can run on ``device`` with ``backend``; a ``ValueError`` saying what to use otherwise."""
+    """``mode`` if it can run on ``device`` with ``backend``; a ``ValueError`` saying what to use
+    otherwise."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile={mode!r}: expected one of {', '.join(COMPILE_MODES)}")
     if backend not in COMPILE_BACKENDS:
-        raise ValueError(f"compile_backend={backend!r}: expected one of {', '.join(COMPILE_BACKENDS)}")
+        raise ValueError(
+            f"compile_backend={backend!r}: expected one of {', '.join(COMPILE_BACKENDS)}"
+        )
     if mode == "reduce-overhead" and torch.device(device).type != "cuda":
-        raise ValueError(f"compile=reduce-overhead captures CUDA graphs and needs a CUDA device, not {device}: "
-                         "use compile=default (or max-autotune) on CPUs")
+        raise ValueError(
+            f"compile=reduce-overhead captures CUDA graphs and needs a CUDA device, not {device}: "
+            "use compile=default (or max-autotune) on CPUs"
+        )
     if mode in ("max-autotune", "reduce-overhead") and backend != "inductor":
-        raise ValueError(f"compile={mode} is a mode of the inductor backend, not of compile_backend={backend}")
+        raise ValueError(
+            f"compile={mode} is a mode of the inductor backend, not of compile_backend={backend}"
+        )
     return mode
 
 
-def compile_forward(fn, mode: str = "default", dynamic: bool | None = False, backend: str = "inductor"):
-    """``fn`` compiled whole (``fullgraph=True``), one graph per input shape (``dynamic=False``; ``None``
-    lets dynamo make sizes symbolic after a second shape, for batches that are not padded)."""
+def compile_forward(
+    fn, mode: str = "default", dynamic: bool | None = False, backend: str = "inductor"
+):
+    """``fn`` compiled whole (``fullgraph=True``), one graph per input shape (``dynamic=False``;
+    ``None`` lets dynamo make sizes symbolic after a second shape, for batches that are not
+    padded)."""
     configure_dynamo()
     if backend != "inductor":
         return torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=backend)
-    return torch.compile(fn, fullgraph=True, dynamic=dynamic, mode=None if mode == "default" else mode)
+    return torch.compile(
+        fn, fullgraph=True, dynamic=dynamic, mode=None if mode == "default" else mode
+    )
 
 
 def compile_counts() -> dict:
     """Dynamo's counters of this process: graphs compiled, and graph breaks by reason."""
     from torch._dynamo.utils import counters
 
-    return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "graph_breaks": {str(k): int(v) for k, v in counters["graph_break"].items()}}
+    return {
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": {str(k): int(v) for k, v in counters["graph_break"].items()},
+    }
 
 
 def cut(outputs: dict, real: tuple, levels: dict) -> dict:
     """``outputs`` of a padded batch cut to the real graphs, atoms and edges (``real`` is the
-    :data:`REAL_SIZES` entry: ``(graphs, atoms, edges, padded graphs, padded atoms, padded edges)``).
+    :data:`REAL_SIZES` entry: ``(graphs, atoms, edges, padded graphs, padded atoms, padded
+    edges)``).
 
     An output's level comes from ``levels``; an output not listed there is placed by its first
     dimension when that matches exactly one padded size, and is an error otherwise (a new output of
@@ -109,15 +127,23 @@ def cut(outputs: dict, real: tuple, levels: dict) -> dict:
             continue
         level = levels.get(key)
         if level is None:
-            matches = [lv for lv, n in (("graph", pg), ("atom", pa), ("edge", pe)) if value.shape[0] == n]
+            matches = [
+                lv for lv, n in (("graph", pg), ("atom", pa), ("edge", pe)) if value.shape[0] == n
+            ]
             if len(matches) != 1:
-                raise ValueError(f"static shapes: the model's output {key!r} has shape {tuple(value.shape)}, which "
-                                 f"cannot be placed as per graph ({pg}), per atom ({pa}) or per edge ({pe}); add it "
-                                 "to the adapter's output levels")
+                raise ValueError(
+                    f"static shapes: the model's output {key!r} has shape {tuple(value.shape)}, "
+                    "which "
+                    f"cannot be placed as per graph ({pg}), per atom ({pa}) or per edge ({pe}); "
+                    "add it "
+                    "to the adapter's output levels"
+                )
             level = matches[0]
         if level == "whole":
-            raise ValueError(f"static shapes: the model's output {key!r} mixes the atoms of every graph (e.g. a "
-                             "Hessian) and cannot be cut to the real batch; turn static_shapes off for it")
+            raise ValueError(
+                f"static shapes: the model's output {key!r} mixes the atoms of every graph (e.g. a "
+                "Hessian) and cannot be cut to the real batch; turn static_shapes off for it"
+            )
         out[key] = value.narrow(0, 0, keep[level])
     return out
 
@@ -162,12 +188,22 @@ class StaticForward:
             backward, run op by op: no code generation, which takes many minutes on a small CPU).
     """
 
-    def __init__(self, model, spec: ModelSpec, compile: str = "off", dynamic: bool | None = False,
-                 backend: str = "inductor"):
+    def __init__(
+        self,
+        model,
+        spec: ModelSpec,
+        compile: str = "off",
+        dynamic: bool | None = False,
+        backend: str = "inductor",
+    ):
         self.stock = type(model).forward.__get__(model)
         self.spec, self.mode, self.dynamic, self.backend = spec, compile, dynamic, backend
-        self.compiled = self._context = None  # made at the first call (a deep copy is made half-built)
-        self.shapes: list[tuple] = []  # (padded graphs, atoms, edges) and the compiled call's kwargs seen, in order
+        self.compiled = self._context = (
+            None  # made at the first call (a deep copy is made half-built)
+        )
+        self.shapes: list[
+            tuple
+        ] = []  # (padded graphs, atoms, edges) and the compiled call's kwargs seen, in order
 
     def __call__(self, data, *args, **kwargs):
         real = data.pop(REAL_SIZES, None) if isinstance(data, dict) else None
@@ -181,9 +217,13 @@ class StaticForward:
         if self.compiled is None:
             from cfm_plugins.ops._backend import prepare_kernels
 
-            prepare_kernels(self.stock.__self__)  # first launches' set-up, outside the graph and its capture
+            prepare_kernels(
+                self.stock.__self__
+            )  # first launches' set-up, outside the graph and its capture
             self.compiled = compile_forward(self.stock, self.mode, self.dynamic, self.backend)
-            self._context = self.spec.prepare(self.stock.__self__) if self.spec.prepare is not None else None
+            self._context = (
+                self.spec.prepare(self.stock.__self__) if self.spec.prepare is not None else None
+            )
         for key in self.spec.grad_inputs:
             if key in data and not data[key].requires_grad:
                 data[key].requires_grad_(True)
@@ -200,29 +240,48 @@ class StaticForward:
         return out
 
     def _note_shape(self, real, kwargs) -> None:
-        grads = torch.is_grad_enabled() and any(p.requires_grad for p in self.stock.__self__.parameters())
-        key = (tuple(real[3:]) if real is not None else None, bool(kwargs.get("training", False)), grads)
+        grads = torch.is_grad_enabled() and any(
+            p.requires_grad for p in self.stock.__self__.parameters()
+        )
+        key = (
+            tuple(real[3:]) if real is not None else None,
+            bool(kwargs.get("training", False)),
+            grads,
+        )
         if key not in self.shapes:
             self.shapes.append(key)
-            log.info("static shapes: compiling the forward for %s (training=%s, parameter gradients %s)",
-                     "batches of %d graphs, %d atoms, %d edges" % key[0] if key[0] else "unpadded batches",
-                     key[1], "on" if grads else "off")
+            log.info(
+                "static shapes: compiling the forward for %s (training=%s, parameter gradients %s)",
+                "batches of {} graphs, {} atoms, {} edges".format(*key[0])
+                if key[0]
+                else "unpadded batches",
+                key[1],
+                "on" if grads else "off",
+            )
 
     def __deepcopy__(self, memo):
-        """The deep copy of the model (SWA's averaged model, mace's copy to save) gets a forward of its
-        own, compiled at its first call; :func:`remove` takes it off a copy about to be pickled."""
+        """The deep copy of the model (SWA's averaged model, mace's copy to save) gets a forward
+        of its own, compiled at its first call; :func:`remove` takes it off a copy about to be
+        pickled."""
         copy = memo.get(id(self.stock.__self__))
         if copy is None:
             raise TypeError("a StaticForward is copied with its model, not alone")
         return StaticForward(copy, self.spec, self.mode, self.dynamic, self.backend)
 
     def __reduce__(self):
-        raise TypeError("a model with a StaticForward cannot be pickled: call cfm_plugins.static.remove(model) "
-                        "first (the adapters do it before saving)")
+        raise TypeError(
+            "a model with a StaticForward cannot be pickled: call cfm_plugins.static.remove(model) "
+            "first (the adapters do it before saving)"
+        )
 
 
-def install(model, spec: ModelSpec, compile: str = "off", dynamic: bool | None = False,
-            backend: str = "inductor") -> StaticForward:
+def install(
+    model,
+    spec: ModelSpec,
+    compile: str = "off",
+    dynamic: bool | None = False,
+    backend: str = "inductor",
+) -> StaticForward:
     """Make ``model(...)`` run :class:`StaticForward`; returns it. Undo with :func:`remove`."""
     if installed(model) is not None:
         return installed(model)
@@ -237,7 +296,8 @@ def installed(model) -> StaticForward | None:
 
 
 def remove(model) -> bool:
-    """Give ``model`` its class's own forward back (before pickling it); whether it had a StaticForward."""
+    """Give ``model`` its class's own forward back (before pickling it); whether it had a
+    StaticForward."""
     if installed(model) is None:
         return False
     del model.__dict__["forward"]

@@ -42,6 +42,7 @@ patched, so it works in place):
   (its pickle still holds TorchScript: e3nn scripts the fx modules when saving), and a loaded model
   that holds TorchScript is rebuilt from its configuration (:func:`without_torchscript`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,23 +53,57 @@ from mace.tools.torch_geometric.data import Data
 
 from cfm_plugins.static.forward import REAL_SIZES, ModelSpec
 
-#: what each key of mace's ``AtomicData`` (0.3.16) holds, for building pad graphs: per atom, per edge
-#: (``edge_index`` is concatenated along its last dimension), else per graph. A key not listed is
-#: placed by its first dimension (see :func:`key_level`).
+#: what each key of mace's ``AtomicData`` (0.3.16) holds, for building pad graphs: per atom, per
+# edge : (``edge_index`` is concatenated along its last dimension), else per graph. A key not listed
+# is : placed by its first dimension (see :func:`key_level`).
 NODE_KEYS = frozenset({"positions", "node_attrs", "forces", "charges", "density_coefficients"})
 EDGE_KEYS = frozenset({"edge_index", "shifts", "unit_shifts"})
-GRAPH_KEYS = frozenset({"cell", "weight", "head", "energy_weight", "forces_weight", "stress_weight",
-                        "virials_weight", "dipole_weight", "charges_weight", "polarizability_weight", "energy",
-                        "stress", "virials", "dipole", "polarizability", "elec_temp", "total_charge", "total_spin",
-                        "pbc", "rcell", "volume", "fermi_level", "external_field"})
+GRAPH_KEYS = frozenset(
+    {
+        "cell",
+        "weight",
+        "head",
+        "energy_weight",
+        "forces_weight",
+        "stress_weight",
+        "virials_weight",
+        "dipole_weight",
+        "charges_weight",
+        "polarizability_weight",
+        "energy",
+        "stress",
+        "virials",
+        "dipole",
+        "polarizability",
+        "elec_temp",
+        "total_charge",
+        "total_spin",
+        "pbc",
+        "rcell",
+        "volume",
+        "fermi_level",
+        "external_field",
+    }
+)
 
 #: the level of each output of mace's models (MACE, ScaleShiftMACE), for cutting them back
 OUTPUT_LEVELS = {
-    "energy": "graph", "interaction_energy": "graph", "contributions": "graph", "virials": "graph",
-    "stress": "graph", "displacement": "graph", "dipole": "graph", "polarizability": "graph",
+    "energy": "graph",
+    "interaction_energy": "graph",
+    "contributions": "graph",
+    "virials": "graph",
+    "stress": "graph",
+    "displacement": "graph",
+    "dipole": "graph",
+    "polarizability": "graph",
     "polarizability_sh": "graph",
-    "node_energy": "atom", "forces": "atom", "node_feats": "atom", "charges": "atom", "atomic_virials": "atom",
-    "atomic_stresses": "atom", "atomic_dipoles": "atom",
+    "node_energy": "atom",
+    "forces": "atom",
+    "node_feats": "atom",
+    "charges": "atom",
+    "atomic_virials": "atom",
+    "atomic_stresses": "atom",
+    "atomic_dipoles": "atom",
     "edge_forces": "edge",
     "hessian": "whole",
 }
@@ -88,16 +123,21 @@ def key_level(key: str, value, data) -> str:
         return matches[0]
     if not matches:
         return "graph"
-    raise ValueError(f"static shapes: mace data key {key!r} (shape {tuple(value.shape)}) of a structure with "
-                     f"{n_nodes} atoms and {n_edges} edges: per atom or per edge? Add it to "
-                     "cfm_plugins_adapters.mace.padding.NODE_KEYS or EDGE_KEYS")
+    raise ValueError(
+        f"static shapes: mace data key {key!r} (shape {tuple(value.shape)}) of a structure with "
+        f"{n_nodes} atoms and {n_edges} edges: per atom or per edge? Add it to "
+        "cfm_plugins_adapters.mace.padding.NODE_KEYS or EDGE_KEYS"
+    )
 
 
 def pad_graphs(reference: Data, atoms: int, edges: int, graphs: int, distance: float) -> list[Data]:
     """``graphs`` inert pad graphs with ``atoms`` atoms and ``edges`` edges in all (see the module
     docstring), with the keys and dtypes of ``reference`` (a structure of the batch)."""
     if graphs < 1 or atoms < 1:
-        raise ValueError(f"pad_graphs: at least one pad graph and one pad atom are needed, got {graphs} and {atoms}")
+        raise ValueError(
+            f"pad_graphs: at least one pad graph and one pad atom are needed, got {graphs} and "
+            f"{atoms}"
+        )
     first = _pad_graph(reference, atoms, edges, distance)
     if graphs == 1:
         return [first]
@@ -116,7 +156,9 @@ def _pad_graph(reference: Data, atoms: int, edges: int, distance: float) -> Data
         if level == "node":
             pad[key] = value.new_zeros((atoms,) + tuple(value.shape[1:]))
         elif level == "edge" and key == "edge_index":
-            loop = torch.arange(edges, dtype=value.dtype) % max(atoms, 1)  # spread over the pad atoms
+            loop = torch.arange(edges, dtype=value.dtype) % max(
+                atoms, 1
+            )  # spread over the pad atoms
             pad[key] = torch.stack([loop, loop])
         elif level == "edge":
             pad[key] = value.new_zeros((edges,) + tuple(value.shape[1:]))
@@ -129,13 +171,17 @@ def _pad_graph(reference: Data, atoms: int, edges: int, distance: float) -> Data
         pad["positions"][:, 1] = distance * torch.arange(atoms, dtype=pad["positions"].dtype)
     for key, length in (("unit_shifts", 1.0), ("shifts", distance)):
         if key in pad.keys and edges:
-            pad[key][:, 0] = length  # the image one pad cell along x: every pad edge is `distance` long
+            pad[key][:, 0] = (
+                length  # the image one pad cell along x: every pad edge is `distance` long
+            )
     if "cell" in pad.keys:
         pad["cell"] = distance * torch.eye(3, dtype=pad["cell"].dtype).view(reference["cell"].shape)
     if "rcell" in pad.keys:
-        pad["rcell"] = torch.eye(3, dtype=pad["rcell"].dtype).view(reference["rcell"].shape) / distance
+        pad["rcell"] = (
+            torch.eye(3, dtype=pad["rcell"].dtype).view(reference["rcell"].shape) / distance
+        )
     if "volume" in pad.keys:
-        pad["volume"] = torch.full_like(reference["volume"], distance ** 3)
+        pad["volume"] = torch.full_like(reference["volume"], distance**3)
     if "total_spin" in pad.keys:
         pad["total_spin"] = torch.ones_like(reference["total_spin"])  # a singlet, as mace pads
     return pad
@@ -143,8 +189,11 @@ def _pad_graph(reference: Data, atoms: int, edges: int, distance: float) -> Data
 
 def batch_sizes(data_list) -> tuple[int, int, int]:
     """Atoms, edges and graphs of a list of mace structures."""
-    return (sum(int(d.num_nodes) for d in data_list), sum(int(d["edge_index"].shape[1]) for d in data_list),
-            len(data_list))
+    return (
+        sum(int(d.num_nodes) for d in data_list),
+        sum(int(d["edge_index"].shape[1]) for d in data_list),
+        len(data_list),
+    )
 
 
 class PaddedBatch(Batch):
@@ -155,7 +204,7 @@ class PaddedBatch(Batch):
     """
 
     @classmethod
-    def wrap(cls, padded: Batch, graphs: int, atoms: int, edges: int) -> "PaddedBatch":
+    def wrap(cls, padded: Batch, graphs: int, atoms: int, edges: int) -> PaddedBatch:
         out = cls()
         out.__padded__ = padded
         out.__real__ = (int(graphs), int(atoms), int(edges))
@@ -169,9 +218,9 @@ class PaddedBatch(Batch):
     def real_sizes(self) -> tuple[int, int, int]:
         return self.__real__
 
-    def remake_views(self) -> "PaddedBatch":
-        """Make the attributes views of the real structures of :attr:`padded` again (after the padded
-        tensors were replaced: moved, pinned, converted); returns ``self``."""
+    def remake_views(self) -> PaddedBatch:
+        """Make the attributes views of the real structures of :attr:`padded` again (after the
+        padded tensors were replaced: moved, pinned, converted); returns ``self``."""
         p, (g, n, _) = self.__padded__, self.__real__
         for key in p.keys:
             value = p[key]
@@ -204,7 +253,9 @@ class PaddedBatch(Batch):
 
     def to(self, device, *keys, **kwargs):
         p = self.__padded__
-        kwargs.setdefault("non_blocking", bool(p.positions.is_pinned()) and torch.device(device).type == "cuda")
+        kwargs.setdefault(
+            "non_blocking", bool(p.positions.is_pinned()) and torch.device(device).type == "cuda"
+        )
         self.__padded__ = p.to(device, **kwargs)
         self.remake_views()
         return self
@@ -248,8 +299,10 @@ class PaddingCollater:
 
 # ------------------------------------------------------------------------------------ compiling
 
+
 def simplify_classes() -> tuple[type, ...]:
-    """The module classes mace symbolic-traces for torch.compile (its ``simplify_if_compile`` registry)."""
+    """The module classes mace symbolic-traces for torch.compile (its ``simplify_if_compile``
+    registry)."""
     import mace.modules  # noqa: F401  (registers the classes)
     from mace.tools import compile as mace_compile
 
@@ -270,9 +323,12 @@ class TracedSwaps:
         from torch.fx import symbolic_trace
 
         classes = simplify_classes()
-        self.swaps = [(parent, name, child, symbolic_trace(child))
-                      for parent in model.modules() for name, child in parent.named_children()
-                      if isinstance(child, classes)]
+        self.swaps = [
+            (parent, name, child, symbolic_trace(child))
+            for parent in model.modules()
+            for name, child in parent.named_children()
+            if isinstance(child, classes)
+        ]
 
     def __enter__(self):
         for parent, name, _, traced in self.swaps:
@@ -313,18 +369,28 @@ def without_torchscript(model):
     try:
         config = extract_config_mace_model(model)
     except Exception as exc:  # noqa: BLE001 - say which model and what to do
-        raise ValueError(f"compile: the {type(model).__name__} model holds TorchScript modules (e3nn code generation) "
-                         f"and its configuration cannot be read to rebuild it without them ({exc}); use compile=off"
-                         ) from exc
+        raise ValueError(
+            f"compile: the {type(model).__name__} model holds TorchScript modules (e3nn code "
+            "generation) "
+            f"and its configuration cannot be read to rebuild it without them ({exc}); use "
+            "compile=off"
+        ) from exc
     param = next(model.parameters())
     from mace.tools.torch_tools import default_dtype
 
-    with e3nn_codegen_off(), default_dtype(param.dtype):  # built in the weights' dtype: loaded exactly
+    with (
+        e3nn_codegen_off(),
+        default_dtype(param.dtype),
+    ):  # built in the weights' dtype: loaded exactly
         rebuilt = model.__class__(**config)
     rebuilt.load_state_dict(model.state_dict(), strict=True)
     return rebuilt.to(device=param.device, dtype=param.dtype)
 
 
 #: what static shapes must know of mace's models (:class:`~cfm_plugins.static.forward.ModelSpec`)
-MACE_SPEC = ModelSpec(output_levels=OUTPUT_LEVELS, grad_inputs=("positions",), prepare=TracedSwaps,
-                      compiled_kwargs={"training": True})
+MACE_SPEC = ModelSpec(
+    output_levels=OUTPUT_LEVELS,
+    grad_inputs=("positions",),
+    prepare=TracedSwaps,
+    compiled_kwargs={"training": True},
+)

@@ -15,14 +15,14 @@ Nothing in the training knows about cfm-plugins: the plugins meet HydraGNN's own
 ``cfm_plugins.datasets.clusters`` (what ``make_dataset.py`` beside this file writes).
 HydraGNN writes its logs and model under ``./logs/``.
 """
+
 import argparse
 import json
 import os
 
-import torch
-
 import hydragnn
 import hydragnn.utils.tracer as tr
+import torch
 
 
 def load_or_make_dataset(path, world_rank):
@@ -40,7 +40,7 @@ def load_or_make_dataset(path, world_rank):
 
 
 def main(config_file, log_dir=None, seed=0):
-    with open(config_file, "r") as f:
+    with open(config_file) as f:
         config = json.load(f)
     verbosity = config["Verbosity"]["level"]
     torch.manual_seed(seed)
@@ -67,9 +67,7 @@ def main(config_file, log_dir=None, seed=0):
     )
     config = hydragnn.utils.update_config(config, train_loader, val_loader, test_loader)
 
-    model = hydragnn.models.create_model_config(
-        config=config["NeuralNetwork"], verbosity=verbosity
-    )
+    model = hydragnn.models.create_model_config(config=config["NeuralNetwork"], verbosity=verbosity)
     model = hydragnn.utils.get_distributed_model(model, verbosity)
 
     optimizer = hydragnn.utils.select_optimizer(
@@ -81,8 +79,11 @@ def main(config_file, log_dir=None, seed=0):
 
     writer = hydragnn.utils.get_summary_writer(log_name)
     hydragnn.utils.save_config(config, log_name)
-    # "Training": {"continue": 1, "startfrom": NAME} loads logs/NAME/NAME.pk, as hydragnn.run_training does
-    hydragnn.utils.load_existing_model_config(model, config["NeuralNetwork"]["Training"], optimizer=optimizer)
+    # "Training": {"continue": 1, "startfrom": NAME} loads logs/NAME/NAME.pk, as
+    # hydragnn.run_training does
+    hydragnn.utils.load_existing_model_config(
+        model, config["NeuralNetwork"]["Training"], optimizer=optimizer
+    )
 
     tr.initialize()
     tr.disable()
@@ -108,8 +109,15 @@ def main(config_file, log_dir=None, seed=0):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="HydraGNN training on EMT clusters and molecules")
     parser.add_argument("config", help="HydraGNN JSON configuration")
-    parser.add_argument("--log", default=None, help="log name under ./logs/ (default: from the config)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the training-set order (0: the set's own order); "
-                        "HydraGNN itself seeds its model weights and its sampler with 0")
+    parser.add_argument(
+        "--log", default=None, help="log name under ./logs/ (default: from the config)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the training-set order (0: the set's own order); "
+        "HydraGNN itself seeds its model weights and its sampler with 0",
+    )
     args = parser.parse_args()
     main(args.config, args.log, args.seed)

@@ -1,4 +1,5 @@
 """benchmarks/baselines.py: the packers the sampler is compared with follow its step convention."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """benchmarks/triton_host.py: one row per kernel variant a MACE force-training step launches, each
 with the host time of both ways and their ratio (a smoke run: timings are not asserted)."""
+
 from __future__ import annotations
 
 import re
@@ -13,8 +14,14 @@ def test_every_variant_gets_a_row_with_both_times():
     import_triton()
     env = clean_env()
     env.pop("TRITON_INTERPRET", None)
-    res = subprocess.run([sys.executable, "-m", "benchmarks.triton_host", "--reps", "2"], capture_output=True,
-                         text=True, env=env, cwd=ROOT, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "benchmarks.triton_host", "--reps", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = re.findall(r"^\| (\S+) \| ([\d.]+) ms \| ([\d.]+) ms \| ([\d.]+)x \|$", res.stdout, re.M)
     names = [r[0] for r in rows]

@@ -1,4 +1,5 @@
 """benchmarks/workload.py: the MACE paper's graph-size mix (Table 3)."""
+
 from __future__ import annotations
 
 from benchmarks.workload import PAPER_MIX, paper_mix

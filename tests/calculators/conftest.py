@@ -1,9 +1,10 @@
-"""Model files of small random MACE models and the calculators over them, for the calculator tests."""
+"""Model files of small random MACE models and the calculators over them, for the calculator
+tests."""
+
 from __future__ import annotations
 
-import pytest
-
 import mace  # noqa: F401  (before e3nn)
+import pytest
 import torch
 from mace.calculators import MACECalculator
 
@@ -16,7 +17,11 @@ from tests.helpers.mace_models import build_model
 def model_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
     files = {}
-    for name, seed, dtype in (("m64", 0, torch.float64), ("m64b", 1, torch.float64), ("m32", 0, torch.float32)):
+    for name, seed, dtype in (
+        ("m64", 0, torch.float64),
+        ("m64b", 1, torch.float64),
+        ("m32", 0, torch.float32),
+    ):
         files[name] = folder / f"{name}.model"
         torch.save(build_model(seed, dtype), files[name])
     return files
@@ -25,9 +30,13 @@ def model_files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fused64(model_files):
     """CFMCalculator over m64 with every fused kernel of this checkout."""
-    return CFMCalculator(str(model_files["m64"]), device="cpu", default_dtype="float64", kernels=kernel_names())
+    return CFMCalculator(
+        str(model_files["m64"]), device="cpu", default_dtype="float64", kernels=kernel_names()
+    )
 
 
 @pytest.fixture(scope="module")
 def stock64(model_files):
-    return MACECalculator(model_paths=str(model_files["m64"]), device="cpu", default_dtype="float64")
+    return MACECalculator(
+        model_paths=str(model_files["m64"]), device="cpu", default_dtype="float64"
+    )

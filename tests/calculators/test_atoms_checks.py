@@ -1,4 +1,5 @@
 """check_atoms alone (no model): what it refuses, what it lets through, how it names the atoms."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +36,9 @@ def test_unknown_elements_name_every_element_and_at_most_shown_atoms():
     msg = str(err.value)
     assert msg.startswith("frame 7 (")
     shown = ", ".join(str(i) for i in range(SHOWN))
-    assert f"O (atoms {len(atoms) - 1}); Fe (atoms {shown}, ... ({SHOWN + 4} in all))" in msg  # by atomic number
+    assert (
+        f"O (atoms {len(atoms) - 1}); Fe (atoms {shown}, ... ({SHOWN + 4} in all))" in msg
+    )  # by atomic number
     assert "The model knows Ni, Cu" in msg
 
 
@@ -65,14 +68,20 @@ def test_zero_and_flat_periodic_cells_are_refused():
     with pytest.raises(ValueError, match=zero):
         check_atoms(atoms, CUNI)
     atoms = cell()
-    atoms.cell[2] = atoms.cell[0] + atoms.cell[1]  # coplanar: mace's neighbour list said 'Singular matrix'
+    atoms.cell[2] = (
+        atoms.cell[0] + atoms.cell[1]
+    )  # coplanar: mace's neighbour list said 'Singular matrix'
     with pytest.raises(ValueError, match="its cell is degenerate"):
         check_atoms(atoms, CUNI)
     one_zero = cell()
     one_zero.cell[1] = 0
     with pytest.raises(ValueError, match=r"its cell is degenerate \(a periodic vector is zero"):
         check_atoms(one_zero, CUNI)
-    atoms.pbc = [True, True, False]  # a slab: the third vector is not periodic, the other two span a plane
+    atoms.pbc = [
+        True,
+        True,
+        False,
+    ]  # a slab: the third vector is not periodic, the other two span a plane
     check_atoms(atoms, CUNI)
     atoms.pbc = [True, False, True]  # a wire and a slab need only their own periodic vectors
     check_atoms(atoms, CUNI)

@@ -1,14 +1,15 @@
-"""CFMCalculator against mace's own MACECalculator, on a real (small, randomized) MACE model file."""
+"""CFMCalculator against mace's own MACECalculator, on a real (small, randomized) MACE model
+file."""
+
 from __future__ import annotations
 
 import subprocess
 import sys
 import warnings
 
+import mace  # noqa: F401  (before e3nn)
 import numpy as np
 import pytest
-
-import mace  # noqa: F401  (before e3nn)
 import torch
 from mace.calculators import MACECalculator
 
@@ -118,7 +119,9 @@ def test_dtype_mismatch_converts_and_says_so(model_files, fused64):
     with pytest.warns(UserWarning, match="float32; converting it to default_dtype=float64"):
         calc = CFMCalculator(str(model_files["m32"]), default_dtype="float64", kernels=AVAILABLE)
     assert next(calc.models[0].parameters()).dtype == torch.float64
-    with warnings.catch_warnings(record=True) as seen:  # no dtype warning when the model already matches
+    with warnings.catch_warnings(
+        record=True
+    ) as seen:  # no dtype warning when the model already matches
         warnings.simplefilter("always")
         CFMCalculator(str(model_files["m64"]), default_dtype="float64", kernels=())
     assert not [w for w in seen if "converting" in str(w.message)]
@@ -136,15 +139,24 @@ def test_bad_model_files_are_clear_errors(tmp_path, model_files):
 
     state = tmp_path / "state.pt"
     torch.save(build_model(0).state_dict(), state)
-    with pytest.raises(TypeError, match=r"is not a MACE model: found a OrderedDict with keys .*state_dict.*expected a whole MACE model"):
+    with pytest.raises(
+        TypeError,
+        match=r"is not a MACE model: found a OrderedDict with keys .*state_dict"
+        r".*expected a whole MACE model",
+    ):
         CFMCalculator(str(state))
     ckpt = tmp_path / "ckpt.pt"
     torch.save({"model": {}, "optimizer": {}, "epoch": 3}, ckpt)
-    with pytest.raises(TypeError, match="found a dict with keys \\['model', 'optimizer', 'epoch'\\]"):
+    with pytest.raises(
+        TypeError, match="found a dict with keys \\['model', 'optimizer', 'epoch'\\]"
+    ):
         CFMCalculator(str(ckpt))
     other = tmp_path / "linear.model"
     torch.save(torch.nn.Linear(3, 2), other)
-    with pytest.raises(TypeError, match="torch.nn.Module of class torch.nn.modules.linear.Linear without the MACE attributes"):
+    with pytest.raises(
+        TypeError,
+        match="torch.nn.Module of class torch.nn.modules.linear.Linear without the MACE attributes",
+    ):
         CFMCalculator(str(other))
     junk = tmp_path / "junk.model"
     junk.write_text("not a torch file\n")
@@ -167,17 +179,22 @@ def test_bad_model_files_are_clear_errors(tmp_path, model_files):
 def test_structures_the_model_cannot_evaluate_are_clear_errors(fused64):
     """An element outside the model's (Fe in a CuNi model: mace's own error is "26 is not in list"),
     a NaN position (mace evaluates it to a NaN energy), a zero periodic cell (mace makes it a 1 A
-    cube), no atoms: each names the atoms and the fix, through ``get_potential_energy`` and ``get_properties_batch``; the structure after still runs."""
+    cube), no atoms: each names the atoms and the fix, through ``get_potential_energy`` and
+    ``get_properties_batch``; the structure after still runs."""
     good = max(structures(), key=len)
     iron = good.copy()
     iron.symbols[[3, 8]] = "Fe"
     iron.calc = fused64
-    with pytest.raises(ValueError, match=r"not trained on: Fe \(atoms 3, 8\)\. The model knows Ni, Cu"):
+    with pytest.raises(
+        ValueError, match=r"not trained on: Fe \(atoms 3, 8\)\. The model knows Ni, Cu"
+    ):
         iron.get_potential_energy()
     diverged = good.copy()
     diverged.positions[5, 1] = np.nan
     diverged.calc = fused64
-    with pytest.raises(ValueError, match=r"positions that are not finite: atoms 5 \(atom 5 at \[.*nan"):
+    with pytest.raises(
+        ValueError, match=r"positions that are not finite: atoms 5 \(atom 5 at \[.*nan"
+    ):
         diverged.get_forces()
     with pytest.raises(ValueError, match="structure 1 of the list .*not finite: atoms 5"):
         fused64.get_properties_batch([good, diverged])
@@ -206,7 +223,9 @@ def test_cuda_without_cuda_is_a_clear_error(model_files):
 @pytest.mark.gpu
 def test_cuda_matches_cpu(model_files, stock64):
     for dtype, atol in (("float64", 1e-8), ("float32", None)):
-        calc = CFMCalculator(str(model_files["m64"]), device="cuda", default_dtype=dtype, kernels=AVAILABLE)
+        calc = CFMCalculator(
+            str(model_files["m64"]), device="cuda", default_dtype=dtype, kernels=AVAILABLE
+        )
         assert next(calc.models[0].parameters()).is_cuda
         for atoms in structures()[:4]:
             got, ref = evaluate(calc, atoms), evaluate(stock64, atoms)
@@ -219,35 +238,54 @@ def test_cuda_matches_cpu(model_files, stock64):
 
 
 def test_package_import_does_not_import_mace():
-    code = ("import sys, cfm_plugins, cfm_plugins.calculators as c; "
-            "assert 'mace' not in sys.modules and 'e3nn' not in sys.modules, 'imported'; "
-            "assert 'CFMCalculator' in c.__all__; print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=60, env=clean_env(), cwd=ROOT)
+    code = (
+        "import sys, cfm_plugins, cfm_plugins.calculators as c; "
+        "assert 'mace' not in sys.modules and 'e3nn' not in sys.modules, 'imported'; "
+        "assert 'CFMCalculator' in c.__all__; print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+        cwd=ROOT,
+    )
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout
 
 
 def test_weights_only_loads_state_dicts_and_checkpoints(tmp_path, model_files, stock64):
-    """weights_only=True reads a state_dict / mace checkpoint without unpickling code; same results."""
+    """weights_only=True reads a state_dict / mace checkpoint without unpickling code; same
+    results."""
     trusted = torch.load(model_files["m64"], weights_only=False)
     state, ckpt = tmp_path / "m64_weights.pt", tmp_path / "m64_epoch-3.pt"
     torch.save(trusted.state_dict(), state)
-    torch.save({"model": trusted.state_dict(), "optimizer": {"state": {}}, "lr_scheduler": {}}, ckpt)
+    torch.save(
+        {"model": trusted.state_dict(), "optimizer": {"state": {}}, "lr_scheduler": {}}, ckpt
+    )
     architecture = build_model(5)  # same configuration, other weights
     atoms = structures()[0]
     ref = evaluate(stock64, atoms)
     for path in (state, ckpt):
-        calc = CFMCalculator(str(path), weights_only=True, architecture=architecture, kernels=AVAILABLE)
+        calc = CFMCalculator(
+            str(path), weights_only=True, architecture=architecture, kernels=AVAILABLE
+        )
         assert_same(evaluate(calc, atoms), ref, atol=1e-8)
     # the architecture was copied, not loaded into
     assert not torch.equal(next(architecture.parameters()), next(trusted.parameters()))
-    calc = CFMCalculator(str(state), weights_only=True, architecture=lambda: build_model(6), fused=False)
+    calc = CFMCalculator(
+        str(state), weights_only=True, architecture=lambda: build_model(6), fused=False
+    )
     assert_same(evaluate(calc, atoms), ref, atol=1e-12)
 
 
 def test_weights_only_errors_say_what_to_do(tmp_path, model_files):
-    with pytest.raises(ValueError, match=r"cannot be loaded with weights_only=True: it pickles Python objects.*"
-                                         r"If you trust the file.*state_dict\(\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot be loaded with weights_only=True: it pickles Python objects.*"
+        r"If you trust the file.*state_dict\(\)",
+    ):
         CFMCalculator(str(model_files["m64"]), weights_only=True, architecture=build_model(0))
     state = tmp_path / "weights.pt"
     torch.save(build_model(0).state_dict(), state)

@@ -1,6 +1,7 @@
 """CFMCalculator(skin=...): MD with the neighbour list kept between steps follows the trajectory of
 mace's conversion from scratch; the default keeps it on CUDA only; a bad skin is refused when the
 calculator is made."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,8 @@ from tests.helpers.mace_models import structures
 
 
 def md_run(calc, atoms, steps: int = 8):
-    """(forces [steps + 1, N, 3], energies) of VelocityVerlet (2 fs) from ``atoms`` with seeded velocities."""
+    """(forces [steps + 1, N, 3], energies) of VelocityVerlet (2 fs) from ``atoms`` with seeded
+    velocities."""
     from ase import units
     from ase.md.verlet import VelocityVerlet
 
@@ -22,7 +24,9 @@ def md_run(calc, atoms, steps: int = 8):
     a.set_velocities(np.random.default_rng(0).normal(scale=0.02, size=a.positions.shape))
     forces, energies = [], []
     dyn = VelocityVerlet(a, timestep=2 * units.fs)
-    dyn.attach(lambda a=a: (forces.append(a.get_forces()), energies.append(a.get_potential_energy())))
+    dyn.attach(
+        lambda a=a: (forces.append(a.get_forces()), energies.append(a.get_potential_energy()))
+    )
     dyn.run(steps)
     return np.array(forces), np.array(energies)
 
@@ -35,8 +39,13 @@ def test_md_with_a_kept_neighbour_list_follows_the_same_trajectory(model_files, 
     atoms = structures()[0]
     runs = {}
     for skin in (None, 1.0):
-        calc = CFMCalculator(str(model_files["m64"]), device="cpu", default_dtype="float64", skin=skin,
-                             static_shapes=static_shapes)
+        calc = CFMCalculator(
+            str(model_files["m64"]),
+            device="cpu",
+            default_dtype="float64",
+            skin=skin,
+            static_shapes=static_shapes,
+        )
         runs[skin] = (*md_run(calc, atoms), calc)
     (f0, e0, _), (f1, e1, calc) = runs[None], runs[1.0]
     np.testing.assert_allclose(f1, f0, rtol=1e-10, atol=1e-12)
@@ -49,7 +58,9 @@ def test_skin_is_checked_when_the_calculator_is_made(model_files):
     with pytest.raises(ValueError, match="skin must be a finite distance >= 0"):
         CFMCalculator(str(model_files["m64"]), device="cpu", skin=-1)
     with pytest.raises(ValueError, match="compile_mode"):
-        CFMCalculator(str(model_files["m64"]), device="cpu", skin=1.0, fused=False, compile_mode="default")
+        CFMCalculator(
+            str(model_files["m64"]), device="cpu", skin=1.0, fused=False, compile_mode="default"
+        )
 
 
 def test_the_default_skin_is_kept_on_cuda_only():
@@ -71,7 +82,9 @@ def test_on_a_cpu_the_default_converts_every_evaluation_as_mace(model_files):
     assert CFMCalculator(str(model_files["m64"]), device="cpu").md_graphs is None
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the default skin applies on cuda)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (the default skin applies on cuda)"
+)
 def test_cuda_keeps_the_list_by_default_and_follows_the_same_trajectory(model_files):
     """On cuda the default keeps the neighbour list (skin 1.0): float64 MD forces equal those of a
     calculator that converts every step (skin=None), to round-off."""
@@ -79,7 +92,10 @@ def test_cuda_keeps_the_list_by_default_and_follows_the_same_trajectory(model_fi
     auto = CFMCalculator(str(model_files["m64"]), device="cuda", default_dtype="float64")
     assert auto.md_graphs is not None and auto.md_graphs.neighbours.skin == CUDA_SKIN
     f1, e1 = md_run(auto, atoms)
-    f0, e0 = md_run(CFMCalculator(str(model_files["m64"]), device="cuda", default_dtype="float64", skin=None), atoms)
+    f0, e0 = md_run(
+        CFMCalculator(str(model_files["m64"]), device="cuda", default_dtype="float64", skin=None),
+        atoms,
+    )
     np.testing.assert_allclose(f1, f0, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(e1, e0, rtol=1e-12)
     assert auto.md_graphs.neighbours.reuses >= 5

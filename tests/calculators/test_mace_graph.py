@@ -1,5 +1,6 @@
 """MDGraphs: mace's graph of each MD step remade from the last one, equal to mace's from_config
 field by field; made again when the configuration changes."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,9 @@ def test_md_graph_equals_maces_graph_field_by_field(index):
             moved.positions = positions
             config = mace_data.config_from_atoms(moved, key_specification=keyspec)
             ours = graphs.graph(config)
-            ref = mace_data.AtomicData.from_config(config, z_table=Z_TABLE, cutoff=CUTOFF, heads=["Default"])
+            ref = mace_data.AtomicData.from_config(
+                config, z_table=Z_TABLE, cutoff=CUTOFF, heads=["Default"]
+            )
             assert set(ours.keys) == set(ref.keys)
             edge_keys = {"edge_index", "shifts", "unit_shifts"}
             for key in set(ref.keys) - edge_keys:
@@ -59,9 +62,15 @@ def test_a_changed_configuration_makes_the_graph_again():
     with torch_tools.default_dtype("float64"):
         first = graphs.graph(mace_data.config_from_atoms(atoms, key_specification=keyspec))
         swapped = atoms.copy()
-        swapped.numbers[0] = 29 if swapped.numbers[0] != 29 else 28  # another element, same positions
+        swapped.numbers[0] = (
+            29 if swapped.numbers[0] != 29 else 28
+        )  # another element, same positions
         second = graphs.graph(mace_data.config_from_atoms(swapped, key_specification=keyspec))
     assert not torch.equal(first.node_attrs, second.node_attrs)
-    ref = mace_data.AtomicData.from_config(mace_data.config_from_atoms(swapped, key_specification=keyspec),
-                                           z_table=Z_TABLE, cutoff=CUTOFF, heads=["Default"])
+    ref = mace_data.AtomicData.from_config(
+        mace_data.config_from_atoms(swapped, key_specification=keyspec),
+        z_table=Z_TABLE,
+        cutoff=CUTOFF,
+        heads=["Default"],
+    )
     torch.testing.assert_close(second.node_attrs, ref.node_attrs.to(second.node_attrs.dtype))

@@ -1,5 +1,6 @@
 """SkinNeighbourList: the pairs of a neighbour list built with a skin and kept, at every step the
 pairs of mace's list built from scratch; built again when atoms moved far or the cell changed."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,16 +16,22 @@ CUTOFF = 5.0
 
 def edge_set(edge_index, unit_shifts) -> set:
     edge_index, unit_shifts = np.asarray(edge_index), np.rint(np.asarray(unit_shifts)).astype(int)
-    return {(int(i), int(j), *map(int, s)) for i, j, s in zip(edge_index[0], edge_index[1], unit_shifts)}
+    return {
+        (int(i), int(j), *map(int, s)) for i, j, s in zip(edge_index[0], edge_index[1], unit_shifts)
+    }
 
 
 def fresh(positions, pbc, cell):
-    edge_index, _, unit_shifts, _ = get_neighborhood(positions, CUTOFF, tuple(bool(p) for p in pbc), np.array(cell))
+    edge_index, _, unit_shifts, _ = get_neighborhood(
+        positions, CUTOFF, tuple(bool(p) for p in pbc), np.array(cell)
+    )
     return edge_set(edge_index, unit_shifts)
 
 
-@pytest.mark.parametrize("index", range(5), ids=["cubic", "primitive", "slab", "cluster", "hand-made"])
-def test_kept_list_has_the_edges_of_a_fresh_one_at_every_step_and_is_built_again_when_atoms_moved_far(index):
+@pytest.mark.parametrize(
+    "index", range(5), ids=["cubic", "primitive", "slab", "cluster", "hand-made"]
+)
+def test_kept_list_has_a_fresh_lists_edges_at_every_step_and_is_rebuilt_when_atoms_moved_far(index):
     atoms = structures()[index]
     nl = SkinNeighbourList(CUTOFF, skin=1.0)
     for positions in random_walk(atoms, 12, 0.03):
@@ -32,7 +39,9 @@ def test_kept_list_has_the_edges_of_a_fresh_one_at_every_step_and_is_built_again
         assert edge_set(edge_index, unit_shifts) == fresh(positions, atoms.pbc, atoms.cell.array)
         assert len(edge_set(edge_index, unit_shifts)) == edge_index.shape[1]  # no pair twice
         assert edge_index.dtype == torch.long and shifts.dtype == unit_shifts.dtype == torch.float64
-        np.testing.assert_allclose(shifts.numpy(), unit_shifts.numpy() @ atoms.cell.array, atol=1e-12)
+        np.testing.assert_allclose(
+            shifts.numpy(), unit_shifts.numpy() @ atoms.cell.array, atol=1e-12
+        )
     assert nl.builds < nl.reuses  # about 0.1 A per atom over 12 steps: mostly kept
     moved = atoms.positions.copy()
     moved[0] += 0.6  # more than skin / 2
@@ -49,7 +58,9 @@ def test_a_changed_cell_periodicity_or_atom_count_builds_the_list_again():
     nl.edges(atoms.positions, atoms.pbc, atoms.cell.array)
     strained = atoms.cell.array * 1.01
     edge_index, _, unit_shifts = nl.edges(atoms.positions, atoms.pbc, strained)
-    assert nl.builds == 2 and edge_set(edge_index, unit_shifts) == fresh(atoms.positions, atoms.pbc, strained)
+    assert nl.builds == 2 and edge_set(edge_index, unit_shifts) == fresh(
+        atoms.positions, atoms.pbc, strained
+    )
     nl.edges(atoms.positions, (True, True, False), strained)
     nl.edges(atoms.positions[:-1], (True, True, False), strained)
     assert nl.builds == 4 and nl.reuses == 0

@@ -1,4 +1,6 @@
-"""``CFMCalculator(static_shapes=True)``: padded evaluations equal unpadded ones; the budget grows in logged steps."""
+"""``CFMCalculator(static_shapes=True)``: padded evaluations equal unpadded ones; the budget grows
+in logged steps."""
+
 from __future__ import annotations
 
 import logging
@@ -14,12 +16,23 @@ from tests.helpers.mace_models import structures
 def results(calc, atoms):
     atoms = atoms.copy()
     atoms.calc = calc
-    return atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress() if atoms.pbc.all() else None
+    return (
+        atoms.get_potential_energy(),
+        atoms.get_forces(),
+        atoms.get_stress() if atoms.pbc.all() else None,
+    )
 
 
-def test_padded_md_evaluations_equal_unpadded_and_rebudget_in_logged_steps(model_files, fused64, caplog):
-    padded = CFMCalculator(str(model_files["m64"]), device="cpu", default_dtype="float64", kernels=kernel_names(),
-                           static_shapes=True)
+def test_padded_md_evaluations_equal_unpadded_and_rebudget_in_logged_steps(
+    model_files, fused64, caplog
+):
+    padded = CFMCalculator(
+        str(model_files["m64"]),
+        device="cpu",
+        default_dtype="float64",
+        kernels=kernel_names(),
+        static_shapes=True,
+    )
     frames = sorted(structures(), key=len)  # growing sizes: the budget must grow
     with caplog.at_level(logging.INFO, logger="cfm_plugins.static"):
         for atoms in frames:

@@ -1,10 +1,14 @@
-"""cfm_plugins.datasets.clusters: molecules and metal clusters as PyG graphs, sizes spread, EMT labels."""
+"""cfm_plugins.datasets.clusters: molecules and metal clusters as PyG graphs, sizes spread, EMT
+labels."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-pytest.importorskip("torch_geometric", reason="torch_geometric is not installed (the [hydragnn] extra)")
+pytest.importorskip(
+    "torch_geometric", reason="torch_geometric is not installed (the [hydragnn] extra)"
+)
 
 import torch  # noqa: E402
 

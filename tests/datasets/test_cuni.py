@@ -1,4 +1,5 @@
 """cfm_plugins.datasets.cuni: real EMT labels under MACE's keys, size diversity, determinism."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,7 +35,9 @@ def test_files_read_back_with_mace_keys(dataset):
 
 
 def test_kinds_and_sizes_span_small_to_large(dataset):
-    frames = [a for a in read(dataset["train"], index=":") if a.info["config_type"] != "IsolatedAtom"]
+    frames = [
+        a for a in read(dataset["train"], index=":") if a.info["config_type"] != "IsolatedAtom"
+    ]
     sizes = np.array([len(a) for a in frames])
     assert sizes.min() <= 16 and sizes.max() >= 150 and sizes.max() <= 300
     assert len(np.unique(sizes)) >= 15
@@ -64,7 +67,10 @@ def test_labels_equal_emt_recomputed(dataset):
 
 def test_deterministic_for_a_seed():
     def fingerprint(frames):
-        return [(a.get_chemical_formula(), a.positions.round(10).tobytes(), a.info["REF_energy"]) for a in frames]
+        return [
+            (a.get_chemical_formula(), a.positions.round(10).tobytes(), a.info["REF_energy"])
+            for a in frames
+        ]
 
     a = fingerprint(cuni.make_structures(12, seed=5, max_atoms=200))
     b = fingerprint(cuni.make_structures(12, seed=5, max_atoms=200))

@@ -2,6 +2,7 @@
 ``--max-tokens 0``, ...) as usage errors naming the argument (exit 2), before any work: before,
 ``demo.py --epochs 0`` trained and then failed in its summary, ``--max-tokens 0`` was silently
 ignored, ``--n-train 0`` failed inside mace_run_train and ``--max-atoms 2`` in numpy."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,12 +26,18 @@ BAD = [
     ("hydragnn/demo.py", ["--epochs", "0"], "argument --epochs: '0': must be >= 1"),
     ("md.py", ["--model", "m.model", "--steps", "0"], "argument --steps: '0': must be >= 1"),
     ("make_dataset.py", ["--out", "x", "--n-valid", "0"], "argument --n-valid: '0': must be >= 1"),
-    ("make_dataset.py", ["--out", "x", "--max-atoms", "2"], "argument --max-atoms: '2': must be >= 4"),
+    (
+        "make_dataset.py",
+        ["--out", "x", "--max-atoms", "2"],
+        "argument --max-atoms: '2': must be >= 4",
+    ),
 ]
 
 
 @pytest.mark.parametrize("script,argv,says", BAD, ids=[f"{s}{' '.join(a[-2:])}" for s, a, _ in BAD])
-def test_a_count_the_example_cannot_run_with_is_a_usage_error(script, argv, says, tmp_path, monkeypatch, capsys):
+def test_a_count_the_example_cannot_run_with_is_a_usage_error(
+    script, argv, says, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)  # nothing may be written: the error comes first
     if script.endswith("demo.py") or script == "demo_nequip.py":
         argv = argv + ["--out", str(tmp_path / "out")]  # not examples/out
@@ -44,7 +51,11 @@ def test_a_count_the_example_cannot_run_with_is_a_usage_error(script, argv, says
 def test_at_least_takes_floats_and_refuses_nan():
     positive = at_least(0, float, above=True)
     assert positive("0.5") == 0.5
-    for text, says in (("0", "'0': must be > 0"), ("nan", "'nan': must be > 0"), ("x", "'x' is not a number")):
+    for text, says in (
+        ("0", "'0': must be > 0"),
+        ("nan", "'nan': must be > 0"),
+        ("x", "'x' is not a number"),
+    ):
         with pytest.raises(argparse.ArgumentTypeError, match=says):
             positive(text)
     assert at_least(0)("0") == 0

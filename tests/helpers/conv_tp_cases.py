@@ -1,5 +1,7 @@
 """Random graphs and inputs for the conv TP + scatter tests of every backend (C++ and Triton), and
-the reference they are checked against: e3nn's TensorProduct on gathered senders + ``scatter_sum``."""
+the reference they are checked against: e3nn's TensorProduct on gathered senders +
+``scatter_sum``."""
+
 from __future__ import annotations
 
 import mace  # noqa: F401  (before e3nn)
@@ -37,8 +39,13 @@ def op_args(fused, x, edge_index):
     csr = edge_csr(edge_index, x.shape[0])
     graph_t = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]
     xc = x if fused._identity_in else x.index_select(1, fused._cl_perm_in)
-    return xc.detach().contiguous(), graph_t, [fused._tp_ints, fused._tp_coef], [fused._tp_ints_t, fused._tp_coef_t], \
-        fused._tp_meta
+    return (
+        xc.detach().contiguous(),
+        graph_t,
+        [fused._tp_ints, fused._tp_coef],
+        [fused._tp_ints_t, fused._tp_coef_t],
+        fused._tp_meta,
+    )
 
 
 def edge_gradients(g, xc, y, w, g_t, desc, desc_t, meta, subsets) -> list:
@@ -46,8 +53,14 @@ def edge_gradients(g, xc, y, w, g_t, desc, desc_t, meta, subsets) -> list:
     gradients asked for, in order (each subset launches its own kernel variant)."""
     import torch
 
-    return [t for need in subsets for t, wanted in
-            zip(torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need), need) if wanted]
+    return [
+        t
+        for need in subsets
+        for t, wanted in zip(
+            torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need), need
+        )
+        if wanted
+    ]
 
 
 def rel_err(a, b) -> float:

@@ -1,5 +1,6 @@
-"""Lightning callbacks that the NequIP tests put into a nequip-train config (``_target_``); import only
-where lightning is installed (.venv-nequip)."""
+"""Lightning callbacks that the NequIP tests put into a nequip-train config (``_target_``);
+import only where lightning is installed (.venv-nequip)."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Small MACE models and modules built with mace's own constructors (weights perturbed), and CuNi
 structures to evaluate them on. Import only where mace is installed."""
+
 from __future__ import annotations
 
 import copy
@@ -18,14 +19,21 @@ from cfm_plugins.testing import mace_conv_tp, mace_model
 
 
 def build_model(seed: int, dtype=torch.float64) -> torch.nn.Module:
-    """A small ScaleShiftMACE (16x0e+16x1o, correlation 3, r_max 5, 2 interactions), weights perturbed."""
+    """A small ScaleShiftMACE (16x0e+16x1o, correlation 3, r_max 5, 2 interactions), weights
+    perturbed."""
     return mace_model("16x0e+16x1o", r_max=5.0, num_bessel=8, dtype=dtype, seed=seed)
 
+
 def structures():
-    """Periodic CuNi cells (cubic and primitive repeats, strained), a slab and a non-periodic cluster."""
+    """Periodic CuNi cells (cubic and primitive repeats, strained), a slab and a non-periodic
+    cluster."""
     rng = np.random.default_rng(11)
-    out = [cuni.make_bulk(rng, 40, cubic=True), cuni.make_bulk(rng, 30, cubic=False),
-           cuni.make_slab(rng, 36), cuni.make_cluster(rng, 40)]
+    out = [
+        cuni.make_bulk(rng, 40, cubic=True),
+        cuni.make_bulk(rng, 30, cubic=False),
+        cuni.make_slab(rng, 36),
+        cuni.make_cluster(rng, 40),
+    ]
     odd = bulk("Ni", "fcc", a=3.55).repeat((2, 2, 2))  # a hand-made periodic cell too
     odd.symbols[::3] = "Cu"
     odd.rattle(0.08, seed=2)
@@ -45,13 +53,17 @@ def random_walk(atoms, steps: int, step_size: float, seed: int = 0):
 
 
 def mace_tp(hidden: str, lmax: int, channels: int, dtype=torch.float64) -> o3.TensorProduct:
-    """The conv_tp of a mace RealAgnostic*InteractionBlock (see cfm_plugins.testing.mace_conv_tp)."""
+    """The conv_tp of a mace RealAgnostic*InteractionBlock (see
+    cfm_plugins.testing.mace_conv_tp)."""
     return mace_conv_tp(hidden, lmax, channels, dtype)
 
-SH = "0e+1o+2e+3o"  # MACE's node features before the product: (lmax+1)^2 = 16 components per channel
+
+SH = (
+    "0e+1o+2e+3o"  # MACE's node features before the product: (lmax+1)^2 = 16 components per channel
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mace_module(hidden: str, mul: int, corr: int, elements: int, reduced: bool, seed: int = 0):
     torch.manual_seed(seed)
     prev = torch.get_default_dtype()
@@ -59,7 +71,9 @@ def _mace_module(hidden: str, mul: int, corr: int, elements: int, reduced: bool,
     try:
         irreps_in = o3.Irreps("+".join(f"{mul}x{ir}" for ir in SH.split("+")))
         irreps_out = o3.Irreps("+".join(f"{mul}x{ir}" for ir in hidden.split("+")))
-        sc = SymmetricContraction(irreps_in, irreps_out, corr, num_elements=elements, use_reduced_cg=reduced)
+        sc = SymmetricContraction(
+            irreps_in, irreps_out, corr, num_elements=elements, use_reduced_cg=reduced
+        )
     finally:
         torch.set_default_dtype(prev)
     with torch.no_grad():
@@ -75,16 +89,31 @@ def mace_module(hidden, mul, corr, elements, reduced, dtype=torch.float64):
     return copy.deepcopy(_mace_module(hidden, mul, corr, elements, reduced)).to(dtype)
 
 
-# -- MACE models with chosen interaction blocks (the conv TP tests and the kernel table's toy kernel)
-BLOCKS = ["RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock",
-          "RealAgnosticDensityResidualInteractionBlock"]
+# -- MACE models with chosen interaction blocks (the conv TP tests and the kernel table's toy
+# kernel)
+BLOCKS = [
+    "RealAgnosticResidualInteractionBlock",
+    "RealAgnosticInteractionBlock",
+    "RealAgnosticDensityResidualInteractionBlock",
+]
 
 
 def tiny_mace(kind: str, block: str, first: str, seed: int = 0) -> torch.nn.Module:
     """A 2-layer MACE or ScaleShiftMACE (8x0e+8x1o, max_ell 3, correlation 2, Ni/Cu) with the given
     interaction blocks, float64, every weight perturbed (no exact zeros)."""
-    return mace_model("8x0e+8x1o", kind=kind, interaction=block, first=first, r_max=4.5, num_bessel=6,
-                      correlation=2, mlp="8x0e", avg_num_neighbors=10.0, seed=seed)
+    return mace_model(
+        "8x0e+8x1o",
+        kind=kind,
+        interaction=block,
+        first=first,
+        r_max=4.5,
+        num_bessel=6,
+        correlation=2,
+        mlp="8x0e",
+        avg_num_neighbors=10.0,
+        seed=seed,
+    )
+
 
 def mace_batch(seed: int = 0):
     """A CuNi fcc cell and one isolated atom, as a mace batch dict (float64)."""
@@ -98,8 +127,10 @@ def mace_batch(seed: int = 0):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        items = [data.AtomicData.from_config(data.config_from_atoms(a), z_table=z_table, cutoff=4.5)
-                 for a in (atoms, isolated)]
+        items = [
+            data.AtomicData.from_config(data.config_from_atoms(a), z_table=z_table, cutoff=4.5)
+            for a in (atoms, isolated)
+        ]
     finally:
         torch.set_default_dtype(previous)
     loader = tools.torch_geometric.dataloader.DataLoader(items, batch_size=2, shuffle=False)
@@ -120,14 +151,30 @@ def mace_cluster_batch(n_atoms: int = 5, seed: int = 0, cutoff: float = 4.5):
     from ase import Atoms
 
     rng = np.random.default_rng(seed)
-    base = np.array([[0, 0, 0], [2.5, 0, 0], [0, 2.5, 0], [0, 0, 2.5], [2.5, 2.5, 0], [2.5, 0, 2.5],
-                     [0, 2.5, 2.5], [2.5, 2.5, 2.5]], dtype=float)[:n_atoms]
-    atoms = Atoms(["Cu" if i % 3 else "Ni" for i in range(n_atoms)], positions=base + rng.normal(0, 0.1, base.shape))
+    base = np.array(
+        [
+            [0, 0, 0],
+            [2.5, 0, 0],
+            [0, 2.5, 0],
+            [0, 0, 2.5],
+            [2.5, 2.5, 0],
+            [2.5, 0, 2.5],
+            [0, 2.5, 2.5],
+            [2.5, 2.5, 2.5],
+        ],
+        dtype=float,
+    )[:n_atoms]
+    atoms = Atoms(
+        ["Cu" if i % 3 else "Ni" for i in range(n_atoms)],
+        positions=base + rng.normal(0, 0.1, base.shape),
+    )
     z_table = tools.AtomicNumberTable([28, 29])
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        item = data.AtomicData.from_config(data.config_from_atoms(atoms), z_table=z_table, cutoff=cutoff)
+        item = data.AtomicData.from_config(
+            data.config_from_atoms(atoms), z_table=z_table, cutoff=cutoff
+        )
     finally:
         torch.set_default_dtype(previous)
     loader = tools.torch_geometric.dataloader.DataLoader([item], batch_size=1, shuffle=False)

@@ -5,6 +5,7 @@ state_dict is the stock one, as for the real kernels) and counts its calls befor
 stock module, so a test sees that the swap happened and that the model still computes the same.
 MACE (e3nn 0.4.4) and NequIP (e3nn 0.6) both build their linear layers from ``o3.Linear``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,14 @@ class ToyFusedLinear(torch.nn.Module):
     def __init__(self, stock: torch.nn.Module):
         super().__init__()
         # shared, not copied: the same keys and tensors as the stock module
-        self._parameters, self._buffers, self._modules = stock._parameters, stock._buffers, stock._modules
-        object.__setattr__(self, "stock", stock)  # not a submodule: the state_dict stays the stock one
+        self._parameters, self._buffers, self._modules = (
+            stock._parameters,
+            stock._buffers,
+            stock._modules,
+        )
+        object.__setattr__(
+            self, "stock", stock
+        )  # not a submodule: the state_dict stays the stock one
 
     def forward(self, *args, **kwargs):
         type(self).calls += 1
@@ -38,13 +45,19 @@ def _is_linear(m, parent, attr) -> bool:
     return isinstance(m, o3.Linear)
 
 
-TOY_KERNEL = Kernel(NAME, "e3nn o3.Linear (a toy: runs the stock module)", (
-    Form("e3nn o3.Linear",
-         recognise=_is_linear,
-         make=lambda m, parent, attr: ToyFusedLinear(m),
-         is_fused=lambda m, parent, attr: isinstance(m, ToyFusedLinear),
-         restore=lambda fused, parent, attr: setattr(parent, attr, fused.stock)),
-))
+TOY_KERNEL = Kernel(
+    NAME,
+    "e3nn o3.Linear (a toy: runs the stock module)",
+    (
+        Form(
+            "e3nn o3.Linear",
+            recognise=_is_linear,
+            make=lambda m, parent, attr: ToyFusedLinear(m),
+            is_fused=lambda m, parent, attr: isinstance(m, ToyFusedLinear),
+            restore=lambda fused, parent, attr: setattr(parent, attr, fused.stock),
+        ),
+    ),
+)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
-"""FusedConvTP against e3nn's TensorProduct + scatter_sum, built exactly as mace's interaction blocks
-build it; gradients (first and second order), empty/isolated graphs, bad input, state_dict, the
-pure-torch fallback, torch.compile, and the CUDA kernel where a GPU exists."""
+"""FusedConvTP against e3nn's TensorProduct + scatter_sum, built exactly as mace's interaction
+blocks build it; gradients (first and second order), empty/isolated graphs, bad input,
+state_dict, the pure-torch fallback, torch.compile, and the CUDA kernel where a GPU exists."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +10,8 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import mace  # noqa: F401  (before e3nn)
+import pytest
 import torch
 from e3nn import o3
 from mace.modules.irreps_tools import tp_out_irreps_with_instructions
@@ -24,7 +24,9 @@ from tests.helpers.conv_tp_cases import edge_gradients, graph, inputs, op_args, 
 from tests.helpers.mace_models import mace_tp
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-needs_ext = pytest.mark.skipif(_backend.choose(torch.device("cpu")) != "cpu", reason="compiled CPU kernel not built")
+needs_ext = pytest.mark.skipif(
+    _backend.choose(torch.device("cpu")) != "cpu", reason="compiled CPU kernel not built"
+)
 
 
 CASES = [(h, l, c) for h in ("0e", "0e+1o", "0e+1o+2e") for l in (2, 3) for c in (8, 128)]
@@ -49,7 +51,8 @@ def test_forward_matches_e3nn_scatter(hidden, lmax, channels, dtype, tol):
 
 @pytest.mark.parametrize("hidden,lmax", [("0e+1o", 3), ("0e+1o+2e", 2)])
 def test_gradients_and_double_backward_match_e3nn(hidden, lmax):
-    """The MACE training pattern: forces = -dE/d(edge attrs) with create_graph, then a loss on them."""
+    """The MACE training pattern: forces = -dE/d(edge attrs) with create_graph, then a loss on
+    them."""
     tp = mace_tp(hidden, lmax, 16)
     fused = FusedConvTP.from_e3nn(tp)
     N = 11
@@ -59,7 +62,7 @@ def test_gradients_and_double_backward_match_e3nn(hidden, lmax):
         x, y, w = inputs(tp, N, ei.shape[1], torch.float64, seed=4, requires_grad=True)
         energy = (fn(x, y, w) ** 2).sum() + fn(x, y, w).sum()
         gx, gy, gw = torch.autograd.grad(energy, (x, y, w), create_graph=True)
-        second = torch.autograd.grad((gy ** 2).sum() + (gx * gx).sum(), (x, y, w))
+        second = torch.autograd.grad((gy**2).sum() + (gx * gx).sum(), (x, y, w))
         results.append((gx.detach(), gy.detach(), gw.detach()) + second)
     for a, b in zip(*results):
         assert b.abs().max() > 0
@@ -92,7 +95,9 @@ def test_double_backward_releases_the_weight_cotangent_before_the_weight_gradien
 
     class WatchWeightTerms(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.__name__.startswith("conv_tp_bwd") and args[10]:  # need_w: a weight-gradient term
+            if (
+                func.__name__.startswith("conv_tp_bwd") and args[10]
+            ):  # need_w: a weight-gradient term
                 alive_at_weight_terms.append(refs[0]() is not None)
             return func(*args, **(kwargs or {}))
 
@@ -103,14 +108,17 @@ def test_double_backward_releases_the_weight_cotangent_before_the_weight_gradien
     for watch in (False, True):
         refs.clear()
         x, y, w = inputs(tp, 9, ei.shape[1], torch.float64, seed=6, requires_grad=True)
-        gx, gy, gw = torch.autograd.grad((fused(x, y, w, ei) ** 2).sum(), (x, y, w), create_graph=True)
-        loss = (gx ** 2).sum() + (gy ** 2).sum() + (FreshCotangent.apply(gw) ** 2).sum()
+        gx, gy, gw = torch.autograd.grad(
+            (fused(x, y, w, ei) ** 2).sum(), (x, y, w), create_graph=True
+        )
+        loss = (gx**2).sum() + (gy**2).sum() + (FreshCotangent.apply(gw) ** 2).sum()
         if watch:
             with WatchWeightTerms():
                 grads.append(torch.autograd.grad(loss, (x, y, w)))
         else:
             grads.append(torch.autograd.grad(loss, (x, y, w)))
-    # the two terms of the double backward, then the forward's own weight gradient; aw freed before all
+    # the two terms of the double backward, then the forward's own weight gradient; aw freed before
+    # all
     assert alive_at_weight_terms == [False, False, False]
     for a, b in zip(*grads):
         assert a.abs().max() > 0 and torch.equal(a, b)
@@ -140,8 +148,10 @@ def test_double_backward_adds_the_second_weight_term_in_edge_slices():
     for create_graph in (True, False):  # recorded: one unsliced sum; not recorded: in slices
         weight_term_rows.clear()
         x, y, w = inputs(tp, N, E, torch.float64, seed=9, requires_grad=True)
-        gx, gy, gw = torch.autograd.grad((fused(x, y, w, ei) ** 2).sum(), (x, y, w), create_graph=True)
-        loss = (gx ** 2).sum() + (gy ** 2).sum() + (gw ** 3).sum()
+        gx, gy, gw = torch.autograd.grad(
+            (fused(x, y, w, ei) ** 2).sum(), (x, y, w), create_graph=True
+        )
+        loss = (gx**2).sum() + (gy**2).sum() + (gw**3).sum()
         with WatchWeightTerms():
             grads.append(torch.autograd.grad(loss, (x, y, w), create_graph=create_graph))
         rows = list(weight_term_rows)
@@ -159,12 +169,18 @@ def small_problem(hidden="2x0e+2x1o", lmax=2, N=5, E=9, seed=0):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        tp = o3.TensorProduct(irreps_in, sh, mid, instructions=ins, shared_weights=False, internal_weights=False)
+        tp = o3.TensorProduct(
+            irreps_in, sh, mid, instructions=ins, shared_weights=False, internal_weights=False
+        )
     finally:
         torch.set_default_dtype(previous)
     ei = graph(N, E, seed=seed, isolated=(N - 1,))
     ei[:, :3] = torch.tensor([[0, 0, 1], [0, 1, 1]])  # self edge and a repeated pair
-    return FusedConvTP.from_e3nn(tp), ei, inputs(tp, N, ei.shape[1], torch.float64, seed=seed, requires_grad=True)
+    return (
+        FusedConvTP.from_e3nn(tp),
+        ei,
+        inputs(tp, N, ei.shape[1], torch.float64, seed=seed, requires_grad=True),
+    )
 
 
 @needs_ext
@@ -181,7 +197,9 @@ def test_gradcheck_and_gradgradcheck_torch_fallback(monkeypatch):
     fused, ei, xyw = small_problem("1x0e+1x1o", 2, N=4, E=6)
     fn = lambda x, y, w: fused(x, y, w, ei)  # noqa: E731
     assert torch.autograd.gradcheck(fn, xyw)
-    assert torch.autograd.gradgradcheck(fn, xyw, fast_mode=True)  # full mode: same code, 10x the time
+    assert torch.autograd.gradgradcheck(
+        fn, xyw, fast_mode=True
+    )  # full mode: same code, 10x the time
 
 
 def test_torch_fallback_matches_compiled_and_e3nn(monkeypatch):
@@ -193,11 +211,11 @@ def test_torch_fallback_matches_compiled_and_e3nn(monkeypatch):
         monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", force)
         x, y, w = inputs(tp, 9, ei.shape[1], torch.float64, seed=6, requires_grad=True)
         out = fused(x, y, w, ei)
-        g = torch.autograd.grad((out ** 2).sum(), (x, y, w))
+        g = torch.autograd.grad((out**2).sum(), (x, y, w))
         outs.append((out.detach(),) + g)
     x, y, w = inputs(tp, 9, ei.shape[1], torch.float64, seed=6, requires_grad=True)
     ref = reference(tp, x, y, w, ei)
-    gref = torch.autograd.grad((ref ** 2).sum(), (x, y, w))
+    gref = torch.autograd.grad((ref**2).sum(), (x, y, w))
     for a, b, r in zip(outs[0], outs[1], (ref.detach(),) + gref):
         assert rel_err(a, r) < 1e-10 and rel_err(b, r) < 1e-10
 
@@ -210,7 +228,11 @@ def test_no_edges_and_isolated_nodes_give_zeros():
     out = fused(x, y, w, ei)
     assert out.shape == (6, tp.irreps_out.dim) and torch.all(out == 0)
     gx, gy, gw = torch.autograd.grad(out.sum(), (x, y, w), create_graph=True)
-    assert torch.all(gx == 0) and gy.shape == (0, tp.irreps_in2.dim) and gw.shape == (0, tp.weight_numel)
+    assert (
+        torch.all(gx == 0)
+        and gy.shape == (0, tp.irreps_in2.dim)
+        and gw.shape == (0, tp.weight_numel)
+    )
     (ggx,) = torch.autograd.grad(gx.sum(), (x,), allow_unused=True)
     assert ggx is None or torch.all(ggx == 0)
     # no nodes and no edges
@@ -220,8 +242,12 @@ def test_no_edges_and_isolated_nodes_give_zeros():
     ei = torch.tensor([[0, 1, 1], [1, 0, 3]])
     x, y, w = inputs(tp, 6, ei.shape[1], torch.float64, requires_grad=True)
     out = fused(x, y, w, ei)
-    (gx,) = torch.autograd.grad((out ** 2).sum(), (x,))
-    assert torch.all(out[[2, 4, 5]] == 0) and torch.all(gx[[2, 3, 4, 5]] == 0) and gx[0].abs().sum() > 0
+    (gx,) = torch.autograd.grad((out**2).sum(), (x,))
+    assert (
+        torch.all(out[[2, 4, 5]] == 0)
+        and torch.all(gx[[2, 3, 4, 5]] == 0)
+        and gx[0].abs().sum() > 0
+    )
 
 
 def test_bad_input_raises_value_error():
@@ -247,12 +273,24 @@ def test_bad_input_raises_value_error():
 
 
 def test_rejects_what_the_kernel_does_not_cover():
-    tp = o3.TensorProduct("2x0e+2x1o", "1x1o", "2x1o+2x0e", [(0, 0, 0, "uvw", True), (1, 0, 1, "uvw", True)],
-                          shared_weights=False, internal_weights=False)
+    tp = o3.TensorProduct(
+        "2x0e+2x1o",
+        "1x1o",
+        "2x1o+2x0e",
+        [(0, 0, 0, "uvw", True), (1, 0, 1, "uvw", True)],
+        shared_weights=False,
+        internal_weights=False,
+    )
     with pytest.raises(ValueError, match="uvu"):
         FusedConvTP.from_e3nn(tp)
-    tp = o3.TensorProduct("2x0e", "2x0e", "2x0e", [(0, 0, 0, "uvu", True)], shared_weights=False,
-                          internal_weights=False)
+    tp = o3.TensorProduct(
+        "2x0e",
+        "2x0e",
+        "2x0e",
+        [(0, 0, 0, "uvu", True)],
+        shared_weights=False,
+        internal_weights=False,
+    )
     with pytest.raises(ValueError, match="multiplicity"):
         FusedConvTP.from_e3nn(tp)
 
@@ -265,7 +303,11 @@ def test_state_dict_identical_and_to_e3nn_restores():
     assert all(torch.equal(sd_tp[k], sd_f[k]) for k in sd_tp)
     fused.load_state_dict(sd_tp)
     assert fused.weight_numel == tp.weight_numel
-    assert (fused.irreps_in1, fused.irreps_in2, fused.irreps_out) == (tp.irreps_in1, tp.irreps_in2, tp.irreps_out)
+    assert (fused.irreps_in1, fused.irreps_in2, fused.irreps_out) == (
+        tp.irreps_in1,
+        tp.irreps_in2,
+        tp.irreps_out,
+    )
     assert fused.instructions == tp.instructions
     back = fused.to_e3nn()
     assert back is tp and list(back.state_dict()) == list(sd_tp)
@@ -283,7 +325,7 @@ def test_deterministic_across_runs_and_threads():
         for n in (1, 2, 2):
             torch.set_num_threads(n)
             out = fused(x, y, w, ei)
-            runs.append((out,) + torch.autograd.grad((out ** 2).sum(), (x, y, w)))
+            runs.append((out,) + torch.autograd.grad((out**2).sum(), (x, y, w)))
     finally:
         torch.set_num_threads(threads)
     for other in runs[1:]:
@@ -299,7 +341,9 @@ def test_csr_cached_per_edge_index_and_version():
     b = ctp.edge_csr(ei, 10)
     assert b is not a and torch.equal(b.sender, ei[0])
     assert torch.equal(b.receiver[b.rperm], torch.sort(ei[1]).values)
-    assert b.rptr.tolist() == torch.searchsorted(torch.sort(ei[1]).values, torch.arange(11)).tolist()
+    assert (
+        b.rptr.tolist() == torch.searchsorted(torch.sort(ei[1]).values, torch.arange(11)).tolist()
+    )
 
 
 def test_pickle_round_trip_in_a_fresh_process(tmp_path):
@@ -308,10 +352,17 @@ def test_pickle_round_trip_in_a_fresh_process(tmp_path):
     ei = graph(6, 12, seed=10)
     x, y, w = inputs(tp, 6, ei.shape[1], torch.float64)
     torch.save({"m": fused, "args": (x, y, w, ei), "out": fused(x, y, w, ei)}, tmp_path / "m.pt")
-    code = ("import mace, torch; d = torch.load(r'%s', weights_only=False); "
-            "assert torch.equal(d['m'](*d['args']), d['out']); print('ok')") % (tmp_path / "m.pt")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import mace, torch; d = torch.load(r'%s', weights_only=False); "
+        "assert torch.equal(d['m'](*d['args']), d['out']); print('ok')"
+    ) % (tmp_path / "m.pt")
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
 
 
@@ -342,7 +393,9 @@ def test_opcheck_custom_ops():
     desc = ([fused._tp_ints, fused._tp_coef], [fused._tp_ints_t, fused._tp_coef_t], fused._tp_meta)
     torch.library.opcheck(torch.ops.cfm.conv_tp_fwd.default, (xc, y, w, graph_, *desc))
     g = torch.randn(x.shape[0], fused.descriptor.dim_out, dtype=torch.float64, requires_grad=True)
-    torch.library.opcheck(torch.ops.cfm.conv_tp_bwd.default, (g, xc, y, w, graph_, *desc, True, True, True))
+    torch.library.opcheck(
+        torch.ops.cfm.conv_tp_bwd.default, (g, xc, y, w, graph_, *desc, True, True, True)
+    )
 
 
 @needs_cuda
@@ -353,11 +406,11 @@ def test_cuda_matches_cpu(dtype, tol):
     ei = graph(50, 900, seed=12, isolated=(3,))
     x, y, w = inputs(tp, 50, ei.shape[1], dtype, requires_grad=True)
     out = fused(x, y, w, ei)
-    grads = torch.autograd.grad((out ** 2).sum(), (x, y, w))
+    grads = torch.autograd.grad((out**2).sum(), (x, y, w))
     fused_cuda = FusedConvTP.from_e3nn(tp).cuda()
     xc, yc, wc = (t.detach().cuda().requires_grad_() for t in (x, y, w))
     outc = fused_cuda(xc, yc, wc, ei.cuda())
-    gradc = torch.autograd.grad((outc ** 2).sum(), (xc, yc, wc), create_graph=True)
+    gradc = torch.autograd.grad((outc**2).sum(), (xc, yc, wc), create_graph=True)
     assert _backend.choose(xc.device) == "cuda", "CUDA kernels not built (CFM_PLUGINS_CUDA=1)"
     assert rel_err(outc.cpu(), out.detach()) < tol
     for a, b in zip(gradc, grads):
@@ -374,17 +427,23 @@ def test_cuda_weight_gradient_past_2_31_elements():
     that edge only). The backend in force (CFM_PLUGINS_GPU_BACKEND)."""
     tp = mace_tp("0e+1o", 3, 128, torch.float32)
     fused = FusedConvTP.from_e3nn(tp).cuda()
-    N, E = 1000, 2 ** 31 // tp.weight_numel + 64
+    N, E = 1000, 2**31 // tp.weight_numel + 64
     ei = graph(N, E, seed=21).cuda()
     x, y, w = (t.cuda() for t in inputs(tp, N, E, torch.float32))
     xc, g_t, desc, desc_t, meta = op_args(fused, x, ei)
     g = torch.randn(N, meta[1], device="cuda")
-    gw = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, False, False, True)[2][-3:].cpu()
+    gw = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, False, False, True)[2][
+        -3:
+    ].cpu()
     del w
     tail = slice(E - 3, E)
     _, g_s, *_ = op_args(fused, x, ei[:, tail].contiguous())
-    w_s = torch.randn(3, tp.weight_numel, device="cuda")  # the weight gradient does not read the weights
-    ref = torch.ops.cfm.conv_tp_bwd(g, xc, y[tail].contiguous(), w_s, g_s, desc, desc_t, meta, False, False, True)[2]
+    w_s = torch.randn(
+        3, tp.weight_numel, device="cuda"
+    )  # the weight gradient does not read the weights
+    ref = torch.ops.cfm.conv_tp_bwd(
+        g, xc, y[tail].contiguous(), w_s, g_s, desc, desc_t, meta, False, False, True
+    )[2]
     assert ref.abs().max() > 0 and rel_err(gw, ref.cpu()) < 1e-5
 
 
@@ -395,8 +454,13 @@ def test_cuda_triton_edge_tiles_match_the_default(dtype):
     or autotuning picks, ``/presort`` and ``/defer`` among them), compiled for the GPU: the edge
     gradients of each gradient subset equal the default tile's, bit for bit where only the order
     of the edges changes (``/presort``), to round-off where the sums are taken in another order."""
-    if _backend.resolved_gpu_backend() != "triton" or not _backend.runs_triton(torch.device("cuda")):
-        pytest.skip("the Triton kernels are not the GPU backend here (CFM_PLUGINS_GPU_BACKEND, triton installed)")
+    if _backend.resolved_gpu_backend() != "triton" or not _backend.runs_triton(
+        torch.device("cuda")
+    ):
+        pytest.skip(
+            "the Triton kernels are not the GPU backend here (CFM_PLUGINS_GPU_BACKEND, triton "
+            "installed)"
+        )
     from cfm_plugins.ops.triton import configs
 
     tp = mace_tp("0e+1o", 3, 48, dtype)
@@ -418,7 +482,9 @@ def test_cuda_triton_edge_tiles_match_the_default(dtype):
     for tile in tiles[1:]:
         got = edge_grads(tile)
         for a, b in zip(got, ref):
-            assert rel_err(a.cpu(), b.cpu()) < (1e-12 if dtype == torch.float64 else 1e-5), tile.label()
+            assert rel_err(a.cpu(), b.cpu()) < (1e-12 if dtype == torch.float64 else 1e-5), (
+                tile.label()
+            )
         if tile.presort:  # the same sums as its tile without /presort, in the edges' receiver order
             for a, c in zip(got, edge_grads(dataclasses.replace(tile, presort=False))):
                 assert torch.equal(a, c), tile.label()

@@ -1,29 +1,42 @@
-"""patch_model / unpatch_model of the conv TP on real mace models (built with mace's own constructors):
-energies and forces equal to float64 round-off, state_dict unchanged, unpatch restores."""
+"""patch_model / unpatch_model of the conv TP on real mace models (built with mace's own
+constructors): energies and forces equal to float64 round-off, state_dict unchanged, unpatch
+restores."""
+
 from __future__ import annotations
 
 import copy
 
-import numpy as np
-import pytest
-
 import mace  # noqa: F401  (before e3nn)
+import pytest
 import torch
-from ase.build import bulk
 from e3nn import o3
-from mace import data, modules, tools
 
 from cfm_plugins.ops.conv_tp import FusedConvTP
 from cfm_plugins.ops.patching import patch_model, unpatch_model
-from tests.helpers.mace_models import BLOCKS, mace_batch as batch, run_mace as run, tiny_mace as build
+from tests.helpers.mace_models import (
+    BLOCKS,
+)
+from tests.helpers.mace_models import (
+    mace_batch as batch,
+)
+from tests.helpers.mace_models import (
+    run_mace as run,
+)
+from tests.helpers.mace_models import (
+    tiny_mace as build,
+)
 
 TP = ("conv_tp",)
 
-@pytest.mark.parametrize("kind,block,first", [
-    ("ScaleShiftMACE", BLOCKS[0], "RealAgnosticInteractionBlock"),
-    ("MACE", BLOCKS[1], BLOCKS[1]),
-    ("ScaleShiftMACE", BLOCKS[2], BLOCKS[2]),
-])
+
+@pytest.mark.parametrize(
+    "kind,block,first",
+    [
+        ("ScaleShiftMACE", BLOCKS[0], "RealAgnosticInteractionBlock"),
+        ("MACE", BLOCKS[1], BLOCKS[1]),
+        ("ScaleShiftMACE", BLOCKS[2], BLOCKS[2]),
+    ],
+)
 def test_patch_keeps_energies_forces_and_state_dict(kind, block, first):
     model = build(kind, block, first)
     b = batch()
@@ -32,7 +45,10 @@ def test_patch_keeps_energies_forces_and_state_dict(kind, block, first):
     originals = [blk.conv_tp for blk in model.interactions]
 
     assert patch_model(model, TP).total == 2
-    assert all(isinstance(blk.conv_tp, FusedConvTP) and hasattr(blk, "conv_fusion") for blk in model.interactions)
+    assert all(
+        isinstance(blk.conv_tp, FusedConvTP) and hasattr(blk, "conv_fusion")
+        for blk in model.interactions
+    )
     assert list(model.state_dict()) == keys
     assert patch_model(model, TP).total == 0  # idempotent
     got = run(model, b)
@@ -82,8 +98,13 @@ def test_patched_model_survives_deepcopy_save_load_and_dtype_moves(tmp_path):
         torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-12)
     # float32 after patching (the shared buffers move with the fused module and are restored)
     model32 = loaded.float()
-    e32, f32, _ = run(model32, {k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-                                for k, v in b.items()})
+    e32, f32, _ = run(
+        model32,
+        {
+            k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+            for k, v in b.items()
+        },
+    )
     torch.testing.assert_close(e32.double(), ref[0], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(f32.double(), ref[1], rtol=1e-4, atol=1e-4)
     unpatch_model(model32, TP)
@@ -92,7 +113,8 @@ def test_patched_model_survives_deepcopy_save_load_and_dtype_moves(tmp_path):
 
 
 def _tensors(model: torch.nn.Module):
-    """Every tensor a patched model holds: parameters and buffers (persistent or not) of every module."""
+    """Every tensor a patched model holds: parameters and buffers (persistent or not) of every
+    module."""
     for name, module in model.named_modules():
         for key, t in list(module._parameters.items()) + list(module._buffers.items()):
             if t is not None:
@@ -101,14 +123,21 @@ def _tensors(model: torch.nn.Module):
 
 def test_patched_model_follows_to_and_keeps_its_dtype():
     """Issue 8: every tensor of a patched module follows .to() (device and dtype), and patching a
-    model that is already in a dtype keeps everything there (a meta-device move stands for a GPU)."""
-    model = build("MACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock").float()
+    model that is already in a dtype keeps everything there (a meta-device move stands for a
+    GPU)."""
+    model = build(
+        "MACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock"
+    ).float()
     report = patch_model(model)
     assert report.counts["conv_tp"] > 0 and report.counts["symmetric_contraction"] > 0
     fused = [m for m in model.modules() if isinstance(m, FusedConvTP)]
     coef = {id(m): m._tp_coef.clone() for m in fused}
-    floats = {n: t.dtype for n, t in _tensors(model) if t.is_floating_point() and "_tp_coef" not in n}
-    assert set(floats.values()) == {torch.float32}  # patched in float32: the new buffers are float32 too
+    floats = {
+        n: t.dtype for n, t in _tensors(model) if t.is_floating_point() and "_tp_coef" not in n
+    }
+    assert set(floats.values()) == {
+        torch.float32
+    }  # patched in float32: the new buffers are float32 too
     model.double()
     assert all(t.dtype == torch.float64 for n, t in _tensors(model) if t.is_floating_point())
     for m in fused:  # the CG tables stay float64 and exact through dtype moves
@@ -121,8 +150,14 @@ def test_patched_model_follows_to_and_keeps_its_dtype():
 
 def test_patching_on_the_model_device():
     """Fused modules are created where their block's parameters live (not on the CPU by default)."""
-    tp = o3.TensorProduct("2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", [(0, 0, 0, "uvu", True), (1, 1, 0, "uvu", True)],
-                          shared_weights=False, internal_weights=False)
+    tp = o3.TensorProduct(
+        "2x0e+2x1o",
+        "1x0e+1x1o",
+        "2x0e+2x1o",
+        [(0, 0, 0, "uvu", True), (1, 1, 0, "uvu", True)],
+        shared_weights=False,
+        internal_weights=False,
+    )
     fused = FusedConvTP.from_e3nn(tp, device="meta")
     own = {n: t for n, t in fused.named_buffers() if n.startswith(("_cl_", "_tp_"))}
     assert len(own) == 6 and {t.device.type for t in own.values()} == {"meta"}

@@ -1,13 +1,13 @@
 """The one warning where cuEquivariance's kernels were measured faster than ours (float64 training
 batches of more than 2900 atoms on an NVIDIA GPU with cuEquivariance installed): where it fires,
 that it fires once, and that the fused contraction of an eager step hands it each batch."""
+
 from __future__ import annotations
 
 import logging
 
-import pytest
-
 import mace  # noqa: F401  (before e3nn)
+import pytest
 import torch
 
 from cfm_plugins.ops import cueq_regime
@@ -28,15 +28,18 @@ def fresh(monkeypatch):
     monkeypatch.setattr(cueq_regime, "_CUEQ", [True])
 
 
-@pytest.mark.parametrize("device,dtype,nodes,training,slower", [
-    (CUDA, F64, 4000, True, True),
-    (CUDA, F64, LIMIT + 1, True, True),
-    (CUDA, F64, LIMIT, True, False),      # level there (1.01x at 2916 atoms on an H200)
-    (CUDA, F64, 2048, True, False),       # ours faster (0.89x)
-    (CUDA, F32, 4000, True, False),       # float32: ours faster at every size
-    (CUDA, F64, 4000, False, False),      # inference: ours faster (0.77x at 4000 atoms)
-    (CPU, F64, 4000, True, False),        # cuEquivariance's kernels do not run on CPUs
-])
+@pytest.mark.parametrize(
+    "device,dtype,nodes,training,slower",
+    [
+        (CUDA, F64, 4000, True, True),
+        (CUDA, F64, LIMIT + 1, True, True),
+        (CUDA, F64, LIMIT, True, False),  # level there (1.01x at 2916 atoms on an H200)
+        (CUDA, F64, 2048, True, False),  # ours faster (0.89x)
+        (CUDA, F32, 4000, True, False),  # float32: ours faster at every size
+        (CUDA, F64, 4000, False, False),  # inference: ours faster (0.77x at 4000 atoms)
+        (CPU, F64, 4000, True, False),  # cuEquivariance's kernels do not run on CPUs
+    ],
+)
 def test_slower_than_cueq_only_where_measured(fresh, device, dtype, nodes, training, slower):
     assert cueq_regime.slower_than_cueq(device, dtype, nodes, training) is slower
 

@@ -1,6 +1,7 @@
 """A patched MACE model leaves Python with its fused kernels: TorchScript (and LAMMPS through
 ``mace.cli.create_lammps_model``), torch.export + AOTInductor, torch.compile; opcheck of the
 ``cfm::`` operators. Everything is compared to the stock model in float64 to 1e-10."""
+
 from __future__ import annotations
 
 import copy
@@ -9,10 +10,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+import mace  # noqa: F401  (before e3nn)
 import numpy as np
 import pytest
-
-import mace  # noqa: F401  (before e3nn)
 import torch
 from e3nn.util import jit
 from mace import data as mace_data
@@ -24,8 +24,9 @@ from cfm_plugins.ops.patching import patch_model
 from tests.helpers import clean_env
 from tests.helpers.mace_models import build_model
 
-pytestmark = pytest.mark.skipif(not _backend.operators_available(),
-                                reason="the compiled cfm:: operator library is not built")
+pytestmark = pytest.mark.skipif(
+    not _backend.operators_available(), reason="the compiled cfm:: operator library is not built"
+)
 
 ZS = [28, 29]
 
@@ -39,10 +40,16 @@ def batch(seed: int = 3, cluster: bool = True) -> dict:
     rng = np.random.default_rng(seed)
     atoms = [cuni.make_bulk(rng, 12, cubic=True)] + ([cuni.make_cluster(rng, 9)] if cluster else [])
     table = utils.AtomicNumberTable(ZS)
-    graphs = [mace_data.AtomicData.from_config(mace_data.config_from_atoms(a), z_table=table, cutoff=5.0)
-              for a in atoms]
+    graphs = [
+        mace_data.AtomicData.from_config(mace_data.config_from_atoms(a), z_table=table, cutoff=5.0)
+        for a in atoms
+    ]
     out = torch_geometric.Batch.from_data_list(graphs).to_dict()
-    return {k: (v.double() if torch.is_floating_point(v) else v) for k, v in out.items() if torch.is_tensor(v)}
+    return {
+        k: (v.double() if torch.is_floating_point(v) else v)
+        for k, v in out.items()
+        if torch.is_tensor(v)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +88,18 @@ def test_torchscript_matches_python_and_stock(models):
     code = "\n".join(scripted_code(scripted))
     assert "cfm.symmetric_contraction_fwd" in code and "cfm.conv_tp_fwd" in code
     # and names the library they need, with the torch it was built against (issue 24)
-    notes = {m.cfm_plugins_operators for m in scripted.modules() if hasattr(m, "cfm_plugins_operators")}
+    notes = {
+        m.cfm_plugins_operators for m in scripted.modules() if hasattr(m, "cfm_plugins_operators")
+    }
     assert len(notes) == 2, notes  # one per kernel
     for note in notes:
-        assert f"built against torch {torch.__version__}" in note and "cfm_plugins.load_library()" in note
-        assert Path(_backend.library_paths()[0]).name in note and "cfm_plugins.library_paths()" in note
+        assert (
+            f"built against torch {torch.__version__}" in note
+            and "cfm_plugins.load_library()" in note
+        )
+        assert (
+            Path(_backend.library_paths()[0]).name in note and "cfm_plugins.library_paths()" in note
+        )
 
 
 LAMMPS_EVAL = r"""
@@ -110,28 +124,55 @@ def test_create_lammps_model_on_patched_model(models, tmp_path):
     for name, model in (("stock", stock), ("patched", patched)):  # both conversions at once
         files[name] = tmp_path / f"{name}.model"
         torch.save(model, files[name])
-        jobs.append(subprocess.Popen([sys.executable, "-m", "mace.cli.create_lammps_model", str(files[name])],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                                     env=clean_env()))
+        jobs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "mace.cli.create_lammps_model", str(files[name])],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=tmp_path,
+                env=clean_env(),
+            )
+        )
     for name, job in zip(files, jobs):
         _, err = job.communicate(timeout=600)
         assert job.returncode == 0, err[-3000:]
         assert (tmp_path / f"{name}.model-lammps.pt").exists()
     # without our library, torch.jit.load fails; the file names what to load (issue 24)
     lammps_file = tmp_path / "patched.model-lammps.pt"
-    res = subprocess.run([sys.executable, "-c", f"import torch; torch.jit.load({str(lammps_file)!r})"],
-                         capture_output=True, text=True, env=clean_env(), timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", f"import torch; torch.jit.load({str(lammps_file)!r})"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=300,
+    )
     assert res.returncode != 0 and "Unknown builtin op: cfm::" in res.stderr, res.stderr[-2000:]
     with zipfile.ZipFile(lammps_file) as z:
         pickled = b"".join(z.read(n) for n in z.namelist() if n.endswith("data.pkl"))
-    assert b"this model calls the cfm::conv_tp_* operators" in pickled and b"cfm_plugins.load_library()" in pickled
+    assert (
+        b"this model calls the cfm::conv_tp_* operators" in pickled
+        and b"cfm_plugins.load_library()" in pickled
+    )
     assert f"built against torch {torch.__version__}".encode() in pickled
     data = batch(cluster=False)  # LAMMPS hands over one graph (its atoms and ghosts)
     data["local_or_ghost"] = torch.ones(data["positions"].shape[0], dtype=torch.float64)
     torch.save(data, tmp_path / "data.pt")
     lammps_files = ",".join(str(tmp_path / f"{n}.model-lammps.pt") for n in ("stock", "patched"))
-    res = subprocess.run([sys.executable, "-c", LAMMPS_EVAL, lammps_files, str(tmp_path / "data.pt"),
-                          *_backend.library_paths()], capture_output=True, text=True, env=clean_env(), timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LAMMPS_EVAL,
+            lammps_files,
+            str(tmp_path / "data.pt"),
+            *_backend.library_paths(),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-1] == "False"  # cfm_plugins itself was never imported
     stock_out, patched_out = torch.load(tmp_path / "data.pt.out")
@@ -153,18 +194,26 @@ class Energy(torch.nn.Module):
 
         irreps_in, irreps_edge = o3.Irreps("4x0e+4x1o"), o3.Irreps("1x0e+1x1o")
         out, ins = tp_out_irreps_with_instructions(irreps_in, irreps_edge, irreps_in)
-        tp = o3.TensorProduct(irreps_in, irreps_edge, out, ins, shared_weights=False, internal_weights=False)
+        tp = o3.TensorProduct(
+            irreps_in, irreps_edge, out, ins, shared_weights=False, internal_weights=False
+        )
         self.tp = FusedConvTP.from_e3nn(tp)
         g = torch.Generator().manual_seed(0)
-        self.radial = torch.nn.Parameter(torch.randn(2, tp.weight_numel, generator=g, dtype=torch.float64))
-        self.embed = torch.nn.Parameter(torch.randn(irreps_in.dim, dtype=torch.float64, generator=g))
+        self.radial = torch.nn.Parameter(
+            torch.randn(2, tp.weight_numel, generator=g, dtype=torch.float64)
+        )
+        self.embed = torch.nn.Parameter(
+            torch.randn(irreps_in.dim, dtype=torch.float64, generator=g)
+        )
 
     def forward(self, positions: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         vec = positions[edge_index[1]] - positions[edge_index[0]]
         r = vec.norm(dim=-1, keepdim=True)
         y = torch.cat([torch.ones_like(r), vec / r], dim=-1)
         w = torch.cat([torch.ones_like(r), r], dim=-1) @ self.radial
-        x = self.embed.expand(positions.shape[0], -1) * torch.exp(-positions.pow(2).sum(-1, keepdim=True) / 10)
+        x = self.embed.expand(positions.shape[0], -1) * torch.exp(
+            -positions.pow(2).sum(-1, keepdim=True) / 10
+        )
         return self.tp(x, y, w, edge_index).pow(2).sum()
 
 
@@ -189,7 +238,16 @@ def test_torch_export_energy():
     assert rel_err(ep.module()(pos, ei), ref) < 1e-10
 
 
-BATCH_KEYS = ("positions", "node_attrs", "edge_index", "shifts", "unit_shifts", "cell", "batch", "ptr")
+BATCH_KEYS = (
+    "positions",
+    "node_attrs",
+    "edge_index",
+    "shifts",
+    "unit_shifts",
+    "cell",
+    "batch",
+    "ptr",
+)
 
 
 class EnergyForces(torch.nn.Module):
@@ -201,8 +259,16 @@ class EnergyForces(torch.nn.Module):
         self.model = model
 
     def forward(self, positions, node_attrs, edge_index, shifts, unit_shifts, cell, batch, ptr):
-        data = dict(positions=positions, node_attrs=node_attrs, edge_index=edge_index, shifts=shifts,
-                    unit_shifts=unit_shifts, cell=cell, batch=batch, ptr=ptr)
+        data = dict(
+            positions=positions,
+            node_attrs=node_attrs,
+            edge_index=edge_index,
+            shifts=shifts,
+            unit_shifts=unit_shifts,
+            cell=cell,
+            batch=batch,
+            ptr=ptr,
+        )
         out = self.model(data, training=False, compute_force=True)
         return out["energy"], out["forces"]
 
@@ -227,11 +293,16 @@ def test_torch_export_and_aoti_of_patched_mace_energy_and_forces(tmp_path):
     args = tuple(data[k] for k in BATCH_KEYS)
     e_ref, f_ref = energy_forces(stock, data)
 
-    traced = make_fx(EnergyForces(patched.eval()), tracing_mode="fake", _allow_non_fake_inputs=True)(
-        *[a.clone() for a in args])
+    traced = make_fx(
+        EnergyForces(patched.eval()), tracing_mode="fake", _allow_non_fake_inputs=True
+    )(*[a.clone() for a in args])
     ops = {str(n.target) for n in traced.graph.nodes if str(n.target).startswith("cfm.")}
-    assert {"cfm.symmetric_contraction_fwd.default", "cfm.symmetric_contraction_bwd.default",
-            "cfm.conv_tp_fwd.default", "cfm.conv_tp_bwd.default"} <= ops, ops
+    assert {
+        "cfm.symmetric_contraction_fwd.default",
+        "cfm.symmetric_contraction_bwd.default",
+        "cfm.conv_tp_fwd.default",
+        "cfm.conv_tp_bwd.default",
+    } <= ops, ops
     ep = torch.export.export(traced, tuple(a.clone() for a in args), strict=False)
     e_ep, f_ep = ep.module()(*[a.clone() for a in args])
     assert rel_err(e_ep, e_ref) < 1e-10 and rel_err(f_ep, f_ref) < 1e-10

@@ -8,6 +8,7 @@ cached on its tensor and shared by the layers. Stock mace makes none. Here they 
 (operators that size their output from values, and ``Tensor.tolist``/``item``); on a GPU
 ``torch.cuda.set_sync_debug_mode`` counts them (the CUDA test).
 """
+
 from __future__ import annotations
 
 import collections
@@ -23,11 +24,21 @@ from cfm_plugins.ops.patching import patch_model
 from cfm_plugins.ops.symmetric_contraction import FusedSymmetricContraction, node_groups
 from tests.helpers.mace_models import mace_batch, mace_module, tiny_mace
 
-needs_ext = pytest.mark.skipif(_backend.choose(torch.device("cpu")) != "cpu", reason="compiled CPU kernel not built")
+needs_ext = pytest.mark.skipif(
+    _backend.choose(torch.device("cpu")) != "cpu", reason="compiled CPU kernel not built"
+)
 
 #: operators whose output size (or result) is a device value: each is a wait on a GPU
-SIZED_BY_VALUES = {"_local_scalar_dense", "nonzero", "_unique2", "unique_dim", "unique_consecutive",
-                   "repeat_interleave", "masked_select", "bincount"}
+SIZED_BY_VALUES = {
+    "_local_scalar_dense",
+    "nonzero",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "repeat_interleave",
+    "masked_select",
+    "bincount",
+}
 
 
 class CountHostCopies(TorchDispatchMode):
@@ -41,7 +52,9 @@ class CountHostCopies(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
-        if name in SIZED_BY_VALUES and not (name == "repeat_interleave" and (kwargs or {}).get("output_size")):
+        if name in SIZED_BY_VALUES and not (
+            name == "repeat_interleave" and (kwargs or {}).get("output_size")
+        ):
             self.ops[name] += 1
         return func(*args, **(kwargs or {}))
 
@@ -78,7 +91,9 @@ def train_step(model, batch):
 
 @needs_ext
 def test_an_eager_fused_mace_train_step_copies_to_the_host_twice_per_batch():
-    stock = tiny_mace("ScaleShiftMACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock")
+    stock = tiny_mace(
+        "ScaleShiftMACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock"
+    )
     fused = copy.deepcopy(stock)
     report = patch_model(fused)
     assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2}  # two layers each
@@ -93,7 +108,9 @@ def test_an_eager_fused_mace_train_step_copies_to_the_host_twice_per_batch():
     # one copy for the edge_index range, one for the node grouping; no operator sized by values
     assert counts["fused"] == ({}, 2), counts
     train_step(fused, batch)
-    with CountHostCopies() as c:  # the same batch again (a second epoch's, a validation pass): both cached
+    with (
+        CountHostCopies() as c
+    ):  # the same batch again (a second epoch's, a validation pass): both cached
         train_step(fused, batch)
     assert (dict(c.ops), c.host_lists) == ({}, 0)
 
@@ -112,7 +129,9 @@ def test_a_traced_fused_mace_train_step_sizes_nothing_by_values():
     from cfm_plugins.static.mace import MACE_SPEC, e3nn_codegen_off
 
     with e3nn_codegen_off():
-        model = tiny_mace("ScaleShiftMACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock")
+        model = tiny_mace(
+            "ScaleShiftMACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock"
+        )
     patch_model(model)
     graphs, sized = [], []
 
@@ -125,10 +144,17 @@ def test_a_traced_fused_mace_train_step_sizes_nothing_by_values():
                 sized.append((name, (node.meta.get("stack_trace") or "").strip().splitlines()[-2:]))
         return gm.forward
 
-    forward.install(model, MACE_SPEC, compile="default", backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+    forward.install(
+        model,
+        MACE_SPEC,
+        compile="default",
+        backend=aot_autograd(fw_compiler=record, bw_compiler=record),
+    )
     train_step(model, fresh(mace_batch()))
     ops = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
-    assert len(graphs) == 2 and any("cfm.symmetric_contraction" in o for o in ops), ops  # forward and backward
+    assert len(graphs) == 2 and any("cfm.symmetric_contraction" in o for o in ops), (
+        ops
+    )  # forward and backward
     assert any("cfm.conv_tp" in o for o in ops), ops
     assert sized == [], sized
 
@@ -140,13 +166,19 @@ def test_node_groups_equal_unique_and_chunks(form, chunk):
     sc = mace_module("0e+1o", 4, 2, 7, False)
     fused = FusedSymmetricContraction.from_mace(sc)
     g = torch.Generator().manual_seed(3)
-    idx = torch.tensor([5, 5, 1, 5, 1, 1, 1, 5, 5, 5, 3, 5, 5, 1, 5, 5])[torch.randperm(16, generator=g)]
+    idx = torch.tensor([5, 5, 1, 5, 1, 1, 1, 5, 5, 5, 3, 5, 5, 1, 5, 5])[
+        torch.randperm(16, generator=g)
+    ]
     y = torch.nn.functional.one_hot(idx, 7).double() if form == "one-hot" else idx.clone()
     present, inv, counts, order, chunk_ptr = node_groups(y, idx, 7, chunk)
-    r_present, r_inv, r_counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+    r_present, r_inv, r_counts = torch._unique2(
+        idx, sorted=True, return_inverse=True, return_counts=True
+    )
     fused._chunk = chunk
     r_order, r_chunk_ptr = fused._chunks(r_inv, r_counts, idx.shape[0])
-    for a, b in zip((present, inv, counts, order, chunk_ptr), (r_present, r_inv, r_counts, r_order, r_chunk_ptr)):
+    for a, b in zip(
+        (present, inv, counts, order, chunk_ptr), (r_present, r_inv, r_counts, r_order, r_chunk_ptr)
+    ):
         assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
     if chunk == 3:
         assert chunk_ptr.tolist() == [0, 3, 5, 6, 9, 12, 15, 16]  # 1: 5 nodes, 3: 1, 5: 10
@@ -167,14 +199,20 @@ def cuda_waits(model, batch) -> list[str]:
             train_step(model, fresh(batch))
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    # Only the syncs: the first set_sync_debug_mode of a process also warns, once, that the mode is a
-    # prototype ("... does not yet detect all synchronizing operations").
-    return [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
+    # Only the syncs: the first set_sync_debug_mode of a process also warns, once, that the mode is
+    # a prototype ("... does not yet detect all synchronizing operations").
+    return [
+        str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)
+    ]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (counts the waits with set_sync_debug_mode)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (counts the waits with set_sync_debug_mode)"
+)
 def test_cuda_eager_fused_mace_train_step_waits_for_the_device_at_most_twice_more_than_stock():
-    stock = tiny_mace("ScaleShiftMACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock").cuda()
+    stock = tiny_mace(
+        "ScaleShiftMACE", "RealAgnosticResidualInteractionBlock", "RealAgnosticInteractionBlock"
+    ).cuda()
     fused = copy.deepcopy(stock)
     patch_model(fused)
     batch = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in mace_batch().items()}

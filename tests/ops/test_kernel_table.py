@@ -1,22 +1,33 @@
 """The kernel table: one entry per kernel, reached through the ``cfm_patch_model`` hook.
 
-A toy third kernel (``tests/helpers/toy_kernel.py``) registered for a test is swapped into a real MACE model
-by the same hook every adapter calls (the NequIP twin of this test runs in .venv-nequip), and a
-``fused_kernels`` entry a model has no module for is reported, never dropped.
+A toy third kernel (``tests/helpers/toy_kernel.py``) registered for a test is swapped into a real
+MACE model by the same hook every adapter calls (the NequIP twin of this test runs in .venv-nequip),
+and a ``fused_kernels`` entry a model has no module for is reported, never dropped.
 """
+
 from __future__ import annotations
 
 import logging
 
-import pytest
-
 import mace  # noqa: F401  (before e3nn)
+import pytest
 import torch
 from e3nn import o3
 
 from cfm_plugins.ops import kernel_table
 from cfm_plugins.ops.conv_tp import FusedConvTP
-from tests.helpers.mace_models import BLOCKS, mace_batch as batch, run_mace as run, tiny_mace as build
+from tests.helpers.mace_models import (
+    BLOCKS,
+)
+from tests.helpers.mace_models import (
+    mace_batch as batch,
+)
+from tests.helpers.mace_models import (
+    run_mace as run,
+)
+from tests.helpers.mace_models import (
+    tiny_mace as build,
+)
 from tests.helpers.toy_kernel import NAME, ToyFusedLinear, fused_config, toy_kernel_registered
 
 
@@ -47,7 +58,9 @@ def test_a_toy_kernel_entry_is_swapped_in_a_mace_model_through_the_hook():
 
 
 def test_an_unregistered_kernel_name_is_refused_at_start():
-    with pytest.raises(ValueError, match=f"unknown fused kernel '{NAME}'.*known: symmetric_contraction, conv_tp"):
+    with pytest.raises(
+        ValueError, match=f"unknown fused kernel '{NAME}'.*known: symmetric_contraction, conv_tp"
+    ):
         fused_config("mace", NAME)
 
 
@@ -67,7 +80,10 @@ def test_a_kernel_the_model_has_no_module_for_is_reported(caplog):
     with caplog.at_level(logging.INFO, logger="cfm_plugins.fused"):
         [report] = config.pm.hook.cfm_patch_model(model=mace_model, config=config)
     assert report.missing == () and report.counts == {"symmetric_contraction": 2, "conv_tp": 2}
-    assert "interactions.0.conv_tp" in caplog.text and "products.1.symmetric_contractions" in caplog.text
+    assert (
+        "interactions.0.conv_tp" in caplog.text
+        and "products.1.symmetric_contractions" in caplog.text
+    )
     assert "has no module for" not in caplog.text
 
 
@@ -83,7 +99,13 @@ def test_registering_checks_names_and_forms():
 def test_the_model_itself_is_not_swapped():
     from cfm_plugins.ops.patching import patch_model
 
-    tp = o3.TensorProduct("2x0e", "1x0e", "2x0e", [(0, 0, 0, "uvu", True)], shared_weights=False,
-                          internal_weights=False)
+    tp = o3.TensorProduct(
+        "2x0e",
+        "1x0e",
+        "2x0e",
+        [(0, 0, 0, "uvu", True)],
+        shared_weights=False,
+        internal_weights=False,
+    )
     with pytest.raises(ValueError, match="the model itself"):
         patch_model(tp, ("conv_tp",))

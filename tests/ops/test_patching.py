@@ -5,11 +5,14 @@ such a copy (mace's own source loaded as another module, so its class is not mac
 HydraGNN stack (a ``hydragnn.models.Base`` subclass with a MACE-style conv: e3nn uvu tensor
 product + scatter + symmetric contraction) and checks that the swap finds and fuses them exactly.
 """
+
 from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("hydragnn", reason="HydraGNN is not installed here (`make venv` installs HydraGNN==3.0)")
+pytest.importorskip(
+    "hydragnn", reason="HydraGNN is not installed here (`make venv` installs HydraGNN==3.0)"
+)
 pytest.importorskip("mace", reason="mace-torch is not installed (the [mace] extra)")
 
 import torch  # noqa: E402
@@ -45,5 +48,7 @@ def test_the_kernel_table_fuses_a_hydragnn_model_holding_mace_style_modules(f64)
             torch.testing.assert_close(p.grad, ref_grads[k], rtol=1e-9, atol=1e-12, msg=k)
 
     assert unpatch_model(model).total == 4
-    assert not {"FusedSymmetricContraction", "FusedConvTP"} & {type(m).__name__ for m in model.modules()}
+    assert not {"FusedSymmetricContraction", "FusedConvTP"} & {
+        type(m).__name__ for m in model.modules()
+    }
     torch.testing.assert_close(model(data)[0], ref, rtol=1e-12, atol=1e-14)

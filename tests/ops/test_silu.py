@@ -1,12 +1,13 @@
-"""cfm::silu (the radial MLPs' SiLU with a lean double backward): values and every derivative against
-torch's SiLU, what the force-training backward keeps, and its swap into MACE's interaction blocks."""
+"""cfm::silu (the radial MLPs' SiLU with a lean double backward): values and every derivative
+against torch's SiLU, what the force-training backward keeps, and its swap into MACE's
+interaction blocks."""
+
 from __future__ import annotations
 
 import copy
 
-import pytest
-
 import mace  # noqa: F401  (before e3nn)
+import pytest
 import torch
 from e3nn.math import normalize2mom
 
@@ -15,8 +16,12 @@ from cfm_plugins.ops.patching import patch_model, unpatch_model
 from cfm_plugins.ops.silu import LeanSiLU
 from tests.helpers.mace_models import BLOCKS, mace_batch, run_mace, tiny_mace
 
-needs_ext = pytest.mark.skipif(not _backend.operators_available(), reason="compiled CPU library not built")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (not counted: no GPU here)")
+needs_ext = pytest.mark.skipif(
+    not _backend.operators_available(), reason="compiled CPU library not built"
+)
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (not counted: no GPU here)"
+)
 
 
 def _x(dtype=torch.float64, n=(40, 9), seed=0):
@@ -32,7 +37,7 @@ def test_values_and_first_second_derivatives_match_torch_silu(dtype, tol):
     for f in (torch.ops.cfm.silu, torch.nn.functional.silu):
         y = f(x)
         (gx,) = torch.autograd.grad((y * w).sum(), x, create_graph=True)
-        (ggx,) = torch.autograd.grad((gx ** 2).sum(), x)
+        (ggx,) = torch.autograd.grad((gx**2).sum(), x)
         results.append((y, gx, ggx))
     assert torch.equal(results[0][0], results[1][0])  # the value is torch's own kernel
     for ours, ref in zip(results[0][1:], results[1][1:]):
@@ -44,7 +49,9 @@ def test_gradcheck_to_the_third_derivative():
     x, g = _x(n=(6, 5)), _x(n=(6, 5), seed=2)
     assert torch.autograd.gradcheck(torch.ops.cfm.silu, (x,))
     assert torch.autograd.gradgradcheck(torch.ops.cfm.silu, (x,))
-    assert torch.autograd.gradgradcheck(torch.ops.cfm.silu_bwd, (g, x))  # silu''' through silu_bwd's backward
+    assert torch.autograd.gradgradcheck(
+        torch.ops.cfm.silu_bwd, (g, x)
+    )  # silu''' through silu_bwd's backward
 
 
 @needs_ext
@@ -80,7 +87,9 @@ def test_patch_swaps_the_radial_mlp_activations_and_unpatch_restores_e3nn_ones()
     assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2}
     for block in patched.interactions:
         acts = [layer.act for layer in block.conv_tp_weights.children()]
-        assert all(isinstance(a, LeanSiLU) for a in acts[:-1]) and acts[-1] is None  # the output layer is linear
+        assert (
+            all(isinstance(a, LeanSiLU) for a in acts[:-1]) and acts[-1] is None
+        )  # the output layer is linear
         assert acts[0].cst == pytest.approx(normalize2mom(torch.nn.functional.silu).cst)
     assert patched.state_dict().keys() == model.state_dict().keys()
     for ref, got in zip(run_mace(model, mace_batch()), run_mace(patched, mace_batch())):
@@ -119,7 +128,9 @@ def test_force_training_gradients_match_stock():
         out = m(mace_batch(), training=True, compute_force=True)
         ((out["forces"] ** 2).sum() + out["energy"].sum()).backward()
         grads.append([p.grad for p in m.parameters()])
-    radial = [n for n, _ in model.named_parameters()].index("interactions.0.conv_tp_weights.layer0.weight")
+    radial = [n for n, _ in model.named_parameters()].index(
+        "interactions.0.conv_tp_weights.layer0.weight"
+    )
     assert grads[0][radial].abs().max() > 0
     for ref, got in zip(*grads):
         assert (got - ref).abs().max() <= 1e-10 * ref.abs().max()

@@ -3,6 +3,7 @@
 Real mace modules built with mace's constructors; weights randomized with torch.randn (mace leaves
 some at structured values). The compiled CPU kernel and the pure-torch fallback are both checked.
 """
+
 from __future__ import annotations
 
 import mace  # noqa: F401  (before e3nn: sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD)
@@ -14,7 +15,9 @@ from cfm_plugins.ops.symmetric_contraction import FusedSymmetricContraction
 from tests.helpers.mace_models import mace_module
 
 HAVE_EXT = _backend.choose(torch.device("cpu")) == "cpu"
-needs_ext = pytest.mark.skipif(not HAVE_EXT, reason="CPU extension not built (python setup.py build_ext --inplace)")
+needs_ext = pytest.mark.skipif(
+    not HAVE_EXT, reason="CPU extension not built (python setup.py build_ext --inplace)"
+)
 
 
 def inputs(n, mul, elements, dtype, seed=1):
@@ -40,7 +43,9 @@ def force_loss(module, x, y):
 # element counts rotated; a few with 128 channels and 89 elements.
 CASES = [
     (h, 8, c, [1, 3, 89][(i + c) % 3], r)
-    for i, h in enumerate(["0e", "0e+1o", "0e+1o+2e"]) for c in (1, 2, 3) for r in (False, True)
+    for i, h in enumerate(["0e", "0e+1o", "0e+1o+2e"])
+    for c in (1, 2, 3)
+    for r in (False, True)
 ] + [("0e+1o", 128, 3, 89, False), ("0e+1o+2e", 128, 2, 3, True), ("0e", 128, 3, 1, True)]
 
 
@@ -70,7 +75,8 @@ def test_forward_matches_mace(case, use_kernel):
 @pytest.mark.parametrize("case", [CASES[5], CASES[11], CASES[16], CASES[-3]], ids=_ids)
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch"])
 def test_derivatives_match_mace(case, use_kernel):
-    """d out/d x, d out/d W, and the force-training second derivative (grad of a loss on d E/d x)."""
+    """d out/d x, d out/d W, and the force-training second derivative (grad of a loss on d E/d
+    x)."""
     if use_kernel and not HAVE_EXT:
         pytest.skip("CPU extension not built")
     hidden, mul, corr, elements, reduced = case
@@ -86,7 +92,9 @@ def test_derivatives_match_mace(case, use_kernel):
         gout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
         grads = torch.autograd.grad(out, [xx] + params, gout, create_graph=True)
         v = torch.randn(xx.shape, generator=g.manual_seed(9), dtype=xx.dtype)
-        second = torch.autograd.grad((grads[0] * v).sum() + (grads[0] ** 2).sum(), [xx] + params, allow_unused=True)
+        second = torch.autograd.grad(
+            (grads[0] * v).sum() + (grads[0] ** 2).sum(), [xx] + params, allow_unused=True
+        )
         results.append((grads, second))
     (g_ref, s_ref), (g_fus, s_fus) = results
     for a, b in zip(g_fus, g_ref):
@@ -180,12 +188,17 @@ def test_bad_inputs_raise_clear_errors():
 @pytest.mark.parametrize("chunk", [3, 4, 128])
 def test_static_chunks_are_the_chunks_then_empty_ones(chunk):
     """The traced forward's chunks: the eager chunking's, then empty chunks at n, as many as
-    n // chunk + elements in all, whatever the values (absent elements, counts a multiple of the chunk)."""
+    n // chunk + elements in all, whatever the values (absent elements, counts a multiple of the
+    chunk)."""
     fused = FusedSymmetricContraction.from_mace(mace_module("0e+1o", 4, 2, 7, False))
     fused._chunk = chunk
     g = torch.Generator().manual_seed(5)
-    for idx in (torch.tensor([5, 5, 1, 5, 1, 1, 1, 5, 5, 5, 3, 5, 5, 1, 5, 5]), torch.full((12,), 6),
-                torch.randint(0, 7, (40,), generator=g), torch.arange(7)):
+    for idx in (
+        torch.tensor([5, 5, 1, 5, 1, 1, 1, 5, 5, 5, 3, 5, 5, 1, 5, 5]),
+        torch.full((12,), 6),
+        torch.randint(0, 7, (40,), generator=g),
+        torch.arange(7),
+    ):
         n = idx.shape[0]
         _, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
         order, chunk_ptr = fused._chunks(inv, counts, n)
@@ -193,7 +206,10 @@ def test_static_chunks_are_the_chunks_then_empty_ones(chunk):
         s_order, s_ptr = fused._static_chunks(idx, all_counts, n)
         real = chunk_ptr.numel() - 1
         assert s_ptr.numel() == n // chunk + 7 + 1 >= chunk_ptr.numel()
-        assert torch.equal(s_ptr[:real + 1], chunk_ptr) and bool((s_ptr[real:] == n).all()), (s_ptr, chunk_ptr)
+        assert torch.equal(s_ptr[: real + 1], chunk_ptr) and bool((s_ptr[real:] == n).all()), (
+            s_ptr,
+            chunk_ptr,
+        )
         assert torch.equal(s_order, order)  # inv ranks idx: the same stable sort
 
 
@@ -212,15 +228,24 @@ def test_cpp_kernels_skip_the_empty_chunks_of_a_traced_forward(dtype):
     assert padded[2].numel() > exact[2].numel() and padded[2][-2] == 23  # empty chunks there
     g = torch.Generator().manual_seed(2)
     gout = torch.randn(23, fused.descriptor.out_dim, generator=g, dtype=dtype)
-    dx, dc = torch.randn(x.shape, generator=g, dtype=dtype), torch.randn(coeff.shape, generator=g, dtype=dtype)
+    dx, dc = (
+        torch.randn(x.shape, generator=g, dtype=dtype),
+        torch.randn(coeff.shape, generator=g, dtype=dtype),
+    )
     ops, meta = torch.ops.cfm, (fused._desc_tensors(), fused._meta)
 
     def passes(groups):
-        return (ops.symmetric_contraction_fwd(x, coeff, *groups, *meta),
-                *ops.symmetric_contraction_bwd(gout, x, coeff, *groups, *meta, True, True),
-                *ops.symmetric_contraction_bwd2(gout, x, coeff, dx, dc, *groups, *meta, True, True, True))
+        return (
+            ops.symmetric_contraction_fwd(x, coeff, *groups, *meta),
+            *ops.symmetric_contraction_bwd(gout, x, coeff, *groups, *meta, True, True),
+            *ops.symmetric_contraction_bwd2(
+                gout, x, coeff, dx, dc, *groups, *meta, True, True, True
+            ),
+        )
 
-    tol = 1e-12 if dtype == torch.float64 else 1e-5  # element gradients of several chunks add atomically
+    tol = (
+        1e-12 if dtype == torch.float64 else 1e-5
+    )  # element gradients of several chunks add atomically
     for a, b in zip(passes(padded), passes(exact)):
         assert b.abs().max() > 0 and rel_err(a, b) < tol
 
@@ -266,7 +291,10 @@ def test_cuda_matches_mace(case):
         assert rel_err(a, b) < 1e-9
     xf = x.detach().float()
     sc32 = mace_module(hidden, mul, corr, elements, reduced, torch.float32).cuda()
-    assert rel_err(FusedSymmetricContraction.from_mace(sc32)(xf, y.float()), sc32(xf, y.float())) < 1e-5
+    assert (
+        rel_err(FusedSymmetricContraction.from_mace(sc32)(xf, y.float()), sc32(xf, y.float()))
+        < 1e-5
+    )
 
 
 @needs_ext
@@ -282,11 +310,17 @@ def test_opcheck_operators():
     static = (inv, order, chunk_ptr, fused._desc_tensors(), fused._meta)
     x = x.detach().contiguous().requires_grad_()
     torch.library.opcheck(torch.ops.cfm.symmetric_contraction_fwd.default, (x, coeff, *static))
-    gout = torch.randn(x.shape[0], fused.descriptor.out_dim, dtype=torch.float64, requires_grad=True)
-    torch.library.opcheck(torch.ops.cfm.symmetric_contraction_bwd.default, (gout, x, coeff, *static, True, True))
+    gout = torch.randn(
+        x.shape[0], fused.descriptor.out_dim, dtype=torch.float64, requires_grad=True
+    )
+    torch.library.opcheck(
+        torch.ops.cfm.symmetric_contraction_bwd.default, (gout, x, coeff, *static, True, True)
+    )
     dx, dc = torch.randn_like(x), torch.randn_like(coeff)
-    torch.library.opcheck(torch.ops.cfm.symmetric_contraction_bwd2.default,
-                          (gout.detach(), x.detach(), coeff.detach(), dx, dc, *static, True, True, True))
+    torch.library.opcheck(
+        torch.ops.cfm.symmetric_contraction_bwd2.default,
+        (gout.detach(), x.detach(), coeff.detach(), dx, dc, *static, True, True, True),
+    )
 
 
 @needs_ext

@@ -1,4 +1,6 @@
-"""patch_model/unpatch_model of the symmetric contraction on real MACE and ScaleShiftMACE models (mace's constructors)."""
+"""patch_model/unpatch_model of the symmetric contraction on real MACE and ScaleShiftMACE models
+(mace's constructors)."""
+
 from __future__ import annotations
 
 import mace  # noqa: F401  (before e3nn)
@@ -22,11 +24,23 @@ def build(cls_name: str):
     torch.set_default_dtype(torch.float64)
     try:
         block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-        kw = dict(r_max=4.5, num_bessel=6, num_polynomial_cutoff=5, max_ell=3, interaction_cls=block,
-                  interaction_cls_first=block, num_interactions=2, num_elements=2,
-                  hidden_irreps=o3.Irreps("8x0e+8x1o"), MLP_irreps=o3.Irreps("8x0e"),
-                  atomic_energies=np.array([-4.4, -3.5]), avg_num_neighbors=10.0, atomic_numbers=[28, 29],
-                  correlation=3, gate=torch.nn.functional.silu)
+        kw = dict(
+            r_max=4.5,
+            num_bessel=6,
+            num_polynomial_cutoff=5,
+            max_ell=3,
+            interaction_cls=block,
+            interaction_cls_first=block,
+            num_interactions=2,
+            num_elements=2,
+            hidden_irreps=o3.Irreps("8x0e+8x1o"),
+            MLP_irreps=o3.Irreps("8x0e"),
+            atomic_energies=np.array([-4.4, -3.5]),
+            avg_num_neighbors=10.0,
+            atomic_numbers=[28, 29],
+            correlation=3,
+            gate=torch.nn.functional.silu,
+        )
         if cls_name == "ScaleShiftMACE":
             model = modules.ScaleShiftMACE(**kw, atomic_inter_scale=0.8, atomic_inter_shift=0.1)
         else:
@@ -47,7 +61,9 @@ def batch():
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        ds = [data.AtomicData.from_config(data.config_from_atoms(atoms), z_table=z_table, cutoff=4.5)]
+        ds = [
+            data.AtomicData.from_config(data.config_from_atoms(atoms), z_table=z_table, cutoff=4.5)
+        ]
         return next(iter(torch_geometric.dataloader.DataLoader(ds, batch_size=1)))
     finally:
         torch.set_default_dtype(prev)
@@ -77,7 +93,9 @@ def test_patch_matches_stock_and_unpatch_restores(cls_name):
     other.load_state_dict(model.state_dict())
     model.load_state_dict(other.state_dict())
     assert unpatch_model(model, SC).total == 2
-    assert [type(m) for m in model.modules() if type(m).__name__ == "SymmetricContraction"] == [type(s) for s in stock]
+    assert [type(m) for m in model.modules() if type(m).__name__ == "SymmetricContraction"] == [
+        type(s) for s in stock
+    ]
     assert not any(isinstance(m, FusedSymmetricContraction) for m in model.modules())
     e2, f2 = energy_forces(model, b)
     assert torch.equal(e2, e0) and torch.equal(f2, f0)

@@ -1,6 +1,7 @@
 """The binpack plugin's sampler hook: training loaders repeat a few samples where a set cannot give
 every rank a batch (as DistributedSampler pads) and say how many; evaluation loaders do not repeat;
 the choice of loss weighting: what the option asks, what the adapter can apply."""
+
 from __future__ import annotations
 
 import logging
@@ -18,9 +19,14 @@ from cfm_plugins.sizes import GraphSizes
 def batch_sampler(role: str, n: int, rank: int = 0, world_size: int = 2):
     config = Config(enabled=["binpack"], options={"max_tokens": "10"})
     pm = create_manager(config)
-    return pm.hook.cfm_batch_sampler(dataset=None, sizes=GraphSizes(np.full(n, 9)), config=config,
-                                     dist=DistInfo(rank=rank, world_size=world_size), role=role,
-                                     trainer=TrainerSettings(seed=0))
+    return pm.hook.cfm_batch_sampler(
+        dataset=None,
+        sizes=GraphSizes(np.full(n, 9)),
+        config=config,
+        dist=DistInfo(rank=rank, world_size=world_size),
+        role=role,
+        trainer=TrainerSettings(seed=0),
+    )
 
 
 def test_a_training_set_smaller_than_the_ranks_trains_with_a_repeat_and_says_so(caplog):
@@ -28,32 +34,52 @@ def test_a_training_set_smaller_than_the_ranks_trains_with_a_repeat_and_says_so(
     samplers = [batch_sampler("train", 1, rank) for rank in (0, 1)]
     assert [list(s) for s in samplers] == [[[0]], [[0]]]  # both ranks train on the one structure
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(said) == 2 and "binpack train: 1 sample(s) do not give each of 2 ranks a batch at every step: " \
-                              "1 of them repeated" in said[0], said
+    assert (
+        len(said) == 2
+        and "binpack train: 1 sample(s) do not give each of 2 ranks a batch at every step: "
+        "1 of them repeated"
+        in said[0]
+    ), said
 
 
 def test_evaluation_and_large_enough_sets_are_not_repeated(caplog):
     caplog.set_level(logging.INFO, logger="cfm_plugins.binpack")
     assert batch_sampler("train", 4).repeated == 0
     valid = [batch_sampler("valid", 3, rank) for rank in (0, 1)]
-    assert valid[0].repeated == 0 and sorted(i for s in valid for b in s for i in b) == [0, 1, 2]  # once each
+    assert valid[0].repeated == 0 and sorted(i for s in valid for b in s for i in b) == [
+        0,
+        1,
+        2,
+    ]  # once each
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
-    with pytest.raises(ValueError, match="non-empty batch"):  # the sampler without repeat (a library user's)
+    with pytest.raises(
+        ValueError, match="non-empty batch"
+    ):  # the sampler without repeat (a library user's)
         from cfm_plugins.sampler import BinPackBatchSampler
 
         BinPackBatchSampler(np.full(1, 9.0), 10, rank=0, world_size=2)
 
 
-LINEAR = TrainerSettings(batch_size=4, loss="mace_run_train --loss weighted", loss_weightings=("stock", "per_sample"))
-HUBER = TrainerSettings(batch_size=4, loss="mace_run_train --loss huber", loss_weightings=("stock",))
+LINEAR = TrainerSettings(
+    batch_size=4, loss="mace_run_train --loss weighted", loss_weightings=("stock", "per_sample")
+)
+HUBER = TrainerSettings(
+    batch_size=4, loss="mace_run_train --loss huber", loss_weightings=("stock",)
+)
 
 
 def sampler(options, trainer, role="train"):
     config = Config(enabled=["binpack"], options=dict(options))
     pm = create_manager(config)
     atoms = np.random.default_rng(0).integers(1, 200, 60)
-    return pm.hook.cfm_batch_sampler(dataset=list(range(60)), sizes=GraphSizes(atoms), config=config,
-                                     dist=DistInfo(rank=0, world_size=2), role=role, trainer=trainer)
+    return pm.hook.cfm_batch_sampler(
+        dataset=list(range(60)),
+        sizes=GraphSizes(atoms),
+        config=config,
+        dist=DistInfo(rank=0, world_size=2),
+        role=role,
+        trainer=trainer,
+    )
 
 
 def test_per_sample_where_the_trainer_can_apply_it_training_only():
@@ -64,8 +90,11 @@ def test_per_sample_where_the_trainer_can_apply_it_training_only():
 
 
 def test_a_loss_that_cannot_be_reweighted_is_an_error_when_asked_for():
-    with pytest.raises(ValueError, match=r"binpack loss_weighting=per_sample: mace_run_train --loss huber cannot be "
-                                         r"reweighted per sample .*set loss_weighting=stock or change the loss"):
+    with pytest.raises(
+        ValueError,
+        match=r"binpack loss_weighting=per_sample: mace_run_train --loss huber cannot be "
+        r"reweighted per sample .*set loss_weighting=stock or change the loss",
+    ):
         sampler({"loss_weighting": "per_sample"}, HUBER)
 
 
@@ -77,11 +106,17 @@ def test_the_default_is_per_sample_and_falls_back_to_stock_saying_so(caplog):
     create_manager(config)
     assert config.get("loss_weighting") == "per_sample"
     assert sampler({}, LINEAR).loss_weighting == "per_sample"
-    assert sampler({}, LINEAR, role="valid").loss_weighting == "stock"  # evaluation: never reweighted
-    assert binpack.training_loss_weighting(config, HUBER) == "stock"  # not set explicitly: said, no error
+    assert (
+        sampler({}, LINEAR, role="valid").loss_weighting == "stock"
+    )  # evaluation: never reweighted
+    assert (
+        binpack.training_loss_weighting(config, HUBER) == "stock"
+    )  # not set explicitly: said, no error
     said = [r for r in caplog.records if "cannot be reweighted per sample" in r.getMessage()]
     assert said and "using loss_weighting=stock" in said[-1].getMessage()
-    assert all(r.levelno < logging.WARNING for r in caplog.records)  # the default path: not a warning
+    assert all(
+        r.levelno < logging.WARNING for r in caplog.records
+    )  # the default path: not a warning
 
 
 def test_the_log_says_how_unequal_the_trainers_own_means_are(caplog):

@@ -1,5 +1,6 @@
 """cost=auto, the numpy part (no torch, no MPI): the fit of step times, the model choice on
 collinear counts, the alignment of the ranks' records, the schedule and the saved state."""
+
 from __future__ import annotations
 
 import json
@@ -8,16 +9,28 @@ import numpy as np
 import pytest
 
 from cfm_plugins.sampler import fit_step_times, pack
-from cfm_plugins.sampler.autocost import (CostCalibration, StepCost, align_records, fitted_costs, predicted_lif,
-                                          read_state, write_state)
+from cfm_plugins.sampler.autocost import (
+    CostCalibration,
+    StepCost,
+    align_records,
+    fitted_costs,
+    predicted_lif,
+    read_state,
+    write_state,
+)
 from cfm_plugins.sampler.packing import CALIBRATION_LEVELS, pack_levels
 
 
 def batches(rng, steps=60, ranks=2, collinear=False):
-    """Per-rank batch totals as bin packing makes them: atoms near a capacity, edges and graphs varying."""
+    """Per-rank batch totals as bin packing makes them: atoms near a capacity, edges and graphs
+    varying."""
     graphs = rng.integers(2, 14, (steps, ranks))
     atoms = rng.integers(300, 700, (steps, ranks))
-    per_atom = rng.uniform(4, 20, (steps, ranks)) if not collinear else 12 + rng.uniform(-0.05, 0.05, (steps, ranks))
+    per_atom = (
+        rng.uniform(4, 20, (steps, ranks))
+        if not collinear
+        else 12 + rng.uniform(-0.05, 0.05, (steps, ranks))
+    )
     edges = (atoms * per_atom).astype(int)
     return atoms, edges, graphs
 
@@ -39,8 +52,8 @@ def test_fit_recovers_known_coefficients_within_5_percent():
 
 
 def calibration_times(seed, levels, truth=(2e-3, 2e-5, 1e-6, 5e-4), n=1200, noise=0.01, ranks=2):
-    """Step times of the calibration epoch as ``cost=auto`` plans it: ``n`` graphs of 3..300 atoms (4,
-    12 or 24 edges per atom) packed by atoms at ``levels`` of 8 graphs' worth, timed as
+    """Step times of the calibration epoch as ``cost=auto`` plans it: ``n`` graphs of 3..300
+    atoms (4, 12 or 24 edges per atom) packed by atoms at ``levels`` of 8 graphs' worth, timed as
     ``c0 + a*atoms + b*edges + g*graphs`` with ``noise`` (relative, per record)."""
     rng = np.random.default_rng(seed)
     atoms = rng.integers(3, 300, n)
@@ -48,7 +61,9 @@ def calibration_times(seed, levels, truth=(2e-3, 2e-5, 1e-6, 5e-4), n=1200, nois
     plan = pack_levels(atoms.astype(float), 8 * atoms.mean(), ranks, seed=seed, levels=levels)
     sums = [plan.bin_costs(x).reshape(-1, ranks) for x in (atoms, edges, np.ones(n))]
     c0, a, b, g = truth
-    t = (c0 + a * sums[0] + b * sums[1] + g * sums[2]) * (1 + noise * rng.standard_normal(sums[0].shape))
+    t = (c0 + a * sums[0] + b * sums[1] + g * sums[2]) * (
+        1 + noise * rng.standard_normal(sums[0].shape)
+    )
     return t, sums
 
 
@@ -64,7 +79,9 @@ def test_calibration_plans_of_several_capacities_recover_the_atom_term_within_5_
         t, sums = calibration_times(seed, levels=CALIBRATION_LEVELS)
         fit = fit_step_times(t, *sums)
         assert (fit.a, fit.b) == pytest.approx(truth[1:3], rel=0.05), (seed, fit)
-        assert fit.g == pytest.approx(truth[3], rel=0.15) and fit.c0 == pytest.approx(truth[0], rel=0.3), (seed, fit)
+        assert fit.g == pytest.approx(truth[3], rel=0.15) and fit.c0 == pytest.approx(
+            truth[0], rel=0.3
+        ), (seed, fit)
         t, sums = calibration_times(seed, levels=(1.0,))
         one = fit_step_times(t, *sums)
         missed_one_capacity += abs(one.a / truth[1] - 1) > 0.05
@@ -86,8 +103,10 @@ def test_outlying_steps_are_left_out_of_the_fit():
         assert got == pytest.approx(want, rel=0.05)
     kept_all = fit_step_times(t, atoms, edges, graphs, outlier_cutoff=None)
     assert kept_all.outliers == 0 and kept_all.steps == 60
-    errors = [abs(got / want - 1) for got, want in ((kept_all.c0, c0), (kept_all.a, a), (kept_all.b, b),
-                                                    (kept_all.g, g))]
+    errors = [
+        abs(got / want - 1)
+        for got, want in ((kept_all.c0, c0), (kept_all.a, a), (kept_all.b, b), (kept_all.g, g))
+    ]
     assert max(errors) > 0.05, kept_all
     # exact times: nothing to leave out
     assert fit_step_times(c0 + a * atoms + b * edges, atoms, edges, graphs).outliers == 0
@@ -120,24 +139,39 @@ def calibrate(truth, seed, batching, noise=0.03, ranks=2):
     c0, a, b = truth
 
     def true_lif(plan):
-        return load_imbalance_factor((c0 + a * plan.bin_costs(atoms) + b * plan.bin_costs(edges)).reshape(-1, ranks))
+        return load_imbalance_factor(
+            (c0 + a * plan.bin_costs(atoms) + b * plan.bin_costs(edges)).reshape(-1, ranks)
+        )
 
     capacity = 8 * atoms.mean()
     if batching == "fixed":
         timed = packing_from_bins(np.split(rng.permutation(400), 50), ranks)
     else:
-        timed = pack_levels(atoms.astype(float), capacity, ranks, seed=seed,
-                            levels=(1.0,) if batching == "packed" else CALIBRATION_LEVELS)
+        timed = pack_levels(
+            atoms.astype(float),
+            capacity,
+            ranks,
+            seed=seed,
+            levels=(1.0,) if batching == "packed" else CALIBRATION_LEVELS,
+        )
     sums = [timed.bin_costs(x).reshape(-1, ranks) for x in (atoms, edges, np.ones(len(atoms)))]
     t = (c0 + a * sums[0] + b * sums[1]) * (1 + noise * rng.standard_normal(sums[0].shape))
     fit = fit_step_times(t, *sums)
     costs = fitted_costs(fit, atoms, edges, atoms.astype(float))
-    return fit, sums, true_lif(timed), true_lif(pack(costs, max(capacity, costs.max()), ranks, seed=seed + 1))
+    return (
+        fit,
+        sums,
+        true_lif(timed),
+        true_lif(pack(costs, max(capacity, costs.max()), ranks, seed=seed + 1)),
+    )
 
 
 @pytest.mark.parametrize("batching", ["packed", "levels", "fixed"])
-@pytest.mark.parametrize("truth", [(2e-3, 0.0, 2e-6), (2e-3, 3e-5, 0.0), (2e-3, 1e-5, 2e-6)],
-                         ids=["edges", "atoms", "both"])
+@pytest.mark.parametrize(
+    "truth",
+    [(2e-3, 0.0, 2e-6), (2e-3, 3e-5, 0.0), (2e-3, 1e-5, 2e-6)],
+    ids=["edges", "atoms", "both"],
+)
 def test_collinear_counts_choose_by_predicted_step_max_not_by_coefficients(truth, batching):
     """Ill-conditioned calibrations: a fit's weights on nearly collinear counts are ill-determined,
     its predictions are not. The model is chosen by the cross-validated error of the per-step
@@ -149,7 +183,9 @@ def test_collinear_counts_choose_by_predicted_step_max_not_by_coefficients(truth
     elif batching == "packed":  # all but the leftover steps hold the same atoms within 3%
         assert np.mean(np.abs(atoms / np.median(atoms) - 1) < 0.03) > 0.9
     errors = dict(fit.cv_table)
-    assert fit.cv_rms <= min(errors.values()) * 1.25  # kept: within the noise of the best prediction
+    assert (
+        fit.cv_rms <= min(errors.values()) * 1.25
+    )  # kept: within the noise of the best prediction
     assert lif_after < 1.02, (lif_timed, lif_after, fit)
 
 
@@ -160,7 +196,9 @@ def test_model_selection_rules():
     rng = np.random.default_rng(1)
     atoms, edges, graphs = batches(rng, steps=30)
     t = (1e-3 + 2e-6 * edges) * (1 + 0.02 * rng.standard_normal(atoms.shape))
-    most, fewest, best = (fit_step_times(t, atoms, edges, graphs, select=s) for s in ("most", "fewest", "best"))
+    most, fewest, best = (
+        fit_step_times(t, atoms, edges, graphs, select=s) for s in ("most", "fewest", "best")
+    )
     assert fewest.terms == ("edges",) and len(most.terms) > 1 and "edges" in most.terms
     assert best.cv_rms == min(e for _, e in best.cv_table) <= most.cv_rms
     assert fit_step_times(t, atoms, edges, graphs) == best
@@ -207,7 +245,9 @@ def test_predicted_lif_of_a_plan():
     fit = StepCost(c0=0.0, a=0.0, b=1.0, g=0.0, terms=("edges",))
     by_edges = pack(edges.astype(float), 8000, 2, seed=0)
     by_atoms = pack(atoms.astype(float), 8000 * atoms.sum() / edges.sum(), 2, seed=0)
-    assert predicted_lif(fit, by_edges, atoms, edges, 2) < predicted_lif(fit, by_atoms, atoms, edges, 2)
+    assert predicted_lif(fit, by_edges, atoms, edges, 2) < predicted_lif(
+        fit, by_atoms, atoms, edges, 2
+    )
     assert predicted_lif(fit, by_edges, atoms, edges, 2) < 1.02
 
 

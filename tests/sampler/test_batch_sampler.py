@@ -1,4 +1,5 @@
 """BinPackBatchSampler in a real DataLoader: coverage, len, epochs, resume, drop_last, errors."""
+
 from __future__ import annotations
 
 import logging
@@ -124,7 +125,7 @@ def test_load_state_dict_errors(atoms):
     with pytest.raises(ValueError, match="world_size 4"):
         s.load_state_dict({"epoch": 0, "seed": 0, "batches_consumed": 1, "world_size": 4})
     with pytest.raises(ValueError, match="batches_consumed"):
-        s.load_state_dict({"epoch": 0, "seed": 0, "batches_consumed": 10 ** 6})
+        s.load_state_dict({"epoch": 0, "seed": 0, "batches_consumed": 10**6})
 
 
 def test_drop_last_drops_underfilled_steps():
@@ -161,9 +162,10 @@ def test_constructor_errors():
     with pytest.raises(ValueError, match="empty"):
         BinPackBatchSampler([], 5, rank=0, world_size=1)
     # a permutation given as local_indices without comm is a global array in another order
-    s = BinPackBatchSampler(np.arange(1.0, 11.0)[::-1], 20, rank=0, world_size=1, local_indices=np.arange(10)[::-1])
+    s = BinPackBatchSampler(
+        np.arange(1.0, 11.0)[::-1], 20, rank=0, world_size=1, local_indices=np.arange(10)[::-1]
+    )
     np.testing.assert_array_equal(s.costs, np.arange(1.0, 11.0))
-
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 5])
@@ -172,14 +174,18 @@ def test_eval_sampler_yields_every_structure_once_over_the_ranks(world_size, n, 
     """evaluation=True: a set too small for the ranks and capacity is still evaluated, each once,
     with a non-empty batch on every rank at every step (mace runs one DDP forward per step)."""
     costs = np.random.default_rng(n).integers(1, 30, n).astype(float)
-    if n == 13:  # near-capacity structures: one per bin, 13 bins do not split into steps of 2, 3, 5 ranks
+    if (
+        n == 13
+    ):  # near-capacity structures: one per bin, 13 bins do not split into steps of 2, 3, 5 ranks
         costs = np.full(n, 29.0)
         with pytest.raises(ValueError, match="non-empty batch"):
             BinPackBatchSampler(costs, capacity, rank=0, world_size=world_size, shuffle=False)
     ds = Graphs(costs)
     seen, lens = [], set()
     for rank in range(world_size):
-        s = BinPackBatchSampler(costs, capacity, rank=rank, world_size=world_size, shuffle=False, evaluation=True)
+        s = BinPackBatchSampler(
+            costs, capacity, rank=rank, world_size=world_size, shuffle=False, evaluation=True
+        )
         batches = epoch_batches(s, ds)
         lens.add(len(batches))
         assert len(batches) == len(s) and all(len(idx) > 0 for idx, _ in batches)
@@ -193,10 +199,18 @@ def test_eval_set_smaller_than_the_ranks_is_evaluated_whole_on_every_rank(n, wor
     """Fewer structures than ranks: no rank may be empty, so each rank gets the whole set: every
     structure counted world_size times, which leaves means over the gathered results unchanged."""
     costs = np.arange(1.0, n + 1)
-    with pytest.raises(ValueError, match=f"cannot give each of {world_size} ranks a non-empty batch"):
+    with pytest.raises(
+        ValueError, match=f"cannot give each of {world_size} ranks a non-empty batch"
+    ):
         BinPackBatchSampler(costs, 40, rank=0, world_size=world_size)
-    per_rank = [list(BinPackBatchSampler(costs, 40, rank=r, world_size=world_size, shuffle=False, evaluation=True))
-                for r in range(world_size)]
+    per_rank = [
+        list(
+            BinPackBatchSampler(
+                costs, 40, rank=r, world_size=world_size, shuffle=False, evaluation=True
+            )
+        )
+        for r in range(world_size)
+    ]
     assert all(b == per_rank[0] for b in per_rank)
     assert sorted(i for b in per_rank[0] for i in b) == list(range(n))
 
@@ -210,24 +224,38 @@ def auto_sampler(rank=0, world_size=1, **kwargs):
     atoms = rng.integers(3, 300, 600)
     edges = atoms * rng.choice([4, 12, 24], 600)
     cal = CostCalibration(warmup_steps=kwargs.pop("warmup_steps", 1), **kwargs)
-    return AutoCostBatchSampler(atoms, edges, atoms.astype(float), 2000, rank=rank, world_size=world_size, seed=5,
-                                calibration=cal), atoms, edges
+    return (
+        AutoCostBatchSampler(
+            atoms,
+            edges,
+            atoms.astype(float),
+            2000,
+            rank=rank,
+            world_size=world_size,
+            seed=5,
+            calibration=cal,
+        ),
+        atoms,
+        edges,
+    )
 
 
 def time_epoch(sampler, atoms, edges, model=(2e-3, 1e-5, 2e-6)):
-    """Iterate one epoch through a DataLoader and hand each batch's time to the sampler, as adapters do."""
+    """Iterate one epoch through a DataLoader and hand each batch's time to the sampler, as adapters
+    do."""
     ds = Graphs(atoms)
     batches = []
     for idx, pos in DataLoader(ds, batch_sampler=sampler, collate_fn=collate):
         a, e = int(pos.shape[0]), int(edges[idx.numpy()].sum())
-        sampler.record_step(atoms=a, edges=e, graphs=len(idx), cpu_s=model[0] + model[1] * a + model[2] * e)
+        sampler.record_step(
+            atoms=a, edges=e, graphs=len(idx), cpu_s=model[0] + model[1] * a + model[2] * e
+        )
         batches.append(sorted(idx.tolist()))
     return batches
 
 
 def test_auto_cost_plans_the_first_epoch_with_the_initial_cost_then_with_the_fit(caplog):
     from cfm_plugins.sampler.autocost import fitted_costs
-
     from cfm_plugins.sampler.packing import CALIBRATION_LEVELS, pack_levels
 
     s, atoms, edges = auto_sampler()
@@ -238,10 +266,14 @@ def test_auto_cost_plans_the_first_epoch_with_the_initial_cost_then_with_the_fit
     first = time_epoch(s, atoms, edges)
     with caplog.at_level("INFO", logger="cfm_plugins.sampler"):
         s.set_epoch(1)
-    assert "binpack cost=auto from epoch 1: step time = 2 ms + 10 us/atom + 2 us/edge" in caplog.text
+    assert (
+        "binpack cost=auto from epoch 1: step time = 2 ms + 10 us/atom + 2 us/edge" in caplog.text
+    )
     assert s.cost_label == "auto-1" and len(s.calibrations) == 1 and not s.needs_step_times
     fit = s.calibrations[0].fit
-    assert (fit.c0, fit.a, fit.b) == pytest.approx((2e-3, 1e-5, 2e-6), rel=1e-6)  # exact times: exact fit
+    assert (fit.c0, fit.a, fit.b) == pytest.approx(
+        (2e-3, 1e-5, 2e-6), rel=1e-6
+    )  # exact times: exact fit
     costs = fitted_costs(fit, atoms, edges, atoms.astype(float))
     np.testing.assert_array_equal(s.costs, costs)
     refit = BinPackBatchSampler(costs, max(2000, costs.max()), rank=0, world_size=1, seed=5)
@@ -268,8 +300,12 @@ def test_auto_cost_calibrates_at_several_capacities_only_before_the_first_fit():
 
     even, _, _ = auto_sampler()
     even.even = True
-    assert even.plan().checksum() == BinPackBatchSampler(atoms.astype(float), 2000, rank=0, world_size=1, seed=5,
-                                                         even=True).plan().checksum()
+    assert (
+        even.plan().checksum()
+        == BinPackBatchSampler(atoms.astype(float), 2000, rank=0, world_size=1, seed=5, even=True)
+        .plan()
+        .checksum()
+    )
     one, _, _ = auto_sampler(levels=(1.0,))
     assert one.plan().checksum() == plain.plan().checksum()
     gave_up, _, _ = auto_sampler()
@@ -296,7 +332,10 @@ def test_auto_cost_resume_plans_the_same_batches(tmp_path):
         assert list(resumed) == plans[epoch], epoch
     assert not resumed.needs_step_times  # nothing to calibrate again
     fresh, _, _ = auto_sampler()  # resumed at epoch 0: the fit was made after it, calibrate anew
-    assert not fresh.load_resume_state(read_state(tmp_path / "state.json"), epoch=0) and fresh.needs_step_times
+    assert (
+        not fresh.load_resume_state(read_state(tmp_path / "state.json"), epoch=0)
+        and fresh.needs_step_times
+    )
 
     # mid-epoch: state_dict carries the fits too
     s.set_epoch(1)
@@ -321,7 +360,8 @@ def test_auto_cost_resume_plans_the_same_batches(tmp_path):
 
 def test_auto_cost_waits_for_timed_steps(caplog):
     """Passes over the loader without training (mace reads the training set for its statistics
-    before it trains) time nothing: the plans keep the initial cost and the next timed epoch fits."""
+    before it trains) time nothing: the plans keep the initial cost and the next timed epoch
+    fits."""
     s, atoms, edges = auto_sampler()
     first = list(s)
     with caplog.at_level("INFO", logger="cfm_plugins.sampler"):
@@ -340,7 +380,12 @@ def test_auto_cost_too_few_steps_times_the_next_epoch_too(caplog):
     ds = Graphs(atoms)
     for k, (idx, pos) in enumerate(DataLoader(ds, batch_sampler=s, collate_fn=collate)):
         if k < 2:  # an adapter that timed only 2 steps of the epoch
-            s.record_step(atoms=int(pos.shape[0]), edges=int(edges[idx.numpy()].sum()), graphs=len(idx), cpu_s=0.01)
+            s.record_step(
+                atoms=int(pos.shape[0]),
+                edges=int(edges[idx.numpy()].sum()),
+                graphs=len(idx),
+                cpu_s=0.01,
+            )
     with caplog.at_level(logging.INFO, logger="cfm_plugins"):
         s.set_epoch(1)
         s.set_epoch(1)  # mace: its DistributedSampler's set_epoch, ours, then the iteration
@@ -364,12 +409,17 @@ def test_auto_cost_recalibrates_every_k_epochs():
 
 @pytest.mark.parametrize("n, world_size", [(1, 2), (2, 3), (3, 2)])
 def test_training_sampler_repeats_so_every_rank_trains_at_every_step(n, world_size):
-    """repeat=True (binpack's training loaders): a training set smaller than the ranks, or a last step
-    short of bins, trains anyway with a few samples repeated, counted in ``repeated`` (issue 24)."""
+    """repeat=True (binpack's training loaders): a training set smaller than the ranks, or a last
+    step short of bins, trains anyway with a few samples repeated, counted in ``repeated`` (issue
+    24)."""
     costs = np.full(n, 9.0)
-    per_rank = [BinPackBatchSampler(costs, 10, rank=r, world_size=world_size, seed=1, repeat=True)
-                for r in range(world_size)]
-    assert len({len(s) for s in per_rank}) == 1 and all(s.repeated == per_rank[0].repeated for s in per_rank)
+    per_rank = [
+        BinPackBatchSampler(costs, 10, rank=r, world_size=world_size, seed=1, repeat=True)
+        for r in range(world_size)
+    ]
+    assert len({len(s) for s in per_rank}) == 1 and all(
+        s.repeated == per_rank[0].repeated for s in per_rank
+    )
     batches = [list(s) for s in per_rank]
     assert all(len(b) == len(per_rank[0]) and all(len(x) > 0 for x in b) for b in batches)
     seen = sorted(i for b in batches for x in b for i in x)

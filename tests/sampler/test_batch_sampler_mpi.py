@@ -1,5 +1,6 @@
 """BinPackBatchSampler across real `mpirun -np 2` ranks (tests/scripts/sampler_shards.py): sharded
 costs, one agreed plan."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,11 @@ def test_diverging_rank_raises_checksum_error_on_every_rank(mpi):
     raised = [ln for ln in out.splitlines() if ln.startswith("RAISED")]
     assert len(raised) == 2, out[-4000:]  # both ranks raised, nobody hung
     for ln in raised:
-        assert "RuntimeError" in ln and "disagree on the batch plan" in ln and "ranks 1 differ from rank 0" in ln
+        assert (
+            "RuntimeError" in ln
+            and "disagree on the batch plan" in ln
+            and "ranks 1 differ from rank 0" in ln
+        )
 
 
 def test_overlapping_shards_raise_on_every_rank(mpi):
@@ -62,7 +67,9 @@ def test_cost_auto_every_rank_plans_with_rank_0s_fit(mpi):
     fit = info["fit"]
     # the calibration's steps are packed at 70, 85 and 100 % of the capacity: the atom term is told
     # from the per-step constant (30 steps with 2 % noise per record: within 10 %)
-    assert fit["b"] == pytest.approx(2e-6, rel=0.05) and fit["a"] == pytest.approx(1e-5, rel=0.1), fit
+    assert fit["b"] == pytest.approx(2e-6, rel=0.05) and fit["a"] == pytest.approx(1e-5, rel=0.1), (
+        fit
+    )
     assert fit["ranks"] == 2 and fit["steps"] >= 15
     assert info["lif_predicted"] < info["lif_measured"]
     true = {int(k): v for k, v in info["true_lif"].items()}  # under the model the ranks timed with

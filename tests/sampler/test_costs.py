@@ -1,4 +1,6 @@
-"""Cost models: graph_costs, fit_linear_cost, and calibrate_linear_cost on a real torch message-passing workload."""
+"""Cost models: graph_costs, fit_linear_cost, and calibrate_linear_cost on a real torch
+message-passing workload."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,12 +19,16 @@ def test_graph_costs_kinds():
 
 
 def test_a_graph_with_atoms_and_no_edges_costs_one_edge():
-    """A single atom (or atoms all beyond the cutoff) is a legal sample: floored at one edge, packed;
-    a graph without atoms keeps cost 0, which the packer refuses naming it (issue 24)."""
+    """A single atom (or atoms all beyond the cutoff) is a legal sample: floored at one edge,
+    packed; a graph without atoms keeps cost 0, which the packer refuses naming it (issue 24)."""
     atoms, edges = np.array([1, 5, 4, 0]), np.array([0, 20, 0, 0])
     np.testing.assert_array_equal(graph_costs(atoms, edges, kind="edges"), [1.0, 20.0, 1.0, 0.0])
-    np.testing.assert_allclose(graph_costs(atoms, edges, kind="linear", a=0.0, b=0.5), [0.5, 10.0, 0.5, 0.0])
-    np.testing.assert_allclose(graph_costs(atoms, edges, kind="linear", a=2.0, b=0.5), [2.0, 20.0, 8.0, 0.0])
+    np.testing.assert_allclose(
+        graph_costs(atoms, edges, kind="linear", a=0.0, b=0.5), [0.5, 10.0, 0.5, 0.0]
+    )
+    np.testing.assert_allclose(
+        graph_costs(atoms, edges, kind="linear", a=2.0, b=0.5), [2.0, 20.0, 8.0, 0.0]
+    )
     from cfm_plugins.sampler import pack
 
     costs = graph_costs(atoms[:3], edges[:3], kind="edges")
@@ -31,13 +37,16 @@ def test_a_graph_with_atoms_and_no_edges_costs_one_edge():
         pack(graph_costs(atoms, edges, kind="edges"), 20, 1)
 
 
-@pytest.mark.parametrize("kwargs, msg", [
-    (dict(kind="edges"), "needs num_edges .*use cost=atoms"),
-    (dict(kind="linear", b=1.0), "needs num_edges"),
-    (dict(kind="nodes"), "expected one of atoms, edges, linear"),
-    (dict(num_edges=np.array([1]), kind="edges"), "1 entries but num_atoms has 2"),
-    (dict(num_edges=np.array([1, 2]), kind="linear", a=-1.0, b=1.0), "a, b >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(kind="edges"), "needs num_edges .*use cost=atoms"),
+        (dict(kind="linear", b=1.0), "needs num_edges"),
+        (dict(kind="nodes"), "expected one of atoms, edges, linear"),
+        (dict(num_edges=np.array([1]), kind="edges"), "1 entries but num_atoms has 2"),
+        (dict(num_edges=np.array([1, 2]), kind="linear", a=-1.0, b=1.0), "a, b >= 0"),
+    ],
+)
 def test_graph_costs_errors(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         graph_costs(np.array([3, 10]), **kwargs)
@@ -80,11 +89,14 @@ def _calibrate():
     fit = calibrate_linear_cost(message_passing_step, batches, atoms, edges, repeats=5)
     a, b = fit  # unpacks as (a, b)
     assert a > 0 and b > 0
-    # real timings on a shared machine (cache effects, other processes): a sanity bar, not a precision
-    # one; a fit of the wrong counts or of noise has r2 near 0 (0.73-0.95 seen on the 2-core VM)
+    # real timings on a shared machine (cache effects, other processes): a sanity bar, not a
+    # precision one; a fit of the wrong counts or of noise has r2 near 0 (0.73-0.95 seen on the
+    # 2-core VM)
     assert fit.r2 > 0.6, fit
     assert len(fit.times) == len(batches) and np.all(fit.times > 0)
-    na, nb = calibrate_linear_cost(message_passing_step, batches, atoms, edges, repeats=1, normalize=True)
+    na, nb = calibrate_linear_cost(
+        message_passing_step, batches, atoms, edges, repeats=1, normalize=True
+    )
     assert na == 1.0 and nb > 0
     costs = graph_costs(np.array(atoms), np.array(edges), kind="linear", a=a, b=b)
     assert np.all(costs > 0)
@@ -124,11 +136,14 @@ def test_fit_linear_cost_never_gives_a_negative_weight():
     assert np.sum((fit.predicted - t) ** 2) == pytest.approx(best, rel=1e-9)
 
 
-@pytest.mark.parametrize("args, msg", [
-    (([1, 2], [3, 4], [1.0]), "of one length"),
-    (([1], [3], [1.0]), "at least 2"),
-    (([1, 2], [3, 4], [1.0, float("nan")]), "NaN"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (([1, 2], [3, 4], [1.0]), "of one length"),
+        (([1], [3], [1.0]), "at least 2"),
+        (([1, 2], [3, 4], [1.0, float("nan")]), "NaN"),
+    ],
+)
 def test_fit_linear_cost_errors(args, msg):
     with pytest.raises(ValueError, match=msg):
         fit_linear_cost(*args)

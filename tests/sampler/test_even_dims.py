@@ -1,6 +1,7 @@
-"""Bins even in atoms and edges together (pack(..., even=True, dims=...)): as many bins as Algorithm 1,
-every sample once, no bin over its limits, and both paddings small where bins even in one size pad
-the other a lot."""
+"""Bins even in atoms and edges together (pack(..., even=True, dims=...)): as many bins as
+Algorithm 1, every sample once, no bin over its limits, and both paddings small where bins even
+in one size pad the other a lot."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """pack(): Algorithm 1 against a plain sequential transcription, properties, targets, errors."""
+
 from __future__ import annotations
 
 import math
@@ -8,7 +9,13 @@ import numpy as np
 import pytest
 
 from benchmarks.workload import paper_mix
-from cfm_plugins.sampler import Packing, balance_report, load_imbalance_factor, lower_bound_bins, pack
+from cfm_plugins.sampler import (
+    Packing,
+    balance_report,
+    load_imbalance_factor,
+    lower_bound_bins,
+    pack,
+)
 from cfm_plugins.sampler.packing import deal, pack_levels, round_up, sort_descending
 from cfm_plugins.sampler.report import repeated_pairs
 
@@ -73,7 +80,8 @@ def test_vectorized_deal_equals_sequential_algorithm(case):
 
 
 def test_non_monotone_deal_is_checked_item_by_item():
-    # a dealing order that is not descending: the vectorized slice must split where a graph does not fit
+    # a dealing order that is not descending: the vectorized slice must split where a graph does not
+    # fit
     s = np.array([10.0, 10.0, 9.0, 9.5, 9.0, 1.0, 1.0])
     got = deal(s, 20.0, 2, 1, monotone=False)
     want = reference_deal(s, 20.0, 2, 1)
@@ -169,6 +177,7 @@ def test_packing_methods():
 
 # -- even bins (padded batches) ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("w", [1, 2, 8])
 @pytest.mark.parametrize("seed", [None, 3])
 def test_even_bins_are_as_many_and_nearly_as_full_as_their_mean(w, seed):
@@ -191,12 +200,16 @@ def test_even_bins_keep_the_plan_when_no_lower_capacity_fits():
     c = np.array([100.0, 100.0, 100.0, 100.0])
     assert pack(c, 100, 2, even=True).checksum() == pack(c, 100, 2).checksum()
     tiny = pack([5.0, 6.0], 100, 4, repeat=True, even=True)
-    assert tiny.checksum() == pack([5.0, 6.0], 100, 4, repeat=True).checksum() and tiny.capacity is None
+    assert (
+        tiny.checksum() == pack([5.0, 6.0], 100, 4, repeat=True).checksum()
+        and tiny.capacity is None
+    )
     solo = pack([5.0, 500.0, 7.0, 9.0, 30.0, 20.0], 100, 2, oversize="solo", even=True)
     assert sorted(solo.indices.tolist()) == list(range(6)) and len(solo.solo) == 1
 
 
 # -- calibration plans of several capacities (cost=auto) ------------------------------------------
+
 
 @pytest.mark.parametrize("w", [1, 2, 4])
 @pytest.mark.parametrize("seed", [None, 5])
@@ -240,22 +253,35 @@ def test_levels_plan_falls_back_to_one_capacity_for_a_small_set_and_keeps_the_ov
     c = np.random.default_rng(5).integers(3, 300, 40).astype(float)
     cap = 8 * c.mean()  # 5 bins: fewer than 2 steps per level on 2 ranks
     assert pack_levels(c, cap, 2, seed=1).checksum() == pack(c, cap, 2, seed=1).checksum()
-    assert pack_levels(c, cap, 2, seed=1, levels=(1.0,)).checksum() == pack(c, cap, 2, seed=1).checksum()
+    assert (
+        pack_levels(c, cap, 2, seed=1, levels=(1.0,)).checksum()
+        == pack(c, cap, 2, seed=1).checksum()
+    )
     big = np.concatenate([np.random.default_rng(6).integers(3, 300, 900), [5000]]).astype(float)
     cap = 8 * big[:-1].mean()
     with pytest.raises(ValueError, match="sample 900 has cost 5000"):
         pack_levels(big, cap, 2, seed=1)
     solo = pack_levels(big, cap, 2, seed=1, oversize="solo")  # as pack() places it: the plain plan
-    assert solo.checksum() == pack(big, cap, 2, seed=1, oversize="solo").checksum() and solo.solo.tolist() == [900]
+    assert solo.checksum() == pack(
+        big, cap, 2, seed=1, oversize="solo"
+    ).checksum() and solo.solo.tolist() == [900]
     # a sample costlier than a low level's capacity is packed in a level it fits
     c = np.concatenate([np.random.default_rng(7).integers(3, 300, 900), [0.9 * cap] * 5])
     p = pack_levels(c, cap, 2, seed=2)
     _check_valid(p, c, cap, 2)
 
 
-@pytest.mark.parametrize("levels, msg", [((0.5, 0.8), "the largest 1.0"), ((0.0, 1.0), r"in \(0, 1\]"),
-                                         ((0.7, 0.7, 1.0), "distinct"), ((0.5, 1.2), "exceed the capacity"),
-                                         ("high", "fractions of the capacity"), ((), "the largest 1.0")])
+@pytest.mark.parametrize(
+    "levels, msg",
+    [
+        ((0.5, 0.8), "the largest 1.0"),
+        ((0.0, 1.0), r"in \(0, 1\]"),
+        ((0.7, 0.7, 1.0), "distinct"),
+        ((0.5, 1.2), "exceed the capacity"),
+        ("high", "fractions of the capacity"),
+        ((), "the largest 1.0"),
+    ],
+)
 def test_levels_errors(levels, msg):
     with pytest.raises(ValueError, match=msg):
         pack_levels(np.ones(10), 4, 1, levels=levels)
@@ -263,9 +289,12 @@ def test_levels_errors(levels, msg):
 
 # -- errors ---------------------------------------------------------------------------------------
 
+
 def test_oversize_error_names_sample_and_size():
     c = np.array([10.0, 20.0, 5000.0, 7.0])
-    with pytest.raises(ValueError, match=r"sample 2 has cost 5000 > capacity 3072.*oversize='solo'"):
+    with pytest.raises(
+        ValueError, match=r"sample 2 has cost 5000 > capacity 3072.*oversize='solo'"
+    ):
         pack(c, 3072, 1)
 
 
@@ -286,14 +315,17 @@ def test_oversize_skip_and_solo(caplog):
     assert sb[2] // 2 == sb[4] // 2
 
 
-@pytest.mark.parametrize("bad, msg", [
-    ([1.0, 0.0, 2.0], r"sample 1 has cost 0\.0"),
-    ([1.0, -3.0], r"sample 1 has cost -3\.0"),
-    ([1.0, 2.0, np.nan], r"sample 2 has cost nan"),
-    ([np.inf, 2.0], r"sample 0 has cost inf"),
-    ([], "empty"),
-    ([[1.0, 2.0]], "1-D"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ([1.0, 0.0, 2.0], r"sample 1 has cost 0\.0"),
+        ([1.0, -3.0], r"sample 1 has cost -3\.0"),
+        ([1.0, 2.0, np.nan], r"sample 2 has cost nan"),
+        ([np.inf, 2.0], r"sample 0 has cost inf"),
+        ([], "empty"),
+        ([[1.0, 2.0]], "1-D"),
+    ],
+)
 def test_bad_costs(bad, msg):
     with pytest.raises(ValueError, match=msg):
         pack(np.array(bad, dtype=float), 10, 1)
@@ -308,8 +340,11 @@ def test_bad_capacity(cap):
 def test_more_ranks_than_bins():
     with pytest.raises(ValueError, match=r"cannot give each of 8 ranks a non-empty batch") as err:
         pack([1.0, 2.0, 3.0], 10, 8)
-    assert "use at most 3 rank(s)" in str(err.value) and "a larger capacity cannot help" in str(err.value)
-    # 3 samples near the capacity on 2 ranks: 4 bins needed; a larger capacity does help, and says how much
+    assert "use at most 3 rank(s)" in str(err.value) and "a larger capacity cannot help" in str(
+        err.value
+    )
+    # 3 samples near the capacity on 2 ranks: 4 bins needed; a larger capacity does help, and says
+    # how much
     with pytest.raises(ValueError, match=r"a capacity of 18 or more packs them into 2 bins"):
         pack([9.0, 9.0, 9.0], 10, 2)
     assert pack([9.0, 9.0, 9.0], 18, 2).num_steps(2) == 1
@@ -342,8 +377,10 @@ def test_bins_added_for_few_leftovers_are_never_empty():
 def test_packing_module_does_not_import_torch():
     import subprocess
 
-    code = ("import sys; import cfm_plugins.sampler as s; s.pack([1.0,2.0],4,1); "
-            "from cfm_plugins.sampler import report, costs; assert 'torch' not in sys.modules, 'torch'")
+    code = (
+        "import sys; import cfm_plugins.sampler as s; s.pack([1.0,2.0],4,1); "
+        "from cfm_plugins.sampler import report, costs; assert 'torch' not in sys.modules, 'torch'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -372,8 +409,8 @@ def test_evaluation_plans_never_leave_a_rank_empty():
 
 
 def test_training_plans_repeat_a_few_samples_so_no_rank_is_empty():
-    """pack(repeat=True), for training loaders (issue 24): where the samples cannot give every rank a
-    batch at every step, the one-rank plan is split and a few samples repeated, as torch's
+    """pack(repeat=True), for training loaders (issue 24): where the samples cannot give every
+    rank a batch at every step, the one-rank plan is split and a few samples repeated, as torch's
     DistributedSampler pads: every sample at least once, fewer than world_size repeats, each bin
     within capacity, and the repeats listed in Packing.repeated."""
     for n in range(1, 16):
@@ -385,14 +422,24 @@ def test_training_plans_repeat_a_few_samples_so_no_rank_is_empty():
                     assert len(p) % w == 0 and (p.bin_sizes() > 0).all(), (n, w, cap)
                     assert (p.bin_costs(costs) <= cap).all()
                     counts = np.bincount(p.indices, minlength=n)
-                    assert (counts >= 1).all() and counts.sum() - n == len(p.repeated) < w, (n, w, cap)
-                    np.testing.assert_array_equal(np.sort(p.repeated), np.flatnonzero(counts > 1).repeat(
-                        counts[counts > 1] - 1))
-                    if n >= w and not len(p.repeated):  # a plan without repeats is the plain one when that works
+                    assert (counts >= 1).all() and counts.sum() - n == len(p.repeated) < w, (
+                        n,
+                        w,
+                        cap,
+                    )
+                    np.testing.assert_array_equal(
+                        np.sort(p.repeated),
+                        np.flatnonzero(counts > 1).repeat(counts[counts > 1] - 1),
+                    )
+                    if n >= w and not len(
+                        p.repeated
+                    ):  # a plan without repeats is the plain one when that works
                         assert sorted(p.indices.tolist()) == list(range(n))
     one = pack([5.0], 10, 4, repeat=True)  # one structure, four ranks: each rank trains on it
     assert one.num_steps(4) == 1 and one.indices.tolist() == [0, 0, 0, 0] and len(one.repeated) == 3
-    three = pack([9.0, 9.0, 9.0], 10, 2, repeat=True)  # the last step needs a fourth bin: one repeat
+    three = pack(
+        [9.0, 9.0, 9.0], 10, 2, repeat=True
+    )  # the last step needs a fourth bin: one repeat
     assert three.num_steps(2) == 2 and len(three.repeated) == 1
     # random repeats vary with the seed (each epoch repeats others), the plain packing is untouched
     picks = {tuple(pack(np.full(3, 3.0), 3.5, 4, seed, repeat=True).repeated) for seed in range(20)}

@@ -1,4 +1,6 @@
-"""balance_report numbers on hand-computed cases, the PNG picture, pair repetition, one LIF definition."""
+"""balance_report numbers on hand-computed cases, the PNG picture, pair repetition, one LIF
+definition."""
+
 from __future__ import annotations
 
 import math
@@ -54,7 +56,9 @@ def test_plot_batches_writes_png(tmp_path):
     c = paper_mix(4000, seed=0)
     p = pack(c, 3072, 8, seed=0)
     base = BASELINES["fixed-count (8/rank)"](c, 3072, 8, seed=0)
-    out = plot_batches(p, c, 8, tmp_path / "fig12.png", steps=range(2), baseline=base, capacity=3072)
+    out = plot_batches(
+        p, c, 8, tmp_path / "fig12.png", steps=range(2), baseline=base, capacity=3072
+    )
     data = open(out, "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 10_000
@@ -65,7 +69,10 @@ def test_measured_and_planned_lif_are_one_definition():
     from cfm_plugins.sampler.report import load_imbalance_factor
     from cfm_plugins.steplog import load_imbalance
 
-    ranks = [[{"forward_s": 1.0}, {"forward_s": 3.0}], [{"forward_s": 2.0}, {"forward_s": 1.0}, {"forward_s": 9.0}]]
+    ranks = [
+        [{"forward_s": 1.0}, {"forward_s": 3.0}],
+        [{"forward_s": 2.0}, {"forward_s": 1.0}, {"forward_s": 9.0}],
+    ]
     assert math.isclose(load_imbalance(ranks), (2 + 3) / (1.5 + 2))
     assert math.isclose(load_imbalance(ranks), load_imbalance_factor([[1.0, 2.0], [3.0, 1.0]]))
     assert math.isnan(load_imbalance_factor([[0.0, 0.0]]))
@@ -77,8 +84,10 @@ def test_lif_of_the_epochs_after_the_calibration():
     """The demos' cost=auto figure: the LIF of the steps from epoch 1 on (the fitted plans)."""
     from cfm_plugins.steplog import load_imbalance, records_from_epoch
 
-    ranks = [[{"epoch": 0, "t": 1.0}, {"epoch": 1, "t": 2.0}, {"epoch": 2, "t": 2.0}],
-             [{"epoch": 0, "t": 3.0}, {"epoch": 1, "t": 2.0}, {"epoch": 2, "t": 1.0}]]
+    ranks = [
+        [{"epoch": 0, "t": 1.0}, {"epoch": 1, "t": 2.0}, {"epoch": 2, "t": 2.0}],
+        [{"epoch": 0, "t": 3.0}, {"epoch": 1, "t": 2.0}, {"epoch": 2, "t": 1.0}],
+    ]
     later = records_from_epoch(ranks, 1)
     assert [[r["t"] for r in rank] for rank in later] == [[2.0, 2.0], [2.0, 1.0]]
     assert math.isclose(load_imbalance(later, "t"), (2 + 2) / (2 + 1.5))

@@ -3,6 +3,7 @@
 These tests check the arithmetic against plans of the packer; the real mace loss under two real
 ranks is checked in tests/adapters/mace/test_weighting.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,12 @@ import pytest
 from benchmarks.workload import paper_mix
 from cfm_plugins.sampler import BinPackBatchSampler, pack
 from cfm_plugins.sampler.packing import packing_from_bins
-from cfm_plugins.sampler.weighting import denominators, epoch_weights, per_sample_scales, weight_spread
+from cfm_plugins.sampler.weighting import (
+    denominators,
+    epoch_weights,
+    per_sample_scales,
+    weight_spread,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +30,9 @@ def atoms():
 def test_per_sample_gives_every_graph_and_atom_the_same_epoch_weight(atoms, world_size, reduction):
     plan = pack(atoms, 4000, world_size, seed=3)
     steps = plan.num_steps()
-    graph_w, atom_w = epoch_weights(plan, atoms, reduction, per_sample_scales(plan, atoms, reduction))
+    graph_w, atom_w = epoch_weights(
+        plan, atoms, reduction, per_sample_scales(plan, atoms, reduction)
+    )
     # every graph weighs S / N in the graph terms, every atom S / A in the atom terms
     np.testing.assert_allclose(graph_w, steps / len(atoms), rtol=1e-12)
     np.testing.assert_allclose(atom_w, steps / atoms.sum(), rtol=1e-12)
@@ -60,8 +68,12 @@ def test_fixed_graph_count_batches_need_no_scaling():
 def test_denominators_are_what_the_trainer_divides_by():
     atoms = np.array([10, 1, 2, 3, 100, 5])
     plan = packing_from_bins([[0, 1], [2, 3, 5], [4], [1]], 2)  # step 0: bins 0,1; step 1: bins 2,3
-    np.testing.assert_array_equal(denominators(plan, atoms, "step"), [[5, 21], [5, 21], [2, 101], [2, 101]])
-    np.testing.assert_array_equal(denominators(plan, atoms, "batch"), [[4, 22], [6, 20], [2, 200], [2, 2]])
+    np.testing.assert_array_equal(
+        denominators(plan, atoms, "step"), [[5, 21], [5, 21], [2, 101], [2, 101]]
+    )
+    np.testing.assert_array_equal(
+        denominators(plan, atoms, "batch"), [[4, 22], [6, 20], [2, 200], [2, 2]]
+    )
 
 
 def test_input_errors_name_the_problem():
@@ -81,8 +93,9 @@ def test_sampler_gives_each_yielded_batch_its_scale_in_order(atoms):
     rank 0 and 1 together give equal per-graph and per-atom weights."""
     per_rank = []
     for rank in (0, 1):
-        s = BinPackBatchSampler(atoms, 4000, rank=rank, world_size=2, seed=1, atoms=atoms,
-                                loss_weighting="per_sample")
+        s = BinPackBatchSampler(
+            atoms, 4000, rank=rank, world_size=2, seed=1, atoms=atoms, loss_weighting="per_sample"
+        )
         s.set_epoch(2)
         got = []
         for batch in s:
@@ -113,7 +126,9 @@ def test_sampler_stock_weighting_scales_are_one_and_per_sample_needs_atoms(atoms
 
 
 def test_an_abandoned_pass_leaves_no_stale_scale(atoms):
-    s = BinPackBatchSampler(atoms, 4000, rank=0, world_size=2, seed=1, atoms=atoms, loss_weighting="per_sample")
+    s = BinPackBatchSampler(
+        atoms, 4000, rank=0, world_size=2, seed=1, atoms=atoms, loss_weighting="per_sample"
+    )
     it = iter(s)
     next(it), next(it)  # two batches yielded, their scales never taken
     first = next(iter(s))  # a new pass of the same epoch

@@ -1,4 +1,6 @@
-"""Run under `mpirun -np 2 cfm-run -- python tests/scripts/allreduce_ranks.py`: checks the process group."""
+"""Run under `mpirun -np 2 cfm-run -- python tests/scripts/allreduce_ranks.py`: checks the process
+group."""
+
 import os
 import sys
 
@@ -9,8 +11,11 @@ assert dist.is_initialized(), "cfm-run did not create a process group"
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([rank + 1.0])
 dist.all_reduce(t)
-print(f"RESULT rank={rank} world={world} sum={t.item():g} backend={dist.get_backend()} "
-      f"master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} argv={sys.argv[1:]}", flush=True)
+print(
+    f"RESULT rank={rank} world={world} sum={t.item():g} backend={dist.get_backend()} "
+    f"master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} argv={sys.argv[1:]}",
+    flush=True,
+)
 if "--fail-on-rank-1" in sys.argv and rank == 1:
     raise RuntimeError("deliberate failure on rank 1")
 if "--fail-on-rank-1" in sys.argv:

@@ -4,6 +4,7 @@ step-time model (plus noise of its own: a fit on one rank's records alone would 
 ranks), and at set_epoch(1) the ranks gather, rank 0 fits, and both plan with rank 0's fit.
 Rank 0 prints ``OK {json}`` with what the test checks.
 """
+
 import json
 import logging
 import sys
@@ -25,6 +26,7 @@ edges = atoms * rng.choice([4, 12, 24], n)  # molecules, metals, dense cells: ed
 local = np.arange(rank, n, world)
 noise = np.random.default_rng(100 + rank)
 
+
 def true_lif(plan):
     """The LIF of a plan under the step-time model the ranks timed with (no noise)."""
     from cfm_plugins.sampler import load_imbalance_factor
@@ -33,8 +35,18 @@ def true_lif(plan):
     return load_imbalance_factor(t.reshape(-1, world))
 
 
-s = AutoCostBatchSampler(atoms[local], edges[local], atoms[local].astype(float), 2000, rank=rank, world_size=world,
-                         seed=5, comm=comm, local_indices=local, calibration=CostCalibration(warmup_steps=1))
+s = AutoCostBatchSampler(
+    atoms[local],
+    edges[local],
+    atoms[local].astype(float),
+    2000,
+    rank=rank,
+    world_size=world,
+    seed=5,
+    comm=comm,
+    local_indices=local,
+    calibration=CostCalibration(warmup_steps=1),
+)
 try:
     seen, lif = {}, {}
     for epoch in (0, 1, 2):
@@ -51,8 +63,16 @@ except (RuntimeError, ValueError) as exc:
     sys.exit(1)
 
 fit = s.calibrations[0].to_dict() if s.calibrations else None
-out = comm.gather({"fit": fit, "checksum": s.plan().checksum(), "label": s.cost_label, "seen": seen,
-                   "local_records": len(s.calibration.records)}, root=0)
+out = comm.gather(
+    {
+        "fit": fit,
+        "checksum": s.plan().checksum(),
+        "label": s.cost_label,
+        "seen": seen,
+        "local_records": len(s.calibration.records),
+    },
+    root=0,
+)
 if rank == 0:
     assert all(o["fit"] is not None for o in out), "a rank has no fit"
     assert all(o["fit"] == out[0]["fit"] for o in out), "the ranks hold different fits"
@@ -61,6 +81,17 @@ if rank == 0:
         union = np.sort(np.concatenate([o["seen"][epoch] for o in out]))
         assert np.array_equal(union, np.arange(n)), f"epoch {epoch}: not every sample exactly once"
     cal = out[0]["fit"]
-    print("OK " + json.dumps({"labels": [o["label"] for o in out], "fit": cal["fit"],
-                              "lif_measured": cal["lif_measured"], "lif_predicted": cal["lif_predicted"],
-                              "from_epoch": cal["from_epoch"], "true_lif": lif}), flush=True)
+    print(
+        "OK "
+        + json.dumps(
+            {
+                "labels": [o["label"] for o in out],
+                "fit": cal["fit"],
+                "lif_measured": cal["lif_measured"],
+                "lif_predicted": cal["lif_predicted"],
+                "from_epoch": cal["from_epoch"],
+                "true_lif": lif,
+            }
+        ),
+        flush=True,
+    )

@@ -1,12 +1,15 @@
-"""Run under `mpirun -np 2 cfm-run -- python tests/scripts/rank_probe.py FLAGS`: probes of the ranks.
+"""Run under `mpirun -np 2 cfm-run -- python tests/scripts/rank_probe.py FLAGS`: probes of the
+ranks.
 
---listeners   print every TCP socket this process listens on (from /proc), after the process group exists,
+--listeners   print every TCP socket this process listens on (from /proc), after the process group
+exists,
               and the Open MPI transports it was started with (OMPI_MCA_btl)
 --stall-rank-1  rank 1 sleeps instead of joining the all_reduce (a stalled rank)
 --fail-on-rank-1  rank 1 raises
---kill-rank-1  rank 1 kills itself with SIGKILL (nothing of it can clean up); rank 0 waits in a barrier
---device      print the CUDA device each rank uses
+--kill-rank-1  rank 1 kills itself with SIGKILL (nothing of it can clean up); rank 0 waits in a
+barrier --device      print the CUDA device each rank uses
 """
+
 import os
 import signal
 import socket
@@ -42,7 +45,9 @@ def listening_sockets() -> list[str]:
             if family == socket.AF_INET:
                 addr = socket.inet_ntop(family, raw[::-1])
             else:
-                addr = socket.inet_ntop(family, b"".join(struct.pack("<I", w) for w in struct.unpack(">4I", raw)))
+                addr = socket.inet_ntop(
+                    family, b"".join(struct.pack("<I", w) for w in struct.unpack(">4I", raw))
+                )
             found.append(f"{addr}:{int(hexport, 16)}")
     return found
 
@@ -62,7 +67,10 @@ if "--listeners" in sys.argv:
     print(f"LISTEN rank={rank} {' '.join(listening_sockets())}", flush=True)
     print(f"BTL rank={rank} {os.environ.get('OMPI_MCA_btl')}", flush=True)
 if "--device" in sys.argv:
-    print(f"DEVICE rank={rank} cuda:{torch.cuda.current_device()} backend={dist.get_backend()} "
-          f"LOCAL_RANK={os.environ.get('LOCAL_RANK')}", flush=True)
+    print(
+        f"DEVICE rank={rank} cuda:{torch.cuda.current_device()} backend={dist.get_backend()} "
+        f"LOCAL_RANK={os.environ.get('LOCAL_RANK')}",
+        flush=True,
+    )
 dist.barrier()
 print(f"DONE rank={rank} sum={t.item():g}", flush=True)

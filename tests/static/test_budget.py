@@ -1,4 +1,5 @@
 """Budgets of padded batches from bin-packing plans (numpy only)."""
+
 from __future__ import annotations
 
 import logging
@@ -7,8 +8,15 @@ import numpy as np
 import pytest
 
 from cfm_plugins.sampler import pack
-from cfm_plugins.static.budget import (EDGE_MULTIPLE, Budget, BudgetTracker, bin_sizes, budget_for,
-                                       budget_from_plan, padding_overhead)
+from cfm_plugins.static.budget import (
+    EDGE_MULTIPLE,
+    Budget,
+    BudgetTracker,
+    bin_sizes,
+    budget_for,
+    budget_from_plan,
+    padding_overhead,
+)
 
 
 def sizes(n=500, seed=0):
@@ -28,7 +36,9 @@ def test_budget_covers_every_bin_of_the_plans_with_one_pad_atom_and_one_pad_grap
         assert a.max() <= 600 and b.fits(int(a.max()), int(e.max()), int(g.max()))
         assert all(b.fits(int(x), int(y), int(z)) for x, y, z in zip(a, e, g))
     worst_e = max(int(bin_sizes(p, atoms, edges)[1].max()) for p in plans)
-    assert worst_e * 1.05 <= b.edges < worst_e * 1.05 + EDGE_MULTIPLE and b.edges % EDGE_MULTIPLE == 0
+    assert (
+        worst_e * 1.05 <= b.edges < worst_e * 1.05 + EDGE_MULTIPLE and b.edges % EDGE_MULTIPLE == 0
+    )
     worst_g = max(int(bin_sizes(p, atoms, edges)[2].max()) for p in plans)
     assert b.graphs == int(np.ceil(worst_g * 1.05)) + 1
 
@@ -70,12 +80,18 @@ def test_paper_mix_pads_under_three_percent_of_atoms():
 
 def test_tracker_raises_the_budget_once_for_a_batch_that_does_not_fit(caplog):
     t = BudgetTracker(Budget(atoms=101, edges=1024, graphs=5), headroom=0.1, name="train")
-    assert t.fit(100, 1024, 4) is t.budget and t.raises == 0  # exactly full still fits (one pad atom, one pad graph)
+    assert (
+        t.fit(100, 1024, 4) is t.budget and t.raises == 0
+    )  # exactly full still fits (one pad atom, one pad graph)
     with caplog.at_level(logging.INFO, logger="cfm_plugins.static"):
         new = t.fit(90, 2000, 4)
     assert t.raises == 1 and new.edges >= 2200 and new.atoms == 101 and new.graphs == 5
-    assert "over the budget" in caplog.text and "2000 edges" in caplog.text and "train" in caplog.text
-    assert t.fit(90, 2000, 4) is new and t.raises == 1  # the raised budget holds it: no second raise
+    assert (
+        "over the budget" in caplog.text and "2000 edges" in caplog.text and "train" in caplog.text
+    )
+    assert (
+        t.fit(90, 2000, 4) is new and t.raises == 1
+    )  # the raised budget holds it: no second raise
     bigger = t.fit(150, 100, 9)
     assert bigger.fits(150, 100, 9) and bigger.edges == new.edges and t.raises == 2
 

@@ -1,4 +1,6 @@
-"""StaticForward on a toy model: outputs cut to the real batch, install/remove, copies, compile modes."""
+"""StaticForward on a toy model: outputs cut to the real batch, install/remove, copies, compile
+modes."""
+
 from __future__ import annotations
 
 import copy
@@ -29,8 +31,12 @@ SPEC = forward.ModelSpec({"energy": "graph", "node": "atom", "edge": "edge"}, gr
 
 def padded_toy():
     """2 real graphs (3 + 2 atoms, 4 edges), padded to 4 graphs, 8 atoms, 6 edges."""
-    data = {"x": torch.arange(8.0), "batch": torch.tensor([0, 0, 0, 1, 1, 2, 2, 2]),
-            "ptr": torch.tensor([0, 3, 5, 8, 8]), "edge": torch.ones(6)}
+    data = {
+        "x": torch.arange(8.0),
+        "batch": torch.tensor([0, 0, 0, 1, 1, 2, 2, 2]),
+        "ptr": torch.tensor([0, 3, 5, 8, 8]),
+        "edge": torch.ones(6),
+    }
     return data, (2, 5, 4, 4, 8, 6)
 
 
@@ -65,7 +71,10 @@ def test_remove_gives_the_class_forward_back_and_copies_get_their_own():
     data, real = padded_toy()
     with torch.no_grad():
         twin.w.fill_(3.0)
-    assert twin(dict(data, **{REAL_SIZES: real}))["energy"].tolist() == [9.0, 21.0]  # the copy's own weight
+    assert twin(dict(data, **{REAL_SIZES: real}))["energy"].tolist() == [
+        9.0,
+        21.0,
+    ]  # the copy's own weight
     assert model(dict(data, **{REAL_SIZES: real}))["energy"].tolist() == [6.0, 14.0]
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(model)
@@ -86,7 +95,9 @@ def test_compiled_toy_forward_is_exact_and_compiles_once_per_shape():
     torch._dynamo.reset()
     model = Toy()
     fwd = forward.install(model, SPEC, compile="default")
-    before = forward.compile_counts()  # dynamo's counters are per process: earlier tests' breaks stay in them
+    before = (
+        forward.compile_counts()
+    )  # dynamo's counters are per process: earlier tests' breaks stay in them
     data, real = padded_toy()
     for _ in range(3):  # same padded shape, different real sizes: one graph
         out = model(dict(data, **{REAL_SIZES: real}))
@@ -98,12 +109,16 @@ def test_compiled_toy_forward_is_exact_and_compiles_once_per_shape():
 
 
 class Forces(torch.nn.Module):
-    """An energy of positions through three 1.4 MB layers, and its forces taken inside the forward (as
-    MACE's ``compute_forces``): more parameters than one 1 MB DDP bucket holds."""
+    """An energy of positions through three 1.4 MB layers, and its forces taken inside the
+    forward (as MACE's ``compute_forces``): more parameters than one 1 MB DDP bucket holds."""
 
     def __init__(self):
         super().__init__()
-        self.a, self.b, self.c = torch.nn.Linear(3, 600), torch.nn.Linear(600, 600), torch.nn.Linear(600, 1)
+        self.a, self.b, self.c = (
+            torch.nn.Linear(3, 600),
+            torch.nn.Linear(600, 600),
+            torch.nn.Linear(600, 1),
+        )
 
     def forward(self, pos):
         energy = self.c(torch.tanh(self.b(torch.tanh(self.a(pos))))).sum()
@@ -112,8 +127,9 @@ class Forces(torch.nn.Module):
 
 
 def test_compiled_forces_under_ddp_with_several_buckets_match_eager():
-    """Dynamo's DDP optimizer splits a graph at bucket boundaries, and autograd.grad cannot cross the
-    split (``-1 * None``); compiling turns it off, so the forces and parameter gradients are eager's."""
+    """Dynamo's DDP optimizer splits a graph at bucket boundaries, and autograd.grad cannot cross
+    the split (``-1 * None``); compiling turns it off, so the forces and parameter gradients are
+    eager's."""
     import torch.distributed as dist
 
     torch._dynamo.reset()
@@ -126,7 +142,10 @@ def test_compiled_forces_under_ddp_with_several_buckets_match_eager():
         ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=1)
         pos = torch.randn(7, 3)
         results = []
-        for module, owner in ((ddp, compiled), (eager, eager)):  # owner: the module holding the parameters
+        for module, owner in (
+            (ddp, compiled),
+            (eager, eager),
+        ):  # owner: the module holding the parameters
             energy, forces = module(pos.clone().requires_grad_(True))
             (energy + forces.square().sum()).backward()
             results.append((energy, forces, [p.grad for p in owner.parameters()]))

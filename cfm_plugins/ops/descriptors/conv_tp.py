@@ -23,6 +23,7 @@ multiply-add per pair. The same tables serve all derivatives of the trilinear fo
 
 Pure python/numpy: no torch, no e3nn import here (``from_e3nn`` reads a built module).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -81,29 +82,57 @@ class ConvTPDescriptor:
     def num_entries(self) -> int:
         return int(self.ent_j.shape[0])
 
-    def transpose(self) -> "ConvTPDescriptor":
+    def transpose(self) -> ConvTPDescriptor:
         """The descriptor of the input gradient: reads output rows, writes input rows."""
         return ConvTPDescriptor(
-            dim_in=self.dim_out, dim_edge=self.dim_edge, dim_out=self.dim_in,
-            weight_numel=self.weight_numel, path_mul=self.path_mul, path_woff=self.path_woff,
-            path_pair_start=self.path_pair_start, pair_in=self.pair_out, pair_out=self.pair_in,
-            pair_ent_start=self.pair_ent_start, ent_j=self.ent_j, ent_coef=self.ent_coef,
+            dim_in=self.dim_out,
+            dim_edge=self.dim_edge,
+            dim_out=self.dim_in,
+            weight_numel=self.weight_numel,
+            path_mul=self.path_mul,
+            path_woff=self.path_woff,
+            path_pair_start=self.path_pair_start,
+            pair_in=self.pair_out,
+            pair_out=self.pair_in,
+            pair_ent_start=self.pair_ent_start,
+            ent_j=self.ent_j,
+            ent_coef=self.ent_coef,
             transposed=not self.transposed,
         )
 
     def int_tables(self) -> list[list[int]]:
         """The seven int tables in the order the compiled ``Descriptor`` constructors take them."""
-        return [a.astype(np.int32).tolist() for a in (
-            self.path_mul, self.path_woff, self.path_pair_start, self.pair_in, self.pair_out,
-            self.pair_ent_start, self.ent_j)]
+        return [
+            a.astype(np.int32).tolist()
+            for a in (
+                self.path_mul,
+                self.path_woff,
+                self.path_pair_start,
+                self.pair_in,
+                self.pair_out,
+                self.pair_ent_start,
+                self.ent_j,
+            )
+        ]
 
     def packed(self) -> tuple[np.ndarray, np.ndarray]:
         """The tables as the operators take them (cuda/conv_tp/conv_tp_ops.h): one int32 array
         (path_mul | path_woff | path_pair_start | pair_in | pair_out | pair_ent_start | ent_j) and
         the float64 coefficients."""
-        ints = np.concatenate([np.asarray(a, dtype=np.int32) for a in (
-            self.path_mul, self.path_woff, self.path_pair_start, self.pair_in, self.pair_out,
-            self.pair_ent_start, self.ent_j)])
+        ints = np.concatenate(
+            [
+                np.asarray(a, dtype=np.int32)
+                for a in (
+                    self.path_mul,
+                    self.path_woff,
+                    self.path_pair_start,
+                    self.pair_in,
+                    self.pair_out,
+                    self.pair_ent_start,
+                    self.ent_j,
+                )
+            ]
+        )
         return ints, np.ascontiguousarray(self.ent_coef, dtype=np.float64)
 
     def meta(self) -> list[int]:
@@ -114,10 +143,21 @@ class ConvTPDescriptor:
     def key(self) -> str:
         """A content hash: equal tables give equal keys (used to cache compiled handles)."""
         h = hashlib.sha1()
-        h.update(np.asarray([self.dim_in, self.dim_edge, self.dim_out, self.weight_numel,
-                             int(self.transposed)], dtype=np.int64).tobytes())
-        for a in (self.path_mul, self.path_woff, self.path_pair_start, self.pair_in, self.pair_out,
-                  self.pair_ent_start, self.ent_j):
+        h.update(
+            np.asarray(
+                [self.dim_in, self.dim_edge, self.dim_out, self.weight_numel, int(self.transposed)],
+                dtype=np.int64,
+            ).tobytes()
+        )
+        for a in (
+            self.path_mul,
+            self.path_woff,
+            self.path_pair_start,
+            self.pair_in,
+            self.pair_out,
+            self.pair_ent_start,
+            self.ent_j,
+        ):
             h.update(np.ascontiguousarray(a, dtype=np.int32).tobytes())
         h.update(np.ascontiguousarray(self.ent_coef, dtype=np.float64).tobytes())
         return h.hexdigest()
@@ -143,7 +183,9 @@ def _offsets(sizes) -> list[int]:
     return out
 
 
-def build(irreps_in1, irreps_in2, irreps_out, instructions, wigner_3j) -> tuple[ConvTPDescriptor, list[PathInfo]]:
+def build(
+    irreps_in1, irreps_in2, irreps_out, instructions, wigner_3j
+) -> tuple[ConvTPDescriptor, list[PathInfo]]:
     """Build the descriptor from irreps given as lists of ``(mul, l)`` and instructions as tuples
     ``(i_in1, i_in2, i_out, mode, has_weight, path_weight)``; ``wigner_3j(l1, l2, l3)`` returns the
     dense float64 array e3nn uses. Raises ValueError for what the kernels do not cover."""
@@ -165,10 +207,14 @@ def build(irreps_in1, irreps_in2, irreps_out, instructions, wigner_3j) -> tuple[
         if not has_weight:
             raise ValueError(f"instruction {n}: has no weight; only weighted uvu paths are fused")
         if mul2 != 1:
-            raise ValueError(f"instruction {n}: irreps_in2 multiplicity {mul2}; the fused kernel needs 1 "
-                             "(edge attributes such as spherical harmonics)")
+            raise ValueError(
+                f"instruction {n}: irreps_in2 multiplicity {mul2}; the fused kernel needs 1 "
+                "(edge attributes such as spherical harmonics)"
+            )
         if mulo != mul1:
-            raise ValueError(f"instruction {n}: output multiplicity {mulo} != input multiplicity {mul1}")
+            raise ValueError(
+                f"instruction {n}: output multiplicity {mulo} != input multiplicity {mul1}"
+            )
         if mul1 == 0:
             continue  # e3nn produces no code for empty paths; they own no weights either
         cg = np.asarray(wigner_3j(l1, l2, lo), dtype=np.float64) * float(path_weight)
@@ -185,7 +231,9 @@ def build(irreps_in1, irreps_in2, irreps_out, instructions, wigner_3j) -> tuple[
         path_mul.append(p.mul)
         path_woff.append(p.weight_offset)
         # pairs in (k, i) order so consecutive pairs write the same output row
-        order = sorted(range(len(p.entries)), key=lambda t: (p.entries[t, 2], p.entries[t, 0], p.entries[t, 1]))
+        order = sorted(
+            range(len(p.entries)), key=lambda t: (p.entries[t, 2], p.entries[t, 0], p.entries[t, 1])
+        )
         last = None
         for t in order:
             i, j, k, c = p.entries[t]
@@ -208,9 +256,14 @@ def build(irreps_in1, irreps_in2, irreps_out, instructions, wigner_3j) -> tuple[
         dim_edge=sum(m * d for (m, _), d in zip(irreps_in2, dims2)),
         dim_out=sum(m * d for (m, _), d in zip(irreps_out, dimso)),
         weight_numel=woff,
-        path_mul=i32(path_mul), path_woff=i32(path_woff), path_pair_start=i32(path_pair_start),
-        pair_in=i32(pair_in), pair_out=i32(pair_out), pair_ent_start=i32(pair_ent_start),
-        ent_j=i32(ent_j), ent_coef=np.asarray(ent_coef, dtype=np.float64),
+        path_mul=i32(path_mul),
+        path_woff=i32(path_woff),
+        path_pair_start=i32(path_pair_start),
+        pair_in=i32(pair_in),
+        pair_out=i32(pair_out),
+        pair_ent_start=i32(pair_ent_start),
+        ent_j=i32(ent_j),
+        ent_coef=np.asarray(ent_coef, dtype=np.float64),
     )
     return desc, paths
 
@@ -227,15 +280,27 @@ def from_e3nn(tp) -> tuple[ConvTPDescriptor, list[PathInfo]]:
     from e3nn import o3
 
     if getattr(tp, "shared_weights", False) or getattr(tp, "internal_weights", False):
-        raise ValueError("FusedConvTP needs per-edge weights (shared_weights=False, internal_weights=False)")
+        raise ValueError(
+            "FusedConvTP needs per-edge weights (shared_weights=False, internal_weights=False)"
+        )
     as_list = lambda irreps: [(mul, ir.l) for mul, ir in irreps]  # noqa: E731
-    ins = [(i.i_in1, i.i_in2, i.i_out, i.connection_mode, i.has_weight, i.path_weight) for i in tp.instructions]
+    ins = [
+        (i.i_in1, i.i_in2, i.i_out, i.connection_mode, i.has_weight, i.path_weight)
+        for i in tp.instructions
+    ]
     for n, (i1, i2, io, *_rest) in enumerate(ins):
         p1, p2, po = tp.irreps_in1[i1].ir.p, tp.irreps_in2[i2].ir.p, tp.irreps_out[io].ir.p
         if p1 * p2 != po:
             raise ValueError(f"instruction {n}: parity mismatch")
-    desc, paths = build(as_list(tp.irreps_in1), as_list(tp.irreps_in2), as_list(tp.irreps_out), ins,
-                        lambda a, b, c: o3.wigner_3j(a, b, c, dtype=torch.float64).numpy())
+    desc, paths = build(
+        as_list(tp.irreps_in1),
+        as_list(tp.irreps_in2),
+        as_list(tp.irreps_out),
+        ins,
+        lambda a, b, c: o3.wigner_3j(a, b, c, dtype=torch.float64).numpy(),
+    )
     if desc.weight_numel != tp.weight_numel:
-        raise ValueError(f"weight layout mismatch: descriptor {desc.weight_numel} vs e3nn {tp.weight_numel}")
+        raise ValueError(
+            f"weight layout mismatch: descriptor {desc.weight_numel} vs e3nn {tp.weight_numel}"
+        )
     return desc, paths

@@ -5,13 +5,15 @@ pure-torch fallback in :mod:`cfm_plugins.ops.symmetric_contraction` both read th
 
 For one node ``n`` and one channel ``c`` MACE's contraction of output irrep ``i`` is
 
-    out[i, m] = sum_nu sum_{l_1..l_nu} (sum_k U_nu[m, l_1..l_nu, k] W_nu[elem, k, c]) prod_a x[c, l_a]
+    out[i, m] = sum_nu sum_{l_1..l_nu} (sum_k U_nu[m, l_1..l_nu, k] W_nu[elem, k, c]) prod_a x[c,
+    l_a]
 
 The product ``prod_a x[l_a]`` depends only on the *multiset* {l_1..l_nu}, so the index tuples are
-folded: for every multiset ("monomial") the U entries of all its orderings are summed (exact, whether
-or not U is symmetric). Only nonzero (output component, monomial) rows are kept; each becomes one
-*term* with a coefficient vector ``A[term, k]`` over the K weights of its (irrep, nu) block. The
-kernels fold the weights once per call, ``coeff[e, term, c] = sum_k A[term, k] W[e, k, c]``.
+folded: for every multiset ("monomial") the U entries of all its orderings are summed (exact,
+whether or not U is symmetric). Only nonzero (output component, monomial) rows are kept; each
+becomes one *term* with a coefficient vector ``A[term, k]`` over the K weights of its (irrep, nu)
+block. The kernels fold the weights once per call, ``coeff[e, term, c] = sum_k A[term, k] W[e, k,
+c]``.
 
 Monomials form a tree: monomial ``j`` = monomial ``parent[j]`` times ``x[last[j]]`` (degree-1
 monomials have parent -1), sorted by degree, so one multiplication generates each monomial from an
@@ -21,9 +23,10 @@ Derived descriptors: differentiating the polynomial gives polynomials of the sam
 backward kernel walks the same tree in reverse order (``reverse_order``: children before parents,
 the adjoint of ``P[j] = P[parent] * x[last]``), seeded by the terms; the double backward walks it
 forwards with a tangent (``T[j] = T[parent] x[last] + P[parent] dx[last]``) and then in reverse
-again. ``derivative_terms`` lists the explicit first-derivative form (d monomial / d x[l] = multiplicity
-times a lower monomial) for inspection and tests.
+again. ``derivative_terms`` lists the explicit first-derivative form (d monomial / d x[l] =
+multiplicity times a lower monomial) for inspection and tests.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -41,8 +44,10 @@ def fold_u(U: np.ndarray, nu: int, num_ell: int) -> tuple[np.ndarray, list[tuple
     Returns ``A[m, s, k]`` (s over the sorted multisets) and the multisets (sorted tuples).
     """
     M, K = U.shape[0], U.shape[-1]
-    flat = U.reshape(M, num_ell ** nu, K)
-    tuples = np.array(list(itertools.product(range(num_ell), repeat=nu)), dtype=np.int64).reshape(-1, nu)
+    flat = U.reshape(M, num_ell**nu, K)
+    tuples = np.array(list(itertools.product(range(num_ell), repeat=nu)), dtype=np.int64).reshape(
+        -1, nu
+    )
     keys = np.sort(tuples, axis=1)
     code = np.zeros(len(keys), dtype=np.int64)
     for a in range(nu):
@@ -79,7 +84,9 @@ class SCDescriptor:
     term_ptr: np.ndarray  # [J+1] int32: terms of monomial j are term_ptr[j]..term_ptr[j+1]
     term_row: np.ndarray  # [T] int32: coefficient row of each term
     term_out: np.ndarray  # [T] int32: output component of each term
-    out_base: np.ndarray  # [O] int64: offset of output component o in a node's output row (channel 0)
+    out_base: (
+        np.ndarray
+    )  # [O] int64: offset of output component o in a node's output row (channel 0)
     out_stride: np.ndarray  # [O] int32: channel stride of output component o
     out_dim: int  # length of a node's output row = channels * sum(irrep_dims)
     blocks: list = field(default_factory=list)  # SCBlock, rows in coefficient order
@@ -103,14 +110,19 @@ class SCDescriptor:
 
     def int_tensors(self, device) -> dict:
         """The integer arrays the kernels read, as contiguous tensors on ``device``."""
+
         def t(a, dt):
             return torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=device)
 
         return {
-            "parent": t(self.parent, torch.int32), "last": t(self.last, torch.int32),
-            "slot": t(self.slot, torch.int32), "term_ptr": t(self.term_ptr, torch.int32),
-            "term_row": t(self.term_row, torch.int32), "term_out": t(self.term_out, torch.int32),
-            "out_base": t(self.out_base, torch.int64), "out_stride": t(self.out_stride, torch.int32),
+            "parent": t(self.parent, torch.int32),
+            "last": t(self.last, torch.int32),
+            "slot": t(self.slot, torch.int32),
+            "term_ptr": t(self.term_ptr, torch.int32),
+            "term_row": t(self.term_row, torch.int32),
+            "term_out": t(self.term_out, torch.int32),
+            "out_base": t(self.out_base, torch.int64),
+            "out_stride": t(self.out_stride, torch.int32),
         }
 
 
@@ -134,8 +146,10 @@ def build_descriptor(u_per_irrep: list, channels: int, tol: float | None = None)
             if U.ndim == nu + 1:
                 U = U[None]
             if U.ndim != nu + 2:
-                raise ValueError(f"U_matrix_{nu} of irrep {i} has shape {tuple(Ut.shape)}, expected "
-                                 f"[2L+1] + [num_ell]*{nu} + [K]")
+                raise ValueError(
+                    f"U_matrix_{nu} of irrep {i} has shape {tuple(Ut.shape)}, expected "
+                    f"[2L+1] + [num_ell]*{nu} + [K]"
+                )
             M = U.shape[0] if M is None else M
             num_ell = U.shape[1] if num_ell is None else num_ell
             A, monos = fold_u(U, nu, num_ell)
@@ -191,11 +205,21 @@ def build_descriptor(u_per_irrep: list, channels: int, tol: float | None = None)
             term_out.append(o)
         term_ptr.append(len(term_row))
     return SCDescriptor(
-        num_ell=int(num_ell), channels=int(channels), irrep_dims=irrep_dims, monomials=monomials,
-        parent=parent, last=last, slot=slot, num_slots=int(is_parent.sum()),
-        term_ptr=np.array(term_ptr, dtype=np.int32), term_row=np.array(term_row, dtype=np.int32),
-        term_out=np.array(term_out, dtype=np.int32), out_base=np.array(out_base, dtype=np.int64),
-        out_stride=np.array(out_stride, dtype=np.int32), out_dim=int(off), blocks=blocks,
+        num_ell=int(num_ell),
+        channels=int(channels),
+        irrep_dims=irrep_dims,
+        monomials=monomials,
+        parent=parent,
+        last=last,
+        slot=slot,
+        num_slots=int(is_parent.sum()),
+        term_ptr=np.array(term_ptr, dtype=np.int32),
+        term_row=np.array(term_row, dtype=np.int32),
+        term_out=np.array(term_out, dtype=np.int32),
+        out_base=np.array(out_base, dtype=np.int64),
+        out_stride=np.array(out_stride, dtype=np.int32),
+        out_dim=int(off),
+        blocks=blocks,
     )
 
 

@@ -29,6 +29,7 @@ CUDA kernels): on an H100 they made the MACE-MP-medium-like train step 2.6-3.1x 
 C++ CUDA kernels (docs/benchmarks.md). :func:`cfm_plugins.ops._backend.prepare_kernels` builds their
 tables before a step is compiled or captured.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -51,8 +52,10 @@ _LIBS: dict[str, object] = {}
 def available() -> tuple[bool, str]:
     """(whether Triton can be imported, why not)."""
     if importlib.util.find_spec("triton") is None:
-        return False, ("triton is not installed (it comes with torch's CUDA and ROCm wheels; or pip "
-                       "install 'cfm-plugins[test]' on Linux)")
+        return False, (
+            "triton is not installed (it comes with torch's CUDA and ROCm wheels; or pip "
+            "install 'cfm-plugins[test]' on Linux)"
+        )
     try:
         import triton  # noqa: F401
     except Exception as exc:  # a broken install: say so, never fall back silently
@@ -84,10 +87,14 @@ def register(dispatch_key: str = "CUDA") -> None:
 
     configs.pins()  # a bad CFM_PLUGINS_TRITON_TILES fails here, at set-up, not at a first launch
     if not _backend.load("cpu"):
-        raise RuntimeError("cfm_plugins: the Triton kernels register under the cfm:: operators, which the "
-                           f"compiled CPU library declares, and it is missing: {_backend.BUILD_HINT}")
+        raise RuntimeError(
+            "cfm_plugins: the Triton kernels register under the cfm:: operators, which the "
+            f"compiled CPU library declares, and it is missing: {_backend.BUILD_HINT}"
+        )
     if dispatch_key == "CUDA" and torch.cuda.is_available():
-        _backend.load("cuda")  # the C++ CUDA kernels first, so that ours are the newest registration
+        _backend.load(
+            "cuda"
+        )  # the C++ CUDA kernels first, so that ours are the newest registration
     lib = torch.library.Library("cfm", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="(?s).*overrid.*previously registered kernel")

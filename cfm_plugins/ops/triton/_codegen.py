@@ -11,6 +11,7 @@ The cache directory is ``$CFM_PLUGINS_TRITON_CACHE`` or ``~/.cache/cfm_plugins/t
 are imported once per process and per mode: a module imported under ``TRITON_INTERPRET=1`` holds
 interpreted functions, so the interpreter flag is part of the import key.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,14 +22,24 @@ import tempfile
 import weakref
 from pathlib import Path
 
-__all__ = ["Writer", "TableCache", "KernelCache", "widest_segment", "tl_sum", "cache_dir", "interpreting", "load_source",
-           "fmt_float"]
+__all__ = [
+    "Writer",
+    "TableCache",
+    "KernelCache",
+    "widest_segment",
+    "tl_sum",
+    "cache_dir",
+    "interpreting",
+    "load_source",
+    "fmt_float",
+]
 
 _MODULES: dict[tuple[str, bool], object] = {}
 
 
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``: CPU tensors, no GPU)."""
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``: CPU tensors, no
+    GPU)."""
     from triton import knobs
 
     return bool(knobs.runtime.interpret)
@@ -50,11 +61,12 @@ def fmt_float(v: float) -> str:
 
 def tl_sum(expr: str, axis: int) -> str:
     """Source of a sum over ``axis``: ``tl.reduce`` with triton's own sum combiner, which is what
-    ``tl.sum`` does. The kernels use builtins only (``tl.full`` rather than ``tl.zeros``, this rather
-    than ``tl.sum``): the helpers of ``triton.language.standard`` are jitted functions that the
-    interpreter can run only when triton was imported under ``TRITON_INTERPRET=1``, and a test
+    ``tl.sum`` does. The kernels use builtins only (``tl.full`` rather than ``tl.zeros``, this
+    rather than ``tl.sum``): the helpers of ``triton.language.standard`` are jitted functions that
+    the interpreter can run only when triton was imported under ``TRITON_INTERPRET=1``, and a test
     session (or a user's process) may have imported triton before. The builtin ``tl.reduce`` runs in
-    either order (the interpreter maps this combiner to a numpy sum) and compiles to the same code."""
+    either order (the interpreter maps this combiner to a numpy sum) and compiles to the same
+    code."""
     return f"tl.reduce({expr}, {axis}, tl.standard._sum_combine)"
 
 
@@ -68,11 +80,11 @@ class Writer:
     def __call__(self, line: str = "") -> None:
         self.lines.append(("    " * self.level + line) if line else "")
 
-    def indent(self) -> "Writer":
+    def indent(self) -> Writer:
         self.level += 1
         return self
 
-    def dedent(self) -> "Writer":
+    def dedent(self) -> Writer:
         self.level -= 1
         return self
 
@@ -125,7 +137,9 @@ class TableCache:
         self._hits: dict[tuple, tuple] = {}
 
     def get(self, desc, meta):
-        key = tuple((t.data_ptr(), t._version, tuple(t.shape), str(t.device)) for t in desc) + tuple(int(m) for m in meta)
+        key = tuple(
+            (t.data_ptr(), t._version, tuple(t.shape), str(t.device)) for t in desc
+        ) + tuple(int(m) for m in meta)
         hit = self._hits.get(key)
         if hit is not None and all(ref() is t for ref, t in zip(hit[0], desc)):
             return hit[1]
@@ -159,8 +173,12 @@ class KernelCache:
         hit = self._hits.get(key)
         if hit is not None and hit[0] is tables:
             return hit[1]
-        name = f"{self.prefix}_{kernel}" + "".join(f"_{k}{int(v)}" for k, v in sorted(flags.items()))
-        fn = getattr(load_source(name, self.generate(tables, kernel, **flags)), self.name_of(kernel, **flags))
+        name = f"{self.prefix}_{kernel}" + "".join(
+            f"_{k}{int(v)}" for k, v in sorted(flags.items())
+        )
+        fn = getattr(
+            load_source(name, self.generate(tables, kernel, **flags)), self.name_of(kernel, **flags)
+        )
         self._hits[key] = (tables, fn)
         while len(self._hits) > self.size:
             self._hits.pop(next(iter(self._hits)))

@@ -11,6 +11,7 @@ channels (``C <= c < Cp``) are zero.
 Not generated (no descriptor in it): an ordinary Triton kernel in this file, jitted on first use
 in the mode in force (compiled, or interpreted under ``TRITON_INTERPRET=1``).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,20 @@ from cfm_plugins.ops.triton.configs import launch
 _JITTED: dict[bool, object] = {}
 
 
-def _element_sum(part_ptr, slot_ptr, chunk_ptr, lo_ptr, hi_ptr, out_ptr, W, C, Cp, SPLIT, BLOCK_N,
-                 BLOCK: tl.constexpr):
+def _element_sum(
+    part_ptr,
+    slot_ptr,
+    chunk_ptr,
+    lo_ptr,
+    hi_ptr,
+    out_ptr,
+    W,
+    C,
+    Cp,
+    SPLIT,
+    BLOCK_N,
+    BLOCK: tl.constexpr,
+):
     e = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < W
@@ -43,8 +56,17 @@ def _element_sum(part_ptr, slot_ptr, chunk_ptr, lo_ptr, hi_ptr, out_ptr, W, C, C
     tl.store(out_ptr + e * W + offs, acc, mask=inside)
 
 
-def element_sum(partial: torch.Tensor, slots: torch.Tensor, coeff: torch.Tensor, elem: torch.Tensor,
-                order: torch.Tensor, chunk_ptr: torch.Tensor, channels: int, split: int, block_n: int) -> torch.Tensor:
+def element_sum(
+    partial: torch.Tensor,
+    slots: torch.Tensor,
+    coeff: torch.Tensor,
+    elem: torch.Tensor,
+    order: torch.Tensor,
+    chunk_ptr: torch.Tensor,
+    channels: int,
+    split: int,
+    block_n: int,
+) -> torch.Tensor:
     """``gc[e] = sum of the partial slots of element e's chunks`` (shape and dtype of ``coeff``);
     ``slots[k]``: the first slot of chunk ``k``."""
     E, R, Cp = coeff.shape
@@ -70,8 +92,21 @@ def element_sum(partial: torch.Tensor, slots: torch.Tensor, coeff: torch.Tensor,
 
     def run(cfg):
         block = min(cfg.block_c, triton.next_power_of_2(W))
-        return _JITTED[mode][(E, math.ceil(W / block))](partial, slots, chunk_ptr, lo, hi, gc, W, channels, Cp,
-                                                        split, block_n, BLOCK=block, num_warps=cfg.num_warps)
+        return _JITTED[mode][(E, math.ceil(W / block))](
+            partial,
+            slots,
+            chunk_ptr,
+            lo,
+            hi,
+            gc,
+            W,
+            channels,
+            Cp,
+            split,
+            block_n,
+            BLOCK=block,
+            num_warps=cfg.num_warps,
+        )
 
     launch("sc_reduce", "float64" if coeff.dtype == torch.float64 else "float32", W, run)
     return gc

@@ -19,6 +19,7 @@ launch.
 Used by ``make triton-check`` (``python -m benchmarks.triton_check``, the MACE-MP-medium layer)
 and by a test (one small kernel). Nothing here imports a trainer.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,7 +66,9 @@ def jit_function(fn):
     whatever ``TRITON_INTERPRET`` says: ahead-of-time compilation needs the real front end."""
     from triton.runtime.jit import JITFunction
 
-    unspecialised = [p.num for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False)]
+    unspecialised = [
+        p.num for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False)
+    ]
     fn = getattr(fn, "fn", fn)
     return JITFunction(fn, do_not_specialize=unspecialised)
 
@@ -90,7 +93,7 @@ def _specialise(fn, specimen: dict, blocks: dict):
             signature[name] = "constexpr"
             constexprs[name] = 1
         else:
-            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
             if specialised and value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return signature, constexprs, attrs
@@ -105,14 +108,20 @@ def _nvidia_usage(log: str) -> tuple[int, int]:
 
 
 def _amd_usage(asm: str) -> tuple[int, int, int, int]:
-    """(VGPRs, VGPR spill bytes, scratch bytes, SGPRs spilled into VGPR lanes) of an AMDGCN listing."""
+    """(VGPRs, VGPR spill bytes, scratch bytes, SGPRs spilled into VGPR lanes) of an AMDGCN
+    listing."""
+
     def field(name):
         m = re.findall(rf"\.{name}:\s+(\d+)", asm)
         return int(m[-1]) if m else 0
 
     scratch = re.findall(r"ScratchSize:\s+(\d+)", asm)
-    return (field("vgpr_count"), 4 * field("vgpr_spill_count"), int(scratch[-1]) if scratch else 0,
-            field("sgpr_spill_count"))
+    return (
+        field("vgpr_count"),
+        4 * field("vgpr_spill_count"),
+        int(scratch[-1]) if scratch else 0,
+        field("sgpr_spill_count"),
+    )
 
 
 def _one_line(exc: Exception) -> str:
@@ -123,8 +132,17 @@ def _one_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def compile_kernel(fn, specimen: dict, blocks: dict, target: str, num_warps: int, num_stages: int = 1,
-                   kernel: str = "", config: str = "", dtype: str = "") -> CompileReport:
+def compile_kernel(
+    fn,
+    specimen: dict,
+    blocks: dict,
+    target: str,
+    num_warps: int,
+    num_stages: int = 1,
+    kernel: str = "",
+    config: str = "",
+    dtype: str = "",
+) -> CompileReport:
     """Compile ``fn`` for ``target`` (a key of :data:`TARGETS`); never raises for a compile
     error (it is in the report)."""
     import triton
@@ -150,8 +168,9 @@ def compile_kernel(fn, specimen: dict, blocks: dict, target: str, num_warps: int
             report.scratch_bytes = report.spill_bytes
         else:
             compiled = triton.compile(src, target=GPUTarget(backend, arch, warp), options=options)
-            (report.registers, report.spill_bytes, report.scratch_bytes,
-             report.sgpr_spills) = _amd_usage(compiled.asm["amdgcn"])
+            (report.registers, report.spill_bytes, report.scratch_bytes, report.sgpr_spills) = (
+                _amd_usage(compiled.asm["amdgcn"])
+            )
     except Exception as exc:  # the report carries it; the caller decides
         report.error = _one_line(exc)
     report.seconds = time.perf_counter() - t0

@@ -31,6 +31,7 @@ TP's forward+backward+double backward in 0.61x the time in float32, 0.54x in flo
 whole train step at 4000 atoms with them by 7 % (float32) and 22 % (float64): they are its defaults
 now, the former 8x32/w4 one pin away (``CFM_PLUGINS_TRITON_TILES=tp_segment=8x32/w4``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,20 @@ from dataclasses import dataclass
 
 log = logging.getLogger("cfm_plugins.ops.triton")
 
-__all__ = ["TileConfig", "DEFAULTS", "INTERPRETER", "pick", "launch", "note_spills", "override", "autotuning",
-           "configs_for", "parse_label", "pins", "TILES_ENV"]
+__all__ = [
+    "TileConfig",
+    "DEFAULTS",
+    "INTERPRETER",
+    "pick",
+    "launch",
+    "note_spills",
+    "override",
+    "autotuning",
+    "configs_for",
+    "parse_label",
+    "pins",
+    "TILES_ENV",
+]
 
 
 @dataclass(frozen=True)
@@ -50,8 +63,9 @@ class TileConfig:
     """Tile of one program: ``block_rows`` nodes (contraction) or edges (conv TP) by
     ``block_c`` channels, with ``num_warps`` warps (wavefronts on AMD). Conv TP kernel variants
     (:mod:`cfm_plugins.ops.triton.conv_tp`): ``defer``, sums over edges (``tp_segment``) or channels
-    (``tp_edge``) once per program rather than per block; ``presort``: ``tp_segment`` reads the other
-    ends of the edges in CSR order, one dependent load fewer per block; ``tp_edge`` walks the edges in
+    (``tp_edge``) once per program rather than per block; ``presort``: ``tp_segment`` reads the
+    other ends of the edges in CSR order, one dependent load fewer per block; ``tp_edge`` walks the
+    edges in
     the receivers' order, so that a block's edges read the same receiver's gradient rows."""
 
     block_rows: int
@@ -62,52 +76,100 @@ class TileConfig:
     presort: bool = False
 
     def label(self) -> str:
-        return (f"{self.block_rows}x{self.block_c}/w{self.num_warps}" + ("/defer" if self.defer else "")
-                + ("/presort" if self.presort else ""))
+        return (
+            f"{self.block_rows}x{self.block_c}/w{self.num_warps}"
+            + ("/defer" if self.defer else "")
+            + ("/presort" if self.presort else "")
+        )
 
 
 _F32, _F64 = "float32", "float64"
 
 #: kernel -> dtype -> [default, alternatives...]. Kernels: ``sc_fwd``, ``sc_bwd``, ``sc_bwd2``
-#: (nodes x channels), ``tp_segment`` (edges of one node x channels), ``tp_edge`` (edges x channels),
-#: ``sc_reduce`` (rows: unused, block_c: flat width of the weight-gradient reduction).
+#: (nodes x channels), ``tp_segment`` (edges of one node x channels), ``tp_edge`` (edges x
+# channels), : ``sc_reduce`` (rows: unused, block_c: flat width of the weight-gradient reduction).
 DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
-    "sc_fwd": {_F32: [TileConfig(16, 32, 4), TileConfig(32, 32, 4), TileConfig(16, 64, 4)],
-               _F64: [TileConfig(16, 32, 4), TileConfig(8, 32, 4)]},
-    "sc_bwd": {_F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 64, 4)],
-               _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)]},
-    "sc_bwd2": {_F32: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
-                _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
-    # conv TP. tp_segment's defaults (it also sets tp_segment_t's tile) sum over edges once per program
-    # and read the other ends presorted: timed on an H100 against 8x32/w4 at 4000 nodes, the forward
-    # took 0.34x (f32) and 0.24x (f64), forward+backward+double backward 0.61x and 0.54x
+    "sc_fwd": {
+        _F32: [TileConfig(16, 32, 4), TileConfig(32, 32, 4), TileConfig(16, 64, 4)],
+        _F64: [TileConfig(16, 32, 4), TileConfig(8, 32, 4)],
+    },
+    "sc_bwd": {
+        _F32: [TileConfig(8, 32, 4), TileConfig(16, 32, 4), TileConfig(8, 64, 4)],
+        _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
+    },
+    "sc_bwd2": {
+        _F32: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
+        _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)],
+    },
+    # conv TP. tp_segment's defaults (it also sets tp_segment_t's tile) sum over edges once per
+    # program and read the other ends presorted: timed on an H100 against 8x32/w4 at 4000 nodes, the
+    # forward took 0.34x (f32) and 0.24x (f64), forward+backward+double backward 0.61x and 0.54x
     # (docs/benchmarks.md). Then the other variants and the plain tiles, the former defaults first.
-    # The w8 tiles hold about half the registers per thread of w4 (sm_90: f32 108 vs 168, f64 198 vs 254).
-    "tp_segment": {_F32: [TileConfig(8, 32, 4, defer=True, presort=True), TileConfig(8, 32, 4),
-                          TileConfig(8, 32, 4, defer=True), TileConfig(8, 32, 8, defer=True, presort=True),
-                          TileConfig(16, 32, 8, defer=True, presort=True), TileConfig(8, 32, 4, presort=True),
-                          TileConfig(16, 32, 4), TileConfig(8, 64, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8)],
-                   _F64: [TileConfig(4, 32, 4, defer=True, presort=True), TileConfig(8, 32, 4),
-                          TileConfig(8, 32, 8, defer=True), TileConfig(8, 32, 8, defer=True, presort=True),
-                          TileConfig(8, 32, 4, presort=True), TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
+    # The w8 tiles hold about half the registers per thread of w4 (sm_90: f32 108 vs 168, f64 198 vs
+    # 254).
+    "tp_segment": {
+        _F32: [
+            TileConfig(8, 32, 4, defer=True, presort=True),
+            TileConfig(8, 32, 4),
+            TileConfig(8, 32, 4, defer=True),
+            TileConfig(8, 32, 8, defer=True, presort=True),
+            TileConfig(16, 32, 8, defer=True, presort=True),
+            TileConfig(8, 32, 4, presort=True),
+            TileConfig(16, 32, 4),
+            TileConfig(8, 64, 4),
+            TileConfig(8, 32, 8),
+            TileConfig(16, 32, 8),
+        ],
+        _F64: [
+            TileConfig(4, 32, 4, defer=True, presort=True),
+            TileConfig(8, 32, 4),
+            TileConfig(8, 32, 8, defer=True),
+            TileConfig(8, 32, 8, defer=True, presort=True),
+            TileConfig(8, 32, 4, presort=True),
+            TileConfig(4, 32, 4),
+            TileConfig(8, 32, 8),
+        ],
+    },
     # tp_edge's deferred sums (over channels, once per pair) timed as the plain tile on an H100, and
     # on an H200 in float64 (4x32/w4/defer: the whole chain alone 0.94x, the train step the same).
-    # Its presorted tiles (edges in the receivers' order) timed as the plain tile on an H200 (0.98-1.02x).
-    "tp_edge": {_F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, presort=True),
-                       TileConfig(8, 32, 4, defer=True, presort=True), TileConfig(8, 32, 4, defer=True),
-                       TileConfig(8, 32, 8, defer=True), TileConfig(16, 32, 4), TileConfig(8, 32, 8),
-                       TileConfig(16, 32, 8)],
-                _F64: [TileConfig(8, 32, 4), TileConfig(8, 32, 4, presort=True),
-                       TileConfig(4, 32, 4, defer=True, presort=True), TileConfig(8, 32, 8, defer=True),
-                       TileConfig(4, 32, 4, defer=True), TileConfig(4, 32, 4), TileConfig(8, 32, 8)]},
-    "sc_reduce": {_F32: [TileConfig(1, 512, 4)], _F64: [TileConfig(1, 512, 8)]},  # f64 w4 spilled 24 B on sm_90
+    # Its presorted tiles (edges in the receivers' order) timed as the plain tile on an H200
+    # (0.98-1.02x).
+    "tp_edge": {
+        _F32: [
+            TileConfig(8, 32, 4),
+            TileConfig(8, 32, 4, presort=True),
+            TileConfig(8, 32, 4, defer=True, presort=True),
+            TileConfig(8, 32, 4, defer=True),
+            TileConfig(8, 32, 8, defer=True),
+            TileConfig(16, 32, 4),
+            TileConfig(8, 32, 8),
+            TileConfig(16, 32, 8),
+        ],
+        _F64: [
+            TileConfig(8, 32, 4),
+            TileConfig(8, 32, 4, presort=True),
+            TileConfig(4, 32, 4, defer=True, presort=True),
+            TileConfig(8, 32, 8, defer=True),
+            TileConfig(4, 32, 4, defer=True),
+            TileConfig(4, 32, 4),
+            TileConfig(8, 32, 8),
+        ],
+    },
+    "sc_reduce": {
+        _F32: [TileConfig(1, 512, 4)],
+        _F64: [TileConfig(1, 512, 8)],
+    },  # f64 w4 spilled 24 B on sm_90
 }
 
 #: Under the interpreter: one program covers as much as possible (rows up to 128, all channels
 #: up to 128).
 INTERPRETER: dict[str, TileConfig] = {
-    "sc_fwd": TileConfig(128, 128), "sc_bwd": TileConfig(128, 128), "sc_bwd2": TileConfig(128, 128),
-    "tp_segment": TileConfig(64, 128), "tp_edge": TileConfig(256, 128), "sc_reduce": TileConfig(1, 4096),
+    "sc_fwd": TileConfig(128, 128),
+    "sc_bwd": TileConfig(128, 128),
+    "sc_bwd2": TileConfig(128, 128),
+    "tp_segment": TileConfig(64, 128),
+    "tp_edge": TileConfig(256, 128),
+    "sc_reduce": TileConfig(1, 4096),
 }
 
 _OVERRIDE: dict[str, TileConfig] = {}
@@ -116,7 +178,8 @@ _SPILLS_NOTED: set[tuple] = set()
 
 
 def configs_for(kernel: str, dtype_name: str) -> list[TileConfig]:
-    """The default config of ``kernel`` for ``dtype_name`` ("float32"/"float64"), then its alternatives."""
+    """The default config of ``kernel`` for ``dtype_name`` ("float32"/"float64"), then its
+    alternatives."""
     return DEFAULTS[kernel][dtype_name]
 
 
@@ -137,8 +200,10 @@ def parse_label(label: str, kernel: str | None = None) -> TileConfig:
     variants only on the kernels that have them (``kernel``, if given)."""
     m = _LABEL.fullmatch(label.strip())
     if not m:
-        raise ValueError(f"tile {label!r}: expected ROWSxCHANNELS/wWARPS with optional /defer and /presort, "
-                         "e.g. 8x32/w4 or 8x32/w8/defer")
+        raise ValueError(
+            f"tile {label!r}: expected ROWSxCHANNELS/wWARPS with optional /defer and /presort, "
+            "e.g. 8x32/w4 or 8x32/w8/defer"
+        )
     rows, cols, warps = (int(v) for v in m.groups()[:3])
     for name, v in (("rows", rows), ("channels", cols), ("warps", warps)):
         if v < 1 or v & (v - 1):
@@ -146,7 +211,9 @@ def parse_label(label: str, kernel: str | None = None) -> TileConfig:
     flags = [f for f in m.group(4).split("/") if f]
     for f in flags:
         if kernel is not None and kernel not in _VARIANTS[f]:
-            raise ValueError(f"tile {label!r}: /{f} is a variant of {', '.join(_VARIANTS[f])} only, not {kernel}")
+            raise ValueError(
+                f"tile {label!r}: /{f} is a variant of {', '.join(_VARIANTS[f])} only, not {kernel}"
+            )
     return TileConfig(rows, cols, warps, defer="defer" in flags, presort="presort" in flags)
 
 
@@ -176,8 +243,11 @@ def pins() -> dict[tuple[str, str | None], TileConfig]:
             raise ValueError(f"{TILES_ENV}: entry {entry!r}: {exc}") from None
     _PINS = (text, parsed)
     if parsed:
-        log.info("Triton tiles pinned by %s: %s", TILES_ENV,
-                 ", ".join(f"{k}{':' + d if d else ''}={c.label()}" for (k, d), c in parsed.items()))
+        log.info(
+            "Triton tiles pinned by %s: %s",
+            TILES_ENV,
+            ", ".join(f"{k}{':' + d if d else ''}={c.label()}" for (k, d), c in parsed.items()),
+        )
     return parsed
 
 
@@ -201,8 +271,14 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def pick(kernel: str, dtype_name: str, rows: int, run=None, idempotent: bool = True,
-         fit: tuple[int, int] | None = None) -> TileConfig:
+def pick(
+    kernel: str,
+    dtype_name: str,
+    rows: int,
+    run=None,
+    idempotent: bool = True,
+    fit: tuple[int, int] | None = None,
+) -> TileConfig:
     """The config of one launch (see the module docstring). ``run(config)`` launches the kernel
     with a config; it is called only when autotuning, to time the candidates. ``fit`` (rows and
     channels of the problem) shrinks the interpreter's tile to the next powers of two."""
@@ -214,7 +290,9 @@ def pick(kernel: str, dtype_name: str, rows: int, run=None, idempotent: bool = T
         cap = INTERPRETER[kernel]
         if fit is None:
             return cap
-        return TileConfig(min(cap.block_rows, _pow2(fit[0])), min(cap.block_c, _pow2(fit[1])), cap.num_warps)
+        return TileConfig(
+            min(cap.block_rows, _pow2(fit[0])), min(cap.block_c, _pow2(fit[1])), cap.num_warps
+        )
     pinned = pins()
     cfg = pinned.get((kernel, dtype_name)) or pinned.get((kernel, None))
     if cfg is not None:
@@ -227,31 +305,46 @@ def pick(kernel: str, dtype_name: str, rows: int, run=None, idempotent: bool = T
     if best is None:
         from triton.testing import do_bench
 
-        times = [(do_bench(lambda c=c: run(c), warmup=5, rep=20), i) for i, c in enumerate(candidates)]
+        times = [
+            (do_bench(lambda c=c: run(c), warmup=5, rep=20), i) for i, c in enumerate(candidates)
+        ]
         best = _TUNED[key] = candidates[min(times)[1]]
-        log.info("autotuned %s (%s, rows <= %d): %s; picked %s", kernel, dtype_name, 1 << key[2],
-                 ", ".join(f"{c.label()} {t:.3f} ms" for c, (t, _) in zip(candidates, times)), best.label())
+        log.info(
+            "autotuned %s (%s, rows <= %d): %s; picked %s",
+            kernel,
+            dtype_name,
+            1 << key[2],
+            ", ".join(f"{c.label()} {t:.3f} ms" for c, (t, _) in zip(candidates, times)),
+            best.label(),
+        )
     return best
 
 
-def launch(kernel: str, dtype_name: str, rows: int, run, idempotent: bool = True,
-           fit: tuple[int, int] | None = None) -> TileConfig:
+def launch(
+    kernel: str,
+    dtype_name: str,
+    rows: int,
+    run,
+    idempotent: bool = True,
+    fit: tuple[int, int] | None = None,
+) -> TileConfig:
     """Launch ``run`` with the config :func:`pick` chooses (same arguments) and check, at its first
-    launch, that Triton's compiled kernel (what ``run`` returns) does not spill (:func:`note_spills`)."""
+    launch, that Triton's compiled kernel (what ``run`` returns) does not spill
+    (:func:`note_spills`)."""
     cfg = pick(kernel, dtype_name, rows, run, idempotent, fit)
     note_spills(kernel, dtype_name, cfg, run(cfg))
     return cfg
 
 
 def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None:
-    """Warn once per (kernel, dtype, config) in the process where the kernel Triton compiled for this
-    GPU spills registers to local memory (``compiled.n_spills``, bytes per thread, set at its first
-    launch on a GPU; absent under the interpreter, where nothing is said).
+    """Warn once per (kernel, dtype, config) in the process where the kernel Triton compiled for
+    this GPU spills registers to local memory (``compiled.n_spills``, bytes per thread, set at its
+    first launch on a GPU; absent under the interpreter, where nothing is said).
 
     The default tiles compile without spills with triton 3.6.0, 3.7.1 and 3.9.0 (``make
-    triton-check``); with 3.8.0 ``sc_bwd2`` float32 8x32/w4 spills 16 B on sm_90 (docs/benchmarks.md),
-    and a user's triton may be any of them. On an H100, with triton 3.6.0, the same kernel spilled
-    2 B, where the check here (the same triton, sm_90) finds none. This only
+    triton-check``); with 3.8.0 ``sc_bwd2`` float32 8x32/w4 spills 16 B on sm_90
+    (docs/benchmarks.md), and a user's triton may be any of them. On an H100, with triton 3.6.0, the
+    same kernel spilled 2 B, where the check here (the same triton, sm_90) finds none. This only
     says so: which tile is faster is the GPU's call (``CFM_PLUGINS_TRITON_AUTOTUNE=1``)."""
     key = (kernel, dtype_name, cfg)
     if key in _SPILLS_NOTED:
@@ -262,7 +355,15 @@ def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None
         return
     import triton  # a compiled kernel came back: triton is imported
 
-    log.warning("Triton kernel %s (%s, tile %s) spills %d bytes per thread to local memory on this GPU with "
-                "triton %s: the default tiles were checked for spills with triton 3.6.0, 3.7.1 and 3.9.0. "
-                "CFM_PLUGINS_TRITON_AUTOTUNE=1 times its alternative tiles on this GPU (docs/gpu.md, 'Tiles').",
-                kernel, dtype_name, cfg.label(), spills, triton.__version__)
+    log.warning(
+        "Triton kernel %s (%s, tile %s) spills %d bytes per thread to local memory on this GPU "
+        "with "
+        "triton %s: the default tiles were checked for spills with triton 3.6.0, 3.7.1 and 3.9.0. "
+        "CFM_PLUGINS_TRITON_AUTOTUNE=1 times its alternative tiles on this GPU (docs/gpu.md, "
+        "'Tiles').",
+        kernel,
+        dtype_name,
+        cfg.label(),
+        spills,
+        triton.__version__,
+    )

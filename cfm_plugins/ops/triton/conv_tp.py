@@ -36,6 +36,7 @@ the edge kernel loops over channel tiles at run time rather than unrolling them.
 Double backward needs no kernel of its own: the form is trilinear and the operators' C++
 autograd writes every derivative with these two operators again.
 """
+
 from __future__ import annotations
 
 import functools
@@ -67,38 +68,67 @@ class TPTables:
     path_pairs: tuple  # per path: tuple of (pair_in, pair_out, ((ent_j, coef), ...))
 
     @classmethod
-    def from_operator(cls, desc, meta) -> "TPTables":
+    def from_operator(cls, desc, meta) -> TPTables:
         """From the operator's ``desc`` ([ints (int32), coef (float64)]) and ``meta``
         ([dim_in, dim_out, n_paths, n_pairs, max_mul])."""
         if len(desc) != 2 or len(meta) != 5:
-            raise ValueError(f"cfm::conv_tp: the descriptor is 2 tensors and 5 ints, got {len(desc)} and {len(meta)}")
+            raise ValueError(
+                f"cfm::conv_tp: the descriptor is 2 tensors and 5 ints, got {len(desc)} and "
+                f"{len(meta)}"
+            )
         ints = desc[0].detach().cpu().numpy().astype(np.int64)
         coef = desc[1].detach().cpu().numpy().astype(np.float64)
         P, Q = int(meta[2]), int(meta[3])
         if ints.size != 3 * P + 1 + 3 * Q + 1 + coef.size:
             raise ValueError("cfm::conv_tp: inconsistent descriptor sizes")
-        mul, woff, pstart = ints[:P], ints[P:2 * P], ints[2 * P:3 * P + 1]
+        mul, woff, pstart = ints[:P], ints[P : 2 * P], ints[2 * P : 3 * P + 1]
         o = 3 * P + 1
-        pin, pout, estart = ints[o:o + Q], ints[o + Q:o + 2 * Q], ints[o + 2 * Q:o + 3 * Q + 1]
-        ent_j = ints[o + 3 * Q + 1:]
-        return cls._build(int(meta[0]), int(meta[1]), mul, woff, pstart, pin, pout, estart, ent_j, coef)
+        pin, pout, estart = (
+            ints[o : o + Q],
+            ints[o + Q : o + 2 * Q],
+            ints[o + 2 * Q : o + 3 * Q + 1],
+        )
+        ent_j = ints[o + 3 * Q + 1 :]
+        return cls._build(
+            int(meta[0]), int(meta[1]), mul, woff, pstart, pin, pout, estart, ent_j, coef
+        )
 
     @classmethod
-    def from_descriptor(cls, d) -> "TPTables":
-        """From a :class:`~cfm_plugins.ops.descriptors.conv_tp.ConvTPDescriptor` (or its transpose)."""
-        return cls._build(d.dim_in, d.dim_out, d.path_mul, d.path_woff, d.path_pair_start, d.pair_in, d.pair_out,
-                          d.pair_ent_start, d.ent_j, d.ent_coef)
+    def from_descriptor(cls, d) -> TPTables:
+        """From a :class:`~cfm_plugins.ops.descriptors.conv_tp.ConvTPDescriptor` (or its
+        transpose)."""
+        return cls._build(
+            d.dim_in,
+            d.dim_out,
+            d.path_mul,
+            d.path_woff,
+            d.path_pair_start,
+            d.pair_in,
+            d.pair_out,
+            d.pair_ent_start,
+            d.ent_j,
+            d.ent_coef,
+        )
 
     @classmethod
-    def _build(cls, dim_in, dim_out, mul, woff, pstart, pin, pout, estart, ent_j, coef) -> "TPTables":
+    def _build(cls, dim_in, dim_out, mul, woff, pstart, pin, pout, estart, ent_j, coef) -> TPTables:
         paths = []
         for p in range(len(mul)):
             pairs = []
             for q in range(int(pstart[p]), int(pstart[p + 1])):
-                ents = tuple((int(ent_j[t]), float(coef[t])) for t in range(int(estart[q]), int(estart[q + 1])))
+                ents = tuple(
+                    (int(ent_j[t]), float(coef[t]))
+                    for t in range(int(estart[q]), int(estart[q + 1]))
+                )
                 pairs.append((int(pin[q]), int(pout[q]), ents))
             paths.append(tuple(pairs))
-        return cls(int(dim_in), int(dim_out), tuple(int(m) for m in mul), tuple(int(w) for w in woff), tuple(paths))
+        return cls(
+            int(dim_in),
+            int(dim_out),
+            tuple(int(m) for m in mul),
+            tuple(int(w) for w in woff),
+            tuple(paths),
+        )
 
     @property
     def max_mul(self) -> int:
@@ -124,8 +154,12 @@ class TPTables:
     def w_width(self) -> int | None:
         """``n`` where the edge kernel stores exactly the weight-gradient columns ``0..n-1`` for
         every edge (each path with pairs); None where it leaves gaps."""
-        return _width(self.path_woff[p] + c for p, pairs in enumerate(self.path_pairs) if pairs
-                      for c in range(self.path_mul[p]))
+        return _width(
+            self.path_woff[p] + c
+            for p, pairs in enumerate(self.path_pairs)
+            if pairs
+            for c in range(self.path_mul[p])
+        )
 
     @functools.cached_property
     def y_width(self) -> int | None:
@@ -158,7 +192,9 @@ def _mask_names(w: Writer, t: TPTables, rows: str) -> dict[int, str]:
     return names
 
 
-def _gen_segment(t: TPTables, defer: bool = False, presort: bool = False, name: str = "tp_segment") -> str:
+def _gen_segment(
+    t: TPTables, defer: bool = False, presort: bool = False, name: str = "tp_segment"
+) -> str:
     """out[n, k, c] = sum over the node's edges of sum_q R_q x[other, i_q, c] w[p, c].
 
     ``defer``: each output row accumulates a ``[BLOCK_E, BLOCK_C]`` tile of per-lane partial sums
@@ -175,8 +211,11 @@ def _gen_segment(t: TPTables, defer: bool = False, presort: bool = False, name: 
     Same sums in the same order: bit for bit the plain kernel's results."""
     w = Writer()
     w("@triton.jit")
-    w(f"def {name}(ptr_ptr, perm_ptr, other_ptr, x_ptr, s_xn, s_xd, y_ptr, s_ye, s_yd, w_ptr, s_we, s_wd, "
-      "out_ptr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):")
+    w(
+        f"def {name}(ptr_ptr, perm_ptr, other_ptr, x_ptr, s_xn, s_xd, y_ptr, s_ye, s_yd, w_ptr, "
+        "s_we, s_wd, "
+        "out_ptr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):"
+    )
     w.indent()
     w("n = tl.program_id(0).to(tl.int64)  # n * dim_out passes 2**31 from 2**31 / dim_out nodes")
     w("cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)")
@@ -202,7 +241,10 @@ def _gen_segment(t: TPTables, defer: bool = False, presort: bool = False, name: 
         if not pairs:
             continue
         mask = masks[t.path_mul[p]]
-        w(f"w{p} = tl.load(wrow + ({t.path_woff[p]} + cols[None, :]) * s_wd, mask={mask}, other=0.0)")
+        w(
+            f"w{p} = tl.load(wrow + ({t.path_woff[p]} + cols[None, :]) * s_wd, mask={mask}, "
+            "other=0.0)"
+        )
         terms: dict[int, list[str]] = {}
         for q, (i, k, ents) in enumerate(pairs):
             if i not in loaded_x:
@@ -218,13 +260,21 @@ def _gen_segment(t: TPTables, defer: bool = False, presort: bool = False, name: 
     w.dedent()
     w("orow = out_ptr + n * " + str(t.dim_out))
     for k in outs:  # TPTables.out_width reads these stores: the launchers leave the output unfilled
-        w(f"tl.store(orow + {k} + cols, {tl_sum(f'acc{k}', 0) if defer else f'acc{k}'}, "
-          f"mask=cols < {t.out_row_mul[k]})")
+        w(
+            f"tl.store(orow + {k} + cols, {tl_sum(f'acc{k}', 0) if defer else f'acc{k}'}, "
+            f"mask=cols < {t.out_row_mul[k]})"
+        )
     return w.text()
 
 
-def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False, presort: bool = False,
-              name: str = "tp_edge") -> str:
+def _gen_edge(
+    t: TPTables,
+    need_y: bool,
+    need_w: bool,
+    defer: bool = False,
+    presort: bool = False,
+    name: str = "tp_edge",
+) -> str:
     """Per edge: gw[p, c] = sum_q R_q x[i_q, c] g[k_q, c]; gy[j] = sum_entries coef * sum_c x g w.
 
     ``defer``: each edge-attribute gradient accumulates a ``[BLOCK_E, BLOCK_C]`` tile over the pairs
@@ -237,21 +287,26 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False, pres
     order, which in MACE's graphs is the senders'. The largest rows an edge reads are its receiver's
     gradient rows (``dim_out``: 40 rows of the channels for a MACE-MP-medium layer, ten times its
     sender's ``dim_in``); in receiver order the edges of a block, and of neighbouring programs, read
-    the same ones. Each edge computes what it computes in the plain kernel: the same results, bit for
+    the same ones. Each edge computes what it computes in the plain kernel: the same results, bit
+    for
     bit. Untimed on a GPU: an autotuning alternative (configs.py)."""
     w = Writer()
     # E, the edge count, changes with every batch: specialised (divisible by 16 or not, equal to 1),
     # each edge kernel would compile again for every class of it a run meets. It only bounds the
     # mask of the last block, where the hint buys nothing.
     w('@triton.jit(do_not_specialize=["E"])')
-    w(f"def {name}(sender_ptr, receiver_ptr, {'perm_ptr, ' if presort else ''}x_ptr, s_xn, s_xd, g_ptr, s_gn, "
-      "s_gd, y_ptr, s_ye, s_yd, w_ptr, s_we, s_wd, gy_ptr, s_gye, gw_ptr, s_gwe, E, BLOCK_E: tl.constexpr, "
-      "BLOCK_C: tl.constexpr):")
+    w(
+        f"def {name}(sender_ptr, receiver_ptr, {'perm_ptr, ' if presort else ''}x_ptr, s_xn, s_xd, "
+        "g_ptr, s_gn, "
+        "s_gd, y_ptr, s_ye, s_yd, w_ptr, s_we, s_wd, gy_ptr, s_gye, gw_ptr, s_gwe, E, BLOCK_E: "
+        "tl.constexpr, "
+        "BLOCK_C: tl.constexpr):"
+    )
     w.indent()
-    # 64-bit rows: eid * s_we passes 2**31 from 2**31 / weights-per-edge edges (1.68M for 128 channels
-    # of 0e+1o with l<=3: 1280 weights an edge); in 32 bits it wrapped, an illegal address on an H200
-    # the position in the walk: the edge itself, or (presort) where perm holds it, sender_ptr and
-    # receiver_ptr holding the ends in perm's order
+    # 64-bit rows: eid * s_we passes 2**31 from 2**31 / weights-per-edge edges (1.68M for 128
+    # channels of 0e+1o with l<=3: 1280 weights an edge); in 32 bits it wrapped, an illegal address
+    # on an H200 the position in the walk: the edge itself, or (presort) where perm holds it,
+    # sender_ptr and receiver_ptr holding the ends in perm's order
     at = "ks" if presort else "eid"
     w(f"{at} = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)")
     w(f"em = {at} < E")
@@ -267,12 +322,16 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False, pres
         shape = "[BLOCK_E, BLOCK_C]" if defer else "[BLOCK_E]"
         for j in t.edge_components():
             w(f"gy{j} = tl.full({shape}, 0, gy_ptr.dtype.element_ty)")
-    w(f"for c0 in range(0, {t.max_mul}, BLOCK_C):  # a runtime loop: one copy of the body to compile")
+    w(
+        f"for c0 in range(0, {t.max_mul}, BLOCK_C):  # a runtime loop: one copy of the body to "
+        "compile"
+    )
     w.indent()
     w("cols = c0 + tl.arange(0, BLOCK_C)")
     if need_w:
-        # loaded per channel tile on purpose: loads after the gw stores of the previous tile cannot be
-        # hoisted out of the loop, so neither can the ~100 R_q built from them (hoisted, they spilled)
+        # loaded per channel tile on purpose: loads after the gw stores of the previous tile cannot
+        # be hoisted out of the loop, so neither can the ~100 R_q built from them (hoisted, they
+        # spilled)
         for j in t.edge_components():
             w(f"y{j} = tl.load(y_ptr + eid * s_ye + {j} * s_yd, mask=em, other=0.0)")
     masks = _mask_names(w, t, "em")
@@ -282,7 +341,10 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False, pres
             continue
         mask = masks[t.path_mul[p]]
         if need_y:
-            w(f"w{p} = tl.load(wrow + ({t.path_woff[p]} + cols[None, :]) * s_wd, mask={mask}, other=0.0)")
+            w(
+                f"w{p} = tl.load(wrow + ({t.path_woff[p]} + cols[None, :]) * s_wd, mask={mask}, "
+                "other=0.0)"
+            )
         gw_terms = []
         for q, (i, k, ents) in enumerate(pairs):
             if ("x", i) not in loaded:
@@ -301,16 +363,23 @@ def _gen_edge(t: TPTables, need_y: bool, need_w: bool, defer: bool = False, pres
                     w(f"gy{j} += {fmt_float(c)} * d{p}_{q}")
                     gy_seen.add(j)
         if need_w:
-            w(f"tl.store(gw_ptr + eid[:, None] * s_gwe + {t.path_woff[p]} + cols[None, :], "
-              f"{' + '.join(gw_terms)}, mask={mask})")
+            w(
+                f"tl.store(gw_ptr + eid[:, None] * s_gwe + {t.path_woff[p]} + cols[None, :], "
+                f"{' + '.join(gw_terms)}, mask={mask})"
+            )
     w.dedent()
     for j in sorted(gy_seen):
-        w(f"tl.store(gy_ptr + eid * s_gye + {j}, {tl_sum(f'gy{j}', 1) if defer else f'gy{j}'}, mask=em)")
+        w(
+            f"tl.store(gy_ptr + eid * s_gye + {j}, {tl_sum(f'gy{j}', 1) if defer else f'gy{j}'}, "
+            "mask=em)"
+        )
     return w.text()
 
 
-_HEADER = ('"""Generated by cfm_plugins.ops.triton.conv_tp from a descriptor: do not edit."""\n'
-           "import triton\nimport triton.language as tl\n\n\n")
+_HEADER = (
+    '"""Generated by cfm_plugins.ops.triton.conv_tp from a descriptor: do not edit."""\n'
+    "import triton\nimport triton.language as tl\n\n\n"
+)
 
 
 def function_name(kernel: str, transposed: bool = False, **flags) -> str:
@@ -322,12 +391,19 @@ def function_name(kernel: str, transposed: bool = False, **flags) -> str:
     return "tp_edge_" + "w" * bool(flags.get("need_w")) + "y" * bool(flags.get("need_y"))
 
 
-def source(t: TPTables, kernel: str, defer: bool = False, presort: bool = False, transposed: bool = False,
-           **flags) -> str:
+def source(
+    t: TPTables,
+    kernel: str,
+    defer: bool = False,
+    presort: bool = False,
+    transposed: bool = False,
+    **flags,
+) -> str:
     """The module source of one kernel: ``segment`` (any tables, plain or ``transposed``: only the
     name differs) or ``edge`` (need_y, need_w; plain tables); ``defer``: the deferred-sum variant
-    (:func:`_gen_segment`, :func:`_gen_edge`); ``presort``: the segment kernel reading the other ends
-    in CSR order, the edge kernel walking the edges in the receivers' order. The function is named by
+    (:func:`_gen_segment`, :func:`_gen_edge`); ``presort``: the segment kernel reading the other
+    ends in CSR order, the edge kernel walking the edges in the receivers' order. The function is
+    named by
     :func:`function_name`."""
     name = function_name(kernel, transposed, **flags)
     if kernel == "segment":
@@ -342,13 +418,18 @@ def source(t: TPTables, kernel: str, defer: bool = False, presort: bool = False,
 def kernel_variants() -> list[tuple[str, bool, dict]]:
     """(kernel, transposed tables, flags) of what a MACE run launches: the ahead-of-time check
     compiles these."""
-    return [("segment", False, {}), ("segment", True, {}),
-            ("edge", False, dict(need_y=True, need_w=True)), ("edge", False, dict(need_y=False, need_w=True)),
-            ("edge", False, dict(need_y=True, need_w=False))]
+    return [
+        ("segment", False, {}),
+        ("segment", True, {}),
+        ("edge", False, dict(need_y=True, need_w=True)),
+        ("edge", False, dict(need_y=False, need_w=True)),
+        ("edge", False, dict(need_y=True, need_w=False)),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
-# Launchers: the operators' CUDA kernels (and, in the tests, their CPU kernels under the interpreter)
+# Launchers: the operators' CUDA kernels (and, in the tests, their CPU kernels under the
+# interpreter)
 # ---------------------------------------------------------------------------------------------
 _TABLES = _codegen.TableCache(TPTables.from_operator)
 _SENDER, _RECEIVER, _RPERM, _RPTR, _SPERM, _SPTR = range(6)
@@ -378,29 +459,39 @@ def _check(op: str, x, y, w, graph, desc, meta) -> list:
     """The checks of the C++ binding layer (conv_tp_ops.h), without the contiguity rule; the
     graph index tensors, contiguous."""
     if len(desc) != 2 or len(meta) != 5:
-        raise RuntimeError(f"{op}: the descriptor is 2 tensors and 5 ints, got {len(desc)} and {len(meta)}")
+        raise RuntimeError(
+            f"{op}: the descriptor is 2 tensors and 5 ints, got {len(desc)} and {len(meta)}"
+        )
     if x.dtype not in (torch.float32, torch.float64):
         raise RuntimeError(f"{op}: x must be float32 or float64, got {x.dtype}")
     for name, t in (("y", y), ("w", w)):
         if t.dtype != x.dtype or t.device != x.device:
-            raise RuntimeError(f"{op}: {name} is {t.dtype} on {t.device}, expected {x.dtype} on {x.device}")
+            raise RuntimeError(
+                f"{op}: {name} is {t.dtype} on {t.device}, expected {x.dtype} on {x.device}"
+            )
     if x.dim() != 2 or x.shape[1] != meta[0]:
         raise RuntimeError(f"{op}: x must be [N, {meta[0]}], got {list(x.shape)}")
     if y.dim() != 2 or w.dim() != 2 or y.shape[0] != w.shape[0]:
-        raise RuntimeError(f"{op}: y and w must be [E, *] alike, got {list(y.shape)} and {list(w.shape)}")
+        raise RuntimeError(
+            f"{op}: y and w must be [E, *] alike, got {list(y.shape)} and {list(w.shape)}"
+        )
     if len(graph) != 6:
         raise RuntimeError(f"{op}: graph is [sender, receiver, rperm, rptr, sperm, sptr]")
     for t in graph:
         if t.dtype != torch.int64 or t.device != x.device:
-            raise RuntimeError(f"{op}: graph indices must be int64 on {x.device}, got {t.dtype} on {t.device}")
+            raise RuntimeError(
+                f"{op}: graph indices must be int64 on {x.device}, got {t.dtype} on {t.device}"
+            )
     if graph[_SENDER].numel() != y.shape[0] or graph[_RECEIVER].numel() != y.shape[0]:
         raise RuntimeError(f"{op}: one sender and receiver per edge expected")
     if graph[_RPTR].numel() < 1 or graph[_SPTR].numel() != graph[_RPTR].numel():
         raise RuntimeError(f"{op}: bad CSR pointers")
     for i, d in enumerate(desc):
         if d.device != x.device:
-            raise RuntimeError(f"{op}: descriptor table {i} is on {d.device} but the inputs are on {x.device} "
-                               "(move the module with .to())")
+            raise RuntimeError(
+                f"{op}: descriptor table {i} is on {d.device} but the inputs are on {x.device} "
+                "(move the module with .to())"
+            )
     return [t.contiguous() for t in graph]
 
 
@@ -412,13 +503,34 @@ def _segment(t: TPTables, node_in, y, w, ptr, perm, other, out, transposed: bool
 
     def run(cfg):
         grid = (n, math.ceil(t.max_mul / cfg.block_c))
-        kern = _KERNELS.get(t, "segment", defer=cfg.defer, presort=cfg.presort, transposed=transposed)
+        kern = _KERNELS.get(
+            t, "segment", defer=cfg.defer, presort=cfg.presort, transposed=transposed
+        )
         ends = other.index_select(0, perm) if cfg.presort else other
-        return kern[grid](ptr, perm, ends, node_in, *node_in.stride(), y, *y.stride(), w, *w.stride(), out,
-                          BLOCK_E=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
-                          num_stages=cfg.num_stages)
+        return kern[grid](
+            ptr,
+            perm,
+            ends,
+            node_in,
+            *node_in.stride(),
+            y,
+            *y.stride(),
+            w,
+            *w.stride(),
+            out,
+            BLOCK_E=cfg.block_rows,
+            BLOCK_C=cfg.block_c,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
 
-    launch("tp_segment", _dtype_name(node_in), y.shape[0], run, fit=(_codegen.widest_segment(ptr), t.max_mul))
+    launch(
+        "tp_segment",
+        _dtype_name(node_in),
+        y.shape[0],
+        run,
+        fit=(_codegen.widest_segment(ptr), t.max_mul),
+    )
 
 
 def _uninitialised(shape, like: torch.Tensor) -> torch.Tensor:
@@ -431,19 +543,21 @@ def _unfilled() -> bool:
     first) or ``0`` (every output zero-filled)."""
     value = os.environ.get(UNFILLED_ENV, "1").strip()
     if value not in ("", "0", "1"):
-        raise ValueError(f"{UNFILLED_ENV}={value!r}: use 1 (the default: outputs the kernels store whole are "
-                         "not zero-filled first) or 0 (every output zero-filled)")
+        raise ValueError(
+            f"{UNFILLED_ENV}={value!r}: use 1 (the default: outputs the kernels store whole are "
+            "not zero-filled first) or 0 (every output zero-filled)"
+        )
     return value != "0"
 
 
 def _output(shape, like: torch.Tensor, width: int | None) -> torch.Tensor:
-    """An output tensor ``[rows, shape[-1]]``: left uninitialised where the kernel launched stores the
-    columns ``0..width-1`` of every row and that is all of them, else zeros (``width`` None: no
-    launch, a graph without edges; gaps: input rows no path reads, edge attributes no entry reads,
-    weights of paths without pairs). A fill skipped is one pass less over the tensor: the weight
-    gradient is [edges, weights] (for a MACE-MP-medium layer at 4000 atoms, hundreds of MB in
-    float64); an H200's float64 step at 4000 atoms took 0.95x the time of the fills.
-    ``CFM_PLUGINS_TRITON_UNFILLED=0`` zero-fills every output."""
+    """An output tensor ``[rows, shape[-1]]``: left uninitialised where the kernel launched
+    stores the columns ``0..width-1`` of every row and that is all of them, else zeros (``width``
+    None: no launch, a graph without edges; gaps: input rows no path reads, edge attributes no
+    entry reads, weights of paths without pairs). A fill skipped is one pass less over the
+    tensor: the weight gradient is [edges, weights] (for a MACE-MP-medium layer at 4000 atoms,
+    hundreds of MB in float64); an H200's float64 step at 4000 atoms took 0.95x the time of the
+    fills. ``CFM_PLUGINS_TRITON_UNFILLED=0`` zero-fills every output."""
     if width == shape[-1] and _unfilled():
         return _uninitialised(shape, like)
     return torch.zeros(shape, dtype=like.dtype, device=like.device)
@@ -464,10 +578,17 @@ def bwd(g, x, y, w, graph, desc, desc_t, meta, need_x, need_y, need_w):
     not requested."""
     op = "cfm::conv_tp_bwd"
     graph = _check(op, x, y, w, graph, desc, meta)
-    if g.dtype != x.dtype or g.device != x.device or g.dim() != 2 or g.shape[0] != graph[_RPTR].numel() - 1 \
-            or g.shape[1] != meta[1]:
-        raise RuntimeError(f"{op}: g must be {x.dtype} [N, {meta[1]}] on {x.device}, got {g.dtype} "
-                           f"{list(g.shape)} on {g.device}")
+    if (
+        g.dtype != x.dtype
+        or g.device != x.device
+        or g.dim() != 2
+        or g.shape[0] != graph[_RPTR].numel() - 1
+        or g.shape[1] != meta[1]
+    ):
+        raise RuntimeError(
+            f"{op}: g must be {x.dtype} [N, {meta[1]}] on {x.device}, got {g.dtype} "
+            f"{list(g.shape)} on {g.device}"
+        )
     none = x.new_empty(0)
     E = y.shape[0]
     # the tables of each kernel to launch: None where it is not launched
@@ -487,14 +608,38 @@ def bwd(g, x, y, w, graph, desc, desc_t, meta, need_x, need_y, need_w):
             # graph's perm: it walks its own order
             presort = cfg.presort and perm.numel() == E
             ends = (graph[_SENDER], graph[_RECEIVER])
-            if presort:  # the ends in the receivers' order, gathered once per launch, then the order
+            if (
+                presort
+            ):  # the ends in the receivers' order, gathered once per launch, then the order
                 ends = (ends[0].index_select(0, perm), ends[1].index_select(0, perm), perm)
-            kern = _KERNELS.get(t, "edge", defer=cfg.defer, presort=presort, need_y=bool(need_y),
-                                need_w=bool(need_w))
-            return kern[grid](*ends, x, *x.stride(), g, *g.stride(), y, *y.stride(), w,
-                              *w.stride(), gy, gy.stride(0) if need_y else 0, gw, gw.stride(0) if need_w else 0, E,
-                              BLOCK_E=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
-                              num_stages=cfg.num_stages)
+            kern = _KERNELS.get(
+                t,
+                "edge",
+                defer=cfg.defer,
+                presort=presort,
+                need_y=bool(need_y),
+                need_w=bool(need_w),
+            )
+            return kern[grid](
+                *ends,
+                x,
+                *x.stride(),
+                g,
+                *g.stride(),
+                y,
+                *y.stride(),
+                w,
+                *w.stride(),
+                gy,
+                gy.stride(0) if need_y else 0,
+                gw,
+                gw.stride(0) if need_w else 0,
+                E,
+                BLOCK_E=cfg.block_rows,
+                BLOCK_C=cfg.block_c,
+                num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages,
+            )
 
         launch("tp_edge", _dtype_name(x), E, run, fit=(E, t.max_mul))
     return gx, gy, gw
@@ -506,10 +651,31 @@ def specimen(t: TPTables, dtype_name: str, edges: int = 312_000) -> dict:
     fp = "*fp64" if dtype_name == "float64" else "*fp32"
     dim_edge = max(t.edge_components(), default=0) + 1
     weights = max((wo + m for wo, m in zip(t.path_woff, t.path_mul)), default=0)
-    return dict(ptr_ptr="*i64", perm_ptr="*i64", other_ptr="*i64", sender_ptr="*i64", receiver_ptr="*i64",
-                x_ptr=fp, s_xn=t.dim_in, s_xd=1, y_ptr=fp, s_ye=dim_edge, s_yd=1, w_ptr=fp, s_we=weights, s_wd=1,
-                out_ptr=fp, g_ptr=fp, s_gn=t.dim_out, s_gd=1, gy_ptr=fp, s_gye=dim_edge, gw_ptr=fp, s_gwe=weights,
-                E=edges)
+    return dict(
+        ptr_ptr="*i64",
+        perm_ptr="*i64",
+        other_ptr="*i64",
+        sender_ptr="*i64",
+        receiver_ptr="*i64",
+        x_ptr=fp,
+        s_xn=t.dim_in,
+        s_xd=1,
+        y_ptr=fp,
+        s_ye=dim_edge,
+        s_yd=1,
+        w_ptr=fp,
+        s_we=weights,
+        s_wd=1,
+        out_ptr=fp,
+        g_ptr=fp,
+        s_gn=t.dim_out,
+        s_gd=1,
+        gy_ptr=fp,
+        s_gye=dim_edge,
+        gw_ptr=fp,
+        s_gwe=weights,
+        E=edges,
+    )
 
 
 def compiled_name(kernel: str, transposed: bool, flags: dict) -> str:

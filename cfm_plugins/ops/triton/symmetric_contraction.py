@@ -25,16 +25,16 @@ Work decomposition (GPU-first; the C++ CUDA kernel loops over 128 nodes per thre
   term, broadcast over the tile's nodes). The module sorts nodes by element and cuts them into
   chunks of at most ``CHUNK`` (128) nodes of one element (``order``, ``chunk_ptr``); the grid is
   (chunk, tile within the chunk, channel tile), so a 500-node batch of two elements at 128 channels
-  gives ~130 programs of 16 nodes x 32 channels, and a chunk longer than ``SPLIT * BLOCK_N`` nodes is
-  still covered (each program strides over it);
+  gives ~130 programs of 16 nodes x 32 channels, and a chunk longer than ``SPLIT * BLOCK_N`` nodes
+  is still covered (each program strides over it);
 - forward: the pre-order walk, outputs accumulated per component, stored in mace's layout;
 - backward: the walk with leave events (children before their parent is left) gives ``d out / d x``;
   the weight gradient ``d out / d coeff[e]`` is a sum over the element's nodes: each program writes
   the sum over its tile into its own slot of a partial buffer (the slots of a chunk's programs that
-  have nodes are consecutive, after the previous chunk's: ``slot_ptr``, so an empty chunk takes none),
-  and :mod:`._reduce` adds the slots of each element in a fixed order (deterministic, no atomics).
-  ``CFM_PLUGINS_TRITON_ATOMICS=1`` adds into ``coeff``'s gradient with ``tl.atomic_add`` instead
-  (not deterministic; not timed on a GPU yet);
+  have nodes are consecutive, after the previous chunk's: ``slot_ptr``, so an empty chunk takes
+  none), and :mod:`._reduce` adds the slots of each element in a fixed order (deterministic, no
+  atomics). ``CFM_PLUGINS_TRITON_ATOMICS=1`` adds into ``coeff``'s gradient with ``tl.atomic_add``
+  instead (not deterministic; not timed on a GPU yet);
 - double backward: the walk with the tangent (``T[j] = T[parent] x[last] + P[parent] dx[last]``)
   and the reverse of both, as ``cuda/symmetric_contraction/sc_math.h`` does per node.
 
@@ -43,6 +43,7 @@ what the C++ kernel returns (empty tensors for outputs not requested), so it is 
 operator's CUDA kernel (:func:`cfm_plugins.ops.triton.register`). Inputs may be non-contiguous or
 expanded (strides are passed); outputs are contiguous.
 """
+
 from __future__ import annotations
 
 import functools
@@ -71,7 +72,8 @@ def atomics() -> bool:
 
 @dataclass(frozen=True)
 class SCTables:
-    """The descriptor as the generator reads it (host copies of the operator's ``desc``/``meta``)."""
+    """The descriptor as the generator reads it (host copies of the operator's
+    ``desc``/``meta``)."""
 
     L: int
     O: int
@@ -86,22 +88,45 @@ class SCTables:
     out_stride: tuple
 
     @classmethod
-    def from_operator(cls, desc, meta) -> "SCTables":
+    def from_operator(cls, desc, meta) -> SCTables:
         """From the operator's ``desc`` (8 tensors, any device) and ``meta`` (8 ints)."""
         if len(desc) != 8 or len(meta) != 8:
-            raise ValueError(f"cfm::symmetric_contraction: the descriptor is 8 tensors and 8 ints, got "
-                             f"{len(desc)} and {len(meta)}")
+            raise ValueError(
+                f"cfm::symmetric_contraction: the descriptor is 8 tensors and 8 ints, got "
+                f"{len(desc)} and {len(meta)}"
+            )
         a = [tuple(int(v) for v in t.detach().cpu().reshape(-1).tolist()) for t in desc]
-        return cls(L=int(meta[0]), O=int(meta[3]), out_dim=int(meta[4]), R=int(meta[5]), parent=a[0], last=a[1],
-                   term_ptr=a[3], term_row=a[4], term_out=a[5], out_base=a[6], out_stride=a[7])
+        return cls(
+            L=int(meta[0]),
+            O=int(meta[3]),
+            out_dim=int(meta[4]),
+            R=int(meta[5]),
+            parent=a[0],
+            last=a[1],
+            term_ptr=a[3],
+            term_row=a[4],
+            term_out=a[5],
+            out_base=a[6],
+            out_stride=a[7],
+        )
 
     @classmethod
-    def from_descriptor(cls, d) -> "SCTables":
+    def from_descriptor(cls, d) -> SCTables:
         """From an :class:`~cfm_plugins.ops.descriptors.symmetric_contraction.SCDescriptor`."""
         t = lambda a: tuple(int(v) for v in np.asarray(a).reshape(-1))  # noqa: E731
-        return cls(L=d.num_ell, O=d.num_out, out_dim=d.out_dim, R=d.num_rows, parent=t(d.parent), last=t(d.last),
-                   term_ptr=t(d.term_ptr), term_row=t(d.term_row), term_out=t(d.term_out), out_base=t(d.out_base),
-                   out_stride=t(d.out_stride))
+        return cls(
+            L=d.num_ell,
+            O=d.num_out,
+            out_dim=d.out_dim,
+            R=d.num_rows,
+            parent=t(d.parent),
+            last=t(d.last),
+            term_ptr=t(d.term_ptr),
+            term_row=t(d.term_row),
+            term_out=t(d.term_out),
+            out_base=t(d.out_base),
+            out_stride=t(d.out_stride),
+        )
 
     @property
     def J(self) -> int:
@@ -139,8 +164,20 @@ class SCTables:
 
         for r in self.roots():
             visit(r)
-        return np.concatenate([np.asarray(a, dtype=np.int32).reshape(-1) for a in (
-            pre, events, self.depths, self.last, self.term_ptr, self.term_row, self.term_out)])
+        return np.concatenate(
+            [
+                np.asarray(a, dtype=np.int32).reshape(-1)
+                for a in (
+                    pre,
+                    events,
+                    self.depths,
+                    self.last,
+                    self.term_ptr,
+                    self.term_row,
+                    self.term_out,
+                )
+            ]
+        )
 
     def children(self) -> list[list[int]]:
         kids: list[list[int]] = [[] for _ in self.parent]
@@ -154,13 +191,19 @@ class SCTables:
 
     def terms(self, j: int) -> list[tuple[int, int]]:
         """(coefficient row, output component) of the terms of monomial ``j``."""
-        return [(self.term_row[t], self.term_out[t]) for t in range(self.term_ptr[j], self.term_ptr[j + 1])]
+        return [
+            (self.term_row[t], self.term_out[t])
+            for t in range(self.term_ptr[j], self.term_ptr[j + 1])
+        ]
 
 
 # ---------------------------------------------------------------------------------------------
 # Source generation
 # ---------------------------------------------------------------------------------------------
-_ARGS = "x_ptr, s_xn, s_xc, s_xl, c_ptr, s_ce, s_cr, s_cc, elem_ptr, order_ptr, chunk_ptr, slot_ptr, tab_ptr, C, SPLIT"
+_ARGS = (
+    "x_ptr, s_xn, s_xc, s_xl, c_ptr, s_ce, s_cr, s_cc, "
+    "elem_ptr, order_ptr, chunk_ptr, slot_ptr, tab_ptr, C, SPLIT"
+)
 
 
 class _Layout:
@@ -187,7 +230,10 @@ def _prologue(w: Writer, t: SCTables, extra_loads: list[str]) -> None:
     w("start = tl.load(chunk_ptr + chunk)")
     w("end = tl.load(chunk_ptr + chunk + 1)")
     w("first = start + sub * BLOCK_N")
-    w("elem = tl.load(elem_ptr + tl.load(order_ptr + start, mask=start < end, other=0), mask=start < end, other=0)")
+    w(
+        "elem = tl.load(elem_ptr + tl.load(order_ptr + start, mask=start < end, other=0), "
+        "mask=start < end, other=0)"
+    )
     w("cb = c_ptr + elem * s_ce + cols * s_cc")
     w("for s in range(first, end, SPLIT * BLOCK_N):")
     w.indent()
@@ -225,7 +271,8 @@ def _depth_chain(w: Writer, D: int, body) -> None:
 
 
 def _visit_header(w: Writer, lay: _Layout, index: str) -> None:
-    """Monomial ``j`` (from the walk table at ``index``): its depth ``dm1`` (0-based) and last factor."""
+    """Monomial ``j`` (from the walk table at ``index``): its depth ``dm1`` (0-based) and last
+    factor."""
     w(f"j = tl.load(tab_ptr + {index})")
     w(f"dm1 = tl.load(tab_ptr + {lay.DEPTH} + j) - 1")
     w(f"xl = tl.load(xb + tl.load(tab_ptr + {lay.LAST} + j) * s_xl, mask=m, other=0.0)")
@@ -266,7 +313,10 @@ def _weight_grad(w: Writer, value: str, atomic: bool) -> None:
         w(f"tl.atomic_add(gcb + r * Cp, {tl_sum(value, 0)}, mask=cmask)")
     else:
         w("pp = gcb + r * Cp")
-        w(f"tl.store(pp, tl.load(pp, mask=cmask & again, other=0.0) + {tl_sum(value, 0)}, mask=cmask)")
+        w(
+            f"tl.store(pp, tl.load(pp, mask=cmask & again, other=0.0) + {tl_sum(value, 0)}, "
+            "mask=cmask)"
+        )
 
 
 def _walk_open(w: Writer, t: SCTables, lay: _Layout, reverse: bool) -> None:
@@ -294,7 +344,8 @@ def _leave_header(w: Writer, t: SCTables, lay: _Layout) -> None:
 
 
 def _term_loop(w: Writer, lay: _Layout, body) -> None:
-    """Loop over the terms of monomial ``j``: ``r`` (coefficient row) and ``o`` (output component)."""
+    """Loop over the terms of monomial ``j``: ``r`` (coefficient row) and ``o`` (output
+    component)."""
     w(f"for q in range(tl.load(tab_ptr + {lay.TPTR} + j), tl.load(tab_ptr + {lay.TPTR} + j + 1)):")
     w.indent()
     w(f"r = tl.load(tab_ptr + {lay.TROW} + q)")
@@ -311,6 +362,7 @@ def _enter_forward(w: Writer, D: int, tangent: bool) -> None:
     """At the entry of monomial j (depth d): P_d = P_{d-1} x_l (x_l at depth 1), its factor kept as
     X_d; with ``tangent`` also T_d = T_{d-1} x_l + P_{d-1} dx_l (dx_l at depth 1), dX_d = dx_l.
     ``p`` (and ``tv``) name the current values."""
+
     def body(d):
         if d == 1:
             w("P1 = xl")
@@ -322,6 +374,7 @@ def _enter_forward(w: Writer, D: int, tangent: bool) -> None:
             w("T1 = dl" if d == 1 else f"T{d} = T{d - 1} * xl + P{d - 1} * dl")
             w(f"DX{d} = dl")
             w(f"tv = T{d}")
+
     _depth_chain(w, D, body)
 
 
@@ -344,6 +397,7 @@ def _gen_fwd(t: SCTables) -> str:
     def term():
         w(f"v = {_coef()} * p")
         _chain(w, "o", t.O, lambda k: w(f"acc{k} += v"))
+
     _term_loop(w, lay, term)
     w.dedent()
     _store_out(w, t, "out_ptr", "acc")
@@ -352,8 +406,12 @@ def _gen_fwd(t: SCTables) -> str:
 
 def _g_loads(t: SCTables) -> list[str]:
     lines = ["gob = g_ptr + node[:, None] * s_gn"]
-    return lines + [f"g{o} = tl.load(gob + ({t.out_base[o]} + cols[None, :] * {t.out_stride[o]}) * s_gd, mask=m, "
-                    "other=0.0)" for o in range(t.O)]
+    return lines + [
+        f"g{o} = tl.load(gob + ({t.out_base[o]} + cols[None, :] * {t.out_stride[o]}) * s_gd, "
+        "mask=m, "
+        "other=0.0)"
+        for o in range(t.O)
+    ]
 
 
 def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
@@ -363,8 +421,10 @@ def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
     lay, D = _Layout(t), t.D
     w = Writer()
     w("@triton.jit")
-    w(f"def sc_bwd({_ARGS}, g_ptr, s_gn, s_gd, gx_ptr, gc_ptr, R, Cp, BLOCK_N: tl.constexpr, "
-      "BLOCK_C: tl.constexpr):")
+    w(
+        f"def sc_bwd({_ARGS}, g_ptr, s_gn, s_gd, gx_ptr, gc_ptr, R, Cp, BLOCK_N: tl.constexpr, "
+        "BLOCK_C: tl.constexpr):"
+    )
     w.indent()
     _prologue(w, t, _g_loads(t))
     if need_gc:
@@ -383,6 +443,7 @@ def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
             w(f"seed += {_coef()} * go")
         if need_gc:
             _weight_grad(w, "go * p", atomic)
+
     _term_loop(w, lay, term)
     if need_gx:
         _depth_chain(w, D, lambda d: w(f"A{d} = seed"))
@@ -394,6 +455,7 @@ def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
             else:
                 w(f"v = A{d} * P{d - 1}")
                 w(f"A{d - 1} += A{d} * X{d}")
+
         _depth_chain(w, D, leave)
         _chain(w, "lj", t.L, lambda l: w(f"gx{l} += v"))
         w.dedent()
@@ -403,17 +465,28 @@ def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
     return w.text()
 
 
-def _gen_bwd2(t: SCTables, need_gg: bool, need_gx: bool, need_gc: bool, has_dx: bool, has_dc: bool,
-              atomic: bool) -> str:
+def _gen_bwd2(
+    t: SCTables,
+    need_gg: bool,
+    need_gx: bool,
+    need_gc: bool,
+    has_dx: bool,
+    has_dc: bool,
+    atomic: bool,
+) -> str:
     """Gradients of <dx, gx> + <dcoeff, gc> (gx, gc: the backward of <g, out>) with respect to g, x
-    and coeff. Entering monomial j: P_j and its tangent T_j along dx; gg_o += coeff T_j + dcoeff P_j;
-    d/dcoeff += g_o T_j; adjoint seeds AT_d = sum g coeff, AP_d = sum g dcoeff. Leaving it: the
-    reverse of T_d = T_{d-1} x + P_{d-1} dx and P_d = P_{d-1} x into the parent's adjoints and xb[l]."""
+    and coeff. Entering monomial j: P_j and its tangent T_j along dx; gg_o += coeff T_j + dcoeff
+    P_j; d/dcoeff += g_o T_j; adjoint seeds AT_d = sum g coeff, AP_d = sum g dcoeff. Leaving it: the
+    reverse of T_d = T_{d-1} x + P_{d-1} dx and P_d = P_{d-1} x into the parent's adjoints and
+    xb[l]."""
     lay, D = _Layout(t), t.D
     w = Writer()
     w("@triton.jit")
-    w(f"def sc_bwd2({_ARGS}, g_ptr, s_gn, s_gd, dx_ptr, s_dn, s_dc, s_dl, dc_ptr, s_de, s_dr, s_dcc, gg_ptr, "
-      "gx_ptr, gc_ptr, R, Cp, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):")
+    w(
+        f"def sc_bwd2({_ARGS}, g_ptr, s_gn, s_gd, dx_ptr, s_dn, s_dc, s_dl, dc_ptr, s_de, s_dr, "
+        "s_dcc, gg_ptr, "
+        "gx_ptr, gc_ptr, R, Cp, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):"
+    )
     w.indent()
     loads = _g_loads(t)
     if has_dx:
@@ -421,7 +494,9 @@ def _gen_bwd2(t: SCTables, need_gg: bool, need_gx: bool, need_gc: bool, has_dx: 
     _prologue(w, t, loads)
     if has_dc:
         w("dcb = dc_ptr + elem * s_de + cols * s_dcc")
-    gc_needed = need_gc and has_dx  # d/dcoeff of <g, sum coeff T>; the dcoeff term has no coeff in it
+    gc_needed = (
+        need_gc and has_dx
+    )  # d/dcoeff of <g, sum coeff T>; the dcoeff term has no coeff in it
     if gc_needed:
         _weight_grad_base(w, atomic)
     names = [f"P{d}" for d in range(1, D + 1)] + [f"X{d}" for d in range(1, D + 1)]
@@ -443,7 +518,9 @@ def _gen_bwd2(t: SCTables, need_gg: bool, need_gx: bool, need_gc: bool, has_dx: 
 
     def term():
         if need_gg:
-            parts = ([f"{_coef()} * tv"] if has_dx else []) + ([f"{_coef('dcb', 's_dr')} * p"] if has_dc else [])
+            parts = ([f"{_coef()} * tv"] if has_dx else []) + (
+                [f"{_coef('dcb', 's_dr')} * p"] if has_dc else []
+            )
             if parts:
                 w(f"v = {' + '.join(parts)}")
                 _chain(w, "o", t.O, lambda k: w(f"gg{k} += v"))
@@ -456,11 +533,14 @@ def _gen_bwd2(t: SCTables, need_gg: bool, need_gx: bool, need_gc: bool, has_dx: 
                 w(f"st += go * {_coef()}")
             if has_dc:
                 w(f"sp += go * {_coef('dcb', 's_dr')}")
+
     _term_loop(w, lay, term)
     if need_gx:
+
         def seed(d):
             w(f"AT{d} = st")
             w(f"AP{d} = sp")
+
         _depth_chain(w, D, seed)
         _leave_header(w, t, lay)
 
@@ -477,6 +557,7 @@ def _gen_bwd2(t: SCTables, need_gg: bool, need_gx: bool, need_gc: bool, has_dx: 
                 w(f"AP{d - 1} += AP{d} * X{d}")
             parts.append(f"AP{d} * P{d - 1}")
             w(f"v = {' + '.join(parts)}")
+
         _depth_chain(w, D, leave)
         _chain(w, "lj", t.L, lambda l: w(f"xb{l} += v"))
         w.dedent()
@@ -488,8 +569,11 @@ def _gen_bwd2(t: SCTables, need_gg: bool, need_gx: bool, need_gc: bool, has_dx: 
     return w.text()
 
 
-_HEADER = ('"""Generated by cfm_plugins.ops.triton.symmetric_contraction from a descriptor: do not edit."""\n'
-           "import triton\nimport triton.language as tl\n\n\n")
+_HEADER = (
+    '"""Generated by cfm_plugins.ops.triton.symmetric_contraction from a descriptor: do not '
+    'edit."""\n'
+    "import triton\nimport triton.language as tl\n\n\n"
+)
 
 
 def source(t: SCTables, kernel: str, **flags) -> str:
@@ -500,8 +584,15 @@ def source(t: SCTables, kernel: str, **flags) -> str:
     elif kernel == "bwd":
         body = _gen_bwd(t, flags["need_gx"], flags["need_gc"], flags.get("atomic", False))
     elif kernel == "bwd2":
-        body = _gen_bwd2(t, flags["need_gg"], flags["need_gx"], flags["need_gc"], flags["has_dx"], flags["has_dc"],
-                         flags.get("atomic", False))
+        body = _gen_bwd2(
+            t,
+            flags["need_gg"],
+            flags["need_gx"],
+            flags["need_gc"],
+            flags["has_dx"],
+            flags["has_dc"],
+            flags.get("atomic", False),
+        )
     else:
         raise ValueError(f"unknown symmetric contraction kernel {kernel!r}")
     return _HEADER + body
@@ -521,7 +612,8 @@ def kernel_variants() -> list[tuple[str, dict]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Launchers: the operators' CUDA kernels (and, in the tests, their CPU kernels under the interpreter)
+# Launchers: the operators' CUDA kernels (and, in the tests, their CPU kernels under the
+# interpreter)
 # ---------------------------------------------------------------------------------------------
 _TABLES = _codegen.TableCache(SCTables.from_operator)
 _KERNELS = _codegen.KernelCache("sc", source)
@@ -562,30 +654,42 @@ def _dtype_name(x: torch.Tensor) -> str:
 def _check(op: str, x, coeff, elem, order, chunk_ptr, desc, meta) -> None:
     """The checks of the C++ binding layer (sc_ops.h make_args), without the contiguity rule."""
     if len(desc) != 8 or len(meta) != 8:
-        raise RuntimeError(f"{op}: the descriptor is 8 tensors and 8 ints, got {len(desc)} and {len(meta)}")
+        raise RuntimeError(
+            f"{op}: the descriptor is 8 tensors and 8 ints, got {len(desc)} and {len(meta)}"
+        )
     if x.dtype not in (torch.float32, torch.float64):
         raise RuntimeError(f"{op}: x must be float32 or float64, got {x.dtype}")
     if coeff.dtype != x.dtype or coeff.device != x.device:
-        raise RuntimeError(f"{op}: coeff is {coeff.dtype} on {coeff.device}, expected {x.dtype} on {x.device}")
+        raise RuntimeError(
+            f"{op}: coeff is {coeff.dtype} on {coeff.device}, expected {x.dtype} on {x.device}"
+        )
     if x.dim() != 3 or x.shape[1] != meta[6] or x.shape[2] != meta[0]:
         raise RuntimeError(f"{op}: x must be [N, {meta[6]}, {meta[0]}], got {list(x.shape)}")
     if coeff.dim() != 3 or coeff.shape[1] != meta[5] or coeff.shape[2] != meta[7]:
-        raise RuntimeError(f"{op}: coeff must be [E, {meta[5]}, {meta[7]}], got {list(coeff.shape)}")
+        raise RuntimeError(
+            f"{op}: coeff must be [E, {meta[5]}, {meta[7]}], got {list(coeff.shape)}"
+        )
     for name, idx in (("elem", elem), ("order", order), ("chunk_ptr", chunk_ptr)):
         if idx.dtype != torch.int64 or idx.device != x.device:
-            raise RuntimeError(f"{op}: {name} must be int64 on {x.device}, got {idx.dtype} on {idx.device}")
+            raise RuntimeError(
+                f"{op}: {name} must be int64 on {x.device}, got {idx.dtype} on {idx.device}"
+            )
     if elem.numel() != x.shape[0] or order.numel() != x.shape[0] or chunk_ptr.numel() < 1:
         raise RuntimeError(f"{op}: elem and order must have one entry per node")
     for i, d in enumerate(desc):
         if d.device != x.device:
-            raise RuntimeError(f"{op}: descriptor table {i} is on {d.device} but x is on {x.device} "
-                               "(move the module with .to())")
+            raise RuntimeError(
+                f"{op}: descriptor table {i} is on {d.device} but x is on {x.device} "
+                "(move the module with .to())"
+            )
 
 
 def _check_like(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, shape) -> None:
     if t.dtype != ref.dtype or t.device != ref.device or list(t.shape) != list(shape):
-        raise RuntimeError(f"{op}: {name} must be {ref.dtype} {list(shape)} on {ref.device}, got {t.dtype} "
-                           f"{list(t.shape)} on {t.device}")
+        raise RuntimeError(
+            f"{op}: {name} must be {ref.dtype} {list(shape)} on {ref.device}, got {t.dtype} "
+            f"{list(t.shape)} on {t.device}"
+        )
 
 
 def _grid(cfg: TileConfig, n: int, n_chunks: int, channels: int) -> tuple[tuple, int]:
@@ -613,8 +717,15 @@ class _WeightGrad:
     depends only on the shapes (a traced step's chunk list ends in empty chunks, which take no
     slot): at most ``ceil(n / block_n) + chunks`` slots, and never more than ``chunks * split``."""
 
-    def __init__(self, coeff: torch.Tensor, chunk_ptr: torch.Tensor, n: int, split: int, block_n: int,
-                 atomic: bool):
+    def __init__(
+        self,
+        coeff: torch.Tensor,
+        chunk_ptr: torch.Tensor,
+        n: int,
+        split: int,
+        block_n: int,
+        atomic: bool,
+    ):
         E, R, Cp = coeff.shape
         self.atomic = atomic
         if atomic:
@@ -622,18 +733,26 @@ class _WeightGrad:
             self.slots = chunk_ptr  # not read
             return
         n_chunks = chunk_ptr.numel() - 1
-        tiles = torch.clamp(torch.div(chunk_ptr[1:] - chunk_ptr[:-1] + (block_n - 1), block_n, rounding_mode="floor"),
-                            max=split)
+        tiles = torch.clamp(
+            torch.div(
+                chunk_ptr[1:] - chunk_ptr[:-1] + (block_n - 1), block_n, rounding_mode="floor"
+            ),
+            max=split,
+        )
         self.slots = torch.cumsum(tiles, 0) - tiles
         size = min(n_chunks * split, -(-n // block_n) + n_chunks)
         self.target = torch.empty(size, R, Cp, dtype=coeff.dtype, device=coeff.device)
 
-    def finish(self, coeff, elem, order, chunk_ptr, channels: int, split: int, block_n: int) -> torch.Tensor:
+    def finish(
+        self, coeff, elem, order, chunk_ptr, channels: int, split: int, block_n: int
+    ) -> torch.Tensor:
         if self.atomic:
             return self.target
         from cfm_plugins.ops.triton._reduce import element_sum
 
-        return element_sum(self.target, self.slots, coeff, elem, order, chunk_ptr, channels, split, block_n)
+        return element_sum(
+            self.target, self.slots, coeff, elem, order, chunk_ptr, channels, split, block_n
+        )
 
 
 def fwd(x, coeff, elem, order, chunk_ptr, desc, meta):
@@ -645,12 +764,22 @@ def fwd(x, coeff, elem, order, chunk_ptr, desc, meta):
         return out
     kern, walk = _kernel(desc, meta, "fwd", x.device)
     n_chunks = chunk_ptr.numel() - 1
-    args = _common(x, coeff, elem, order, chunk_ptr, chunk_ptr, walk)  # no weight gradient: no slots
+    args = _common(
+        x, coeff, elem, order, chunk_ptr, chunk_ptr, walk
+    )  # no weight gradient: no slots
 
     def run(cfg):
         grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
-        return kern[grid](*args, meta[6], split, out, BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c,
-                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return kern[grid](
+            *args,
+            meta[6],
+            split,
+            out,
+            BLOCK_N=cfg.block_rows,
+            BLOCK_C=cfg.block_c,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
 
     launch("sc_fwd", _dtype_name(x), x.shape[0], run, fit=_fit(chunk_ptr, meta))
     return out
@@ -668,28 +797,55 @@ def bwd(gout, x, coeff, elem, order, chunk_ptr, desc, meta, need_gx, need_gc):
     if x.shape[0] == 0:
         return (gx, torch.zeros_like(coeff) if need_gc else none)
     atomic = atomics()
-    kern, walk = _kernel(desc, meta, "bwd", x.device, need_gx=bool(need_gx), need_gc=bool(need_gc),
-                         atomic=atomic and need_gc)
+    kern, walk = _kernel(
+        desc,
+        meta,
+        "bwd",
+        x.device,
+        need_gx=bool(need_gx),
+        need_gc=bool(need_gc),
+        atomic=atomic and need_gc,
+    )
     n_chunks = chunk_ptr.numel() - 1
     E, R, Cp = coeff.shape
     result = {}
 
     def run(cfg):
         grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
-        wg = _WeightGrad(coeff, chunk_ptr, x.shape[0], split, cfg.block_rows, atomic) if need_gc else None
+        wg = (
+            _WeightGrad(coeff, chunk_ptr, x.shape[0], split, cfg.block_rows, atomic)
+            if need_gc
+            else None
+        )
         args = _common(x, coeff, elem, order, chunk_ptr, wg.slots if wg else chunk_ptr, walk)
-        compiled = kern[grid](*args, meta[6], split, gout, *gout.stride(), gx, wg.target if wg else none, R, Cp,
-                              BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
-                              num_stages=cfg.num_stages)
+        compiled = kern[grid](
+            *args,
+            meta[6],
+            split,
+            gout,
+            *gout.stride(),
+            gx,
+            wg.target if wg else none,
+            R,
+            Cp,
+            BLOCK_N=cfg.block_rows,
+            BLOCK_C=cfg.block_c,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
         if wg is not None:
             result["gc"] = wg.finish(coeff, elem, order, chunk_ptr, meta[6], split, cfg.block_rows)
         return compiled
 
-    launch("sc_bwd", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta))
+    launch(
+        "sc_bwd", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta)
+    )
     return gx, result.get("gc", none)
 
 
-def bwd2(gout, x, coeff, dx, dcoeff, elem, order, chunk_ptr, desc, meta, need_ggout, need_gx, need_gc):
+def bwd2(
+    gout, x, coeff, dx, dcoeff, elem, order, chunk_ptr, desc, meta, need_ggout, need_gx, need_gc
+):
     """``cfm::symmetric_contraction_bwd2``: gradients of <dx, gx> + <dcoeff, gc> with respect to
     (gout, x, coeff), where (gx, gc) is ``bwd`` of (gout, x, coeff)."""
     op = "cfm::symmetric_contraction_bwd2"
@@ -713,8 +869,18 @@ def bwd2(gout, x, coeff, dx, dcoeff, elem, order, chunk_ptr, desc, meta, need_gg
             gx2.zero_()
         return gg, gx2, (torch.zeros_like(coeff) if gc_wanted else none)
     atomic = atomics()
-    kern, walk = _kernel(desc, meta, "bwd2", x.device, need_gg=bool(need_ggout), need_gx=bool(need_gx),
-                         need_gc=gc_computed, has_dx=has_dx, has_dc=has_dc, atomic=atomic and gc_computed)
+    kern, walk = _kernel(
+        desc,
+        meta,
+        "bwd2",
+        x.device,
+        need_gg=bool(need_ggout),
+        need_gx=bool(need_gx),
+        need_gc=gc_computed,
+        has_dx=has_dx,
+        has_dc=has_dc,
+        atomic=atomic and gc_computed,
+    )
     n_chunks = chunk_ptr.numel() - 1
     E, R, Cp = coeff.shape
     dx_args = [dx, *dx.stride()] if has_dx else [none, 0, 0, 0]
@@ -723,33 +889,87 @@ def bwd2(gout, x, coeff, dx, dcoeff, elem, order, chunk_ptr, desc, meta, need_gg
 
     def run(cfg):
         grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
-        wg = _WeightGrad(coeff, chunk_ptr, x.shape[0], split, cfg.block_rows, atomic) if gc_computed else None
+        wg = (
+            _WeightGrad(coeff, chunk_ptr, x.shape[0], split, cfg.block_rows, atomic)
+            if gc_computed
+            else None
+        )
         args = _common(x, coeff, elem, order, chunk_ptr, wg.slots if wg else chunk_ptr, walk)
-        compiled = kern[grid](*args, meta[6], split, gout, *gout.stride(), *dx_args, *dc_args, gg, gx2,
-                              wg.target if wg else none, R, Cp, BLOCK_N=cfg.block_rows, BLOCK_C=cfg.block_c,
-                              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        compiled = kern[grid](
+            *args,
+            meta[6],
+            split,
+            gout,
+            *gout.stride(),
+            *dx_args,
+            *dc_args,
+            gg,
+            gx2,
+            wg.target if wg else none,
+            R,
+            Cp,
+            BLOCK_N=cfg.block_rows,
+            BLOCK_C=cfg.block_c,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
         if wg is not None:
             result["gc"] = wg.finish(coeff, elem, order, chunk_ptr, meta[6], split, cfg.block_rows)
         return compiled
 
-    launch("sc_bwd2", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta))
+    launch(
+        "sc_bwd2", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta)
+    )
     gc = result.get("gc", torch.zeros_like(coeff) if gc_wanted else none)
     return gg, gx2, gc
 
 
 def specimen(t: SCTables, channels: int, dtype_name: str, split: int = 8) -> dict:
     """Argument values of a typical launch (contiguous tensors, ``channels`` channels), for the
-    ahead-of-time compile check (:mod:`cfm_plugins.ops.triton.aot`): pointer types and sizes/strides."""
+    ahead-of-time compile check (:mod:`cfm_plugins.ops.triton.aot`): pointer types and
+    sizes/strides."""
     fp = "*fp64" if dtype_name == "float64" else "*fp32"
     cp = -(-channels // 16) * 16
     x = dict(s_xn=channels * t.L, s_xc=t.L, s_xl=1)
-    return dict(x_ptr=fp, **x, c_ptr=fp, s_ce=t.R * cp, s_cr=cp, s_cc=1, elem_ptr="*i64", order_ptr="*i64",
-                chunk_ptr="*i64", slot_ptr="*i64", tab_ptr="*i32", C=channels, SPLIT=split, out_ptr=fp, g_ptr=fp, s_gn=t.out_dim, s_gd=1, gx_ptr=fp,
-                gc_ptr=fp, R=t.R, Cp=cp, dx_ptr=fp, s_dn=x["s_xn"], s_dc=x["s_xc"], s_dl=1, dc_ptr=fp, s_de=t.R * cp,
-                s_dr=cp, s_dcc=1, gg_ptr=fp)
+    return dict(
+        x_ptr=fp,
+        **x,
+        c_ptr=fp,
+        s_ce=t.R * cp,
+        s_cr=cp,
+        s_cc=1,
+        elem_ptr="*i64",
+        order_ptr="*i64",
+        chunk_ptr="*i64",
+        slot_ptr="*i64",
+        tab_ptr="*i32",
+        C=channels,
+        SPLIT=split,
+        out_ptr=fp,
+        g_ptr=fp,
+        s_gn=t.out_dim,
+        s_gd=1,
+        gx_ptr=fp,
+        gc_ptr=fp,
+        R=t.R,
+        Cp=cp,
+        dx_ptr=fp,
+        s_dn=x["s_xn"],
+        s_dc=x["s_xc"],
+        s_dl=1,
+        dc_ptr=fp,
+        s_de=t.R * cp,
+        s_dr=cp,
+        s_dcc=1,
+        gg_ptr=fp,
+    )
 
 
 def compiled_name(kernel: str, flags: dict) -> str:
     """A readable name of a kernel variant (``bwd[gx,gc]``) for reports."""
-    on = [k.replace("need_", "").replace("has_", "") for k, v in sorted(flags.items()) if v and k != "atomic"]
+    on = [
+        k.replace("need_", "").replace("has_", "")
+        for k, v in sorted(flags.items())
+        if v and k != "atomic"
+    ]
     return f"sc_{kernel}" + (f"[{','.join(on)}]" if on else "")

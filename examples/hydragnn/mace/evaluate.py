@@ -3,7 +3,8 @@
 From the folder ``train.py`` ran in::
 
     python evaluate.py clusters_emt_forces_MACE --out ef.npz            # HydraGNN alone
-    python evaluate.py clusters_emt_forces_MACE --out ef.npz --fused    # and again with the fused kernels
+    python evaluate.py clusters_emt_forces_MACE --out ef.npz --fused    # and again with the fused
+    kernels
 
 The model is built from the config HydraGNN saved beside the checkpoint
 (``logs/<log>/config.json``, ``create_model_config``), wrapped as in training and loaded with
@@ -15,16 +16,16 @@ in as ``cfm-run --enable ...,fused`` does (``cfm_plugins.ops.patching.patch_mode
 hydragnn adapter's interaction-block form), computes them again and prints the largest relative
 difference. Writes ``energy``/``forces`` (and ``energy_fused``/``forces_fused``) to ``--out``.
 """
+
 import argparse
 import json
 import os
 import sys
 
+import hydragnn
 import numpy as np
 import torch
 import torch.distributed as dist
-
-import hydragnn
 
 
 def energy_forces(model, batch, create_graph=False):
@@ -56,10 +57,13 @@ def energies_and_forces(model, graphs, batch_size=8):
 
 
 def load_checkpoint(log_name, path="./logs/"):
-    """HydraGNN's model of ``log_name``, built from its saved config and loaded as HydraGNN loads it."""
+    """HydraGNN's model of ``log_name``, built from its saved config and loaded as HydraGNN loads
+    it."""
     with open(os.path.join(path, log_name, "config.json")) as fh:
         config = json.load(fh)
-    if not dist.is_initialized():  # HydraGNN's wrapper and loader expect a (here one-rank) process group
+    if (
+        not dist.is_initialized()
+    ):  # HydraGNN's wrapper and loader expect a (here one-rank) process group
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     model = hydragnn.models.create_model_config(config=config["NeuralNetwork"], verbosity=0)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -70,15 +74,21 @@ def load_checkpoint(log_name, path="./logs/"):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("log", help="HydraGNN log name (the folder under ./logs/ with the checkpoint)")
+    parser.add_argument(
+        "log", help="HydraGNN log name (the folder under ./logs/ with the checkpoint)"
+    )
     parser.add_argument("--out", default="energies_forces.npz")
-    parser.add_argument("--fused", action="store_true", help="also with the fused kernels, and compare")
+    parser.add_argument(
+        "--fused", action="store_true", help="also with the fused kernels, and compare"
+    )
     args = parser.parse_args(argv)
 
     model, config = load_checkpoint(args.log)
     graphs = torch.load(config["Dataset"]["path"]["total"], weights_only=False)
     energy, forces = energies_and_forces(model, graphs)
-    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("cfm_plugins", "cfm_plugins_adapters"))
+    loaded = sorted(
+        m for m in sys.modules if m.split(".")[0] in ("cfm_plugins", "cfm_plugins_adapters")
+    )
     if loaded:
         raise SystemExit(f"cfm-plugins modules were imported before the stock evaluation: {loaded}")
     print(f"{args.log}: loaded in HydraGNN alone; {len(graphs)} graphs, {forces.shape[0]} atoms")
@@ -92,8 +102,11 @@ def main(argv=None):
         result["energy_fused"], result["forces_fused"] = energies_and_forces(model, graphs)
         for name in ("energy", "forces"):
             ref, new = result[name], result[name + "_fused"]
-            print(f"{name}: largest difference {np.abs(new - ref).max():.3e}, relative to the largest value "
-                  f"{np.abs(new - ref).max() / np.abs(ref).max():.3e}")
+            print(
+                f"{name}: largest difference {np.abs(new - ref).max():.3e}, relative to the "
+                "largest value "
+                f"{np.abs(new - ref).max() / np.abs(ref).max():.3e}"
+            )
     np.savez(args.out, **result)
 
 

@@ -19,38 +19,46 @@ Nothing here knows about cfm-plugins: the plugins meet HydraGNN's own calls. The
 clusters with EMT total energies and forces; ``Dataset.num_structures``, ``Dataset.max_atoms``).
 HydraGNN writes its logs and its checkpoint under ``./logs/<log name>/``.
 """
+
 import argparse
 import json
 import os
 import random
 
+import hydragnn
+
+# not imported by `import hydragnn` (utils is a namespace package)
+import hydragnn.utils.input_config_parsing
+import hydragnn.utils.profiling_and_tracing.tracer as tr
 import torch
 import torch.distributed as dist
-
-import hydragnn
-import hydragnn.utils.input_config_parsing  # not imported by `import hydragnn` (utils is a namespace package)
-import hydragnn.utils.profiling_and_tracing.tracer as tr
 from hydragnn.preprocess.load_data import split_dataset
 
 
 def load_or_make_dataset(dataset_config, world_rank):
-    """The list of PyG graphs at ``Dataset.path.total``; rank 0 makes it first when it is missing."""
+    """The list of PyG graphs at ``Dataset.path.total``; rank 0 makes it first when it is
+    missing."""
     path = dataset_config["path"]["total"]
     if world_rank == 0 and not os.path.exists(path):
         from cfm_plugins.datasets.clusters import make_dataset
 
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        graphs = make_dataset(dataset_config.get("num_structures", 200), seed=0,
-                              max_atoms=dataset_config.get("max_atoms", 100), forces=True)
+        graphs = make_dataset(
+            dataset_config.get("num_structures", 200),
+            seed=0,
+            max_atoms=dataset_config.get("max_atoms", 100),
+            forces=True,
+        )
         torch.save(graphs, path + ".tmp")
         os.replace(path + ".tmp", path)
     if dist.is_initialized():
-        dist.barrier()  # every rank, whether or not it saw the file: rank 0 may have written it already
+        # every rank, whether or not it saw the file: rank 0 may have written it already
+        dist.barrier()
     return torch.load(path, weights_only=False)
 
 
 def main(config_file, log_name=None, seed=0):
-    with open(config_file, "r") as f:
+    with open(config_file) as f:
         config = json.load(f)
     verbosity = config["Verbosity"]["level"]
     training = config["NeuralNetwork"]["Training"]
@@ -69,14 +77,19 @@ def main(config_file, log_name=None, seed=0):
     train_loader, val_loader, test_loader = hydragnn.preprocess.create_dataloaders(
         trainset, valset, testset, training["batch_size"]
     )
-    config = hydragnn.utils.input_config_parsing.update_config(config, train_loader, val_loader, test_loader)
+    config = hydragnn.utils.input_config_parsing.update_config(
+        config, train_loader, val_loader, test_loader
+    )
     hydragnn.utils.input_config_parsing.save_config(config, log_name)
 
     model = hydragnn.models.create_model_config(config=config["NeuralNetwork"], verbosity=verbosity)
     optimizer = torch.optim.AdamW(model.parameters(), lr=training["Optimizer"]["learning_rate"])
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=0.5, patience=5,
-                                                           min_lr=0.00001)
-    model, optimizer = hydragnn.utils.distributed.distributed_model_wrapper(model, optimizer, verbosity)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        optimizer, mode="min", factor=0.5, patience=5, min_lr=0.00001
+    )
+    model, optimizer = hydragnn.utils.distributed.distributed_model_wrapper(
+        model, optimizer, verbosity
+    )
 
     tr.initialize()
     tr.disable()
@@ -103,9 +116,15 @@ def main(config_file, log_name=None, seed=0):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="HydraGNN's MACE stack trained on EMT energies and forces")
+    parser = argparse.ArgumentParser(
+        description="HydraGNN's MACE stack trained on EMT energies and forces"
+    )
     parser.add_argument("config", help="HydraGNN JSON configuration")
-    parser.add_argument("--log", default=None, help="log name under ./logs/ (default: Dataset.name + _MACE)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the train/validation/test split")
+    parser.add_argument(
+        "--log", default=None, help="log name under ./logs/ (default: Dataset.name + _MACE)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the train/validation/test split"
+    )
     args = parser.parse_args()
     main(args.config, args.log, args.seed)

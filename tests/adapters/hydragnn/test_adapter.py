@@ -1,4 +1,6 @@
-"""The hydragnn adapter inside real HydraGNN 3.0 training (examples/hydragnn/train.py) under real mpirun."""
+"""The hydragnn adapter inside real HydraGNN 3.0 training (examples/hydragnn/train.py) under real
+mpirun."""
+
 from __future__ import annotations
 
 import json
@@ -12,14 +14,18 @@ from tests.helpers import BIN, ROOT, run_mpi
 from tests.helpers.hydragnn_source import skip_if_source
 
 skip_if_source()  # examples/hydragnn/train.py is written for 3.0's API
-pytest.importorskip("hydragnn", reason="HydraGNN is not installed here (`make venv` installs HydraGNN==3.0)")
-pytest.importorskip("torch_geometric", reason="torch_geometric is not installed (the [hydragnn] extra)")
+pytest.importorskip(
+    "hydragnn", reason="HydraGNN is not installed here (`make venv` installs HydraGNN==3.0)"
+)
+pytest.importorskip(
+    "torch_geometric", reason="torch_geometric is not installed (the [hydragnn] extra)"
+)
 
 import torch  # noqa: E402
 
 from cfm_plugins.config import build_config, find_config_file  # noqa: E402
-from cfm_plugins_adapters.hydragnn import serves  # noqa: E402
 from cfm_plugins.steplog import load_imbalance, read_step_logs  # noqa: E402
+from cfm_plugins_adapters.hydragnn import serves  # noqa: E402
 
 CFM_RUN = str(BIN / "cfm-run")
 EXAMPLE = ROOT / "examples" / "hydragnn"
@@ -27,7 +33,8 @@ EPOCHS = 2
 
 
 def tagged_clusters(folder, n: int, seed: int):
-    """``n`` graphs of 3..120 atoms, each tagged with its index (``idx``), as folder/dataset/clusters.pt."""
+    """``n`` graphs of 3..120 atoms, each tagged with its index (``idx``), as
+    folder/dataset/clusters.pt."""
     from cfm_plugins.datasets.clusters import make_dataset
 
     graphs = make_dataset(n, seed=seed, max_atoms=120)
@@ -40,21 +47,28 @@ def tagged_clusters(folder, n: int, seed: int):
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    """A small size-diverse set (3..120 atoms, every graph tagged with its index) and a tiny EGNN."""
+    """A small size-diverse set (3..120 atoms, every graph tagged with its index) and a tiny
+    EGNN."""
     folder = tagged_clusters(tmp_path_factory.mktemp("hydragnn"), 60, seed=1)
     config = json.loads((EXAMPLE / "config.json").read_text())
     arch = config["NeuralNetwork"]["Architecture"]
     arch.update(hidden_dim=8, num_conv_layers=2)
     arch["output_heads"]["graph"].update(dim_sharedlayers=8, dim_headlayers=[8, 8])
     config["NeuralNetwork"]["Training"].update(num_epoch=EPOCHS, batch_size=4)
-    config["cfm_plugins"] = {"enable": ["hydragnn", "binpack"], "step_log": str(folder / "steps" / "binpack")}
+    config["cfm_plugins"] = {
+        "enable": ["hydragnn", "binpack"],
+        "step_log": str(folder / "steps" / "binpack"),
+    }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
 
 
 def train(work: Path, *cfm_args: str):
-    return run_mpi([CFM_RUN, *cfm_args, "--", "python", str(EXAMPLE / "train.py"), str(work / "config.json")],
-                   timeout=300, cwd=work)
+    return run_mpi(
+        [CFM_RUN, *cfm_args, "--", "python", str(EXAMPLE / "train.py"), str(work / "config.json")],
+        timeout=300,
+        cwd=work,
+    )
 
 
 def train_losses(log: str) -> list[float]:
@@ -81,7 +95,14 @@ def test_hydragnn_uses_cfm_run_ranks_and_binpack_loaders(binpack_run):
     log = binpack_run.stdout
     assert "plugins enabled: hydragnn, binpack (from config-file)" in log
     # HydraGNN's setup_ddp took the process group cfm-run made, on both ranks
-    assert len(re.findall(r"HydraGNN setup_ddp: using cfm-run's process group \(gloo at [0-9.]+:\d+\)", log)) == 2
+    assert (
+        len(
+            re.findall(
+                r"HydraGNN setup_ddp: using cfm-run's process group \(gloo at [0-9.]+:\d+\)", log
+            )
+        )
+        == 2
+    )
     for role in ("train", "valid", "test"):
         assert len(re.findall(rf"binpack {role}: \d+ steps on each of 2 ranks", log)) == 2, role
     losses = train_losses(log)
@@ -98,9 +119,9 @@ def test_every_graph_once_per_epoch_equal_steps_and_reshuffled(work, binpack_run
     n = n_train(work)
     epochs = []
     for e in range(EPOCHS):
-        ids = [i for r in ranks for rec in r[e * steps:(e + 1) * steps] for i in rec["ids"]]
+        ids = [i for r in ranks for rec in r[e * steps : (e + 1) * steps] for i in rec["ids"]]
         assert sorted(ids) == list(range(n)), f"epoch {e}: not every training graph exactly once"
-        epochs.append([sorted(rec["ids"]) for rec in ranks[0][e * steps:(e + 1) * steps]])
+        epochs.append([sorted(rec["ids"]) for rec in ranks[0][e * steps : (e + 1) * steps]])
     assert epochs[0] != epochs[1], "HydraGNN's set_epoch calls did not re-pack the batches"
     # the plan balances atoms: per-step atom imbalance close to 1
     atoms = np.array([[rec["atoms"] for rec in r] for r in ranks], dtype=float)
@@ -115,10 +136,16 @@ def test_reference_run_steps_match_and_fused_says_once_that_nothing_fits(work, b
     (work / "steps").mkdir(exist_ok=True)
     out = train(work, "--enable", "hydragnn,fused", "-o", f"step_log={work / 'steps' / 'stock'}")
     assert out.returncode == 0, out.stdout[-5000:]
-    said = re.findall(r"fused: the model \(EGCLStack\) has no module for symmetric_contraction, conv_tp .*nothing "
-                      r"was swapped", out.stdout)
+    said = re.findall(
+        r"fused: the model \(EGCLStack\) has no module for symmetric_contraction, conv_tp "
+        r".*nothing "
+        r"was swapped",
+        out.stdout,
+    )
     assert len(said) == 2, out.stdout[-3000:]
-    assert "plugins enabled: hydragnn, fused (from cli)" in out.stdout  # --enable overrides the config key
+    assert (
+        "plugins enabled: hydragnn, fused (from cli)" in out.stdout
+    )  # --enable overrides the config key
     assert "binpack not enabled" in out.stdout
     stock = read_step_logs(str(work / "steps" / "stock"))
     ours = read_step_logs(str(work / "steps" / "binpack"))
@@ -153,16 +180,24 @@ def test_json_config_key_enables_plugins_and_is_removed(work):
     assert config.enabled == ["hydragnn", "binpack"] and config.source == "config-file"
     assert config.get("step_log").endswith("binpack")
     copy = json.loads(Path(argv[2]).read_text())  # HydraGNN reads a copy without the key
-    assert argv[2] != str(work / "config.json") and "cfm_plugins" not in copy and "NeuralNetwork" in copy
+    assert (
+        argv[2] != str(work / "config.json")
+        and "cfm_plugins" not in copy
+        and "NeuralNetwork" in copy
+    )
 
 
 def test_json_config_copy_keeps_json_numbers(tmp_path):
     cfg = tmp_path / "c.json"
-    cfg.write_text('{"NeuralNetwork": {"Training": {"Optimizer": {"learning_rate": 1e-3}}}, '
-                   '"cfm_plugins": ["hydragnn"]}')
+    cfg.write_text(
+        '{"NeuralNetwork": {"Training": {"Optimizer": {"learning_rate": 1e-3}}}, '
+        '"cfm_plugins": ["hydragnn"]}'
+    )
     argv = ["python", "train.py", str(cfg)]
     assert build_config(None, (), trainer_argv=argv, environ={}).enabled == ["hydragnn"]
-    lr = json.loads(Path(argv[2]).read_text())["NeuralNetwork"]["Training"]["Optimizer"]["learning_rate"]
+    lr = json.loads(Path(argv[2]).read_text())["NeuralNetwork"]["Training"]["Optimizer"][
+        "learning_rate"
+    ]
     assert lr == 1e-3 and isinstance(lr, float)
 
 
@@ -185,9 +220,9 @@ def epoch_ids(ranks, epoch):
 
 @pytest.fixture(scope="module")
 def auto_work(work, tmp_path_factory):
-    """The EGNN of the example (hidden 64, 3 layers) on a larger set (200 graphs: about 20 steps per rank
-    and epoch, enough to fit). The tiny one of the other tests takes 2-3 ms a step whatever its batch
-    (overhead and noise): there the fit rightly keeps the initial cost."""
+    """The EGNN of the example (hidden 64, 3 layers) on a larger set (200 graphs: about 20 steps
+    per rank and epoch, enough to fit). The tiny one of the other tests takes 2-3 ms a step
+    whatever its batch (overhead and noise): there the fit rightly keeps the initial cost."""
     folder = tagged_clusters(tmp_path_factory.mktemp("hydragnn_auto"), 200, seed=2)
     config = json.loads((work / "config.json").read_text())
     config.pop("cfm_plugins")
@@ -207,9 +242,25 @@ def auto_runs(auto_work):
     (HydraGNN's Training.continue/startfrom) for 2 epochs."""
     runs = {}
     for name in ("auto", "continued"):
-        out = run_mpi([CFM_RUN, "--enable", "hydragnn,binpack", "-o", "cost=auto", "-o",
-                       f"step_log={auto_work / 'steps' / name}", "--", "python", str(EXAMPLE / "train.py"),
-                       str(auto_work / f"{name}.json"), "--log", name], timeout=300, cwd=auto_work)
+        out = run_mpi(
+            [
+                CFM_RUN,
+                "--enable",
+                "hydragnn,binpack",
+                "-o",
+                "cost=auto",
+                "-o",
+                f"step_log={auto_work / 'steps' / name}",
+                "--",
+                "python",
+                str(EXAMPLE / "train.py"),
+                str(auto_work / f"{name}.json"),
+                "--log",
+                name,
+            ],
+            timeout=300,
+            cwd=auto_work,
+        )
         assert out.returncode == 0, out.stdout[-5000:]
         runs[name] = out.stdout
     return runs
@@ -221,7 +272,10 @@ def test_cost_auto_calibrates_on_epoch_0_and_every_rank_plans_with_one_fit(auto_
 
     fits = re.findall(r"binpack cost=auto from epoch 1: step time = .*", auto_runs["auto"])
     assert len(fits) == 1, auto_runs["auto"][-4000:]  # one line, from rank 0
-    assert "thread CPU time of forward+backward" in fits[0] and "LIF measured in the calibration" in fits[0]
+    assert (
+        "thread CPU time of forward+backward" in fits[0]
+        and "LIF measured in the calibration" in fits[0]
+    )
     ranks = read_step_logs(str(auto_work / "steps" / "auto"))
     n = n_train(auto_work)
     for epoch, label in ((0, "initial"), (1, "auto-1"), (2, "auto-1")):
@@ -230,19 +284,27 @@ def test_cost_auto_calibrates_on_epoch_0_and_every_rank_plans_with_one_fit(auto_
         assert {rec["cost"] for r in recs for rec in r} == {label}
         assert sorted(i for r in recs for rec in r for i in rec["ids"]) == list(range(n)), epoch
     events = read_step_events(str(auto_work / "steps" / "auto"))
-    assert len(events[0]) == 1 and events[0] == events[1]  # the same fit on both ranks, logged once each
+    assert (
+        len(events[0]) == 1 and events[0] == events[1]
+    )  # the same fit on both ranks, logged once each
     assert events[0][0]["from_epoch"] == 1 and events[0][0]["fit"]["ranks"] == 2
-    saved = json.loads((auto_work / "logs" / "auto" / "auto.cfm-binpack.json").read_text())  # beside auto.pk
+    saved = json.loads(
+        (auto_work / "logs" / "auto" / "auto.cfm-binpack.json").read_text()
+    )  # beside auto.pk
     assert saved["calibrations"][0]["fit"] == events[0][0]["fit"]
 
 
 @pytest.mark.mpi
 def test_cost_auto_continued_run_plans_with_the_saved_fit(auto_work, auto_runs):
     """A run continued from the model file (HydraGNN 3.0 counts epochs from 0 again) takes the saved
-    fit from epoch 0 on: no calibration epoch, and its epoch 1 packs the batches the first run packed
+    fit from epoch 0 on: no calibration epoch, and its epoch 1 packs the batches the first run
+    packed
     with that fit at epoch 1 (same costs, same seed + epoch)."""
     log = auto_runs["continued"]
-    assert "Load existing model" in log and "cost=auto: resuming with the saved fit from epoch 0" in log
+    assert (
+        "Load existing model" in log
+        and "cost=auto: resuming with the saved fit from epoch 0" in log
+    )
     assert "binpack cost=auto from epoch" not in log  # nothing calibrated again
     first = read_step_logs(str(auto_work / "steps" / "auto"))
     continued = read_step_logs(str(auto_work / "steps" / "continued"))

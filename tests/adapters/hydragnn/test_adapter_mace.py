@@ -2,6 +2,7 @@
 ``examples/hydragnn/mace/train.py`` (energies and forces, float64) trained under real
 ``mpirun -np 2 cfm-run --enable hydragnn,binpack,fused``, against the same training with stock
 kernels, and its checkpoint loaded in HydraGNN alone (``examples/hydragnn/mace/evaluate.py``)."""
+
 from __future__ import annotations
 
 import json
@@ -45,9 +46,25 @@ def work(tmp_path_factory):
 
 
 def train(work, enable: str, label: str):
-    out = run_mpi([str(BIN / "cfm-run"), "--enable", enable, "-o", f"step_log={work / 'steps' / label}", "--",
-                   "python", str(EXAMPLE / "train.py"), str(work / "config.json"), "--log", label,
-                   "--seed", str(SEED)], timeout=900, cwd=work)
+    out = run_mpi(
+        [
+            str(BIN / "cfm-run"),
+            "--enable",
+            enable,
+            "-o",
+            f"step_log={work / 'steps' / label}",
+            "--",
+            "python",
+            str(EXAMPLE / "train.py"),
+            str(work / "config.json"),
+            "--log",
+            label,
+            "--seed",
+            str(SEED),
+        ],
+        timeout=900,
+        cwd=work,
+    )
     assert out.returncode == 0, out.stdout[-6000:]
     return out.stdout
 
@@ -70,17 +87,26 @@ def task_losses(log: str) -> list[list[float]]:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_fused_training_names_the_swapped_modules_and_uses_every_graph_once_per_epoch(work, fused_run):
+def test_fused_training_names_the_swapped_modules_and_uses_every_graph_once_per_epoch(
+    work, fused_run
+):
     import random
 
     from hydragnn.preprocess.load_data import split_dataset
 
-    swapped = re.findall(r"fused kernels swapped in EnhancedModelWrapper: symmetric_contraction: 2 \((.*)\); "
-                         r"conv_tp: 2 \((.*)\)", fused_run)
+    swapped = re.findall(
+        r"fused kernels swapped in EnhancedModelWrapper: symmetric_contraction: 2 \((.*)\); "
+        r"conv_tp: 2 \((.*)\)",
+        fused_run,
+    )
     assert len(swapped) == 2, fused_run[-4000:]  # one line per rank, naming the modules
     for sc, tp in swapped:
-        assert sc.split(", ") == [f"model.graph_convs.{i}.module_2.symmetric_contractions" for i in (0, 1)]
-        assert tp.split(", ") == [f"model.graph_convs.{i}.module_1" for i in (0, 1)]  # the blocks, whole
+        assert sc.split(", ") == [
+            f"model.graph_convs.{i}.module_2.symmetric_contractions" for i in (0, 1)
+        ]
+        assert tp.split(", ") == [
+            f"model.graph_convs.{i}.module_1" for i in (0, 1)
+        ]  # the blocks, whole
     assert len(re.findall(r"binpack train: \d+ steps on each of 2 ranks", fused_run)) == 2
     losses = task_losses(fused_run)
     assert len(losses) == EPOCHS and all(np.isfinite(losses[-1])), losses
@@ -90,11 +116,13 @@ def test_fused_training_names_the_swapped_modules_and_uses_every_graph_once_per_
     trainset = split_dataset(graphs, 0.8, False)[0]
     expected = sorted(int(g.idx) for g in trainset)
     ranks = read_step_logs(str(work / "steps" / "fused"))
-    assert len(ranks) == 2 and len(ranks[0]) == len(ranks[1]) > 0  # the same number of steps on every rank
+    assert (
+        len(ranks) == 2 and len(ranks[0]) == len(ranks[1]) > 0
+    )  # the same number of steps on every rank
     steps = len(ranks[0]) // EPOCHS
     assert steps * EPOCHS == len(ranks[0])
     for e in range(EPOCHS):
-        ids = [i for r in ranks for rec in r[e * steps:(e + 1) * steps] for i in rec["ids"]]
+        ids = [i for r in ranks for rec in r[e * steps : (e + 1) * steps] for i in rec["ids"]]
         assert sorted(ids) == expected, f"epoch {e}: not every training graph exactly once"
 
 
@@ -117,22 +145,37 @@ def test_fused_training_equals_stock_training_in_float64(work, fused_run, stock_
         if a[key].is_floating_point():
             assert a[key].dtype == torch.float64, key
             scale = float(b[key].abs().max()) if b[key].numel() else 0.0
-            torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-10 * max(scale, 1e-3), msg=key)
+            torch.testing.assert_close(
+                a[key], b[key], rtol=0, atol=1e-10 * max(scale, 1e-3), msg=key
+            )
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_checkpoint_loads_in_hydragnn_alone_and_fused_equals_it(work, fused_run):
-    out = subprocess.run([sys.executable, str(EXAMPLE / "evaluate.py"), "fused", "--out", "ef.npz", "--fused"],
-                         cwd=work, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE / "evaluate.py"), "fused", "--out", "ef.npz", "--fused"],
+        cwd=work,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-4000:]
     assert "fused: loaded in HydraGNN alone; 24 graphs" in out.stdout
     assert "symmetric_contraction: 2" in out.stdout
     # the interaction blocks whole, as under cfm-run with fused (the adapter's form)
-    assert re.search(r"conv_tp: 2 \((\S*)graph_convs\.0\.module_1, \1graph_convs\.1\.module_1\)", out.stdout), \
-        out.stdout[-4000:]
+    assert re.search(
+        r"conv_tp: 2 \((\S*)graph_convs\.0\.module_1, \1graph_convs\.1\.module_1\)", out.stdout
+    ), out.stdout[-4000:]
     ef = np.load(work / "ef.npz")
-    assert ef["energy"].shape == (24,) and ef["forces"].shape[1] == 3 and np.abs(ef["forces"]).max() > 0
+    assert (
+        ef["energy"].shape == (24,)
+        and ef["forces"].shape[1] == 3
+        and np.abs(ef["forces"]).max() > 0
+    )
     np.testing.assert_allclose(ef["energy_fused"], ef["energy"], rtol=1e-10, atol=0)
-    np.testing.assert_allclose(ef["forces_fused"], ef["forces"], rtol=0, atol=1e-10 * np.abs(ef["forces"]).max())
+    np.testing.assert_allclose(
+        ef["forces_fused"], ef["forces"], rtol=0, atol=1e-10 * np.abs(ef["forces"]).max()
+    )

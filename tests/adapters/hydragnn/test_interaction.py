@@ -9,6 +9,7 @@ cfm-run) swaps the block whole, product and scatter fused. Either way fused equa
 in energies, forces and the gradients of a force loss (double backward), and the adapter's
 passes gradcheck/gradgradcheck; a block computing something else keeps the generic form.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,7 +31,8 @@ BLOCKS = [f"model.graph_convs.{i}.module_1" for i in (0, 1)]
 
 @pytest.fixture
 def block_form():
-    """The adapter's form registered first in ``conv_tp`` for the test (as cfm-run does with fused)."""
+    """The adapter's form registered first in ``conv_tp`` for the test (as cfm-run does with
+    fused)."""
     saved = kernel_table.kernels()["conv_tp"]
     interaction.register_form()
     yield
@@ -41,6 +43,7 @@ def block_form():
 def stack():
     """(model, graphs): the MACE stack (hidden 8) on 6 small EMT graphs with forces; float64."""
     import torch.distributed as dist
+
     from cfm_plugins.datasets.clusters import make_dataset
 
     dtype = torch.get_default_dtype()
@@ -54,13 +57,20 @@ def stack():
 
 
 def _force_loss_and_grads(model, batch):
-    """A float64 energy + force MSE (HydraGNN's own casts its loss to float32) and its parameter gradients."""
+    """A float64 energy + force MSE (HydraGNN's own casts its loss to float32) and its parameter
+    gradients."""
     energy, forces = energy_forces(model, batch, create_graph=True)
-    loss = (energy - batch.energy.double()).square().mean() + (forces - batch.forces.double()).square().mean()
+    loss = (energy - batch.energy.double()).square().mean() + (
+        forces - batch.forces.double()
+    ).square().mean()
     model.zero_grad()
     loss.backward()
-    return energy.detach(), forces.detach(), loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters()
-                                                             if p.grad is not None}
+    return (
+        energy.detach(),
+        forces.detach(),
+        loss.detach(),
+        {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None},
+    )
 
 
 def test_built_in_forms_fuse_the_mace_stack_exactly(stack):
@@ -69,7 +79,10 @@ def test_built_in_forms_fuse_the_mace_stack_exactly(stack):
 
     model, graphs = stack
     assert not any(f.name.startswith("HydraGNN") for f in kernel_table.kernels()["conv_tp"].forms)
-    assert type(model.model).__name__ == "MACEStack" and next(model.parameters()).dtype == torch.float64
+    assert (
+        type(model.model).__name__ == "MACEStack"
+        and next(model.parameters()).dtype == torch.float64
+    )
     batch = Batch.from_data_list(graphs[:4])
     e0, f0, l0, g0 = _force_loss_and_grads(model, batch)
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -79,9 +92,13 @@ def test_built_in_forms_fuse_the_mace_stack_exactly(stack):
     try:
         assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2}, report.describe()
         assert report.swapped == found
-        assert all(n.startswith("model.graph_convs.") for names in report.swapped.values() for n in names)
+        assert all(
+            n.startswith("model.graph_convs.") for names in report.swapped.values() for n in names
+        )
         assert sum(type(m).__name__ in FUSED for m in model.modules()) == 4
-        after = model.state_dict()  # the swap keeps every key and value: checkpoints load either way
+        after = (
+            model.state_dict()
+        )  # the swap keeps every key and value: checkpoints load either way
         assert after.keys() == state.keys() and all(torch.equal(after[k], state[k]) for k in state)
 
         e1, f1, l1, g1 = _force_loss_and_grads(model, batch)
@@ -173,9 +190,15 @@ def test_double_backward_through_the_fused_modules_passes_gradcheck(stack, block
     report = patch_model(model)
     try:
         assert report.swapped["conv_tp"] == BLOCKS and report.total == 4
-        name = next(k for k, _ in model.named_parameters() if "graph_convs.1." in k and k.endswith("weights_max"))
+        name = next(
+            k
+            for k, _ in model.named_parameters()
+            if "graph_convs.1." in k and k.endswith("weights_max")
+        )
         w0 = dict(model.named_parameters())[name].detach()
-        direction = torch.randn(w0.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        direction = torch.randn(
+            w0.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+        )
         data = Batch.from_data_list([graph])
         data.x = data.x.double()
 

@@ -1,11 +1,17 @@
-"""The hydragnn adapter's loaders: HydraGNN's own set_epoch calls reach the bin-packing batch sampler."""
+"""The hydragnn adapter's loaders: HydraGNN's own set_epoch calls reach the bin-packing batch
+sampler."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-pytest.importorskip("hydragnn", reason="HydraGNN is not installed here (`make venv` installs HydraGNN==3.0)")
-pytest.importorskip("torch_geometric", reason="torch_geometric is not installed (the [hydragnn] extra)")
+pytest.importorskip(
+    "hydragnn", reason="HydraGNN is not installed here (`make venv` installs HydraGNN==3.0)"
+)
+pytest.importorskip(
+    "torch_geometric", reason="torch_geometric is not installed (the [hydragnn] extra)"
+)
 
 
 def test_epoch_forwarder_reaches_the_batch_sampler():
@@ -28,7 +34,18 @@ def test_loader_seam_serves_the_source_keywords_and_names_what_it_cannot():
     from cfm_plugins_adapters.hydragnn.loader import unserved_arguments
 
     assert unserved_arguments((), {}) == []
-    assert unserved_arguments((), {"train_sampler_shuffle": False, "batching": {"mode": "node_budget"}}) == []
+    assert (
+        unserved_arguments(
+            (), {"train_sampler_shuffle": False, "batching": {"mode": "node_budget"}}
+        )
+        == []
+    )
     assert unserved_arguments((True, True, True, None, False), {}) == []
-    assert unserved_arguments((), {"oversampling": True, "group": "g"}) == ["oversampling=True", "group='g'"]
-    assert unserved_arguments((True, True, True, None, False, None, None, 8), {"later": 1}) == ["8", "later=1"]
+    assert unserved_arguments((), {"oversampling": True, "group": "g"}) == [
+        "oversampling=True",
+        "group='g'",
+    ]
+    assert unserved_arguments((True, True, True, None, False, None, None, 8), {"later": 1}) == [
+        "8",
+        "later=1",
+    ]

@@ -1,4 +1,5 @@
 """The mace adapter's loader seam: which loader is which, its errors, and the epoch it packs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,7 +16,8 @@ from cfm_plugins_adapters.mace.loader import EpochAdvancing, batch_sampler_for, 
 
 
 def test_guess_role_tells_mace_run_train_loaders_apart():
-    """The calls of mace 0.3.16's run_train (cli/run_train.py) for its train, valid and test loaders."""
+    """The calls of mace 0.3.16's run_train (cli/run_train.py) for its train, valid and test
+    loaders."""
     data = [1, 2, 3]
     gen = {"generator": object(), "pin_memory": False, "num_workers": 0}
     assert guess_role(ConcatDataset([data]), False, object(), gen) == "train"  # --distributed
@@ -23,26 +25,45 @@ def test_guess_role_tells_mace_run_train_loaders_apart():
     assert guess_role(data, True, None, gen) == "train"  # the per-head training loader
     assert guess_role(data, False, object(), gen) == "valid"
     assert guess_role(data, False, None, gen) == "valid"
-    assert guess_role(data, True, None, {"num_workers": 0, "pin_memory": False}) == "test"  # one rank
-    assert guess_role(data, False, None, {"num_workers": 0, "pin_memory": False}) == "test"  # --distributed
+    assert (
+        guess_role(data, True, None, {"num_workers": 0, "pin_memory": False}) == "test"
+    )  # one rank
+    assert (
+        guess_role(data, False, None, {"num_workers": 0, "pin_memory": False}) == "test"
+    )  # --distributed
 
 
-@pytest.mark.parametrize("role, where", [("train", "--train_file"), ("valid", "--valid_file"), ("test", "--test_file")])
+@pytest.mark.parametrize(
+    "role, where", [("train", "--train_file"), ("valid", "--valid_file"), ("test", "--test_file")]
+)
 def test_a_set_smaller_than_the_ranks(role, where):
-    """Every loader gets a plan: training repeats the structure (as DistributedSampler pads, issue 24),
-    evaluation has every rank evaluate it; an error still names the loader and its file."""
+    """Every loader gets a plan: training repeats the structure (as DistributedSampler pads,
+    issue 24), evaluation has every rank evaluate it; an error still names the loader and its
+    file."""
     config = Config(enabled=["binpack"], options={"max_tokens": 100})
     pm = create_manager(config)
     sizes = GraphSizes(np.array([12]), np.array([60]))
     dist = DistInfo(rank=1, world_size=2)
     for rank in (0, 1):  # no rank may be empty under DDP
-        sampler = batch_sampler_for(pm.hook, [object()], sizes, config, DistInfo(rank=rank, world_size=2), role,
-                                    TrainerSettings())
+        sampler = batch_sampler_for(
+            pm.hook,
+            [object()],
+            sizes,
+            config,
+            DistInfo(rank=rank, world_size=2),
+            role,
+            TrainerSettings(),
+        )
         assert list(sampler) == [[0]]
-    with pytest.raises(ValueError, match=rf"mace_run_train's {role} loader, .*\({where}.*\) with 1 structure\(s\) "
-                                         r"on 2 rank\(s\): sample 0 has cost 12 > capacity 10"):
+    with pytest.raises(
+        ValueError,
+        match=rf"mace_run_train's {role} loader, .*\({where}.*\) with 1 structure\(s\) "
+        r"on 2 rank\(s\): sample 0 has cost 12 > capacity 10",
+    ):
         small = Config(enabled=["binpack"], options={"max_tokens": 10})
-        batch_sampler_for(create_manager(small).hook, [object()], sizes, small, dist, role, TrainerSettings())
+        batch_sampler_for(
+            create_manager(small).hook, [object()], sizes, small, dist, role, TrainerSettings()
+        )
 
 
 def test_epoch_advancing_follows_the_epoch_mace_names():
@@ -87,16 +108,22 @@ def test_mace_metrics_are_unchanged_when_every_structure_is_counted_equally_ofte
         a.info["REF_energy"], a.arrays["REF_forces"] = a.get_potential_energy(), a.get_forces()
         a.calc = None
         frames.append(a)
-    keys = KeySpecification(info_keys={"energy": "REF_energy"}, arrays_keys={"forces": "REF_forces"})
+    keys = KeySpecification(
+        info_keys={"energy": "REF_energy"}, arrays_keys={"forces": "REF_forces"}
+    )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        graphs = [data.AtomicData.from_config(c, z_table=tools.AtomicNumberTable([29]), cutoff=4.0)
-                  for c in data.config_from_atoms_list(frames, key_specification=keys)]
+        graphs = [
+            data.AtomicData.from_config(c, z_table=tools.AtomicNumberTable([29]), cutoff=4.0)
+            for c in data.config_from_atoms_list(frames, key_specification=keys)
+        ]
         batch = torch_geometric.Batch.from_data_list(graphs)
         gen = torch.Generator().manual_seed(0)
-        output = {"energy": batch.energy + torch.randn(batch.energy.shape, generator=gen),
-                  "forces": batch.forces + torch.randn(batch.forces.shape, generator=gen)}
+        output = {
+            "energy": batch.energy + torch.randn(batch.energy.shape, generator=gen),
+            "forces": batch.forces + torch.randn(batch.forces.shape, generator=gen),
+        }
         loss_fn = modules.WeightedEnergyForcesLoss(energy_weight=1.0, forces_weight=10.0)
 
         def metrics(times):
@@ -108,5 +135,14 @@ def test_mace_metrics_are_unchanged_when_every_structure_is_counted_equally_ofte
         once, thrice = metrics(1), metrics(3)
     finally:
         torch.set_default_dtype(previous)
-    for key in ("loss", "mae_e", "rmse_e", "rmse_e_per_atom", "mae_f", "rmse_f", "rel_mae_f", "rel_rmse_f"):
+    for key in (
+        "loss",
+        "mae_e",
+        "rmse_e",
+        "rmse_e_per_atom",
+        "mae_f",
+        "rmse_f",
+        "rel_mae_f",
+        "rel_rmse_f",
+    ):
         assert thrice[key] == pytest.approx(once[key], rel=1e-12), key

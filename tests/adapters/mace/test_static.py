@@ -1,5 +1,7 @@
-"""The ``static`` feature inside a real mace_run_train under ``mpirun -np 2``: padded batches give the
-unpadded validation metrics, and a compiled run compiles once per shape and never after epoch 0."""
+"""The ``static`` feature inside a real mace_run_train under ``mpirun -np 2``: padded batches
+give the unpadded validation metrics, and a compiled run compiles once per shape and never after
+epoch 0."""
+
 from __future__ import annotations
 
 import re
@@ -8,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import run_mpi
-from tests.helpers.mace_runs import CFM_RUN, make_tiny_set, mace_args
+from tests.helpers.mace_runs import CFM_RUN, mace_args, make_tiny_set
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,8 @@ def metrics(log: str) -> list[float]:
 
 
 def small(args: list[str]) -> list[str]:
-    """A smaller model (one interaction, correlation 2) so that compiling stays affordable on 2 cores."""
+    """A smaller model (one interaction, correlation 2) so that compiling stays affordable on 2
+    cores."""
     swap = {"--num_interactions=2": "--num_interactions=1", "--correlation=3": "--correlation=2"}
     return [swap.get(a, a) for a in args]
 
@@ -35,26 +38,52 @@ def small(args: list[str]) -> list[str]:
 def test_mpirun_static_shapes_give_the_same_validation_metrics(data):
     logs = {}
     for label, enable in (("plain", "mace,binpack,fused"), ("static", "mace,binpack,fused,static")):
-        out = run_mpi([CFM_RUN, "--enable", enable, "--", "mace_run_train",
-                       *small(mace_args(data, label, epochs=2))], timeout=600)
+        out = run_mpi(
+            [
+                CFM_RUN,
+                "--enable",
+                enable,
+                "--",
+                "mace_run_train",
+                *small(mace_args(data, label, epochs=2)),
+            ],
+            timeout=600,
+        )
         assert out.returncode == 0, out.stdout[-4000:]
         logs[label] = out.stdout
     assert "every batch padded to" in logs["static"]
     plain, static = metrics(logs["plain"]), metrics(logs["static"])
     assert len(plain) == len(static) >= 9, (plain, static)
-    np.testing.assert_allclose(static, plain, rtol=1e-7)  # as printed by mace (8 decimals for the loss)
+    np.testing.assert_allclose(
+        static, plain, rtol=1e-7
+    )  # as printed by mace (8 decimals for the loss)
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_mpirun_compiled_run_compiles_once_per_shape_and_not_after_the_first_epoch(data):
-    """aot_eager: the graphs dynamo captures (forward with forces, fullgraph) without code generation."""
-    out = run_mpi([CFM_RUN, "--enable", "mace,binpack,fused,static", "-o", "compile=default",
-                   "-o", "compile_backend=aot_eager", "--", "mace_run_train",
-                   *small(mace_args(data, "compiled", epochs=2))], timeout=1200)
+    """aot_eager: the graphs dynamo captures (forward with forces, fullgraph) without code
+    generation."""
+    out = run_mpi(
+        [
+            CFM_RUN,
+            "--enable",
+            "mace,binpack,fused,static",
+            "-o",
+            "compile=default",
+            "-o",
+            "compile_backend=aot_eager",
+            "--",
+            "mace_run_train",
+            *small(mace_args(data, "compiled", epochs=2)),
+        ],
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stdout[-4000:]
-    summary = re.findall(r"rank (\d): dynamo compiled (\d+) graph\(s\) for (\d+) shape\(s\).*graph breaks: (.*)",
-                         out.stdout)
+    summary = re.findall(
+        r"rank (\d): dynamo compiled (\d+) graph\(s\) for (\d+) shape\(s\).*graph breaks: (.*)",
+        out.stdout,
+    )
     assert sorted(s[0] for s in summary) == ["0", "1"], out.stdout[-3000:]
     for _, graphs, shapes, breaks in summary:
         assert int(graphs) == int(shapes) >= 2 and breaks.strip() == "none", summary

@@ -2,6 +2,7 @@
 ranks: a validation set smaller than the ranks, ``--restart_latest`` resuming the packed epoch,
 the adapter serving the command with nothing enabled, and ``cost=auto`` fitted and resumed. (Kept
 apart from test_adapter.py so that the two test workers can share the longest mace files.)"""
+
 from __future__ import annotations
 
 import json
@@ -12,17 +13,27 @@ import numpy as np
 import pytest
 
 from tests.helpers import clean_env, run_mpi
-from tests.helpers.mace_runs import CFM_RUN, make_tiny_set, mace_args, tiny_args
+from tests.helpers.mace_runs import CFM_RUN, mace_args, make_tiny_set, tiny_args
 
 
 @pytest.mark.mpi
 def test_mpirun_validation_set_smaller_than_the_ranks_completes(tmp_path):
-    """1 validation structure, 2 ranks: stock mace completes (reporting nan), so must binpack; both ranks
-    evaluate the structure (no rank may be empty under DDP), which leaves mace's averaged metrics as if
-    it were counted once."""
+    """1 validation structure, 2 ranks: stock mace completes (reporting nan), so must binpack;
+    both ranks evaluate the structure (no rank may be empty under DDP), which leaves mace's
+    averaged metrics as if it were counted once."""
     make_tiny_set(tmp_path, n_train=8, n_valid=1)
-    out = run_mpi([CFM_RUN, "--enable", "mace,binpack", "--", "mace_run_train", *tiny_args(tmp_path, "small", 1)],
-                  timeout=600, cwd=tmp_path)
+    out = run_mpi(
+        [
+            CFM_RUN,
+            "--enable",
+            "mace,binpack",
+            "--",
+            "mace_run_train",
+            *tiny_args(tmp_path, "small", 1),
+        ],
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-4000:]
     assert out.stdout.count("binpack valid: 1 steps on each of 2 ranks") == 2, out.stdout[-4000:]
     assert "every rank evaluates all of them" in out.stdout
@@ -34,19 +45,36 @@ def test_mpirun_validation_set_smaller_than_the_ranks_completes(tmp_path):
 
 @pytest.mark.slow
 def test_restart_latest_continues_at_the_epoch_mace_resumes(tmp_path):
-    """mace --restart_latest restarts at the epoch of its latest checkpoint, from that epoch's first batch
-    (checkpoints are written only at epoch ends); the resumed run must pack that epoch's batches."""
+    """mace --restart_latest restarts at the epoch of its latest checkpoint, from that epoch's
+    first batch (checkpoints are written only at epoch ends); the resumed run must pack that
+    epoch's batches."""
     make_tiny_set(tmp_path, n_train=24, n_valid=2)
     from cfm_plugins.steplog import read_step_logs
 
     def train(epochs, log, *extra):
-        out = subprocess.run([CFM_RUN, "--enable", "mace,binpack", "--", "mace_run_train",
-                              *tiny_args(tmp_path, "resume", epochs), "--save_all_checkpoints",
-                              f"--cfm-step-log={tmp_path / log}", *extra],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(),
-                             timeout=600, cwd=tmp_path)
+        out = subprocess.run(
+            [
+                CFM_RUN,
+                "--enable",
+                "mace,binpack",
+                "--",
+                "mace_run_train",
+                *tiny_args(tmp_path, "resume", epochs),
+                "--save_all_checkpoints",
+                f"--cfm-step-log={tmp_path / log}",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=clean_env(),
+            timeout=600,
+            cwd=tmp_path,
+        )
         assert out.returncode == 0, out.stdout[-4000:]
-        return out.stdout, [(r["graphs"], r["atoms"]) for r in read_step_logs(str(tmp_path / log))[0]]
+        return out.stdout, [
+            (r["graphs"], r["atoms"]) for r in read_step_logs(str(tmp_path / log))[0]
+        ]
 
     _, first = train(2, "first")  # epochs 0 and 1; a checkpoint after each
     per_epoch = len(first) // 2
@@ -65,8 +93,11 @@ def test_the_adapter_serving_the_command_is_enabled_so_ranks_train_one_model(tmp
     """`CFM_PLUGINS=',,,'` enables nothing; the mace adapter still serves mace_run_train, so the two
     ranks train one model together (mace's --distributed) instead of two into one directory."""
     make_tiny_set(tmp_path, n_train=6, n_valid=2)
-    out = run_mpi([CFM_RUN, "--", "mace_run_train", *mace_args(tmp_path, "served", epochs=1)], timeout=600,
-                  env=clean_env(CFM_PLUGINS=",,,"))
+    out = run_mpi(
+        [CFM_RUN, "--", "mace_run_train", *mace_args(tmp_path, "served", epochs=1)],
+        timeout=600,
+        env=clean_env(CFM_PLUGINS=",,,"),
+    )
     assert out.returncode == 0, out.stdout[-4000:]
     assert out.stdout.count("turning on mace's --distributed") == 2, out.stdout[-4000:]
     assert out.stdout.count("the mace adapter serves `mace_run_train") == 2  # every rank
@@ -87,9 +118,23 @@ def test_cost_auto_fits_after_epoch_0_and_restart_latest_plans_the_same_batches(
     make_dataset(tmp_path, n_train=80, n_valid=2, seed=1, max_atoms=60)
 
     def train(log, *extra):
-        out = run_mpi([CFM_RUN, "--enable", "mace,binpack", "-o", "cost=auto", "--", "mace_run_train",
-                       *tiny_args(tmp_path, "auto", 2, batch_size=2),
-                       "--save_all_checkpoints", f"--cfm-step-log={tmp_path / log}", *extra], timeout=600, cwd=tmp_path)
+        out = run_mpi(
+            [
+                CFM_RUN,
+                "--enable",
+                "mace,binpack",
+                "-o",
+                "cost=auto",
+                "--",
+                "mace_run_train",
+                *tiny_args(tmp_path, "auto", 2, batch_size=2),
+                "--save_all_checkpoints",
+                f"--cfm-step-log={tmp_path / log}",
+                *extra,
+            ],
+            timeout=600,
+            cwd=tmp_path,
+        )
         assert out.returncode == 0, out.stdout[-4000:]
         return out.stdout, read_step_logs(str(tmp_path / log))
 

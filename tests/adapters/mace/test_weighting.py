@@ -1,5 +1,6 @@
 """binpack's loss weighting in mace: equal epoch weights in mace's own loss on two real ranks, and
 evaluation loaders (hence mace's validation and test metrics) untouched."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,12 @@ def test_per_sample_weighs_every_graph_and_atom_alike_in_maces_loss_on_two_ranks
     the same plan weighs them unequally."""
     proc = mpi([sys.executable, "-m", SCRIPT], np=2, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    runs = {d["weighting"]: d for d in (json.loads(ln[8:]) for ln in proc.stdout.splitlines()
-                                         if ln.startswith("WEIGHTS "))}
+    runs = {
+        d["weighting"]: d
+        for d in (
+            json.loads(ln[8:]) for ln in proc.stdout.splitlines() if ln.startswith("WEIGHTS ")
+        )
+    }
     assert set(runs) == {"stock", "per_sample"}, proc.stdout[-4000:]
     for weighting, d in runs.items():
         steps, graphs, atoms = d["steps"], d["graphs"], d["atoms"]
@@ -40,7 +45,8 @@ def test_per_sample_weighs_every_graph_and_atom_alike_in_maces_loss_on_two_ranks
         else:  # the bias per_sample removes: some graphs weigh twice others
             assert energy.max() / energy.min() > 1.5
             assert forces.max() / forces.min() > 1.05
-            # and both weightings give the epoch the same total weight: the learning rate keeps its meaning
+            # and both weightings give the epoch the same total weight: the learning rate keeps its
+            # meaning
             np.testing.assert_allclose(energy.sum(), steps, rtol=1e-12)
             np.testing.assert_allclose(forces.sum(), steps, rtol=1e-12)
 
@@ -63,28 +69,57 @@ def _loaders(weighting, frames, model_cutoff=4.0, generator=None):
 
     from cfm_plugins_adapters.mace.loader import make_dataloader_factory
 
-    keys = mace_data.KeySpecification(info_keys={"energy": "REF_energy", "stress": "REF_stress"},
-                                      arrays_keys={"forces": "REF_forces"})
+    keys = mace_data.KeySpecification(
+        info_keys={"energy": "REF_energy", "stress": "REF_stress"},
+        arrays_keys={"forces": "REF_forces"},
+    )
     z_table = AtomicNumberTable([28, 29])
-    data = [mace_data.AtomicData.from_config(mace_data.config_from_atoms(a, key_specification=keys),
-                                             z_table=z_table, cutoff=model_cutoff) for a in frames]
-    config = Config(enabled=["mace", "binpack"], options={"loss_weighting": weighting, "max_tokens": 150})
+    data = [
+        mace_data.AtomicData.from_config(
+            mace_data.config_from_atoms(a, key_specification=keys),
+            z_table=z_table,
+            cutoff=model_cutoff,
+        )
+        for a in frames
+    ]
+    config = Config(
+        enabled=["mace", "binpack"], options={"loss_weighting": weighting, "max_tokens": 150}
+    )
     create_manager(config)
     config.dist = DistInfo(rank=0, world_size=1)
-    session = Session(config, TrainerSettings(batch_size=4, seed=3, loss="mace_run_train --loss weighted",
-                                              loss_weightings=("stock", "per_sample")))
+    session = Session(
+        config,
+        TrainerSettings(
+            batch_size=4,
+            seed=3,
+            loss="mace_run_train --loss weighted",
+            loss_weightings=("stock", "per_sample"),
+        ),
+    )
     factory = make_dataloader_factory(MaceLoader, session)
-    train = factory(dataset=ConcatDataset([data[:16]]), batch_size=4, shuffle=True, drop_last=True,
-                    generator=generator, num_workers=0)
-    valid = factory(dataset=data[16:], batch_size=4, shuffle=False, drop_last=False, generator=generator,
-                    num_workers=0)
+    train = factory(
+        dataset=ConcatDataset([data[:16]]),
+        batch_size=4,
+        shuffle=True,
+        drop_last=True,
+        generator=generator,
+        num_workers=0,
+    )
+    valid = factory(
+        dataset=data[16:],
+        batch_size=4,
+        shuffle=False,
+        drop_last=False,
+        generator=generator,
+        num_workers=0,
+    )
     return train, valid
 
 
 def test_evaluation_loaders_are_never_reweighted_and_metrics_unchanged(f64):
-    """Under per_sample the training loader scales its batches' energy/forces weights; the validation
-    loader gives the very batches of loss_weighting=stock, so mace's evaluate() (loss, RMSEs) is the
-    same number for the same model."""
+    """Under per_sample the training loader scales its batches' energy/forces weights; the
+    validation loader gives the very batches of loss_weighting=stock, so mace's evaluate() (loss,
+    RMSEs) is the same number for the same model."""
     import torch
     from mace.tools.train import evaluate
 
@@ -93,7 +128,10 @@ def test_evaluation_loaders_are_never_reweighted_and_metrics_unchanged(f64):
     frames = _frames()
     stock_train, stock_valid = _loaders("stock", frames)
     ps_train, ps_valid = _loaders("per_sample", frames)
-    assert type(ps_train).__name__ == "LossScaledDataLoader" and type(stock_train).__name__ == "DataLoader"
+    assert (
+        type(ps_train).__name__ == "LossScaledDataLoader"
+        and type(stock_train).__name__ == "DataLoader"
+    )
     assert type(ps_valid).__name__ == "DataLoader"
 
     # training batches: the same graphs, the energy weights scaled by the graph factor
@@ -102,16 +140,23 @@ def test_evaluation_loaders_are_never_reweighted_and_metrics_unchanged(f64):
     assert len(scaled) == len(plain)
     assert any(not torch.equal(s[0], p[0]) for s, p in zip(scaled, plain))
     # every weight of a batch by the same factor (graph count against the epoch's mean)
-    for (se, sf), (pe, pf) in zip(scaled, plain):
+    for (se, _sf), (pe, _pf) in zip(scaled, plain):
         assert torch.allclose(se / pe, (se / pe)[0].expand_as(se))
 
     # validation: identical batches and identical metrics
-    model = mace_model("8x0e+8x1o", atomic_numbers=(28, 29), max_ell=1, correlation=2, r_max=4.0, perturb=0.05)
+    model = mace_model(
+        "8x0e+8x1o", atomic_numbers=(28, 29), max_ell=1, correlation=2, r_max=4.0, perturb=0.05
+    )
     from mace import modules
 
-    loss_fn = modules.WeightedEnergyForcesStressLoss(energy_weight=1.0, forces_weight=10.0, stress_weight=1.0)
+    loss_fn = modules.WeightedEnergyForcesStressLoss(
+        energy_weight=1.0, forces_weight=10.0, stress_weight=1.0
+    )
     args = {"energy": True, "forces": True, "virials": False, "stress": True}
-    metrics = [evaluate(model, loss_fn, loader, args, torch.device("cpu"))[1] for loader in (stock_valid, ps_valid)]
+    metrics = [
+        evaluate(model, loss_fn, loader, args, torch.device("cpu"))[1]
+        for loader in (stock_valid, ps_valid)
+    ]
     for key in ("loss", "rmse_e_per_atom", "rmse_f", "mae_e", "mae_f", "rmse_stress"):
         assert metrics[1][key] == metrics[0][key], key
 

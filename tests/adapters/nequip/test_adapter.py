@@ -3,6 +3,7 @@
 nequip needs e3nn 0.6 and mace-torch pins 0.4.4, so these run in .venv-nequip (`make test-nequip`,
 part of `make test`); in the main .venv they skip, saying so.
 """
+
 from __future__ import annotations
 
 import csv
@@ -14,8 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("nequip", reason="nequip is not installed in this environment: the NequIP tests run in "
-                                      ".venv-nequip (`make test-nequip`)")
+pytest.importorskip(
+    "nequip",
+    reason="nequip is not installed in this environment: the NequIP tests run in "
+    ".venv-nequip (`make test-nequip`)",
+)
 
 from tests.helpers import BIN, clean_env, run_mpi  # noqa: E402
 from tests.helpers.nequip_models import rel, tiny_batch  # noqa: E402
@@ -40,8 +44,11 @@ def energies(path) -> list[float]:
 
 def step_losses(run: Path) -> list[float]:
     with open(run / "csv" / "version_0" / "metrics.csv") as fh:
-        return [float(r["train_loss_step/weighted_sum"]) for r in csv.DictReader(fh)
-                if r.get("train_loss_step/weighted_sum")]
+        return [
+            float(r["train_loss_step/weighted_sum"])
+            for r in csv.DictReader(fh)
+            if r.get("train_loss_step/weighted_sum")
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +60,52 @@ def runs(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("nequip")
     files = make_dataset(tmp / "data", n_train=10, n_valid=4, n_test=1, seed=3, max_atoms=40)
-    common = dict(train=files["train"], valid=files["valid"], epochs=2, features=8, l_max=1, layers=2,
-                  batch_size=4)
+    common = dict(
+        train=files["train"],
+        valid=files["valid"],
+        epochs=2,
+        features=8,
+        l_max=1,
+        layers=2,
+        batch_size=4,
+    )
     write_config(tmp / "cfg" / "a.yaml", **common)
-    write_config(tmp / "cfg" / "b.yaml", **common,
-                 cfm_plugins={"enable": ["nequip", "binpack"], "step_log": str(tmp / "b_steps")})
+    write_config(
+        tmp / "cfg" / "b.yaml",
+        **common,
+        cfm_plugins={"enable": ["nequip", "binpack"], "step_log": str(tmp / "b_steps")},
+    )
     out = {"files": files, "tmp": tmp}
-    a = run_mpi([CFM_RUN, "--enable", "nequip,binpack,fused", "-o", f"step_log={tmp / 'a_steps'}", "--",
-                 "nequip-train", "-cp", str(tmp / "cfg"), "-cn", "a", f"hydra.run.dir={tmp / 'a'}"], timeout=600)
-    b = run_mpi([CFM_RUN, "--", "nequip-train", "-cp", str(tmp / "cfg"), "-cn", "b",
-                 f"hydra.run.dir={tmp / 'b'}"], timeout=600)
+    a = run_mpi(
+        [
+            CFM_RUN,
+            "--enable",
+            "nequip,binpack,fused",
+            "-o",
+            f"step_log={tmp / 'a_steps'}",
+            "--",
+            "nequip-train",
+            "-cp",
+            str(tmp / "cfg"),
+            "-cn",
+            "a",
+            f"hydra.run.dir={tmp / 'a'}",
+        ],
+        timeout=600,
+    )
+    b = run_mpi(
+        [
+            CFM_RUN,
+            "--",
+            "nequip-train",
+            "-cp",
+            str(tmp / "cfg"),
+            "-cn",
+            "b",
+            f"hydra.run.dir={tmp / 'b'}",
+        ],
+        timeout=600,
+    )
     out.update(a=a, b=b)
     return out
 
@@ -72,14 +115,23 @@ def test_nequip_train_under_mpirun_with_both_plugins(runs):
     assert a.returncode == 0, a.stdout[-4000:]
     assert b.returncode == 0, b.stdout[-4000:]
     for rank in (0, 1):
-        swapped = [line for line in a.stdout.splitlines()
-                   if line.startswith(f"[cfm rank {rank}] INFO fused kernels swapped in")]
-        assert len(swapped) == 1 and "conv_tp: 2 (" in swapped[0], swapped  # once, at the first Trainer setup
-        # the default fused_kernels also names the symmetric contraction, which NequIP has none of: said
+        swapped = [
+            line
+            for line in a.stdout.splitlines()
+            if line.startswith(f"[cfm rank {rank}] INFO fused kernels swapped in")
+        ]
+        assert len(swapped) == 1 and "conv_tp: 2 (" in swapped[0], (
+            swapped
+        )  # once, at the first Trainer setup
+        # the default fused_kernels also names the symmetric contraction, which NequIP has none of:
+        # said
         assert f"[cfm rank {rank}] WARNING fused: the model" in a.stdout
         assert "has no module for symmetric_contraction" in a.stdout
         assert f"[cfm rank {rank}] INFO binpack train:" in a.stdout
-        assert f"[cfm rank {rank}] INFO plugins enabled: nequip, binpack (from config-file)" in b.stdout
+        assert (
+            f"[cfm rank {rank}] INFO plugins enabled: nequip, binpack (from config-file)"
+            in b.stdout
+        )
     assert "fused kernels swapped in" not in b.stdout
 
 
@@ -92,13 +144,29 @@ def test_every_structure_once_per_epoch_on_every_rank_set(runs):
         assert len(ranks) == 2
         for stage, expected in (("train", train), ("val", valid)):
             for epoch in (0, 1):
-                recs = [[r for r in rank if r["stage"] == stage and r["epoch"] == epoch] for rank in ranks]
-                assert len(recs[0]) == len(recs[1]) > 0, (name, stage, epoch)  # same steps on both ranks
+                recs = [
+                    [r for r in rank if r["stage"] == stage and r["epoch"] == epoch]
+                    for rank in ranks
+                ]
+                assert len(recs[0]) == len(recs[1]) > 0, (
+                    name,
+                    stage,
+                    epoch,
+                )  # same steps on both ranks
                 seen = sorted(e for rank in recs for r in rank for e in r["energies"])
-                np.testing.assert_allclose(seen, expected, rtol=0, atol=1e-9, err_msg=f"{name} {stage} {epoch}")
+                np.testing.assert_allclose(
+                    seen, expected, rtol=0, atol=1e-9, err_msg=f"{name} {stage} {epoch}"
+                )
         # re-packed each epoch (Lightning's set_epoch reaches the sampler): the batches differ
-        batches = [[tuple(r["energies"]) for rank in ranks for r in rank if r["stage"] == "train" and r["epoch"] == e]
-                   for e in (0, 1)]
+        batches = [
+            [
+                tuple(r["energies"])
+                for rank in ranks
+                for r in rank
+                if r["stage"] == "train" and r["epoch"] == e
+            ]
+            for e in (0, 1)
+        ]
         assert batches[0] != batches[1], name
 
 
@@ -128,8 +196,14 @@ print('LOADED', type(m).__name__)
 def test_checkpoint_of_a_fused_run_loads_without_and_with_the_plugin(runs, nequip_global_state):
     ckpt = runs["tmp"] / "a" / "last.ckpt"
     assert ckpt.is_file()
-    res = subprocess.run([sys.executable, "-c", LOAD_STOCK, str(ckpt)], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, env=clean_env(), timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", LOAD_STOCK, str(ckpt)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(),
+        timeout=300,
+    )
     assert res.returncode == 0 and "LOADED" in res.stdout, res.stdout[-3000:]
 
     from nequip.model import modify
@@ -160,27 +234,53 @@ for n in (1, 2):  # two sizes: one package, dynamic shapes
     a.calc, b.calc = stock, compiled
     e0, f0, e1, f1 = a.get_potential_energy(), a.get_forces(), b.get_potential_energy(), b.get_forces()
     print('REL', len(a), abs(e1 - e0) / abs(e0), np.abs(f1 - f0).max() / np.abs(f0).max())
-"""
+"""  # noqa: E501
 
 
 @pytest.mark.slow
 def test_nequip_compile_aotinductor_with_the_fused_modifier(runs):
     """`nequip-compile --mode aotinductor --modifiers enable_CFMFused` on a checkpoint of ours: the
-    package calls our operators and matches the stock (eager) model at two sizes to f64 round-off."""
+    package calls our operators and matches the stock (eager) model at two sizes to f64
+    round-off."""
     import zipfile
 
     ckpt, pt2 = runs["tmp"] / "a" / "last.ckpt", runs["tmp"] / "fused.nequip.pt2"
-    out = subprocess.run([str(BIN / "nequip-compile"), str(ckpt), str(pt2), "--mode", "aotinductor",
-                          "--device", "cpu", "--target", "ase", "--modifiers", "enable_CFMFused"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), timeout=900,
-                         cwd=runs["tmp"])
+    out = subprocess.run(
+        [
+            str(BIN / "nequip-compile"),
+            str(ckpt),
+            str(pt2),
+            "--mode",
+            "aotinductor",
+            "--device",
+            "cpu",
+            "--target",
+            "ase",
+            "--modifiers",
+            "enable_CFMFused",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(),
+        timeout=900,
+        cwd=runs["tmp"],
+    )
     assert out.returncode == 0, out.stdout[-4000:]
     assert "enable_CFMFused: 2 TensorProductScatter module(s) fused" in out.stdout
     with zipfile.ZipFile(pt2) as z:
-        calls = " ".join(z.read(n).decode(errors="ignore") for n in z.namelist() if n.endswith(".json"))
+        calls = " ".join(
+            z.read(n).decode(errors="ignore") for n in z.namelist() if n.endswith(".json")
+        )
     assert "cfm::conv_tp_fwd" in calls and "cfm::conv_tp_bwd" in calls
-    res = subprocess.run([sys.executable, "-c", COMPARE_COMPILED, str(ckpt), str(pt2)], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, env=clean_env(), timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", COMPARE_COMPILED, str(ckpt), str(pt2)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(),
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-4000:]
     rows = [line.split() for line in res.stdout.splitlines() if line.startswith("REL ")]
     assert len(rows) == 2 and rows[0][1] != rows[1][1]
@@ -204,14 +304,41 @@ def auto_runs(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("nequip_auto")
     files = make_dataset(tmp / "data", n_train=144, n_valid=2, n_test=1, seed=4, max_atoms=40)
-    write_config(tmp / "cfg" / "auto.yaml", train=files["train"], valid=files["valid"], epochs=2, features=64, l_max=1,
-                 layers=2, batch_size=4)
+    write_config(
+        tmp / "cfg" / "auto.yaml",
+        train=files["train"],
+        valid=files["valid"],
+        epochs=2,
+        features=64,
+        l_max=1,
+        layers=2,
+        batch_size=4,
+    )
     runs = {"files": files, "tmp": tmp}
-    for name, extra in (("first", []), ("restarted", [f"++ckpt_path={tmp / 'first' / 'last.ckpt'}",
-                                                      "trainer.max_epochs=3"])):
-        runs[name] = run_mpi([CFM_RUN, "--enable", "nequip,binpack", "-o", "cost=auto", "-o",
-                              f"step_log={tmp / (name + '_steps')}", "--", "nequip-train", "-cp", str(tmp / "cfg"),
-                              "-cn", "auto", f"hydra.run.dir={tmp / name}", *extra], timeout=600)
+    for name, extra in (
+        ("first", []),
+        ("restarted", [f"++ckpt_path={tmp / 'first' / 'last.ckpt'}", "trainer.max_epochs=3"]),
+    ):
+        runs[name] = run_mpi(
+            [
+                CFM_RUN,
+                "--enable",
+                "nequip,binpack",
+                "-o",
+                "cost=auto",
+                "-o",
+                f"step_log={tmp / (name + '_steps')}",
+                "--",
+                "nequip-train",
+                "-cp",
+                str(tmp / "cfg"),
+                "-cn",
+                "auto",
+                f"hydra.run.dir={tmp / name}",
+                *extra,
+            ],
+            timeout=600,
+        )
         assert runs[name].returncode == 0, runs[name].stdout[-4000:]
     return runs
 
@@ -224,16 +351,23 @@ def test_cost_auto_fits_after_epoch_0_and_every_structure_is_seen_each_epoch(aut
     ranks = read_step_logs(str(auto_runs["tmp"] / "first_steps"))
     train = energies(auto_runs["files"]["train"])
     for epoch, label in ((0, "initial"), (1, "auto-1")):
-        recs = [[r for r in rank if r["stage"] == "train" and r["epoch"] == epoch] for rank in ranks]
-        assert len(recs[0]) == len(recs[1]) > 0 and {r["cost"] for rank in recs for r in rank} == {label}
-        seen = sorted(e for rank in recs for r in rank for e in r["energies"])  # Lightning ran the whole plan
+        recs = [
+            [r for r in rank if r["stage"] == "train" and r["epoch"] == epoch] for rank in ranks
+        ]
+        assert len(recs[0]) == len(recs[1]) > 0 and {r["cost"] for rank in recs for r in rank} == {
+            label
+        }
+        seen = sorted(
+            e for rank in recs for r in rank for e in r["energies"]
+        )  # Lightning ran the whole plan
         np.testing.assert_allclose(seen, train, rtol=0, atol=1e-9, err_msg=f"epoch {epoch}")
     events = read_step_events(str(auto_runs["tmp"] / "first_steps"))
     assert len(events[0]) == 1 and events[0] == events[1]
 
 
 def test_cost_auto_restart_from_the_checkpoint_plans_with_the_saved_fit(auto_runs):
-    """Lightning keeps the fit in the checkpoint (callback state); the restart plans epoch 2 with it."""
+    """Lightning keeps the fit in the checkpoint (callback state); the restart plans epoch 2 with
+    it."""
     from cfm_plugins.steplog import read_step_events, read_step_logs
 
     log = auto_runs["restarted"].stdout

@@ -4,14 +4,18 @@ nequip.extension entry point): same energies, forces and gradients as stock, sam
 nequip needs e3nn 0.6 and mace-torch pins 0.4.4, so these run in .venv-nequip (`make test-nequip`,
 part of `make test`); in the main .venv they skip, saying so.
 """
+
 from __future__ import annotations
 
 import logging
 
 import pytest
 
-pytest.importorskip("nequip", reason="nequip is not installed in this environment: the NequIP tests run in "
-                                      ".venv-nequip (`make test-nequip`)")
+pytest.importorskip(
+    "nequip",
+    reason="nequip is not installed in this environment: the NequIP tests run in "
+    ".venv-nequip (`make test-nequip`)",
+)
 
 import torch  # noqa: E402
 
@@ -24,9 +28,13 @@ def test_modifier_matches_stock_and_keeps_the_state_dict():
 
     from cfm_plugins_adapters.nequip.modifier import fused_class, unfuse
 
-    assert hasattr(TensorProductScatter, "enable_CFMFused"), "the nequip.extension entry point did not register it"
+    assert hasattr(TensorProductScatter, "enable_CFMFused"), (
+        "the nequip.extension entry point did not register it"
+    )
     stock, fused = tiny_model(), tiny_model()
-    fused = modify(fused, [{"modifier": "enable_CFMFused"}])  # the config form, as nequip applies it
+    fused = modify(
+        fused, [{"modifier": "enable_CFMFused"}]
+    )  # the config form, as nequip applies it
     n_fused = sum(isinstance(m, fused_class()) for m in fused.modules())
     assert n_fused == 2
     sd_s, sd_f = stock.state_dict(), fused.state_dict()
@@ -63,9 +71,9 @@ def test_model_without_the_module_says_so_and_runs_stock(caplog):
 
 
 def test_a_toy_kernel_entry_is_swapped_in_a_nequip_model_through_the_hook(caplog):
-    """The kernel table's promise: a third kernel is one entry. The nequip adapter's Trainer callback
-    asks cfm_patch_model, which swaps the toy kernel's modules and the fused TensorProductScatter,
-    and reports the symmetric contraction a NequIP model has none of."""
+    """The kernel table's promise: a third kernel is one entry. The nequip adapter's Trainer
+    callback asks cfm_patch_model, which swaps the toy kernel's modules and the fused
+    TensorProductScatter, and reports the symmetric contraction a NequIP model has none of."""
     from e3nn import o3
 
     from cfm_plugins.manager import Session

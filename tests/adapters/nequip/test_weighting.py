@@ -1,11 +1,16 @@
-"""binpack's loss_weighting=per_sample in nequip-train: each term of nequip's weighted-sum loss scaled
-by the step's graph or atom factor; nequip's logged value and its validation metrics untouched."""
+"""binpack's loss_weighting=per_sample in nequip-train: each term of nequip's weighted-sum loss
+scaled by the step's graph or atom factor; nequip's logged value and its validation metrics
+untouched."""
+
 from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("nequip", reason="nequip is not installed in this environment: the NequIP tests run in "
-                                      ".venv-nequip (`make test-nequip`)")
+pytest.importorskip(
+    "nequip",
+    reason="nequip is not installed in this environment: the NequIP tests run in "
+    ".venv-nequip (`make test-nequip`)",
+)
 
 import torch  # noqa: E402
 
@@ -26,10 +31,18 @@ def preds_and_target():
     batch = dict(tiny_batch())
     g = torch.Generator().manual_seed(5)
     n_graphs = int(batch[AtomicDataDict.NUM_NODES_KEY].shape[0])
-    target = dict(batch, total_energy=torch.randn(n_graphs, 1, generator=g, dtype=torch.float64),
-                  forces=torch.randn(batch["pos"].shape, generator=g, dtype=torch.float64))
-    preds = dict(batch, total_energy=torch.randn(n_graphs, 1, generator=g, dtype=torch.float64, requires_grad=True),
-                 forces=torch.randn(batch["pos"].shape, generator=g, dtype=torch.float64, requires_grad=True))
+    target = dict(
+        batch,
+        total_energy=torch.randn(n_graphs, 1, generator=g, dtype=torch.float64),
+        forces=torch.randn(batch["pos"].shape, generator=g, dtype=torch.float64),
+    )
+    preds = dict(
+        batch,
+        total_energy=torch.randn(n_graphs, 1, generator=g, dtype=torch.float64, requires_grad=True),
+        forces=torch.randn(
+            batch["pos"].shape, generator=g, dtype=torch.float64, requires_grad=True
+        ),
+    )
     return preds, target
 
 
@@ -73,8 +86,14 @@ def test_losses_that_are_not_plain_means_cannot_be_reweighted():
     # the RMSE metrics (roots of means) in a weighted sum
     module.loss = EnergyForceMetrics(coeffs={"total_energy_rmse": 1.0, "forces_rmse": 1.0})
     description, weightings = loss_weightings(module)
-    assert weightings == ("stock",) and "not a mean" in description and "RootMeanSquaredError" in description
+    assert (
+        weightings == ("stock",)
+        and "not a mean" in description
+        and "RootMeanSquaredError" in description
+    )
     # per-type forces: an average of per-type means, a weighting of its own
-    module.loss = energy_force_loss(per_type_forces_coeffs={"Cu": 1.0, "Ni": 2.0}, type_names=["Cu", "Ni"])
+    module.loss = energy_force_loss(
+        per_type_forces_coeffs={"Cu": 1.0, "Ni": 2.0}, type_names=["Cu", "Ni"]
+    )
     description, weightings = loss_weightings(module)
     assert weightings == ("stock",) and "per_type" in description

@@ -1,5 +1,6 @@
 """The conv TP descriptor (ops/descriptors/conv_tp.py): CG tables of e3nn's instructions, transpose,
 channel-last permutation."""
+
 from __future__ import annotations
 
 import mace  # noqa: F401  (before e3nn)

@@ -13,6 +13,7 @@ The interpreter of triton before 3.7 reads a loop bound loaded from memory (``tp
 fixture skips there, saying so (the GPU image of an H100 session had triton 3.6.0 and NumPy 2.5;
 CI runs these tests with triton 3.7.1).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,9 +38,13 @@ def interpreter_cannot_loop(triton_version: str) -> str | None:
         try:
             int(np.array([1]))
         except TypeError:
-            return (f"the Triton {triton_version} interpreter converts a loaded loop bound with int() of a "
-                    f"one-element array, which NumPy {np.__version__} refuses (fixed in triton 3.7): the "
-                    "interpreter tests need triton >= 3.7 or numpy < 2.5")
+            return (
+                f"the Triton {triton_version} interpreter converts a loaded loop bound with int() "
+                "of a "
+                f"one-element array, which NumPy {np.__version__} refuses (fixed in triton 3.7): "
+                "the "
+                "interpreter tests need triton >= 3.7 or numpy < 2.5"
+            )
     return None
 
 
@@ -53,7 +58,10 @@ def triton_cpu(tmp_path_factory):
     from cfm_plugins.ops import triton as triton_kernels
 
     if not _backend.load("cpu"):
-        pytest.fail(f"the compiled CPU library declares the cfm:: operators and is missing: {_backend.BUILD_HINT}")
+        pytest.fail(
+            "the compiled CPU library declares the cfm:: operators and is missing: "
+            f"{_backend.BUILD_HINT}"
+        )
     saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "CFM_PLUGINS_TRITON_CACHE")}
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["CFM_PLUGINS_TRITON_CACHE"] = str(tmp_path_factory.mktemp("triton_cache"))

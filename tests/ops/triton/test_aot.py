@@ -7,6 +7,7 @@ The compiles run in a child process: Triton's own jitted helpers are interpreted
 triton was first imported under ``TRITON_INTERPRET=1`` (as the interpreter tests of this session
 may have done), and ahead-of-time compilation needs the real ones.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ import pytest
 
 from tests.helpers import ROOT, clean_env, import_triton
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, torch
 import mace  # noqa: F401
 from e3nn import o3
@@ -39,19 +40,26 @@ out["bad"] = [bad.ok, bad.error]
 sig, const, attrs = aot._specialise(aot.jit_function(mod.sc_bwd), spec, dict(BLOCK_N=8, BLOCK_C=32))
 out["spec"] = [sig["x_ptr"], sig["s_xl"], const["s_xl"], sig["C"], sig["BLOCK_N"]]
 print("RESULT" + json.dumps(out))
-'''
+"""  # noqa: E501
 
 
 def compiled_in_a_child(script: str) -> dict:
-    """Run ``script`` in a child process without the interpreter; the JSON it prints after RESULT."""
+    """Run ``script`` in a child process without the interpreter; the JSON it prints after
+    RESULT."""
     import_triton()
     env = clean_env()
     env.pop("TRITON_INTERPRET", None)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert res.returncode == 0 and line, res.stderr[-3000:]
-    return json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT") :])
 
 
 def test_a_generated_kernel_compiles_for_nvidia_and_amd_with_its_registers():
@@ -81,14 +89,16 @@ def test_the_ptxas_report_gives_registers_and_spill_stores_plus_loads():
     from cfm_plugins.ops.triton import aot
 
     assert aot._nvidia_usage(PTXAS_LOG_TRITON_3_8) == (72, 8)
-    unspilled = PTXAS_LOG_TRITON_3_8.replace("8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads",
-                                             "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+    unspilled = PTXAS_LOG_TRITON_3_8.replace(
+        "8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads",
+        "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+    )
     assert aot._nvidia_usage(unspilled) == (72, 0)
     with pytest.raises(RuntimeError, match="no register count"):
         aot._nvidia_usage("ptxas info    : 0 bytes gmem\n")
 
 
-DEFER_SCRIPT = r'''
+DEFER_SCRIPT = r"""
 import json, torch
 import mace  # noqa: F401
 import triton
@@ -116,7 +126,7 @@ for defer in (False, True):
             depth -= 1
     out[str(defer)] = [inside, after]
 print("RESULT" + json.dumps(out))
-'''
+"""  # noqa: E501
 
 
 def test_the_deferred_segment_kernel_sums_after_its_loop_once_compiled():
@@ -127,7 +137,7 @@ def test_the_deferred_segment_kernel_sums_after_its_loop_once_compiled():
     assert rows > 0 and out["False"] == [rows, 0] and out["True"] == [0, rows]
 
 
-EDGE_COUNT_SCRIPT = r'''
+EDGE_COUNT_SCRIPT = r"""
 import json, torch
 import mace  # noqa: F401
 import triton
@@ -150,16 +160,18 @@ for edges in (312_000, 312_001, 1):  # divisible by 16, not, and 1: the three cl
                          options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
     out[str(edges)] = [sig["E"], "E" in const, (e,) in attrs, ptx]
 print("RESULT" + json.dumps(out))
-'''
+"""  # noqa: E501
 
 
 def test_the_edge_kernels_compile_once_for_every_edge_count():
-    """The edge count changes with every batch. Specialised as Triton specialises integers (divisible
-    by 16, equal to 1, neither), each edge kernel compiled again for each class a run met; marked
-    ``do_not_specialize``, one compile serves every count: an edge count divisible by 16, one not,
-    and 1 give the same signature and the same PTX."""
+    """The edge count changes with every batch. Specialised as Triton specialises integers
+    (divisible by 16, equal to 1, neither), each edge kernel compiled again for each class a run
+    met; marked ``do_not_specialize``, one compile serves every count: an edge count divisible by
+    16, one not, and 1 give the same signature and the same PTX."""
     out = compiled_in_a_child(EDGE_COUNT_SCRIPT)
     assert out["loaded"] == ["E"] and out["aot"] == ["E"]
     variants = [out[k] for k in ("312000", "312001", "1")]
     assert all(v[:3] == ["i32", False, False] for v in variants), [v[:3] for v in variants]
-    assert variants[0][3] == variants[1][3] == variants[2][3] and ".entry tp_edge_wy" in variants[0][3]
+    assert (
+        variants[0][3] == variants[1][3] == variants[2][3] and ".entry tp_edge_wy" in variants[0][3]
+    )

@@ -7,6 +7,7 @@ past 2**31 elements; outputs left unfilled by default (NaN-filled here first) wh
 store every column, zero-filled where not, and every output zero-filled with
 ``CFM_PLUGINS_TRITON_UNFILLED=0``.
 """
+
 from __future__ import annotations
 
 import mace  # noqa: F401  (before e3nn)
@@ -32,11 +33,15 @@ def tiled_case(seed: int, isolated: int, dtype=torch.float64):
     tp = mace_tp("0e+1o", 2, 7, dtype)
     fused = FusedConvTP.from_e3nn(tp)
     x, y, w = inputs(tp, 6, 27, dtype, seed=seed)
-    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(6, 27, seed=seed + 1, isolated=(isolated,)))
+    xc, g_t, desc, desc_t, meta = op_args(
+        fused, x, graph(6, 27, seed=seed + 1, isolated=(isolated,))
+    )
     return fused, (xc, y, w, g_t, desc, desc_t, meta), torch.randn(6, meta[1], dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, F32_TOL)], ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float64, 1e-10), (torch.float32, F32_TOL)], ids=["f64", "f32"]
+)
 @pytest.mark.parametrize("hidden,lmax,channels", [("0e+1o", 3, 5), ("0e+1o+2e", 2, 3)])
 def test_forward_gradients_and_double_backward_match_e3nn(hidden, lmax, channels, dtype, tol):
     """MACE's training pattern through the cfm:: operators (C++ autograd calling the Triton
@@ -49,17 +54,26 @@ def test_forward_gradients_and_double_backward_match_e3nn(hidden, lmax, channels
     for fn in (lambda x, y, w: reference(tp, x, y, w, ei), lambda x, y, w: fused(x, y, w, ei)):
         x, y, w = inputs(tp, N, E, dtype, seed=4, requires_grad=True)
         out = fn(x, y, w)
-        energy = (out ** 2).sum() + out.sum()
+        energy = (out**2).sum() + out.sum()
         gx, gy, gw = torch.autograd.grad(energy, (x, y, w), create_graph=True)
-        second = torch.autograd.grad((gy ** 2).sum() + (gx * gx).sum(), (x, y, w))
+        second = torch.autograd.grad((gy**2).sum() + (gx * gx).sum(), (x, y, w))
         results.append((out.detach(), gx.detach(), gy.detach(), gw.detach()) + second)
     assert torch.all(results[1][0][4] == 0)  # the isolated node receives nothing
     for a, b in zip(*results[::-1]):
         assert b.abs().max() > 0 and rel_err(a, b) < tol
 
 
-@pytest.mark.parametrize("need", [(True, True, True), (True, False, False), (False, True, False), (False, False, True),
-                                  (False, True, True)], ids=["all", "x", "y", "w", "yw"])
+@pytest.mark.parametrize(
+    "need",
+    [
+        (True, True, True),
+        (True, False, False),
+        (False, True, False),
+        (False, False, True),
+        (False, True, True),
+    ],
+    ids=["all", "x", "y", "w", "yw"],
+)
 def test_every_gradient_subset_matches_the_cpp_kernel(triton_cpu, need):
     tp = mace_tp("0e+1o", 2, 4)
     fused = FusedConvTP.from_e3nn(tp)
@@ -97,15 +111,18 @@ def poisoned(monkeypatch):
 
 
 def test_outputs_are_zero_filled_when_asked(triton_cpu, monkeypatch):
-    """With ``CFM_PLUGINS_TRITON_UNFILLED=0`` every output is zero-filled first (the former default):
-    nothing is handed out unfilled, and the results are the C++ kernels'."""
+    """With ``CFM_PLUGINS_TRITON_UNFILLED=0`` every output is zero-filled first (the former
+    default): nothing is handed out unfilled, and the results are the C++ kernels'."""
     monkeypatch.setenv(ttp.UNFILLED_ENV, "0")
     handed = nan_filled_outputs(monkeypatch)
     _, args, g = tiled_case(seed=16, isolated=1)
     got = torch.ops.cfm.conv_tp_fwd(*args), *torch.ops.cfm.conv_tp_bwd(g, *args, True, True, True)
     assert handed == []
     with triton_cpu():
-        ref = torch.ops.cfm.conv_tp_fwd(*args), *torch.ops.cfm.conv_tp_bwd(g, *args, True, True, True)
+        ref = (
+            torch.ops.cfm.conv_tp_fwd(*args),
+            *torch.ops.cfm.conv_tp_bwd(g, *args, True, True, True),
+        )
     for a, b in zip(got, ref):
         assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
@@ -119,14 +136,18 @@ def test_outputs_left_unfilled_are_stored_whole(triton_cpu, poisoned, defer):
     y, w, meta = args[1], args[2], args[-1]
 
     def passes():
-        return torch.ops.cfm.conv_tp_fwd(*args), *torch.ops.cfm.conv_tp_bwd(g, *args, True, True, True)
+        return torch.ops.cfm.conv_tp_fwd(*args), *torch.ops.cfm.conv_tp_bwd(
+            g, *args, True, True, True
+        )
 
     with override(tp_segment=TileConfig(2, 4, defer=defer), tp_edge=TileConfig(4, 4, defer=defer)):
         got = passes()
     assert poisoned == [(6, meta[1]), (6, meta[0]), tuple(y.shape), tuple(w.shape)]
     with triton_cpu():
         ref = passes()
-    assert torch.all(got[0][2] == 0) and torch.all(got[1][2] == 0)  # the isolated node: no sum, no gradient
+    assert torch.all(got[0][2] == 0) and torch.all(
+        got[1][2] == 0
+    )  # the isolated node: no sum, no gradient
     for a, b in zip(got, ref):
         assert not a.isnan().any() and b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
@@ -152,8 +173,10 @@ def test_outputs_a_kernel_leaves_gaps_in_are_zero_filled(triton_cpu, poisoned):
         assert not a.isnan().any() and rel_err(a, b) < 1e-12
     poisoned.clear()
     empty = op_args(fused, x, torch.zeros(2, 0, dtype=torch.int64))[1]
-    outs = (ttp.fwd(xc, y[:0], w[:0], empty, desc, desc_t, meta),
-            *ttp.bwd(g, xc, y[:0], w[:0], empty, desc, desc_t, meta, True, True, True))
+    outs = (
+        ttp.fwd(xc, y[:0], w[:0], empty, desc, desc_t, meta),
+        *ttp.bwd(g, xc, y[:0], w[:0], empty, desc, desc_t, meta, True, True, True),
+    )
     assert poisoned == [] and all(torch.all(t == 0) for t in outs)
 
 
@@ -183,8 +206,12 @@ def test_weight_gradient_of_an_edge_slice_is_those_rows_of_the_whole(triton_cpu,
     g = torch.randn(N, meta[1], dtype=torch.float64)
     sliced = [t[a:b] if i < 2 else t for i, t in enumerate(g_t)]
     with override(**({"tp_edge": tile} if tile else {})):
-        whole = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, False, False, True)[2]
-        part = torch.ops.cfm.conv_tp_bwd(g, xc, y[a:b], w[a:b], sliced, desc, desc_t, meta, False, False, True)[2]
+        whole = torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, False, False, True)[
+            2
+        ]
+        part = torch.ops.cfm.conv_tp_bwd(
+            g, xc, y[a:b], w[a:b], sliced, desc, desc_t, meta, False, False, True
+        )[2]
     assert part.shape == (b - a, w.shape[1]) and part.abs().max() > 0
     assert torch.equal(part, whole[a:b])
 
@@ -208,7 +235,9 @@ def test_opcheck_operators():
     xc, y, w = (t.requires_grad_() for t in (xc, y, w))
     torch.library.opcheck(torch.ops.cfm.conv_tp_fwd.default, (xc, y, w, g_t, desc, desc_t, meta))
     g = torch.randn(5, meta[1], dtype=torch.float64, requires_grad=True)
-    torch.library.opcheck(torch.ops.cfm.conv_tp_bwd.default, (g, xc, y, w, g_t, desc, desc_t, meta, True, False, True))
+    torch.library.opcheck(
+        torch.ops.cfm.conv_tp_bwd.default, (g, xc, y, w, g_t, desc, desc_t, meta, True, False, True)
+    )
 
 
 def test_torch_compile_forward_and_backward():
@@ -241,24 +270,36 @@ def test_noncontiguous_and_expanded_inputs():
     y_e = y[:1].expand(14, y.shape[1])
     w_t = w.t().contiguous().t()
     g = torch.randn(6, 2 * meta[1], dtype=torch.float64)[:, ::2]
-    assert not x_s.is_contiguous() and y_e.stride(0) == 0 and not w_t.is_contiguous() and not g.is_contiguous()
-    ref = (ttp.fwd(xc, y_e.contiguous(), w, g_t, desc, desc_t, meta),
-           ttp.bwd(g.contiguous(), xc, y_e.contiguous(), w, g_t, desc, desc_t, meta, True, True, True))
-    got = (ttp.fwd(x_s, y_e, w_t, g_t, desc, desc_t, meta),
-           ttp.bwd(g, x_s, y_e, w_t, g_t, desc, desc_t, meta, True, True, True))
+    assert (
+        not x_s.is_contiguous()
+        and y_e.stride(0) == 0
+        and not w_t.is_contiguous()
+        and not g.is_contiguous()
+    )
+    ref = (
+        ttp.fwd(xc, y_e.contiguous(), w, g_t, desc, desc_t, meta),
+        ttp.bwd(g.contiguous(), xc, y_e.contiguous(), w, g_t, desc, desc_t, meta, True, True, True),
+    )
+    got = (
+        ttp.fwd(x_s, y_e, w_t, g_t, desc, desc_t, meta),
+        ttp.bwd(g, x_s, y_e, w_t, g_t, desc, desc_t, meta, True, True, True),
+    )
     assert torch.equal(got[0], ref[0])
     assert all(torch.equal(a, b) for a, b in zip(got[1], ref[1]))
 
 
 #: a row stride past 2**31 / 2 elements: the third row starts past 2**31 elements
-FAR_ROW_STRIDE = 2 ** 30 + 64
+FAR_ROW_STRIDE = 2**30 + 64
 
 
 def far_apart_rows(w: torch.Tensor) -> torch.Tensor:
     """``w`` copied into a view whose rows are :data:`FAR_ROW_STRIDE` elements apart: from its third
     row, offsets past 2**31 elements, as the weights of 1.68M edges of 1280 weights have, without
-    their memory (4 GiB of address space a row in float32; only the pages of the rows are touched)."""
-    storage = torch.empty((w.shape[0] - 1) * FAR_ROW_STRIDE + w.shape[1], dtype=w.dtype, device=w.device)
+    their memory (4 GiB of address space a row in float32; only the pages of the rows are
+    touched)."""
+    storage = torch.empty(
+        (w.shape[0] - 1) * FAR_ROW_STRIDE + w.shape[1], dtype=w.dtype, device=w.device
+    )
     view = storage.as_strided(tuple(w.shape), (FAR_ROW_STRIDE, 1))
     view.copy_(w)
     return view
@@ -276,7 +317,9 @@ def test_rows_past_2_31_elements_are_addressed_in_64_bits():
     xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(4, 3))
     g = torch.randn(4, meta[1])
     far = far_apart_rows(w)
-    assert torch.equal(ttp.fwd(xc, y, far, g_t, desc, desc_t, meta), ttp.fwd(xc, y, w, g_t, desc, desc_t, meta))
+    assert torch.equal(
+        ttp.fwd(xc, y, far, g_t, desc, desc_t, meta), ttp.fwd(xc, y, w, g_t, desc, desc_t, meta)
+    )
     got = ttp.bwd(g, xc, y, far, g_t, desc, desc_t, meta, True, True, True)
     ref = ttp.bwd(g, xc, y, w, g_t, desc, desc_t, meta, True, True, True)
     assert all(torch.equal(a, b) and a.abs().max() > 0 for a, b in zip(got, ref))
@@ -295,8 +338,10 @@ def test_tiles_smaller_than_the_problem(triton_cpu):
     g = torch.randn(5, meta[1], dtype=torch.float64)
 
     def passes():
-        return (torch.ops.cfm.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta),
-                *torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, True, True, True))
+        return (
+            torch.ops.cfm.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta),
+            *torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, True, True, True),
+        )
 
     with override(tp_segment=TileConfig(2, 4), tp_edge=TileConfig(4, 4)):
         got = passes()
@@ -306,7 +351,9 @@ def test_tiles_smaller_than_the_problem(triton_cpu):
         assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, F32_TOL)], ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float64, 1e-12), (torch.float32, F32_TOL)], ids=["f64", "f32"]
+)
 def test_deferred_sums_match_the_cpp_kernels(triton_cpu, dtype, tol):
     """The ``defer`` variants (one sum over edges, or over channels, per program): tiles smaller
     than the problem (several edge blocks per node, several channel tiles per edge), an isolated
@@ -317,8 +364,13 @@ def test_deferred_sums_match_the_cpp_kernels(triton_cpu, dtype, tol):
 
     def passes():
         return [torch.ops.cfm.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta)] + [
-            t for need in subsets for t, wanted in zip(torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta,
-                                                                                *need), need) if wanted]
+            t
+            for need in subsets
+            for t, wanted in zip(
+                torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need), need
+            )
+            if wanted
+        ]
 
     with override(tp_segment=TileConfig(2, 4, defer=True), tp_edge=TileConfig(4, 4, defer=True)):
         got = passes()
@@ -341,13 +393,23 @@ def test_presorted_ends_give_the_same_results_bit_for_bit(triton_cpu, defer):
     ttp._KERNELS._hits.clear()  # so that what ran is what this test launched
     for presort in (False, True):
         with override(tp_segment=TileConfig(2, 4, defer=defer, presort=presort)):
-            results.append((torch.ops.cfm.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta),
-                            torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, True, False, False)[0]))
-    launched = {(key[1], dict(key[2])["defer"], dict(key[2]).get("presort")) for key in ttp._KERNELS._hits}
+            results.append(
+                (
+                    torch.ops.cfm.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta),
+                    torch.ops.cfm.conv_tp_bwd(
+                        g, xc, y, w, g_t, desc, desc_t, meta, True, False, False
+                    )[0],
+                )
+            )
+    launched = {
+        (key[1], dict(key[2])["defer"], dict(key[2]).get("presort")) for key in ttp._KERNELS._hits
+    }
     assert {("segment", defer, False), ("segment", defer, True)} <= launched
     for a, b in zip(*results):
         assert b.abs().max() > 0 and torch.equal(a, b)
-    assert "other_ptr + ks" in ttp.source(ttp.TPTables.from_descriptor(fused.descriptor), "segment", presort=True)
+    assert "other_ptr + ks" in ttp.source(
+        ttp.TPTables.from_descriptor(fused.descriptor), "segment", presort=True
+    )
 
 
 @pytest.mark.parametrize("defer", [False, True], ids=["plain", "defer"])
@@ -364,15 +426,24 @@ def test_edges_in_receiver_order_give_the_same_results_bit_for_bit(triton_cpu, d
     for presort in (False, True):
         with override(tp_edge=TileConfig(4, 4, defer=defer, presort=presort)):
             results.append(edge_gradients(g, xc, y, w, g_t, desc, desc_t, meta, subsets))
-    launched = {(key[1], dict(key[2])["defer"], dict(key[2]).get("presort")) for key in ttp._KERNELS._hits}
+    launched = {
+        (key[1], dict(key[2])["defer"], dict(key[2]).get("presort")) for key in ttp._KERNELS._hits
+    }
     assert {("edge", defer, False), ("edge", defer, True)} <= launched
     assert len(results[1]) == 4
     for a, b in zip(*results):
         assert b.abs().max() > 0 and torch.equal(a, b)
-    edge = ttp.source(ttp.TPTables.from_descriptor(fused.descriptor), "edge", presort=True, need_y=True, need_w=True)
+    edge = ttp.source(
+        ttp.TPTables.from_descriptor(fused.descriptor),
+        "edge",
+        presort=True,
+        need_y=True,
+        need_w=True,
+    )
     assert "eid = tl.load(perm_ptr + ks" in edge  # the plain kernel's source is the one GPUs timed:
-    assert "perm_ptr" not in ttp.source(ttp.TPTables.from_descriptor(fused.descriptor), "edge", need_y=True,
-                                        need_w=True)
+    assert "perm_ptr" not in ttp.source(
+        ttp.TPTables.from_descriptor(fused.descriptor), "edge", need_y=True, need_w=True
+    )
 
 
 def test_deferred_source_sums_once_per_program():
@@ -386,14 +457,17 @@ def test_deferred_source_sums_once_per_program():
 
     assert reduce_depths(ttp.source(t, "segment")) == {2}  # def body 1, loop body 2
     assert reduce_depths(ttp.source(t, "segment", defer=True)) == {1}
-    assert reduce_depths(ttp.source(ttp.TPTables.from_descriptor(d.transpose()), "segment", defer=True)) == {1}
+    assert reduce_depths(
+        ttp.source(ttp.TPTables.from_descriptor(d.transpose()), "segment", defer=True)
+    ) == {1}
     assert reduce_depths(ttp.source(t, "edge", need_y=True, need_w=True)) == {2}
     assert reduce_depths(ttp.source(t, "edge", defer=True, need_y=True, need_w=True)) == {1}
 
 
 def test_kernel_cache_generates_each_variant_once(triton_cpu):
     """A launch finds its kernel without generating the source again (0.3 ms a launch otherwise);
-    another flag is another kernel; equal tables in another object find the same generated module."""
+    another flag is another kernel; equal tables in another object find the same generated
+    module."""
     d = FusedConvTP.from_e3nn(mace_tp("0e+1o", 1, 2)).descriptor
     calls = []
 
@@ -430,7 +504,9 @@ def test_tables_and_source():
     transposed); CG entries appear as exact float literals."""
     fused = FusedConvTP.from_e3nn(mace_tp("0e+1o", 2, 3))
     d = fused.descriptor
-    assert ttp.TPTables.from_operator([fused._tp_ints, fused._tp_coef], fused._tp_meta) == ttp.TPTables.from_descriptor(d)
+    assert ttp.TPTables.from_operator(
+        [fused._tp_ints, fused._tp_coef], fused._tp_meta
+    ) == ttp.TPTables.from_descriptor(d)
     meta_t = [fused._tp_meta[1], fused._tp_meta[0], *fused._tp_meta[2:]]
     t_t = ttp.TPTables.from_operator([fused._tp_ints_t, fused._tp_coef_t], meta_t)
     assert t_t == ttp.TPTables.from_descriptor(d.transpose())
@@ -449,12 +525,30 @@ def test_each_variant_has_its_own_name_in_a_gpu_profile(triton_cpu):
     names = {}
     for kernel, transposed, flags in ttp.kernel_variants():
         src = ttp.source(t, kernel, transposed=transposed, **flags)
-        names[ttp.compiled_name(kernel, transposed, flags)] = src.split("def ", 1)[1].split("(", 1)[0]
-    assert names == {"tp_segment": "tp_segment", "tp_segment[T]": "tp_segment_t", "tp_edge[w,y]": "tp_edge_wy",
-                     "tp_edge[w]": "tp_edge_w", "tp_edge[y]": "tp_edge_y"}
+        names[ttp.compiled_name(kernel, transposed, flags)] = src.split("def ", 1)[1].split("(", 1)[
+            0
+        ]
+    assert names == {
+        "tp_segment": "tp_segment",
+        "tp_segment[T]": "tp_segment_t",
+        "tp_edge[w,y]": "tp_edge_wy",
+        "tp_edge[w]": "tp_edge_w",
+        "tp_edge[y]": "tp_edge_y",
+    }
     x, y, w = inputs(tp, 5, 9, torch.float64)
     xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(5, 9))
-    torch.ops.cfm.conv_tp_bwd(torch.randn(5, meta[1], dtype=torch.float64), xc, y, w, g_t, desc, desc_t, meta,
-                              True, True, False)
+    torch.ops.cfm.conv_tp_bwd(
+        torch.randn(5, meta[1], dtype=torch.float64),
+        xc,
+        y,
+        w,
+        g_t,
+        desc,
+        desc_t,
+        meta,
+        True,
+        True,
+        False,
+    )
     launched = {fn.fn.__name__ for _, fn in ttp._KERNELS._hits.values()}
     assert {"tp_segment_t", "tp_edge_y"} <= launched

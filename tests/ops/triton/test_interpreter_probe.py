@@ -1,5 +1,6 @@
 """The interpreter tests' probe for a triton whose interpreter cannot run ``tp_segment``'s loop with
 the NumPy installed (conftest.py): they skip there with why, and run everywhere else."""
+
 from __future__ import annotations
 
 import numpy as np

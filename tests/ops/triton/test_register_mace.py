@@ -3,13 +3,13 @@ launchers as the ``cfm::`` operators' kernels, here the CPU ones under the inter
 forces, stress and the parameter gradients of a force loss (double backward through both kernels)
 against the stock model in float64 and float32, and torch.compile of a patched model.
 """
+
 from __future__ import annotations
 
 import copy
 
-import pytest
-
 import mace  # noqa: F401  (before e3nn)
+import pytest
 import torch
 
 from cfm_plugins.ops.patching import patch_model
@@ -23,8 +23,10 @@ def rel_err(a, b):
 
 
 def clone(b, dtype):
-    return {k: (v.to(dtype) if torch.is_floating_point(v) else v.clone()) if torch.is_tensor(v) else v
-            for k, v in b.items()}
+    return {
+        k: (v.to(dtype) if torch.is_floating_point(v) else v.clone()) if torch.is_tensor(v) else v
+        for k, v in b.items()
+    }
 
 
 def train_step(model, b):
@@ -36,7 +38,9 @@ def train_step(model, b):
     return [out["energy"].detach(), out["forces"].detach(), out["stress"].detach()] + grads
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)], ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)], ids=["f64", "f32"]
+)
 def test_patched_mace_training_step_matches_stock(dtype, tol):
     stock = tiny_mace("ScaleShiftMACE", BLOCKS[0], BLOCKS[0]).to(dtype)
     patched = copy.deepcopy(stock)
@@ -87,7 +91,8 @@ def test_prepare_kernels_leaves_nothing_for_the_first_launch():
     """``prepare_kernels`` (the static path calls it before compiling or capturing) parses every
     fused module's descriptors and keeps the walk tables on their device, so a step afterwards
     parses, copies and allocates no table: on a GPU the first launch inside a CUDA graph's warm-up
-    left two walk tables in the graph's pool (H100: "2 tensor(s) in the cudagraph pool not tracked")."""
+    left two walk tables in the graph's pool (H100: "2 tensor(s) in the cudagraph pool not
+    tracked")."""
     from cfm_plugins.ops import _backend
     from cfm_plugins.ops.triton import conv_tp as triton_tp
     from cfm_plugins.ops.triton import symmetric_contraction as triton_sc
@@ -95,8 +100,19 @@ def test_prepare_kernels_leaves_nothing_for_the_first_launch():
     model = tiny_mace("ScaleShiftMACE", BLOCKS[0], BLOCKS[0]).to(torch.float64)
     assert patch_model(model).counts == {"symmetric_contraction": 2, "conv_tp": 2}
     assert _backend.prepare_kernels(model) == 4
-    walks, sc_tables, tp_tables = dict(triton_sc._WALKS), dict(triton_sc._TABLES._hits), dict(triton_tp._TABLES._hits)
-    assert len(walks) >= 1 and len(tp_tables) >= 2  # each conv TP: its tables and the transposed ones
+    walks, sc_tables, tp_tables = (
+        dict(triton_sc._WALKS),
+        dict(triton_sc._TABLES._hits),
+        dict(triton_tp._TABLES._hits),
+    )
+    assert (
+        len(walks) >= 1 and len(tp_tables) >= 2
+    )  # each conv TP: its tables and the transposed ones
     train_step(model, clone(mace_cluster_batch(3), torch.float64))
-    assert triton_sc._WALKS.keys() == walks.keys() and all(triton_sc._WALKS[k][1] is walks[k][1] for k in walks)
-    assert triton_sc._TABLES._hits.keys() == sc_tables.keys() and triton_tp._TABLES._hits.keys() == tp_tables.keys()
+    assert triton_sc._WALKS.keys() == walks.keys() and all(
+        triton_sc._WALKS[k][1] is walks[k][1] for k in walks
+    )
+    assert (
+        triton_sc._TABLES._hits.keys() == sc_tables.keys()
+        and triton_tp._TABLES._hits.keys() == tp_tables.keys()
+    )

@@ -6,6 +6,7 @@ local memory per thread) is set at its first launch. No driver here: the compile
 first tests are stand-ins carrying that attribute; the last test launches a real kernel in the
 interpreter (which returns no compiled kernel) through the operator.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,9 @@ def nothing_noted_yet(monkeypatch):
 
 
 def warnings_of(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    return [
+        r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING
+    ]
 
 
 def test_a_spilling_kernel_is_named_once_with_its_tile_bytes_and_triton(caplog):
@@ -47,10 +50,18 @@ def test_a_spilling_kernel_is_named_once_with_its_tile_bytes_and_triton(caplog):
 
 def test_each_kernel_dtype_and_tile_is_its_own_note_and_no_spill_says_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        configs.note_spills("sc_bwd2", "float32", TileConfig(8, 32, 4), types.SimpleNamespace(n_spills=0))
-        configs.note_spills("sc_bwd2", "float32", TileConfig(8, 32, 4), None)  # the interpreter's return
-        configs.note_spills("sc_bwd2", "float32", TileConfig(4, 32, 4), types.SimpleNamespace(n_spills=16))
-        configs.note_spills("sc_bwd2", "float64", TileConfig(4, 32, 4), types.SimpleNamespace(n_spills=16))
+        configs.note_spills(
+            "sc_bwd2", "float32", TileConfig(8, 32, 4), types.SimpleNamespace(n_spills=0)
+        )
+        configs.note_spills(
+            "sc_bwd2", "float32", TileConfig(8, 32, 4), None
+        )  # the interpreter's return
+        configs.note_spills(
+            "sc_bwd2", "float32", TileConfig(4, 32, 4), types.SimpleNamespace(n_spills=16)
+        )
+        configs.note_spills(
+            "sc_bwd2", "float64", TileConfig(4, 32, 4), types.SimpleNamespace(n_spills=16)
+        )
     msgs = warnings_of(caplog)
     assert len(msgs) == 2, msgs
     assert "sc_bwd2 (float32, tile 4x32/w4) spills 16 bytes" in msgs[0]
@@ -72,7 +83,9 @@ def test_launch_runs_the_default_tile_once_and_notes_what_the_launch_returned(ca
     assert cfg == configs.DEFAULTS["tp_segment"]["float64"][0]
     assert launched == [cfg, cfg]
     msgs = warnings_of(caplog)
-    assert len(msgs) == 1 and f"tp_segment (float64, tile {cfg.label()}) spills 1352 bytes" in msgs[0]
+    assert (
+        len(msgs) == 1 and f"tp_segment (float64, tile {cfg.label()}) spills 1352 bytes" in msgs[0]
+    )
 
 
 def test_an_interpreted_launch_goes_through_the_note_and_says_nothing(triton_cpu, caplog):

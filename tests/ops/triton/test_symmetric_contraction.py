@@ -9,6 +9,7 @@ Most cases use node features 0e+1o (4 components per channel: 30 monomials at co
 MACE size (0e+1o+2e+3o, 16 components) appears where it is cheap enough for the interpreter
 (~1 ms per tile operation per program: 494 monomials at correlation 3).
 """
+
 from __future__ import annotations
 
 import mace  # noqa: F401  (before e3nn)
@@ -26,7 +27,14 @@ from tests.helpers.mace_models import mace_module
 pytestmark = pytest.mark.usefixtures("triton_cpu")
 
 
-def small_sc(channels: int, corr: int, elements: int, hidden: str = "0e+1o", dtype=torch.float64, seed: int = 0):
+def small_sc(
+    channels: int,
+    corr: int,
+    elements: int,
+    hidden: str = "0e+1o",
+    dtype=torch.float64,
+    seed: int = 0,
+):
     """mace's SymmetricContraction on node features channels x (0e+1o), weights randomized."""
     torch.manual_seed(seed)
     irreps_in = o3.Irreps(f"{channels}x0e+{channels}x1o")
@@ -68,7 +76,9 @@ def op_args(fused, x, idx):
 F32_TOL = 2e-5
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, F32_TOL)], ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float64, 1e-10), (torch.float32, F32_TOL)], ids=["f64", "f32"]
+)
 @pytest.mark.parametrize("corr,elements,hidden", [(1, 2, "0e"), (2, 3, "0e+1o"), (3, 2, "0e+1o")])
 def test_forward_and_derivatives_match_mace(corr, elements, hidden, dtype, tol):
     """Output, d/dx, d/dW and the force-training second derivative through the cfm:: operators
@@ -84,7 +94,9 @@ def test_forward_and_derivatives_match_mace(corr, elements, hidden, dtype, tol):
         gout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=dtype)
         grads = torch.autograd.grad(out, [xx] + params, gout, create_graph=True)
         v = torch.randn(xx.shape, generator=torch.Generator().manual_seed(9), dtype=dtype)
-        second = torch.autograd.grad((grads[0] * v).sum() + (grads[0] ** 2).sum(), [xx] + params, allow_unused=True)
+        second = torch.autograd.grad(
+            (grads[0] * v).sum() + (grads[0] ** 2).sum(), [xx] + params, allow_unused=True
+        )
         results.append((out.detach(), [g.detach() for g in grads], second))
     (o_ref, g_ref, s_ref), (o_tri, g_tri, s_tri) = results
     assert rel_err(o_tri, o_ref) < tol
@@ -118,8 +130,11 @@ def test_mace_size_forward_and_forces_match_mace():
 
 
 @pytest.mark.parametrize("has_dx,has_dc", [(True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("need", [(True, True, True), (True, False, False), (False, True, False), (False, False, True)],
-                         ids=["all", "ggout", "gx", "gcoeff"])
+@pytest.mark.parametrize(
+    "need",
+    [(True, True, True), (True, False, False), (False, True, False), (False, False, True)],
+    ids=["all", "ggout", "gx", "gcoeff"],
+)
 def test_every_bwd2_variant_matches_the_cpp_kernel(triton_cpu, has_dx, has_dc, need):
     sc = small_sc(5, 3, 2)
     fused = FusedSymmetricContraction.from_mace(sc)
@@ -164,18 +179,34 @@ def test_gradcheck_and_gradgradcheck():
 
 def test_opcheck_operators():
     """torch.library.opcheck with the Triton kernels: schema, Meta kernels against what the
-    kernels return (including the empty tensors of outputs not requested), autograd, AOT dispatch."""
+    kernels return (including the empty tensors of outputs not requested), autograd, AOT
+    dispatch."""
     fused = FusedSymmetricContraction.from_mace(small_sc(3, 2, 2))
     x, idx, _ = inputs(7, 3, 4, 2, torch.float64)
     coeff, static = op_args(fused, x, idx)
     coeff.requires_grad_()
     x = x.requires_grad_()
     torch.library.opcheck(torch.ops.cfm.symmetric_contraction_fwd.default, (x, coeff, *static))
-    gout = torch.randn(x.shape[0], fused.descriptor.out_dim, dtype=torch.float64, requires_grad=True)
-    torch.library.opcheck(torch.ops.cfm.symmetric_contraction_bwd.default, (gout, x, coeff, *static, True, False))
-    torch.library.opcheck(torch.ops.cfm.symmetric_contraction_bwd2.default,
-                          (gout.detach(), x.detach(), coeff.detach(), torch.randn_like(x), None, *static,
-                           True, True, False))
+    gout = torch.randn(
+        x.shape[0], fused.descriptor.out_dim, dtype=torch.float64, requires_grad=True
+    )
+    torch.library.opcheck(
+        torch.ops.cfm.symmetric_contraction_bwd.default, (gout, x, coeff, *static, True, False)
+    )
+    torch.library.opcheck(
+        torch.ops.cfm.symmetric_contraction_bwd2.default,
+        (
+            gout.detach(),
+            x.detach(),
+            coeff.detach(),
+            torch.randn_like(x),
+            None,
+            *static,
+            True,
+            True,
+            False,
+        ),
+    )
 
 
 def test_noncontiguous_and_expanded_inputs():
@@ -189,14 +220,25 @@ def test_noncontiguous_and_expanded_inputs():
     gout_big = torch.randn(x.shape[0], 2 * fused.descriptor.out_dim, dtype=x.dtype)
     gout_s = gout_big[:, ::2]
     assert not x_t.is_contiguous() and coeff_e.stride(2) == 0 and not gout_s.is_contiguous()
-    ref = (tsc.fwd(x, coeff_e.contiguous(), *static),
-           tsc.bwd(gout_s.contiguous(), x, coeff_e.contiguous(), *static, True, True))
+    ref = (
+        tsc.fwd(x, coeff_e.contiguous(), *static),
+        tsc.bwd(gout_s.contiguous(), x, coeff_e.contiguous(), *static, True, True),
+    )
     got = (tsc.fwd(x_t, coeff_e, *static), tsc.bwd(gout_s, x_t, coeff_e, *static, True, True))
     assert torch.equal(got[0], ref[0])
     assert all(torch.equal(a, b) for a, b in zip(got[1], ref[1]))
     dx = torch.randn_like(x).transpose(0, 2).contiguous().transpose(0, 2)
-    ref2 = tsc.bwd2(gout_s.contiguous(), x, coeff_e.contiguous(), dx.contiguous(), coeff_e.contiguous(), *static,
-                    True, True, True)
+    ref2 = tsc.bwd2(
+        gout_s.contiguous(),
+        x,
+        coeff_e.contiguous(),
+        dx.contiguous(),
+        coeff_e.contiguous(),
+        *static,
+        True,
+        True,
+        True,
+    )
     got2 = tsc.bwd2(gout_s, x_t, coeff_e, dx, coeff_e, *static, True, True, True)
     assert all(torch.equal(a, b) for a, b in zip(got2, ref2))
 
@@ -215,9 +257,13 @@ def test_tiles_smaller_than_the_problem(triton_cpu, monkeypatch):
     small = TileConfig(4, 4)
 
     def passes():
-        return (torch.ops.cfm.symmetric_contraction_fwd(x, coeff, *static),
-                *torch.ops.cfm.symmetric_contraction_bwd(gout, x, coeff, *static, True, True),
-                *torch.ops.cfm.symmetric_contraction_bwd2(gout, x, coeff, dx, None, *static, True, True, True))
+        return (
+            torch.ops.cfm.symmetric_contraction_fwd(x, coeff, *static),
+            *torch.ops.cfm.symmetric_contraction_bwd(gout, x, coeff, *static, True, True),
+            *torch.ops.cfm.symmetric_contraction_bwd2(
+                gout, x, coeff, dx, None, *static, True, True, True
+            ),
+        )
 
     with override(sc_fwd=small, sc_bwd=small, sc_bwd2=small):
         got = passes()
@@ -230,7 +276,8 @@ def test_tiles_smaller_than_the_problem(triton_cpu, monkeypatch):
 @pytest.mark.parametrize("atomic", [False, True], ids=["deterministic", "atomics"])
 def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, monkeypatch, atomic):
     """The traced forward's chunk list (``_static_chunks``: the real chunks, then empty ones at n)
-    gives the exact chunk list's results bit for bit, forward and both backwards, and the C++ kernels' too."""
+    gives the exact chunk list's results bit for bit, forward and both backwards, and the C++
+    kernels' too."""
     if atomic:
         monkeypatch.setenv("CFM_PLUGINS_TRITON_ATOMICS", "1")
     fused = FusedSymmetricContraction.from_mace(small_sc(5, 3, 4))
@@ -248,16 +295,24 @@ def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, monkeyp
     dx = torch.randn(x.shape, generator=g, dtype=x.dtype)
 
     def passes(c, static):
-        return (torch.ops.cfm.symmetric_contraction_fwd(x, c, *static),
-                *torch.ops.cfm.symmetric_contraction_bwd(gout, x, c, *static, True, True),
-                *torch.ops.cfm.symmetric_contraction_bwd2(gout, x, c, dx, torch.ones_like(c), *static, True, True, True))
+        return (
+            torch.ops.cfm.symmetric_contraction_fwd(x, c, *static),
+            *torch.ops.cfm.symmetric_contraction_bwd(gout, x, c, *static, True, True),
+            *torch.ops.cfm.symmetric_contraction_bwd2(
+                gout, x, c, dx, torch.ones_like(c), *static, True, True, True
+            ),
+        )
 
     got, ref = passes(coeff_all, padded), passes(coeff, exact)
     with triton_cpu():
         cpp = passes(coeff_all, padded)
-    keep = present[torch.bincount(idx, minlength=4) > 0]  # the weight gradients of the present elements
+    keep = present[
+        torch.bincount(idx, minlength=4) > 0
+    ]  # the weight gradients of the present elements
     for a, b, c in zip(got, ref, cpp):
-        if a.shape != b.shape:  # coefficient gradients: every element against the present ones (others zero)
+        if (
+            a.shape != b.shape
+        ):  # coefficient gradients: every element against the present ones (others zero)
             assert a[keep].shape == b.shape and a[~torch.isin(present, keep)].abs().max() == 0
             a, c = a[keep], c[keep]
         assert b.abs().max() > 0
@@ -268,7 +323,8 @@ def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, monkeyp
 def test_the_weight_gradient_slots_follow_the_tiles_with_nodes():
     """The partial buffer has a slot per program with nodes, consecutive per chunk: an empty chunk
     (a traced step ends its chunk list with them) takes none, and the buffer's size depends on the
-    shapes only: ceil(n / block_n) + chunks at most, where one slot per chunk tile took chunks * split."""
+    shapes only: ceil(n / block_n) + chunks at most, where one slot per chunk tile took chunks *
+    split."""
     coeff = torch.zeros(3, 2, 16, dtype=torch.float64)
     exact = torch.tensor([0, 3, 5, 6, 9, 12, 15, 16])
     padded = torch.cat([exact, torch.full((5,), 16)])
@@ -285,11 +341,15 @@ def test_atomic_weight_gradient_matches_the_deterministic_reduction(monkeypatch)
     coeff, static = op_args(fused, x, idx)
     gout = torch.randn(x.shape[0], fused.descriptor.out_dim, dtype=x.dtype)
     dx = torch.randn_like(x)
-    det = (tsc.bwd(gout, x, coeff, *static, False, True)[1],
-           tsc.bwd2(gout, x, coeff, dx, None, *static, False, False, True)[2])
+    det = (
+        tsc.bwd(gout, x, coeff, *static, False, True)[1],
+        tsc.bwd2(gout, x, coeff, dx, None, *static, False, False, True)[2],
+    )
     monkeypatch.setenv("CFM_PLUGINS_TRITON_ATOMICS", "1")
-    atom = (tsc.bwd(gout, x, coeff, *static, False, True)[1],
-            tsc.bwd2(gout, x, coeff, dx, None, *static, False, False, True)[2])
+    atom = (
+        tsc.bwd(gout, x, coeff, *static, False, True)[1],
+        tsc.bwd2(gout, x, coeff, dx, None, *static, False, False, True)[2],
+    )
     for a, b in zip(atom, det):
         assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
@@ -316,8 +376,12 @@ def test_generated_source_and_cache(tmp_path, monkeypatch):
     fused = FusedSymmetricContraction.from_mace(small_sc(3, 3, 2))
     from_op = tsc.SCTables.from_operator(fused._desc_tensors(), fused._meta)
     assert from_op == tsc.SCTables.from_descriptor(fused.descriptor)
-    src = tsc.source(from_op, "bwd2", need_gg=True, need_gx=True, need_gc=True, has_dx=True, has_dc=False)
-    assert src == tsc.source(from_op, "bwd2", need_gg=True, need_gx=True, need_gc=True, has_dx=True, has_dc=False)
+    src = tsc.source(
+        from_op, "bwd2", need_gg=True, need_gx=True, need_gc=True, has_dx=True, has_dc=False
+    )
+    assert src == tsc.source(
+        from_op, "bwd2", need_gg=True, need_gx=True, need_gc=True, has_dx=True, has_dc=False
+    )
     assert "tl.atomic_add" not in src and "def sc_bwd2(" in src
     assert "tl.atomic_add" in tsc.source(from_op, "bwd", need_gx=False, need_gc=True, atomic=True)
     monkeypatch.setenv("CFM_PLUGINS_TRITON_CACHE", str(tmp_path))

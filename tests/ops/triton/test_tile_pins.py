@@ -1,6 +1,7 @@
 """``CFM_PLUGINS_TRITON_TILES``: tiles pinned per kernel (and dtype) on a GPU, instead of the
 defaults or autotuning (``cfm_plugins.ops.triton.configs.pins``), and the labels they are written
 in; a bad entry is an error naming it, at registration."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,15 +29,21 @@ def test_every_listed_tile_reads_back_from_its_label():
         for cfgs in per_dtype.values():
             for cfg in cfgs:
                 assert configs.parse_label(cfg.label(), kernel) == cfg
-    assert configs.parse_label("16x32/w8/defer/presort") == TileConfig(16, 32, 8, defer=True, presort=True)
+    assert configs.parse_label("16x32/w8/defer/presort") == TileConfig(
+        16, 32, 8, defer=True, presort=True
+    )
 
 
 def test_pinned_tiles_win_over_the_defaults_per_kernel_and_dtype(gpu_branch):
     default = configs.pick("tp_segment", "float32", 1000)
     assert default == configs.DEFAULTS["tp_segment"]["float32"][0]
     gpu_branch.setenv(ENV, " tp_segment=8x32/w8/defer/presort, tp_edge:float64=4x32/w4/defer ,")
-    assert configs.pick("tp_segment", "float32", 1000) == TileConfig(8, 32, 8, defer=True, presort=True)
-    assert configs.pick("tp_segment", "float64", 1000) == TileConfig(8, 32, 8, defer=True, presort=True)
+    assert configs.pick("tp_segment", "float32", 1000) == TileConfig(
+        8, 32, 8, defer=True, presort=True
+    )
+    assert configs.pick("tp_segment", "float64", 1000) == TileConfig(
+        8, 32, 8, defer=True, presort=True
+    )
     assert configs.pick("tp_edge", "float64", 1000) == TileConfig(4, 32, 4, defer=True)
     assert configs.pick("tp_edge", "float32", 1000) == configs.DEFAULTS["tp_edge"]["float32"][0]
     assert configs.pick("sc_fwd", "float64", 1000) == configs.DEFAULTS["sc_fwd"]["float64"][0]
@@ -54,18 +61,23 @@ def test_a_pinned_kernel_is_not_autotuned(gpu_branch):
     def run(cfg):
         raise AssertionError("a pinned kernel must not be timed")
 
-    assert configs.pick("tp_segment", "float32", 300_000, run) == TileConfig(16, 32, 8, defer=True, presort=True)
+    assert configs.pick("tp_segment", "float32", 300_000, run) == TileConfig(
+        16, 32, 8, defer=True, presort=True
+    )
 
 
-@pytest.mark.parametrize("entry,message", [
-    ("tp_segmnt=8x32/w4", "unknown kernel 'tp_segmnt'; known: sc_bwd"),
-    ("tp_segment=8x32", "expected ROWSxCHANNELS/wWARPS"),
-    ("tp_segment=8x24/w4", "channels must be a power of two, got 24"),
-    ("sc_bwd=8x32/w4/presort", "/presort is a variant of tp_segment, tp_edge only, not sc_bwd"),
-    ("sc_fwd=16x32/w4/defer", "/defer is a variant of tp_segment, tp_edge only, not sc_fwd"),
-    ("tp_edge:float16=8x32/w4", "dtype 'float16': float32 or float64"),
-    ("tp_edge 8x32/w4", "expected KERNEL[:DTYPE]=TILE"),
-])
+@pytest.mark.parametrize(
+    "entry,message",
+    [
+        ("tp_segmnt=8x32/w4", "unknown kernel 'tp_segmnt'; known: sc_bwd"),
+        ("tp_segment=8x32", "expected ROWSxCHANNELS/wWARPS"),
+        ("tp_segment=8x24/w4", "channels must be a power of two, got 24"),
+        ("sc_bwd=8x32/w4/presort", "/presort is a variant of tp_segment, tp_edge only, not sc_bwd"),
+        ("sc_fwd=16x32/w4/defer", "/defer is a variant of tp_segment, tp_edge only, not sc_fwd"),
+        ("tp_edge:float16=8x32/w4", "dtype 'float16': float32 or float64"),
+        ("tp_edge 8x32/w4", "expected KERNEL[:DTYPE]=TILE"),
+    ],
+)
 def test_a_bad_entry_is_an_error_that_names_it(gpu_branch, entry, message):
     gpu_branch.setenv(ENV, f"tp_segment=8x32/w4,{entry}")
     with pytest.raises(ValueError) as err:
