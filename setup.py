@@ -5,7 +5,7 @@ and Meta kernels, C++ autograd) from each folder ``cuda/<kernel>/``: its ``*_ops
 layer, against torch headers) and its ``*_cpu.cpp`` kernels (OpenMP, no torch headers). With
 ``CFM_PLUGINS_CUDA=1`` and nvcc, ``cfm_plugins/_C_cuda*.so`` adds the CUDA kernels: ``*.cu``
 compiled by nvcc without torch headers, registered by ``*_ops_cuda.cpp``. ``cuda/common/`` holds the
-shared headers. Nothing here is a Python module: ``cfm_plugins.ops._backend`` loads the libraries
+shared headers. Nothing here is a Python module: ``cfm_plugins.ops._library`` loads the libraries
 with ``torch.ops.load_library``, and a C++ program (LAMMPS) loads them with ``dlopen``.
 
 Why at install time against the installed torch (docs/architecture.md, "Building the operators"):

@@ -19,32 +19,52 @@ __all__ = ["__version__", "library_paths", "load_library"]
 
 def library_paths(cuda: bool = False) -> list[str]:
     """The compiled ``cfm::`` operator libraries a C++ program (LAMMPS, an AOTInductor runner) must
-    load before a scripted or exported fused model: the CPU library, then with ``cuda=True`` the
-    CUDA one. Raises RuntimeError, saying how to build them, when one is not built."""
-    from cfm_plugins.ops import _backend
+    load before it runs a scripted or exported fused model.
 
-    return _backend.library_paths(cuda=cuda)
+    A scripted model calls our operators by name, and only a loaded library declares them: a
+    process without it fails at ``torch.jit.load`` with "Unknown builtin op: cfm::...".
+
+    Args:
+        cuda: also the CUDA library (built with ``CFM_PLUGINS_CUDA=1``).
+
+    Returns:
+        The paths: the CPU library (it declares every operator) first, then the CUDA one.
+
+    Raises:
+        RuntimeError: a library asked for is not built; the message says how to build it.
+    """
+    from cfm_plugins.ops import _library
+
+    return _library.library_paths(cuda=cuda)
 
 
 def load_library(cuda: bool | None = None) -> list[str]:
-    """Load the ``cfm::`` operators into this process with ``torch.ops.load_library``, e.g. before
+    """Load the ``cfm::`` operators into this process (``torch.ops.load_library``), e.g. before
     ``torch.jit.load`` of a fused model, without importing the fused modules, e3nn or mace.
 
-    The CPU library always (it declares every operator); the CUDA one with ``cuda=True``, or with
-    ``cuda=None`` (default) when it is built and a GPU is visible. Returns the paths loaded.
-    Raises RuntimeError, saying how to build, when a library asked for is missing or does not load
-    (e.g. built against another torch)."""
-    from cfm_plugins.ops import _backend
+    Args:
+        cuda: also the CUDA library: ``True`` always, ``False`` never, ``None`` (default) where it
+            is built and a GPU is visible. The CPU library is always loaded (it declares every
+            operator).
+
+    Returns:
+        The paths loaded, as :func:`library_paths` gives them.
+
+    Raises:
+        RuntimeError: a library asked for is missing or does not load (e.g. built against
+            another torch); the message says why and how to build it.
+    """
+    from cfm_plugins.ops import _library
 
     if cuda is None:
         import torch
 
-        cuda = _backend._library_file("cuda") is not None and torch.cuda.is_available()
-    paths = _backend.library_paths(cuda=cuda)  # raises with the build hint if one is not built
+        cuda = _library.library_file("cuda") is not None and torch.cuda.is_available()
+    paths = _library.library_paths(cuda=cuda)  # raises with the build hint if one is not built
     for kind in ["cpu"] + (["cuda"] if cuda else []):
-        if not _backend.load(kind):
+        if not _library.load(kind):
             raise RuntimeError(
                 f"the compiled {kind.upper()} operator library does not load "
-                f"({_backend._WHY[kind]}): {_backend.BUILD_HINT}"
+                f"({_library.why_not_loaded(kind)}): {_library.BUILD_HINT}"
             )
     return paths

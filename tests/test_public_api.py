@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import cfm_plugins
-from cfm_plugins.ops import _backend
+from cfm_plugins.ops import _library
 
 built = pytest.mark.skipif(
-    _backend._library_file("cpu") is None, reason="the compiled cfm:: operator library is not built"
+    _library.library_file("cpu") is None, reason="the compiled cfm:: operator library is not built"
 )
 
 
@@ -42,7 +42,7 @@ def test_import_is_cheap():
 @built
 def test_library_paths_names_the_built_libraries():
     paths = cfm_plugins.library_paths()
-    assert paths == _backend.library_paths() and len(paths) == 1
+    assert paths == _library.library_paths() and len(paths) == 1
     assert Path(paths[0]).is_file()
 
 
@@ -61,9 +61,9 @@ def test_load_library_declares_the_operators_in_a_fresh_process():
 
 
 def test_missing_library_is_an_error_with_the_build_hint(monkeypatch):
-    monkeypatch.setattr(_backend, "_library_file", lambda kind: None)
-    monkeypatch.setattr(_backend, "_LOADED", {})
-    monkeypatch.setattr(_backend, "_WHY", {})
+    monkeypatch.setattr(_library, "library_file", lambda kind: None)
+    monkeypatch.setattr(_library, "_LOADED", {})
+    monkeypatch.setattr(_library, "_WHY", {})
     for call in (cfm_plugins.library_paths, lambda: cfm_plugins.load_library(cuda=False)):
         with pytest.raises(
             RuntimeError, match="not built: build them with `pip install --no-build-isolation"

@@ -20,9 +20,10 @@ operators. The descriptor tables are module buffers (they follow ``.to()``). Wit
 library a pure-torch implementation of the same tables runs (index_add based; autograd does the
 derivatives); :mod:`cfm_plugins.ops._backend` chooses.
 
-:data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`): the
-``conv_tp`` of MACE interaction blocks (their ``conv_fusion`` seam selects the fused call form),
-then any other uvu tensor product with per-edge weights, whatever its class.
+:data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`,
+which finds it by name): the ``conv_tp`` of MACE interaction blocks (their ``conv_fusion`` seam
+selects the fused call form), then any other uvu tensor product with per-edge weights, whatever its
+class.
 """
 
 import inspect
@@ -36,7 +37,7 @@ import torch
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors import conv_tp as _desc
-from cfm_plugins.ops.kernel_table import Form, Kernel
+from cfm_plugins.ops.kernel_types import Form, Kernel
 from cfm_plugins.ops.silu import restore_radial_silu, swap_radial_silu
 
 log = logging.getLogger("cfm_plugins.ops")

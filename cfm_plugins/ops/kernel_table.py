@@ -12,77 +12,55 @@ model holds the module the kernel replaces. A form says
   their ``conv_fusion`` seam set);
 - how to tell a module it **made** (``is_fused``) and how to **restore** the stock one.
 
-The built-in kernels come from the kernel modules (``symmetric_contraction.KERNEL``,
-``conv_tp.KERNEL``). An adapter adds the form of its trainer's own module class with
-:func:`add_form` (the nequip adapter adds ``TensorProductScatter``); a new kernel is one
-:func:`register_kernel` call. :mod:`cfm_plugins.ops.patching` walks a model with this table: it is
-the one way from the ``fused`` option (or :class:`~cfm_plugins.calculators.CFMCalculator`, or
-nequip's ``enable_CFMFused`` modifier) to a swapped module.
+The built-in kernels are named in :data:`BUILTINS` and their entries (``KERNEL`` of
+:mod:`cfm_plugins.ops.symmetric_contraction` and :mod:`cfm_plugins.ops.conv_tp`, built from the
+types of :mod:`cfm_plugins.ops.kernel_types`) are imported when the table is first asked: the
+table imports no kernel module, and no kernel module imports the table. An adapter adds the form
+of its trainer's own module class with :func:`add_form` (the nequip adapter adds
+``TensorProductScatter``); a new kernel is one :func:`register_kernel` call.
+:mod:`cfm_plugins.ops.patching` walks a model with this table: it is the one way from the
+``fused`` option (or :class:`~cfm_plugins.calculators.CFMCalculator`, or nequip's
+``enable_CFMFused`` modifier) to a swapped module.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
 
-#: form callables take (module, parent, attr): the module, the module holding it, and its name there
-Recognise = Callable[[object, object, str], bool]
+from cfm_plugins.ops.kernel_types import Form, Kernel, Recognise
 
+__all__ = [
+    "BUILTINS",
+    "Form",
+    "Kernel",
+    "Recognise",
+    "add_form",
+    "check_kernels",
+    "kernel_names",
+    "kernels",
+    "register_kernel",
+    "unregister_kernel",
+]
 
-def _setattr(parent, attr: str, module) -> None:
-    setattr(parent, attr, module)
-
-
-@dataclass(frozen=True)
-class Form:
-    """One way a model holds a module that a kernel replaces, and how to swap it both ways.
-
-    - ``recognise(module, parent, attr)``: True for a stock module this form swaps (never for a
-      module it made). The walk does not look inside a recognised module.
-    - ``make(module, parent, attr)``: the fused module. It must not change ``parent``; it raises
-      ``ValueError`` saying why when this module cannot be fused (it is then left as it is, with a
-      warning naming it).
-    - ``install(parent, attr, fused)``: put it in place (default ``setattr``; a form whose parent
-      needs more, such as MACE's ``conv_fusion`` seam, sets that too).
-    - ``is_fused(module, parent, attr)``: True for a module this form made.
-    - ``restore(fused, parent, attr)``: put the stock module back (undoing what ``install`` did).
-    - ``all_or_none``: when one module of this form cannot be fused, none is (NequIP refuses models
-      that mix its stock and modified tensor-product classes).
-    """
-
-    name: str
-    recognise: Recognise
-    make: Callable
-    is_fused: Recognise
-    restore: Callable
-    install: Callable = _setattr
-    all_or_none: bool = False
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """A fused kernel: its name (the value users write in ``fused_kernels``), one line saying
-    what it replaces, and its forms, tried in order for every module of a model."""
-
-    name: str
-    summary: str
-    forms: tuple[Form, ...]
-
+#: the built-in kernels, in order: name -> the module whose ``KERNEL`` is its entry
+BUILTINS = {
+    "symmetric_contraction": "cfm_plugins.ops.symmetric_contraction",
+    "conv_tp": "cfm_plugins.ops.conv_tp",
+}
 
 _TABLE: dict[str, Kernel] = {}
 _BUILTINS_LOADED = False
 
 
 def _table() -> dict[str, Kernel]:
-    """The table, with the built-in kernels (imported on first use: they import torch)."""
+    """The table, with the built-in kernels of :data:`BUILTINS` (imported by name on first use:
+    they import torch)."""
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        from cfm_plugins.ops import conv_tp, symmetric_contraction
-
-        for kernel in (symmetric_contraction.KERNEL, conv_tp.KERNEL):
-            _TABLE.setdefault(kernel.name, kernel)
+        for name, module in BUILTINS.items():
+            _TABLE.setdefault(name, importlib.import_module(module).KERNEL)
     return _TABLE
 
 

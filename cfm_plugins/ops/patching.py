@@ -7,7 +7,9 @@ so a checkpoint loads with or without the plugin; ``unpatch_model`` restores the
 (do it before pickling a whole model for users who do not have cfm-plugins). The fused modules
 are made on the model's device and dtype and follow ``.to()``; a patched model can be scripted
 (``torch.jit.script``, ``mace.cli.create_lammps_model``) or exported (``torch.export``) as long as
-the operator library is loaded where it runs (:func:`cfm_plugins.library_paths`).
+the operator library is loaded where it runs (:func:`cfm_plugins.library_paths`). Importing this
+module loads it into this process (once; silent where it is not built), so that
+``torch.jit.load`` of a scripted patched model works after ``import cfm_plugins.ops.patching``.
 
 Every route to a swap comes here: the ``fused`` plugin (``cfm_patch_model``, which every trainer
 adapter calls), :class:`~cfm_plugins.calculators.CFMCalculator` and nequip's ``enable_CFMFused``.
@@ -20,10 +22,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cfm_plugins.ops import _backend
 from cfm_plugins.ops.kernel_table import check_kernels, kernel_names
 from cfm_plugins.ops.kernel_table import kernels as _kernels
 
 log = logging.getLogger("cfm_plugins.fused")
+
+# a scripted or exported patched model calls the cfm:: operators: declare them before it is loaded
+_backend.declare_operators()
 
 
 @dataclass
@@ -54,10 +60,13 @@ class PatchReport:
     def __str__(self) -> str:
         return ", ".join(f"{k}: {v}" for k, v in self.counts.items()) or "nothing"
 
-    def describe(self) -> str:
-        """The counts and the module names, for a log line."""
+    def describe(self, empty: bool = True) -> str:
+        """The counts and the module names, for a log line (``empty=False``: only the kernels
+        that swapped something)."""
         return "; ".join(
-            f"{k}: {len(v)} ({', '.join(v)})" if v else f"{k}: 0" for k, v in self.swapped.items()
+            f"{k}: {len(v)} ({', '.join(v)})" if v else f"{k}: 0"
+            for k, v in self.swapped.items()
+            if v or empty
         )
 
 

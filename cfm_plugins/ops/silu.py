@@ -8,7 +8,7 @@ as a chain of elementwise ops and keeps four of their outputs per layer for the 
 :class:`LeanSiLU` computes the same ``silu(x) * cst`` through the ``cfm::silu`` operator
 (``cuda/silu/silu_ops.cpp``), whose backward is one operator keeping only (grad, x): the values are
 torch's own silu kernels, the first derivative matches torch's to round-off, and the train step's
-memory peak loses those tensors (docs/benchmarks.md, ``benchmarks/memory_peak.py``).
+memory peak loses those tensors (docs/benchmarks.md, ``tools/memory_peak.py``).
 
 It is not a kernel of its own in the kernel table: the ``conv_tp`` kernel's MACE-block form swaps
 the block's radial-MLP activations when it fuses the block (:func:`swap_radial_silu`) and puts

@@ -16,8 +16,9 @@ AOTInductor and torch.compile see ordinary operators and forces need no Python. 
 compiled library is missing (or ``CFM_PLUGINS_FORCE_TORCH=1``) a pure-torch evaluation of the same
 descriptor runs (:mod:`cfm_plugins.ops._backend` chooses).
 
-:data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`):
-it recognises MACE's layout whatever the class, so vendored copies are fused too.
+:data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`,
+which finds it by name): it recognises MACE's layout whatever the class, so vendored copies are
+fused too.
 """
 
 import logging
@@ -28,7 +29,7 @@ import torch
 from cfm_plugins.ops import _backend, cueq_regime
 from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors.symmetric_contraction import SCDescriptor, build_descriptor
-from cfm_plugins.ops.kernel_table import Form, Kernel
+from cfm_plugins.ops.kernel_types import Form, Kernel
 
 __all__ = ["FusedSymmetricContraction", "KERNEL", "is_symmetric_contraction"]
 

@@ -3,10 +3,14 @@
 Replaces the symmetric contractions (MACE product basis) and the conv tensor products with
 scatter (message construction) by :mod:`cfm_plugins.ops` kernels, in place and state_dict
 compatible. Every trainer adapter asks for the swap through the ``cfm_patch_model`` hook, which
-walks the model with the kernel table (:mod:`cfm_plugins.ops.kernel_table`). Options (declared here,
-read only here): ``fused_kernels``, which kernels; ``fused_backend``, which kernels the operators
-run on CUDA tensors (the Triton ones generated from the same descriptors, the default where Triton
-imports, or the C++ CUDA ones), handed to :func:`cfm_plugins.ops._backend.set_gpu_backend`.
+walks the model with the kernel table (:mod:`cfm_plugins.ops.kernel_table`).
+
+Options (declared here, read only here): ``fused_kernels``, which kernels (``auto``: every kernel
+the model has a module for); ``fused_backend``, which kernels the operators run on CUDA tensors;
+``fused_tiles``, ``fused_autotune`` and ``fused_deterministic``, how the Triton kernels launch.
+They are checked at start (:func:`cfm_configure`, a bad value is a usage error before any work)
+and handed to :func:`cfm_plugins.ops.configure` there, once, in the process that runs the model:
+no kernel reads the environment.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.fused")
 
-_REPORTED = (
-    weakref.WeakSet()
-)  # models reported once: nequip patches its model at every Trainer setup
+_REPORTED = weakref.WeakSet()  # models reported once: nequip patches its model at every setup
+
+#: the ``fused_kernels`` value that means every kernel the model has a module for
+AUTO = "auto"
 
 
 @hookimpl
@@ -31,22 +36,43 @@ def cfm_declare_options():
         Option(
             "fused_kernels",
             str,
-            "symmetric_contraction,conv_tp",
-            "comma list of the kernels to swap in: symmetric_contraction, conv_tp (or a registered "
-            "one)",
+            AUTO,
+            "comma list of the kernels to swap in: symmetric_contraction, conv_tp (or a "
+            "registered one); auto: every kernel the model has a module for (a kernel named "
+            "here that the model lacks is reported with a warning)",
         ),
         Option(
             "fused_backend",
             str,
-            None,
-            "kernels of the fused operators on CUDA tensors: auto (default, or "
-            "CFM_PLUGINS_GPU_BACKEND: "
-            "Triton where it imports, else the C++ CUDA kernels), triton (Triton kernels generated "
-            "from "
-            "the descriptors, NVIDIA and AMD; 2.6-3.1x faster train steps than cuda on an H100), "
-            "cuda "
-            "(the C++ CUDA kernels). CPU tensors always run the C++ CPU kernels",
+            "auto",
+            "kernels of the fused operators on CUDA tensors: auto (Triton where it imports, else "
+            "the C++ CUDA kernels), triton (Triton kernels generated from the descriptors, NVIDIA "
+            "and AMD), cuda (the C++ CUDA kernels, built with CFM_PLUGINS_CUDA=1). CPU tensors "
+            "always run the C++ CPU kernels",
             ("auto", "cuda", "triton"),
+        ),
+        Option(
+            "fused_tiles",
+            str,
+            "",
+            "Triton tiles to pin instead of the built-in per-kernel, per-dtype defaults: "
+            "KERNEL[:DTYPE]=TILE entries, comma separated, e.g. "
+            "tp_segment=8x32/w4,tp_edge:float64=4x32/w4/defer (docs/gpu.md, Tuning); empty: "
+            "the defaults",
+        ),
+        Option(
+            "fused_autotune",
+            bool,
+            False,
+            "time the Triton tile alternatives at the first launch of each kernel, dtype and size "
+            "on the GPU and keep the fastest (pinned tiles are not timed)",
+        ),
+        Option(
+            "fused_deterministic",
+            bool,
+            True,
+            "weight gradients without float atomics, reproducible bit for bit; false lets the "
+            "Triton contraction's weight gradient use atomic adds",
         ),
     ]
 
@@ -66,25 +92,66 @@ def refuse_other_kernels(
 
     The one check of this conflict: the ``fused`` plugin runs it on the trainer's settings and
     :class:`cfm_plugins.calculators.CFMCalculator` on its arguments.
+
+    Args:
+        kernels: the kernels asked for (``None``: every kernel, as ``fused_kernels=auto``).
+        enable_cueq, enable_oeq: mace's own swaps asked for.
+        remedy: what the message tells the user to do.
+
+    Raises:
+        ValueError: both are asked for.
     """
-    if kernels and (enable_cueq or enable_oeq):
+    if (kernels is None or kernels) and (enable_cueq or enable_oeq):
         raise ValueError(
             "the fused kernels and mace's enable_cueq/enable_oeq replace the same modules: "
             f"{remedy}"
         )
 
 
-def kernels_option(config) -> tuple[str, ...]:
-    """The kernels named by the ``fused_kernels`` option, validated against the kernel table."""
+def kernels_option(config) -> tuple[str, ...] | None:
+    """The kernels named by ``fused_kernels``, validated against the kernel table; ``None`` for
+    ``auto`` (every kernel the model has a module for)."""
     from cfm_plugins.config import split_names
     from cfm_plugins.ops.kernel_table import check_kernels
 
-    return check_kernels(split_names(config.get("fused_kernels")), "option fused_kernels")
+    names = split_names(config.get("fused_kernels"))
+    if names == [AUTO]:
+        return None
+    if AUTO in names:
+        raise ValueError(
+            f"option fused_kernels={config.get('fused_kernels')!r}: auto means every kernel the "
+            "model has and stands alone; name the kernels instead, or write auto"
+        )
+    return check_kernels(names, "option fused_kernels")
+
+
+def launch_settings(config) -> dict:
+    """The options of the Triton launches and the GPU backend as
+    :func:`cfm_plugins.ops.configure`'s arguments; a bad ``fused_tiles`` is a ``ValueError``
+    naming the option, the value, the entry and what is allowed."""
+    from cfm_plugins.ops.triton import configs
+
+    tiles = config.get("fused_tiles") or ""
+    try:
+        configs.parse_tiles(tiles)
+    except ValueError as exc:
+        raise ValueError(
+            f"cfm-plugins option fused_tiles={tiles!r}: {exc}; expected {configs.TILES_SYNTAX}"
+        ) from None
+    return {
+        "backend": config.get("fused_backend") or "auto",
+        "tiles": tiles,
+        "autotune": bool(config.get("fused_autotune")),
+        "deterministic": bool(config.get("fused_deterministic")),
+    }
 
 
 @hookimpl
 def cfm_configure(config):
     kernels_option(config)
+    from cfm_plugins.ops import configure
+
+    configure(**launch_settings(config))  # once, before ranks and trainer exist (same process)
 
 
 @hookimpl
@@ -94,43 +161,40 @@ def cfm_trainer_settings(config, trainer):
 
 
 def _report(model, report, kernels) -> None:
-    """Once per model: what was swapped (by module name), and every kernel asked for that found no
-    module in it (never dropped silently)."""
+    """Once per model: what was swapped (by module name), and every kernel named in
+    ``fused_kernels`` that found no module in it (never dropped silently). Under ``auto``
+    (``kernels`` None) a kernel the model lacks is no news; a model with nothing to swap is."""
     if model in _REPORTED:
         return
     _REPORTED.add(model)
     name = type(model).__name__
-    if report.total:
-        log.info("fused kernels swapped in %s: %s", name, report.describe())
-    if report.missing:
-        what = (
-            "nothing was swapped and training goes on with its own layers"
-            if report.total == 0
-            else "those stay stock"
-        )
+    if report.total:  # under auto, only the kernels the model has
+        log.info("fused kernels swapped in %s: %s", name, report.describe(kernels is not None))
+    nothing = report.total == 0 and not any(report.already.values())
+    if kernels is None:
+        if nothing:
+            log.warning(
+                "fused: the model (%s) has no module that a fused kernel (%s) replaces; nothing "
+                "was swapped and training goes on with its own layers",
+                name,
+                ", ".join(report.swapped),
+            )
+    elif report.missing:
         log.warning(
             "fused: the model (%s) has no module for %s of fused_kernels=%s; %s",
             name,
             ", ".join(report.missing),
             ",".join(kernels),
-            what,
+            "nothing was swapped and training goes on with its own layers"
+            if report.total == 0
+            else "those stay stock",
         )
-
-
-def apply_backend_option(config) -> None:
-    """Hand ``fused_backend`` (when set) to the backend chooser of this process."""
-    name = config.get("fused_backend")
-    if name is not None:
-        from cfm_plugins.ops import _backend
-
-        _backend.set_gpu_backend(name)
 
 
 @hookimpl
 def cfm_patch_model(model, config):
     from cfm_plugins.ops.patching import patch_model
 
-    apply_backend_option(config)  # in the process that runs the model (every rank)
     kernels = kernels_option(config)
     report = patch_model(model, kernels)
     _report(model, report, kernels)

@@ -5,7 +5,7 @@
 // differentiates SiLU's backward as a chain of elementwise ops (sigmoid, 1 - s, x (1 - s), ...)
 // and keeps four of their outputs for the second backward. In MACE's radial MLPs (three SiLU
 // layers of [edges, 64] per interaction) those were 1.2 [edges, 1280]-buffers at the train step's
-// memory peak (benchmarks/memory_peak.py). Here the first backward is one operator,
+// memory peak (tools/memory_peak.py). Here the first backward is one operator,
 // silu_bwd(g, x) = g f'(x), whose own backward keeps (g, x): f'(x) = s (1 + x (1 - s)) and
 // f''(x) = s (1 - s) (2 + x (1 - 2 s)) with s = sigmoid(x).
 //

@@ -1,7 +1,8 @@
 """The backend chooser's GPU backend (``cfm_plugins.ops._backend``): the Triton kernels by default
-where Triton imports (``auto``), else the C++ CUDA kernels; either when asked
-(``CFM_PLUGINS_GPU_BACKEND``, ``set_gpu_backend``, the ``fused`` plugin's ``fused_backend`` option).
-Triton's are registered as the operators' CUDA kernels and removed again.
+where Triton imports (``auto``), else the C++ CUDA kernels; either when asked (``set_gpu_backend``,
+``cfm_plugins.ops.configure``, the ``fused`` plugin's ``fused_backend`` option). Triton's are
+registered as the operators' CUDA kernels and removed again. The library loading lives in a leaf
+module of its own (``_library``), which the Triton package imports instead of the chooser.
 
 Registering a CUDA kernel is a dispatcher entry: it needs no GPU, so this runs on any machine;
 what it registers runs only on a GPU (tests/ops/triton run the same launchers on CPU tensors in the
@@ -17,7 +18,7 @@ import torch
 
 from cfm_plugins.config import Config
 from cfm_plugins.manager import create_manager
-from cfm_plugins.ops import _backend
+from cfm_plugins.ops import _backend, configure, settings
 from cfm_plugins.ops import triton as triton_kernels
 from tests.helpers import import_triton
 
@@ -41,8 +42,7 @@ def cuda_kernel_is_triton(op: str) -> bool:
 
 
 @pytest.fixture
-def clean_backend(monkeypatch):
-    monkeypatch.delenv("CFM_PLUGINS_GPU_BACKEND", raising=False)
+def clean_backend():
     _backend._AUTO.clear()
     _backend.set_gpu_backend(None)
     yield
@@ -51,18 +51,20 @@ def clean_backend(monkeypatch):
     _backend._AUTO.clear()
 
 
-def test_gpu_backend_from_the_environment_and_the_setter(clean_backend, monkeypatch):
+def test_gpu_backend_is_the_setters_choice(clean_backend):
+    """The backend is set (the ``fused_backend`` option, ``configure``); a bad name changes
+    nothing."""
     assert _backend.gpu_backend() == "auto"
-    monkeypatch.setenv("CFM_PLUGINS_GPU_BACKEND", "Triton")
-    assert _backend.gpu_backend() == "triton"
-    _backend.set_gpu_backend("cuda")  # the setter wins over the environment
+    _backend.set_gpu_backend("cuda")
     assert _backend.gpu_backend() == "cuda"
-    with pytest.raises(ValueError, match="auto, cuda, triton"):
+    with pytest.raises(ValueError, match="unknown GPU backend 'rocm'; choose one of auto, cuda"):
         _backend.set_gpu_backend("rocm")
-    monkeypatch.setenv("CFM_PLUGINS_GPU_BACKEND", "hip")
+    assert _backend.gpu_backend() == "cuda"  # a refused value changes nothing
     _backend.set_gpu_backend(None)
-    with pytest.raises(ValueError, match="unknown GPU backend 'hip'"):
-        _backend.gpu_backend()
+    assert _backend.gpu_backend() == "auto"
+    with pytest.raises(ValueError, match="backend='hip': expected one of auto, cuda, triton"):
+        configure(backend="hip", tiles="tp_edge=8x32/w8")
+    assert settings()["tiles"] == ""  # checked before anything is set
 
 
 @needs_ops
@@ -134,14 +136,15 @@ def test_triton_asked_for_but_unusable_is_an_error_not_a_fallback(clean_backend,
 
 
 @needs_ops
-def test_fused_backend_option_reaches_the_chooser_through_cfm_patch_model(clean_backend):
+def test_fused_backend_option_reaches_the_chooser_at_start(clean_backend):
     import_triton()
     with pytest.raises(ValueError, match="fused_backend"):
         create_manager(Config(enabled=["fused"], options={"fused_backend": "opencl"}))
+    assert _backend.gpu_backend() == "auto"
     config = Config(
         enabled=["fused"], options={"fused_backend": "triton", "fused_kernels": "conv_tp"}
     )
-    pm = create_manager(config)
-    pm.hook.cfm_patch_model(model=torch.nn.Linear(2, 2), config=config)
+    pm = create_manager(config)  # cfm_configure hands the options to cfm_plugins.ops.configure
     assert _backend.gpu_backend() == "triton"
+    pm.hook.cfm_patch_model(model=torch.nn.Linear(2, 2), config=config)
     assert _backend.choose(torch.device("cuda")) == "cuda" and cuda_kernel_is_triton("conv_tp_fwd")

@@ -191,8 +191,8 @@ def test_gradcheck_and_gradgradcheck_compiled_kernel():
     assert torch.autograd.gradgradcheck(fn, xyw)
 
 
-def test_gradcheck_and_gradgradcheck_torch_fallback(monkeypatch):
-    monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", "1")
+def test_gradcheck_and_gradgradcheck_torch_fallback(debug_switch):
+    debug_switch("CFM_PLUGINS_FORCE_TORCH", "1")
     assert _backend.choose(torch.device("cpu")) == "torch"
     fused, ei, xyw = small_problem("1x0e+1x1o", 2, N=4, E=6)
     fn = lambda x, y, w: fused(x, y, w, ei)  # noqa: E731
@@ -202,13 +202,13 @@ def test_gradcheck_and_gradgradcheck_torch_fallback(monkeypatch):
     )  # full mode: same code, 10x the time
 
 
-def test_torch_fallback_matches_compiled_and_e3nn(monkeypatch):
+def test_torch_fallback_matches_compiled_and_e3nn(debug_switch):
     tp = mace_tp("0e+1o", 3, 8)
     fused = FusedConvTP.from_e3nn(tp)
     ei = graph(9, 40, seed=5, isolated=(2,))
     outs = []
     for force in ("1", "0"):
-        monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", force)
+        debug_switch("CFM_PLUGINS_FORCE_TORCH", force)
         x, y, w = inputs(tp, 9, ei.shape[1], torch.float64, seed=6, requires_grad=True)
         out = fused(x, y, w, ei)
         g = torch.autograd.grad((out**2).sum(), (x, y, w))
@@ -424,7 +424,7 @@ def test_cuda_weight_gradient_past_2_31_elements():
     """More edges than 2**31 / weights per edge (an H200 took an illegal address in Triton's edge
     kernel at 2,496,100 edges of this layer: edge * row stride wrapped in int32): the last edges'
     weight-gradient rows are what those edges alone give (the gradient of an edge's weights reads
-    that edge only). The backend in force (CFM_PLUGINS_GPU_BACKEND)."""
+    that edge only). The GPU backend in force (``auto``: Triton where it imports)."""
     tp = mace_tp("0e+1o", 3, 128, torch.float32)
     fused = FusedConvTP.from_e3nn(tp).cuda()
     N, E = 1000, 2**31 // tp.weight_numel + 64
@@ -449,19 +449,18 @@ def test_cuda_weight_gradient_past_2_31_elements():
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-def test_cuda_triton_edge_tiles_match_the_default(dtype):
+def test_cuda_triton_edge_tiles_match_the_default(dtype, launch_settings):
     """Every tile of Triton's edge kernel (configs.py: the default and the alternatives a tile sweep
     or autotuning picks, ``/presort`` and ``/defer`` among them), compiled for the GPU: the edge
     gradients of each gradient subset equal the default tile's, bit for bit where only the order
     of the edges changes (``/presort``), to round-off where the sums are taken in another order."""
-    if _backend.resolved_gpu_backend() != "triton" or not _backend.runs_triton(
-        torch.device("cuda")
-    ):
-        pytest.skip(
-            "the Triton kernels are not the GPU backend here (CFM_PLUGINS_GPU_BACKEND, triton "
-            "installed)"
-        )
+    from cfm_plugins.ops import triton as triton_kernels
     from cfm_plugins.ops.triton import configs
+
+    if not triton_kernels.available()[0]:
+        pytest.skip(f"the Triton kernels cannot run here: {triton_kernels.available()[1]}")
+    launch_settings(backend="triton")
+    assert _backend.runs_triton(torch.device("cuda"))
 
     tp = mace_tp("0e+1o", 3, 48, dtype)
     fused = FusedConvTP.from_e3nn(tp).cuda()

@@ -181,6 +181,48 @@ def test_create_lammps_model_on_patched_model(models, tmp_path):
         assert rel_err(patched_out[key], stock_out[key]) < 1e-10, key
 
 
+PATCHING_LOADS = r"""
+import sys, torch
+try:
+    torch.jit.load(sys.argv[1])
+except RuntimeError as exc:
+    print("Unknown builtin op: cfm::conv_tp_fwd" in str(exc))
+import cfm_plugins.ops.patching  # noqa: F401  (what docs/export.md says loads the operators)
+x, y, w, ei, ref = torch.load(sys.argv[2])
+print(torch.equal(torch.jit.load(sys.argv[1])(x, y, w, ei), ref))
+"""
+
+
+def test_importing_patching_declares_the_operators_for_torch_jit_load(tmp_path):
+    """docs/export.md: importing ``cfm_plugins.ops.patching`` loads the operator library, so a
+    scripted fused module loads after it (and not before), in a fresh interpreter."""
+    from cfm_plugins.ops.conv_tp import FusedConvTP
+    from tests.helpers.conv_tp_cases import graph, inputs
+    from tests.helpers.mace_models import mace_tp
+
+    tp = mace_tp("0e+1o", 2, 4)
+    fused = FusedConvTP.from_e3nn(tp)
+    x, y, w = inputs(tp, 6, 15, torch.float64)
+    ei = graph(6, 15)
+    torch.jit.script(fused).save(str(tmp_path / "conv.pt"))
+    torch.save((x, y, w, ei, fused(x, y, w, ei).detach()), tmp_path / "inputs.pt")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PATCHING_LOADS,
+            str(tmp_path / "conv.pt"),
+            str(tmp_path / "inputs.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["True", "True"]
+
+
 class Energy(torch.nn.Module):
     """A small potential over the fused conv TP: E = sum of squared receiver sums of messages built
     from edge vectors (irreps 0e+1o) and radial weights of the edge lengths."""

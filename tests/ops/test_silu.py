@@ -103,8 +103,8 @@ def test_patch_swaps_the_radial_mlp_activations_and_unpatch_restores_e3nn_ones()
         assert layers[0].act is layers[1].act and isinstance(layers[0].act, normalize2mom)
 
 
-def test_without_the_library_the_swap_calls_torch_silu(monkeypatch):
-    monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", "1")
+def test_without_the_library_the_swap_calls_torch_silu(debug_switch):
+    debug_switch("CFM_PLUGINS_FORCE_TORCH", "1")
     lean = LeanSiLU(normalize2mom(torch.nn.functional.silu))
     assert not lean.use_op
     x = _x()

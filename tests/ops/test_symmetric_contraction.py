@@ -138,12 +138,12 @@ def test_gradcheck_and_gradgradcheck(use_kernel):
 
 
 @needs_ext
-def test_fallback_forced_by_environment(monkeypatch):
+def test_fallback_forced_by_environment(debug_switch):
     sc = mace_module("0e+1o", 8, 3, 3, True)
     fused = FusedSymmetricContraction.from_mace(sc)
     x, idx, y = inputs(20, 8, 3, torch.float64)
     with_kernel = fused(x, y)
-    monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", "1")
+    debug_switch("CFM_PLUGINS_FORCE_TORCH", "1")
     assert _backend.choose(torch.device("cpu")) == "torch"
     forced = fused(x, y)
     assert rel_err(forced, with_kernel) < 1e-12
@@ -339,11 +339,11 @@ def test_torch_compile_double_backward():
     assert all(rel_err(a, b) < 1e-10 for a, b in zip(got, ref))
 
 
-def test_torch_fallback_compiles_in_one_graph(monkeypatch):
+def test_torch_fallback_compiles_in_one_graph(debug_switch):
     """The pure-torch evaluation (no compiled library, or CFM_PLUGINS_FORCE_TORCH=1) under
     torch.compile(fullgraph=True): no shape or branch depends on the data (one element absent
     from the batch), and forward and force-training gradients match mace's module."""
-    monkeypatch.setenv("CFM_PLUGINS_FORCE_TORCH", "1")
+    debug_switch("CFM_PLUGINS_FORCE_TORCH", "1")
     sc = mace_module("0e+1o", 8, 3, 4, False)
     fused = FusedSymmetricContraction.from_mace(sc)
     x, idx, y = inputs(15, 8, 3, torch.float64)  # elements 0..2 of 4: element 3 has no node

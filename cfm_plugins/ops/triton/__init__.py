@@ -5,8 +5,9 @@ Where this sits in the one kernel pattern (docs/architecture.md): the operators
 C++, with their Meta kernels and their C++ autograd. The Triton launchers here take exactly the
 operators' arguments and are registered as the operators' **CUDA kernels** in a Python process
 that runs them (:func:`register`, called by :func:`cfm_plugins.ops._backend.choose` when the
-GPU backend resolves to ``triton``): the schemas, fake kernels, autograd (forces, force training),
-torch.compile and the names a scripted or exported model calls stay one. A C++ host (LAMMPS, an
+GPU backend resolves to ``triton``; the chooser imports this package, never the other way): the
+schemas, fake kernels, autograd (forces, force training), torch.compile and the names a scripted
+or exported model calls stay one. A C++ host (LAMMPS, an
 AOTInductor runner) loads the C++ libraries and keeps the C++ CUDA kernels.
 
 - :mod:`.symmetric_contraction`: the monomial tree of the descriptor as straight-line tile code,
@@ -14,7 +15,9 @@ AOTInductor runner) loads the C++ libraries and keeps the C++ CUDA kernels.
 - :mod:`.conv_tp`: the channelwise tensor product with its gather and scatter: a segmented,
   atomic-free sum over the edges of each receiver (forward) or sender (node-feature gradient,
   transposed tables), and a per-edge kernel for the edge-attribute and weight gradients.
-- :mod:`.configs`: tile sizes (default per kernel and dtype, autotuning alternatives).
+- :mod:`.configs`: tile sizes (default per kernel and dtype, autotuning alternatives) and the
+  launch settings (pinned tiles, autotuning, deterministic weight gradients) that
+  :func:`cfm_plugins.ops.configure` sets.
 - :mod:`.aot`: ahead-of-time compilation for sm_80, sm_90, gfx90a and gfx942 without a GPU
   (``make triton-check``): compile errors, registers and spills.
 - :mod:`._codegen`: generated source goes to a cached ``.py`` file and is imported (Triton refuses
@@ -71,30 +74,28 @@ def registered(dispatch_key: str = "CUDA") -> bool:
 def register(dispatch_key: str = "CUDA") -> None:
     """Make the Triton launchers the kernels of every ``cfm::`` operator for ``dispatch_key``
     ("CUDA" on a GPU; "CPU" in the interpreter tests). The operators must be declared (the C++
-    library loaded, :func:`cfm_plugins.ops._backend.load`). Registering over the C++ kernels of the
+    library loaded, :func:`cfm_plugins.ops._library.load`). Registering over the C++ kernels of the
     same key is intended: torch's "overriding a previously registered kernel" warning is silenced
-    here; :func:`unregister` restores them."""
+    here; :func:`unregister` restores them. The launch settings are those of
+    :func:`cfm_plugins.ops.configure`; a bad debug switch (``CFM_PLUGINS_TRITON_UNFILLED``) fails
+    here, at set-up, not at a first launch."""
     if dispatch_key in _LIBS:
         return
     import torch
 
-    from cfm_plugins.ops import _backend
+    from cfm_plugins.ops import _debug, _library
 
     ok, why = available()
     if not ok:
         raise RuntimeError(f"cfm_plugins: the Triton kernels cannot be used: {why}")
-    from cfm_plugins.ops.triton import configs
-
-    configs.pins()  # a bad CFM_PLUGINS_TRITON_TILES fails here, at set-up, not at a first launch
-    if not _backend.load("cpu"):
+    _debug.unfilled()
+    if not _library.load("cpu"):
         raise RuntimeError(
             "cfm_plugins: the Triton kernels register under the cfm:: operators, which the "
-            f"compiled CPU library declares, and it is missing: {_backend.BUILD_HINT}"
+            f"compiled CPU library declares, and it is missing: {_library.BUILD_HINT}"
         )
     if dispatch_key == "CUDA" and torch.cuda.is_available():
-        _backend.load(
-            "cuda"
-        )  # the C++ CUDA kernels first, so that ours are the newest registration
+        _library.load("cuda")  # the C++ CUDA kernels first, so that ours are the newest
     lib = torch.library.Library("cfm", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="(?s).*overrid.*previously registered kernel")

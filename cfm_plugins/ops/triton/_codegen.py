@@ -155,7 +155,7 @@ class KernelCache:
 
     Generating a kernel's source and hashing it (:func:`load_source`) costs host time at every
     launch that does it: 0.26 ms for the conv TP segment kernel of a MACE-MP-medium layer, 0.39 ms
-    for its edge kernel (``benchmarks/triton_host.py``), about 30 launches in a force-training step.
+    for its edge kernel (``tools/triton_host.py``), about 30 launches in a force-training step.
     The tables object (from :class:`TableCache`, the same object for the same descriptor tensors)
     keys the cache; it is kept alive with its kernels, so its ``id`` is never reused while cached.
     ``generate(tables, kernel, **flags)`` returns the source; the kernel is the function

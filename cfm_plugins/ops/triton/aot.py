@@ -16,7 +16,7 @@ The argument values are a *specimen* (:func:`cfm_plugins.ops.triton.symmetric_co
 specimen`, :func:`cfm_plugins.ops.triton.conv_tp.specimen`): the sizes and strides of a typical
 launch.
 
-Used by ``make triton-check`` (``python -m benchmarks.triton_check``, the MACE-MP-medium layer)
+Used by ``make triton-check`` (``python -m tools.triton_check``, the MACE-MP-medium layer)
 and by a test (one small kernel). Nothing here imports a trainer.
 """
 

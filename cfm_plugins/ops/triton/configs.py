@@ -10,17 +10,21 @@ same check, which reports their spills without failing on them.
 
 Choice at a launch (:func:`pick`):
 
+- inside :func:`override` (tests: small tiles, so that sizes are not multiples of the tiles and
+  several programs share one element) the given config;
+- the tile pinned by :func:`set_tiles` (the ``fused`` plugin's ``fused_tiles`` option, or
+  :func:`cfm_plugins.ops.configure`): what a tile sweep or an autotuning log found fastest on
+  your GPU, without autotuning again in every process;
 - under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the interpreter config: few,
   large tiles, since the interpreter costs ~2 ms per program plus ~0.14 ms per operation whatever
   the tile size;
-- inside :func:`override` (tests: small tiles, so that sizes are not multiples of the tiles and
-  several programs share one element) the given config;
-- on a GPU the tile pinned by ``CFM_PLUGINS_TRITON_TILES`` (:func:`pins`: what a tile sweep or an
-  autotuning log found fastest on your GPU, without autotuning again in every process);
-- otherwise the default, or with ``CFM_PLUGINS_TRITON_AUTOTUNE=1`` the fastest of the default and
-  its alternatives, timed once per kernel, dtype and size class (power-of-two bucket of the rows)
-  in the process. Kernels that accumulate with atomics are never autotuned (a timing run would
-  add twice).
+- otherwise the default, or with autotuning on (:func:`set_autotune`, the ``fused_autotune``
+  option) the fastest of the default and its alternatives, timed once per kernel, dtype and size
+  class (power-of-two bucket of the rows) in the process. Kernels that accumulate with atomics are
+  never autotuned (a timing run would add twice).
+
+The launch settings (pinned tiles, autotuning, :func:`deterministic` weight gradients) are set
+once, before the kernels run, and only read at a launch: no launch reads the environment.
 
 The defaults were chosen for registers (no spills) and occupancy (enough programs for 132 SMs at
 500 nodes). Timed on an H100 (docs/benchmarks.md), autotuning picked other tiles for some kernels
@@ -29,14 +33,13 @@ spread (73.5 vs 77.6 ms at 500 atoms, 120.6 vs 117.2 ms at 4000, float32). ``tp_
 deferred-sum tiles, added later, did beat its default by far in a later H100 tile sweep (the conv
 TP's forward+backward+double backward in 0.61x the time in float32, 0.54x in float64), and the
 whole train step at 4000 atoms with them by 7 % (float32) and 22 % (float64): they are its defaults
-now, the former 8x32/w4 one pin away (``CFM_PLUGINS_TRITON_TILES=tp_segment=8x32/w4``).
+now, the former 8x32/w4 one pin away (``fused_tiles=tp_segment=8x32/w4``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 from dataclasses import dataclass
 
@@ -53,8 +56,14 @@ __all__ = [
     "autotuning",
     "configs_for",
     "parse_label",
+    "parse_tiles",
     "pins",
-    "TILES_ENV",
+    "set_tiles",
+    "tiles",
+    "set_autotune",
+    "deterministic",
+    "set_deterministic",
+    "TILES_SYNTAX",
 ]
 
 
@@ -183,15 +192,43 @@ def configs_for(kernel: str, dtype_name: str) -> list[TileConfig]:
     return DEFAULTS[kernel][dtype_name]
 
 
+_AUTOTUNE = [False]  # set_autotune
+_DETERMINISTIC = [True]  # set_deterministic
+
+
 def autotuning() -> bool:
-    """Whether a GPU launch times the alternatives (``CFM_PLUGINS_TRITON_AUTOTUNE=1``)."""
-    return os.environ.get("CFM_PLUGINS_TRITON_AUTOTUNE", "") == "1"
+    """Whether a GPU launch times the alternatives (:func:`set_autotune`; default off)."""
+    return _AUTOTUNE[0]
 
 
-TILES_ENV = "CFM_PLUGINS_TRITON_TILES"
+def set_autotune(on: bool) -> None:
+    """Time the tile alternatives at the first launch of each kernel, dtype and size class on the
+    GPU (the ``fused_autotune`` option), or not (the default tiles, or the pinned ones)."""
+    _AUTOTUNE[0] = bool(on)
+
+
+def deterministic() -> bool:
+    """Whether weight gradients are reduced without float atomics, in a fixed order (bitwise
+    reproducible; :func:`set_deterministic`, default on)."""
+    return _DETERMINISTIC[0]
+
+
+def set_deterministic(on: bool) -> None:
+    """``True`` (default): the contraction's weight gradient is summed per element in a fixed
+    order. ``False``: it is added with ``tl.atomic_add`` (one pass less, not reproducible bit for
+    bit; the ``fused_deterministic`` option)."""
+    _DETERMINISTIC[0] = bool(on)
+
+
+#: what :func:`parse_tiles` takes, for error messages and the option's help
+TILES_SYNTAX = (
+    "KERNEL[:DTYPE]=TILE entries, comma separated, e.g. "
+    "tp_segment=8x32/w4,tp_edge:float64=4x32/w4/defer (DTYPE float32 or float64, both if left "
+    "out; TILE ROWSxCHANNELS/wWARPS in powers of two, /defer and /presort on tp_* only)"
+)
 _LABEL = re.compile(r"(\d+)x(\d+)/w(\d+)((?:/defer|/presort)*)")
 _VARIANTS = {"defer": ("tp_segment", "tp_edge"), "presort": ("tp_segment", "tp_edge")}
-_PINS: tuple = (None, {})  # (the variable's text, what it parsed to)
+_PINS: tuple = ("", {})  # (set_tiles's text, what it parsed to)
 
 
 def parse_label(label: str, kernel: str | None = None) -> TileConfig:
@@ -217,16 +254,22 @@ def parse_label(label: str, kernel: str | None = None) -> TileConfig:
     return TileConfig(rows, cols, warps, defer="defer" in flags, presort="presort" in flags)
 
 
-def pins() -> dict[tuple[str, str | None], TileConfig]:
-    """The tiles pinned by ``CFM_PLUGINS_TRITON_TILES``: ``KERNEL[:DTYPE]=LABEL`` entries, comma
-    separated, e.g. ``tp_segment=8x32/w4/defer,tp_edge:float64=4x32/w4/defer``; keys (kernel, dtype
-    or None for both). Parsed once per value of the variable; a bad entry is an error naming it."""
-    global _PINS
-    text = os.environ.get(TILES_ENV, "")
-    if text == _PINS[0]:
-        return _PINS[1]
+def parse_tiles(text: str) -> dict[tuple[str, str | None], TileConfig]:
+    """The tiles of ``text``: ``KERNEL[:DTYPE]=TILE`` entries, comma separated
+    (:data:`TILES_SYNTAX`), e.g. ``tp_segment=8x32/w4/defer,tp_edge:float64=4x32/w4/defer``.
+
+    Args:
+        text: the entries; empty entries are ignored, so ``""`` pins nothing.
+
+    Returns:
+        The pinned tile per (kernel, dtype or None for both dtypes).
+
+    Raises:
+        ValueError: an entry is malformed or names an unknown kernel, dtype or variant; the
+            message names the entry.
+    """
     parsed = {}
-    for entry in (e.strip() for e in text.split(",")):
+    for entry in (e.strip() for e in (text or "").split(",")):
         if not entry:
             continue
         key, sep, label = entry.partition("=")
@@ -240,15 +283,32 @@ def pins() -> dict[tuple[str, str | None], TileConfig]:
                 raise ValueError(f"dtype {dtype!r}: float32 or float64")
             parsed[kernel, dtype or None] = parse_label(label, kernel)
         except ValueError as exc:
-            raise ValueError(f"{TILES_ENV}: entry {entry!r}: {exc}") from None
+            raise ValueError(f"entry {entry!r}: {exc}") from None
+    return parsed
+
+
+def set_tiles(text: str | None) -> None:
+    """Pin the tiles of :func:`parse_tiles` (``None`` or ``""``: none, the defaults) for every
+    later launch in this process; on a bad entry nothing changes (``ValueError``)."""
+    global _PINS
+    text = (text or "").strip()
+    parsed = parse_tiles(text)
     _PINS = (text, parsed)
     if parsed:
         log.info(
-            "Triton tiles pinned by %s: %s",
-            TILES_ENV,
+            "Triton tiles pinned (fused_tiles): %s",
             ", ".join(f"{k}{':' + d if d else ''}={c.label()}" for (k, d), c in parsed.items()),
         )
-    return parsed
+
+
+def tiles() -> str:
+    """The text of the tiles pinned now ("" for none)."""
+    return _PINS[0]
+
+
+def pins() -> dict[tuple[str, str | None], TileConfig]:
+    """The tiles pinned now (:func:`set_tiles`): keys (kernel, dtype or None for both)."""
+    return dict(_PINS[1])
 
 
 @contextlib.contextmanager
@@ -286,6 +346,10 @@ def pick(
 
     if kernel in _OVERRIDE:
         return _OVERRIDE[kernel]
+    pinned = _PINS[1]
+    cfg = pinned.get((kernel, dtype_name)) or pinned.get((kernel, None))
+    if cfg is not None:
+        return cfg
     if interpreting():
         cap = INTERPRETER[kernel]
         if fit is None:
@@ -293,12 +357,8 @@ def pick(
         return TileConfig(
             min(cap.block_rows, _pow2(fit[0])), min(cap.block_c, _pow2(fit[1])), cap.num_warps
         )
-    pinned = pins()
-    cfg = pinned.get((kernel, dtype_name)) or pinned.get((kernel, None))
-    if cfg is not None:
-        return cfg
     candidates = configs_for(kernel, dtype_name)
-    if run is None or not idempotent or len(candidates) == 1 or not autotuning():
+    if run is None or not idempotent or len(candidates) == 1 or not _AUTOTUNE[0]:
         return candidates[0]
     key = (kernel, dtype_name, max(1, rows - 1).bit_length())
     best = _TUNED.get(key)
@@ -345,7 +405,7 @@ def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None
     triton-check``); with 3.8.0 ``sc_bwd2`` float32 8x32/w4 spills 16 B on sm_90
     (docs/benchmarks.md), and a user's triton may be any of them. On an H100, with triton 3.6.0, the
     same kernel spilled 2 B, where the check here (the same triton, sm_90) finds none. This only
-    says so: which tile is faster is the GPU's call (``CFM_PLUGINS_TRITON_AUTOTUNE=1``)."""
+    says so: which tile is faster is the GPU's call (``fused_autotune``)."""
     key = (kernel, dtype_name, cfg)
     if key in _SPILLS_NOTED:
         return
@@ -359,8 +419,8 @@ def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None
         "Triton kernel %s (%s, tile %s) spills %d bytes per thread to local memory on this GPU "
         "with "
         "triton %s: the default tiles were checked for spills with triton 3.6.0, 3.7.1 and 3.9.0. "
-        "CFM_PLUGINS_TRITON_AUTOTUNE=1 times its alternative tiles on this GPU (docs/gpu.md, "
-        "'Tiles').",
+        "The option fused_autotune=true times its alternative tiles on this GPU, fused_tiles pins "
+        "one (docs/gpu.md, 'Tuning').",
         kernel,
         dtype_name,
         cfg.label(),

@@ -21,8 +21,9 @@ Work decomposition (GPU-first):
 Outputs are left unfilled where the kernels store every column of every row (a node without
 edges stores zeros; MACE's tables cover every column): :func:`_output` fills only what a table
 leaves unstored (``TPTables.out_width`` and friends) and a graph without edges. An H200 ran the
-float64 train step at 4000 atoms in 0.95x the time of zero-filling every output first, which
-``CFM_PLUGINS_TRITON_UNFILLED=0`` still does.
+float64 train step at 4000 atoms in 0.95x the time of zero-filling every output first, which the
+debug switch ``CFM_PLUGINS_TRITON_UNFILLED=0`` (read once, :mod:`cfm_plugins.ops._debug`) still
+does.
 
 Variants, chosen by the tile config (:mod:`.configs`): ``defer`` sums once per program instead of
 per block; ``presort`` reads the edges' other ends in CSR order (segment) or walks the edges in the
@@ -41,20 +42,17 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from cfm_plugins.ops._debug import UNFILLED_ENV, unfilled
 from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton._codegen import Writer, fmt_float, tl_sum
 from cfm_plugins.ops.triton.configs import launch
 
 __all__ = ["TPTables", "fwd", "bwd", "source", "kernel_variants", "UNFILLED_ENV"]
-
-#: ``=1``: outputs the kernels store whole are left unfilled (no zero fill first); untimed on a GPU
-UNFILLED_ENV = "CFM_PLUGINS_TRITON_UNFILLED"
 
 
 @dataclass(frozen=True)
@@ -538,18 +536,6 @@ def _uninitialised(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
-def _unfilled() -> bool:
-    """``CFM_PLUGINS_TRITON_UNFILLED``: unset or ``1`` (outputs stored whole are not zero-filled
-    first) or ``0`` (every output zero-filled)."""
-    value = os.environ.get(UNFILLED_ENV, "1").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(
-            f"{UNFILLED_ENV}={value!r}: use 1 (the default: outputs the kernels store whole are "
-            "not zero-filled first) or 0 (every output zero-filled)"
-        )
-    return value != "0"
-
-
 def _output(shape, like: torch.Tensor, width: int | None) -> torch.Tensor:
     """An output tensor ``[rows, shape[-1]]``: left uninitialised where the kernel launched
     stores the columns ``0..width-1`` of every row and that is all of them, else zeros (``width``
@@ -557,8 +543,8 @@ def _output(shape, like: torch.Tensor, width: int | None) -> torch.Tensor:
     entry reads, weights of paths without pairs). A fill skipped is one pass less over the
     tensor: the weight gradient is [edges, weights] (for a MACE-MP-medium layer at 4000 atoms,
     hundreds of MB in float64); an H200's float64 step at 4000 atoms took 0.95x the time of the
-    fills. ``CFM_PLUGINS_TRITON_UNFILLED=0`` zero-fills every output."""
-    if width == shape[-1] and _unfilled():
+    fills. The debug switch ``CFM_PLUGINS_TRITON_UNFILLED=0`` zero-fills every output."""
+    if width == shape[-1] and unfilled():
         return _uninitialised(shape, like)
     return torch.zeros(shape, dtype=like.dtype, device=like.device)
 

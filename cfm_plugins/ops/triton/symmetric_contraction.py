@@ -33,8 +33,9 @@ Work decomposition (GPU-first; the C++ CUDA kernel loops over 128 nodes per thre
   the sum over its tile into its own slot of a partial buffer (the slots of a chunk's programs that
   have nodes are consecutive, after the previous chunk's: ``slot_ptr``, so an empty chunk takes
   none), and :mod:`._reduce` adds the slots of each element in a fixed order (deterministic, no
-  atomics). ``CFM_PLUGINS_TRITON_ATOMICS=1`` adds into ``coeff``'s gradient with ``tl.atomic_add``
-  instead (not deterministic; not timed on a GPU yet);
+  atomics). With ``fused_deterministic=false`` (:func:`cfm_plugins.ops.configure`) the programs
+  add into ``coeff``'s gradient with ``tl.atomic_add`` instead (not reproducible bit for bit; not
+  timed on a GPU yet);
 - double backward: the walk with the tangent (``T[j] = T[parent] x[last] + P[parent] dx[last]``)
   and the reverse of both, as ``cuda/symmetric_contraction/sc_math.h`` does per node.
 
@@ -48,13 +49,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from cfm_plugins.ops.triton import _codegen
+from cfm_plugins.ops.triton import _codegen, configs
 from cfm_plugins.ops.triton._codegen import Writer, tl_sum
 from cfm_plugins.ops.triton.configs import TileConfig, launch
 
@@ -66,8 +66,8 @@ CHUNK = 128
 
 
 def atomics() -> bool:
-    """``CFM_PLUGINS_TRITON_ATOMICS=1``: weight gradients by atomic adds (not deterministic)."""
-    return os.environ.get("CFM_PLUGINS_TRITON_ATOMICS", "") == "1"
+    """Whether weight gradients are added with atomics (``fused_deterministic=false``)."""
+    return not configs.deterministic()
 
 
 @dataclass(frozen=True)

@@ -54,13 +54,13 @@ def triton_cpu(tmp_path_factory):
     why = interpreter_cannot_loop(triton.__version__)
     if why:
         pytest.skip(why)
-    from cfm_plugins.ops import _backend
+    from cfm_plugins.ops import _library
     from cfm_plugins.ops import triton as triton_kernels
 
-    if not _backend.load("cpu"):
+    if not _library.load("cpu"):
         pytest.fail(
             "the compiled CPU library declares the cfm:: operators and is missing: "
-            f"{_backend.BUILD_HINT}"
+            f"{_library.BUILD_HINT}"
         )
     saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "CFM_PLUGINS_TRITON_CACHE")}
     os.environ["TRITON_INTERPRET"] = "1"

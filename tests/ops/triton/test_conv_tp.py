@@ -4,8 +4,8 @@ scatter_sum (forward, gradients, double backward, float64 and float32), against 
 (every gradient subset), gradcheck/gradgradcheck, opcheck, torch.compile, non-contiguous and
 expanded inputs, tiles smaller than the problem, isolated nodes and an empty graph, weight rows
 past 2**31 elements; outputs left unfilled by default (NaN-filled here first) where the kernels
-store every column, zero-filled where not, and every output zero-filled with
-``CFM_PLUGINS_TRITON_UNFILLED=0``.
+store every column, zero-filled where not, and every output zero-filled with the debug switch
+``CFM_PLUGINS_TRITON_UNFILLED=0``, which a bad value of fails at the kernels' set-up.
 """
 
 from __future__ import annotations
@@ -103,17 +103,17 @@ def nan_filled_outputs(monkeypatch) -> list:
 
 
 @pytest.fixture
-def poisoned(monkeypatch):
+def poisoned(monkeypatch, debug_switch):
     """The default (``CFM_PLUGINS_TRITON_UNFILLED`` unset) with NaN in the unfilled outputs
     (:func:`nan_filled_outputs`)."""
-    monkeypatch.delenv(ttp.UNFILLED_ENV, raising=False)
+    debug_switch(ttp.UNFILLED_ENV, None)
     return nan_filled_outputs(monkeypatch)
 
 
-def test_outputs_are_zero_filled_when_asked(triton_cpu, monkeypatch):
+def test_outputs_are_zero_filled_when_asked(triton_cpu, monkeypatch, debug_switch):
     """With ``CFM_PLUGINS_TRITON_UNFILLED=0`` every output is zero-filled first (the former
     default): nothing is handed out unfilled, and the results are the C++ kernels'."""
-    monkeypatch.setenv(ttp.UNFILLED_ENV, "0")
+    debug_switch(ttp.UNFILLED_ENV, "0")
     handed = nan_filled_outputs(monkeypatch)
     _, args, g = tiled_case(seed=16, isolated=1)
     got = torch.ops.cfm.conv_tp_fwd(*args), *torch.ops.cfm.conv_tp_bwd(g, *args, True, True, True)
@@ -180,11 +180,17 @@ def test_outputs_a_kernel_leaves_gaps_in_are_zero_filled(triton_cpu, poisoned):
     assert poisoned == [] and all(torch.all(t == 0) for t in outs)
 
 
-def test_a_misspelt_unfilled_value_is_refused(triton_cpu, monkeypatch):
-    monkeypatch.setenv(ttp.UNFILLED_ENV, "yes")
-    _, args, _ = tiled_case(seed=16, isolated=1)
-    with pytest.raises(ValueError, match="CFM_PLUGINS_TRITON_UNFILLED='yes': use 1 .* or 0"):
-        ttp.fwd(*args)
+def test_a_misspelt_unfilled_value_is_refused_at_set_up(triton_cpu, debug_switch):
+    """The debug switch is read once, when the kernels are registered: a bad value fails there,
+    before anything is registered, never at a launch."""
+    from cfm_plugins.ops import triton as triton_kernels
+
+    debug_switch(ttp.UNFILLED_ENV, "yes")
+    with triton_cpu():  # the Triton kernels unregistered here: register them again
+        with pytest.raises(ValueError, match="CFM_PLUGINS_TRITON_UNFILLED='yes': use 1 .* or 0"):
+            triton_kernels.register("CPU")
+        assert not triton_kernels.registered("CPU")
+        debug_switch(ttp.UNFILLED_ENV, "1")
 
 
 def test_stored_width_of_a_set_of_columns():

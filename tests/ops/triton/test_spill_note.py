@@ -45,7 +45,7 @@ def test_a_spilling_kernel_is_named_once_with_its_tile_bytes_and_triton(caplog):
     msgs = warnings_of(caplog)
     assert len(msgs) == 1, msgs
     assert "tp_segment (float64, tile 8x32/w4) spills 1352 bytes per thread" in msgs[0]
-    assert f"triton {triton.__version__}" in msgs[0] and "CFM_PLUGINS_TRITON_AUTOTUNE=1" in msgs[0]
+    assert f"triton {triton.__version__}" in msgs[0] and "fused_autotune=true" in msgs[0]
 
 
 def test_each_kernel_dtype_and_tile_is_its_own_note_and_no_spill_says_nothing(caplog):
@@ -68,9 +68,11 @@ def test_each_kernel_dtype_and_tile_is_its_own_note_and_no_spill_says_nothing(ca
     assert "sc_bwd2 (float64, tile 4x32/w4) spills 16 bytes" in msgs[1]
 
 
-def test_launch_runs_the_default_tile_once_and_notes_what_the_launch_returned(caplog, monkeypatch):
+def test_launch_runs_the_default_tile_once_and_notes_what_the_launch_returned(
+    caplog, monkeypatch, launch_settings
+):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # pick's GPU branch
-    monkeypatch.delenv("CFM_PLUGINS_TRITON_AUTOTUNE", raising=False)
+    launch_settings(tiles="", autotune=False)
     launched = []
 
     def run(cfg):

@@ -2,8 +2,8 @@
 interpreter on CPU, registered as the ``cfm::symmetric_contraction_*`` operators' CPU kernels:
 against mace-torch's own module (forward, backward, double backward, float64 and float32), against
 the C++ kernels (every double-backward flag combination), gradcheck/gradgradcheck, opcheck,
-non-contiguous and expanded inputs, tiles smaller than the problem, the atomic weight-gradient
-option, and the generated source and its cache.
+non-contiguous and expanded inputs, tiles smaller than the problem, the atomic weight gradient
+(``fused_deterministic=false``), and the generated source and its cache.
 
 Most cases use node features 0e+1o (4 components per channel: 30 monomials at correlation 3), the
 MACE size (0e+1o+2e+3o, 16 components) appears where it is cheap enough for the interpreter
@@ -274,12 +274,11 @@ def test_tiles_smaller_than_the_problem(triton_cpu, monkeypatch):
 
 
 @pytest.mark.parametrize("atomic", [False, True], ids=["deterministic", "atomics"])
-def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, monkeypatch, atomic):
+def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, launch_settings, atomic):
     """The traced forward's chunk list (``_static_chunks``: the real chunks, then empty ones at n)
     gives the exact chunk list's results bit for bit, forward and both backwards, and the C++
     kernels' too."""
-    if atomic:
-        monkeypatch.setenv("CFM_PLUGINS_TRITON_ATOMICS", "1")
+    launch_settings(deterministic=not atomic)
     fused = FusedSymmetricContraction.from_mace(small_sc(5, 3, 4))
     fused._chunk = 4
     x, idx, _ = inputs(19, 5, 4, 4, torch.float64)
@@ -335,21 +334,37 @@ def test_the_weight_gradient_slots_follow_the_tiles_with_nodes():
     assert a.target.shape[0] == min(7 * 4, 8 + 7) and b.target.shape[0] == min(12 * 4, 8 + 12) >= 11
 
 
-def test_atomic_weight_gradient_matches_the_deterministic_reduction(monkeypatch):
+def test_atomic_weight_gradient_matches_the_deterministic_reduction(monkeypatch, launch_settings):
+    """``deterministic=False`` (the ``fused_deterministic`` option) reaches the weight-gradient
+    launches through the operators: they add atomically, to the deterministic sums' round-off."""
     fused = FusedSymmetricContraction.from_mace(small_sc(3, 2, 3))
     x, idx, _ = inputs(15, 3, 4, 3, torch.float64)
     coeff, static = op_args(fused, x, idx)
     gout = torch.randn(x.shape[0], fused.descriptor.out_dim, dtype=x.dtype)
     dx = torch.randn_like(x)
-    det = (
-        tsc.bwd(gout, x, coeff, *static, False, True)[1],
-        tsc.bwd2(gout, x, coeff, dx, None, *static, False, False, True)[2],
-    )
-    monkeypatch.setenv("CFM_PLUGINS_TRITON_ATOMICS", "1")
-    atom = (
-        tsc.bwd(gout, x, coeff, *static, False, True)[1],
-        tsc.bwd2(gout, x, coeff, dx, None, *static, False, False, True)[2],
-    )
+    used = []
+
+    class Spy(tsc._WeightGrad):
+        def __init__(self, *args):
+            super().__init__(*args)
+            used.append(self.atomic)
+
+    monkeypatch.setattr(tsc, "_WeightGrad", Spy)
+
+    def weight_gradients():
+        return (
+            torch.ops.cfm.symmetric_contraction_bwd(gout, x, coeff, *static, False, True)[1],
+            torch.ops.cfm.symmetric_contraction_bwd2(
+                gout, x, coeff, dx, None, *static, False, False, True
+            )[2],
+        )
+
+    launch_settings(deterministic=True)
+    det = weight_gradients()
+    assert used == [False, False]
+    launch_settings(deterministic=False)
+    atom = weight_gradients()
+    assert used[2:] == [True, True]
     for a, b in zip(atom, det):
         assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
