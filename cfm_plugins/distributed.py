@@ -17,6 +17,10 @@ Where the rendezvous listens (it has no authentication, so it must not listen wh
   interface too (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` unless you set them). The option
   ``master_addr`` (or ``MASTER_ADDR``) names an address of rank 0's host instead.
 
+The options this module reads (``device``, ``backend``, ``rendezvous_interface``, ...) and the
+default :func:`~cfm_plugins.hookspec.cfm_init_distributed` are the core plugin's
+(:mod:`cfm_plugins.plugins.core`); this module implements no hook.
+
 A collective that waits longer than ``collective_timeout`` seconds (default 300) fails; cfm-run
 then names the rank(s) that never reached it (see :func:`stalled_ranks`) and ends every rank.
 
@@ -38,8 +42,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-from cfm_plugins.hookspec import hookimpl
-
 log = logging.getLogger("cfm_plugins")
 
 #: Seconds a collective may wait for the slowest rank before the run is ended (option
@@ -49,63 +51,6 @@ log = logging.getLogger("cfm_plugins")
 #: rank 0 alone preprocesses a large data set while the others wait should raise it.
 DEFAULT_TIMEOUT_S = 300.0
 _LOOPBACK = "127.0.0.1"
-
-
-@hookimpl
-def cfm_declare_options():
-    from cfm_plugins.options import Option
-
-    return [
-        Option(
-            "device",
-            str,
-            "auto",
-            "device of the ranks: auto (cuda when torch sees a GPU), cpu or cuda; "
-            "with cuda each rank takes the GPU of its node-local rank",
-            ("auto", "cpu", "cuda"),
-        ),
-        Option(
-            "backend",
-            str,
-            None,
-            "torch.distributed backend (default: nccl on cuda, gloo on cpu)",
-            ("gloo", "nccl", "mpi"),
-        ),
-        Option(
-            "master_addr",
-            str,
-            None,
-            "address of rank 0's host for the rendezvous (default: 127.0.0.1 on "
-            "one node, else the address of rendezvous_interface)",
-        ),
-        Option(
-            "rendezvous_interface",
-            str,
-            None,
-            "network interface (e.g. ib0, eth0) the rendezvous and gloo/nccl "
-            "use when the ranks span several nodes (default: the interface of the default route); "
-            "on one "
-            "node everything stays on the loopback interface",
-        ),
-        Option(
-            "collective_timeout",
-            float,
-            DEFAULT_TIMEOUT_S,
-            "seconds a collective waits for a stalled rank "
-            "before the run ends with the stalled rank named",
-            positive=True,
-        ),
-        # read by every trainer adapter (each writes what its trainer exposes); declared once here
-        Option(
-            "step_log",
-            str,
-            None,
-            "write each rank's per-step records (sizes, compute times; losses where "
-            "the trainer gives them) to PATH.rank<r>.jsonl; cfm_plugins.steplog reads them and "
-            "computes "
-            "the load imbalance factor",
-        ),
-    ]
 
 
 @dataclass
@@ -475,11 +420,6 @@ def init_distributed(config=None) -> DistInfo:
     return DistInfo(
         rank, world, local_rank, local_size, backend, device, addr, port, comm, store, timeout_s
     )
-
-
-@hookimpl(trylast=True)
-def cfm_init_distributed(config):
-    return init_distributed(config)
 
 
 def is_timeout(exc: BaseException) -> bool:

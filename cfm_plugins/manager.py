@@ -84,9 +84,9 @@ def load_plugin(info: PluginInfo):
 def _new_pm() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspec.PROJECT)
     pm.add_hookspecs(hookspec)
-    from cfm_plugins import distributed  # the core's default implementations and options
+    from cfm_plugins.plugins import core  # the core's default implementations and options
 
-    pm.register(distributed, name=CORE)
+    pm.register(core, name=CORE)
     return pm
 
 

@@ -7,8 +7,10 @@ mace_run_train`,
    with the cost fitted on the run's own first epoch);
 3. run a short MD with the (first) trained model through `CFMCalculator` (fused kernels);
 4. print a summary: time per epoch, the LIF of each run (and over the epochs after the first, the
-   ones ``cost=auto`` plans with its fit), the balance report of the batches, the PNG of the
-   batches.
+   ones ``cost=auto`` plans with its fit), the balance report of the batches, and draw
+   ``batches.png``: epoch 0's batches of stock mace (its DistributedSampler, 4 graphs per batch;
+   computed, not trained) beside binpack's (checked against the run's step log), each side's LIF
+   in its title.
 
 Everything goes to examples/out/. Options: --epochs, --n-train, --np (ranks), --cost.
 """
@@ -24,11 +26,16 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from cfm_plugins.datasets.cuni import MIN_ATOMS
 from cfm_plugins.testing import at_least, demo_costs, mpirun_command
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
+#: mace_run_train's --batch_size and --seed here: the stock batches of the picture use them too
+BATCH_SIZE = 4
+SEED = 1
 
 
 def stage(n, text):
@@ -61,14 +68,14 @@ def train_mace(args, files, run_dir: Path, cost: str) -> float | None:
             "--correlation=3",
             "--num_interactions=2",
             f"--max_num_epochs={args.epochs}",
-            "--batch_size=4",
-            "--valid_batch_size=4",
+            f"--batch_size={BATCH_SIZE}",
+            f"--valid_batch_size={BATCH_SIZE}",
             "--device=cpu",
             "--default_dtype=float64",
             "--energy_key=REF_energy",
             "--forces_key=REF_forces",
             "--stress_key=REF_stress",
-            "--seed=1",
+            f"--seed={SEED}",
             "--eval_interval=1",
             "--num_workers=0",
             "--save_cpu",
@@ -100,6 +107,95 @@ def train_mace(args, files, run_dir: Path, cost: str) -> float | None:
         )
         return None
     return time.monotonic() - start
+
+
+def training_atoms(train_file) -> np.ndarray:
+    """Atom counts of the structures mace trains on, in its order: the training file less its
+    ``IsolatedAtom`` entries (mace's ``load_from_xyz`` takes those for the E0s, not for
+    training)."""
+    from ase.io import read
+
+    return np.array(
+        [
+            len(a)
+            for a in read(train_file, ":")
+            if not (len(a) == 1 and a.info.get("config_type") == "IsolatedAtom")
+        ]
+    )
+
+
+def stock_batches(num_samples: int, ranks: int, epoch: int = 0):
+    """The batches stock mace trains on in ``epoch`` without binpack, per rank: mace_run_train
+    gives every rank a ``DistributedSampler(train_set, num_replicas, rank, shuffle=True,
+    drop_last=True, seed=--seed)``, calls ``set_epoch(epoch)`` and cuts its order into batches of
+    ``--batch_size`` (mace-torch 0.3.16, ``mace/cli/run_train.py``). Torch's own sampler makes
+    the same orders here, without training."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    from cfm_plugins.sampler.report import fixed_count_batches
+
+    orders = []
+    for rank in range(ranks):
+        sampler = DistributedSampler(
+            range(num_samples),
+            num_replicas=ranks,
+            rank=rank,
+            shuffle=True,
+            drop_last=True,
+            seed=SEED,
+        )
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    return fixed_count_batches(orders, BATCH_SIZE)
+
+
+def binpack_batches(atoms: np.ndarray, ranks: int, max_tokens=None, epoch: int = 0):
+    """The plan binpack (``cost=atoms``) trains on in ``epoch``, and its capacity: what the
+    plugin builds from mace's training set, batch size and seed on the CPU in float64."""
+    from cfm_plugins.plugins.binpack import default_capacity
+    from cfm_plugins.sampler import BinPackBatchSampler
+
+    capacity = max_tokens or default_capacity(atoms.mean(), atoms.max(), BATCH_SIZE)
+    sampler = BinPackBatchSampler(atoms, capacity, rank=0, world_size=ranks, seed=SEED, repeat=True)
+    sampler.set_epoch(epoch)
+    return sampler.plan(), capacity
+
+
+def trained_as_planned(plan, atoms: np.ndarray, logged: list[list[dict]], epoch: int = 0) -> bool:
+    """Whether every rank's logged training steps of ``epoch`` hold the atoms of the plan's
+    batches, step by step (the picture shows what the run trained)."""
+    ranks = plan.world_size
+    if len(logged) != ranks:
+        return False
+    for rank, records in enumerate(logged):
+        seen = [r.get("atoms") for r in records if r.get("epoch", 0) == epoch]
+        if seen != [int(atoms[b].sum()) for b in plan.rank_bins(rank)]:
+            return False
+    return True
+
+
+def draw_picture(out: Path, atoms: np.ndarray, ranks: int, max_tokens=None) -> tuple:
+    """``out/batches.png``: epoch 0 of stock mace's batches (left) beside binpack's (right), as
+    the MACE paper's Figure 12; returns the PNG's path, binpack's plan and its capacity."""
+    from cfm_plugins.sampler import plot_batches
+
+    stock = stock_batches(len(atoms), ranks)
+    plan, capacity = binpack_batches(atoms, ranks, max_tokens)
+    most = max(stock.num_steps(), plan.num_steps())
+    png = plot_batches(
+        plan,
+        atoms,
+        ranks,
+        out / "batches.png",
+        steps=None if most <= 10 else range(8),
+        baseline=stock,
+        capacity=capacity,
+        titles=(
+            f"stock mace: DistributedSampler, {BATCH_SIZE} graphs per batch",
+            f"binpack: bins of up to {capacity:g} atoms",
+        ),
+    )
+    return png, plan, capacity
 
 
 def main(argv=None) -> int:
@@ -158,7 +254,7 @@ def main(argv=None) -> int:
     print(f"  {per_step * 1e3:.0f} ms per MD step ({len(atoms)} atoms)")
 
     stage(4, "summary")
-    from cfm_plugins.sampler import BinPackBatchSampler, balance_report, plot_batches
+    from cfm_plugins.sampler import balance_report
     from cfm_plugins.steplog import (
         load_imbalance,
         read_step_events,
@@ -207,20 +303,17 @@ def main(argv=None) -> int:
                 else ""
             )
         )
-    import numpy as np
-
-    from cfm_plugins.plugins.binpack import default_capacity
-
-    atoms_sizes = np.array([len(a) for a in read(files["train"], ":")])
-    capacity = args.max_tokens or default_capacity(
-        atoms_sizes.mean(), atoms_sizes.max(), batch_size=4
-    )
-    sampler = BinPackBatchSampler(atoms_sizes, capacity, rank=0, world_size=args.np, seed=1)
-    plan = sampler.plan()
+    atoms_sizes = training_atoms(files["train"])
+    png, plan, capacity = draw_picture(out, atoms_sizes, args.np, args.max_tokens)
     report = balance_report(plan, atoms_sizes, capacity, args.np)
     print("  " + report.to_text().replace("\n", "\n  "))
-    png = out / "batches.png"
-    plot_batches(plan, atoms_sizes, args.np, png)
+    if "atoms" in runs and not trained_as_planned(
+        plan, atoms_sizes, read_step_logs(str(runs["atoms"]["dir"] / "steps"))
+    ):
+        print(
+            "  warning: the cost=atoms run's step log of epoch 0 differs from the binpack batches "
+            "drawn in the picture"
+        )
     (out / "summary.json").write_text(
         json.dumps(
             {"runs": summary, "md_step_s": per_step, "balance": report.to_dict()},
@@ -228,10 +321,8 @@ def main(argv=None) -> int:
             default=str,
         )
     )
-    print(
-        f"  picture of the batches: {png}\n  model: {run_dir / 'demo.model'}\n  summary: "
-        f"{out / 'summary.json'}"
-    )
+    print(f"  picture of epoch 0's batches, stock mace's beside binpack's: {png}")
+    print(f"  model: {run_dir / 'demo.model'}\n  summary: {out / 'summary.json'}")
     return 0
 
 

@@ -54,43 +54,68 @@ BATCH_PROPERTIES = ("energy", "free_energy", "forces", "stress", "energies", "no
 class CFMCalculator(MACECalculator):
     """ASE calculator for stock MACE model files, evaluated with the cfm-plugins fused kernels.
 
-    Arguments are those of :class:`mace.calculators.MACECalculator` (``model_paths``: a path, a glob
-    such as ``"mace_*.model"`` for a committee, or a list; ``device``; ``default_dtype``;
-    ``energy_units_to_eV``; ``length_units_to_A``; ``model_type``; ``compile_mode``; ``head``; ...),
-    plus:
+    A :class:`mace.calculators.MACECalculator` (same data conversion, committees, units and
+    results) whose models are patched in place with the fused kernels after mace has moved them
+    to ``device`` and ``default_dtype``. Keyword arguments not listed here are
+    ``MACECalculator``'s (``energy_units_to_eV``, ``length_units_to_A``, ``model_type``,
+    ``head``, ...).
 
     Args:
-        kernels: the fused kernels to swap in, out of ``("symmetric_contraction", "conv_tp")``.
+        model_paths: a MACE model file, a glob such as ``"mace_*.model"`` (a committee), or a
+            list of files. Exactly one of ``model_paths`` and ``models``.
+        device: ``"cpu"`` or ``"cuda"`` / ``"cuda:<index>"``.
+        default_dtype: ``"float64"`` (default) or ``"float32"``: a model of another dtype is
+            converted to it, with a warning (as ``MACECalculator`` does); ``""`` keeps the
+            model's dtype.
+        models: loaded MACE modules (one or a list) instead of files.
+        kernels: the fused kernels to swap in, out of ``("symmetric_contraction", "conv_tp")``
+            (or a kernel registered in :mod:`cfm_plugins.ops.kernel_table`).
         fused: ``False`` keeps mace's own modules (the stock calculator, for comparisons).
+        compile_mode: mace's own ``compile_mode``; it rebuilds the model without the fused
+            kernels, so it needs ``fused=False`` (``compile`` compiles with them).
         weights_only: ``False`` (default, as mace): ``model_paths`` are whole pickled models,
             unpickled (load only files you trust). ``True``: they are state_dicts or mace
             training checkpoints, read with ``torch.load(weights_only=True)`` (no code from the
-            file runs) into copies of ``architecture``; a whole pickled model is a clear error.
+            file runs) into copies of ``architecture``.
         architecture: with ``weights_only=True``, a MACE model of the same configuration as the
             weights (or a callable returning one); it is copied, not modified.
         compile: ``"off"`` (default), ``"default"``, ``"max-autotune"`` or ``"reduce-overhead"``
-            (CUDA graphs; GPUs only): ``torch.compile`` of the model's forward with forces, fused
-            kernels inside, one graph per shape (a model holding TorchScript is rebuilt from its
-            configuration first, weights kept). Not mace's ``compile_mode``, which rebuilds the
-            model without the fused kernels. ``compile_backend="aot_eager"`` runs the captured
-            graphs without code generation (tests, debugging).
-        static_shapes: pad every evaluation to a budget of atoms, edges and graphs (default: on
-            when compiling). The budget starts at the first structure's size plus
-            ``budget_headroom`` and grows in steps, with a log line each time.
-        skin: for MD, a distance in Angstrom (0.5-2 suits room-temperature MD): the neighbour list
-            is built with ``r_max + skin`` and kept while no atom has moved more than ``skin / 2``
-            and the cell and configuration are the same; each step keeps the pairs closer than
-            ``r_max`` and remakes only the graph's position-dependent fields. The same edges as
-            mace's list built from scratch (their order may differ: round-off-level differences).
-            ``md_graphs.neighbours.builds`` / ``.reuses`` count the lists built and kept. ``None``:
-            mace's conversion at every evaluation. Default ``"auto"``: 1.0 on a CUDA device (an
-            H100 timed MD at 4000 atoms in 0.38x the step without it), ``None`` elsewhere (on a CPU
-            the model's step hides the graph's time) and with ``compile_mode``.
+            (CUDA graphs; GPUs only): ``torch.compile`` of the model's forward with forces, the
+            fused kernels inside, one graph per shape (a model holding TorchScript is rebuilt
+            from its configuration first, weights kept).
+        compile_backend: ``torch.compile``'s backend; ``"aot_eager"`` runs the captured graphs
+            without code generation (tests, debugging).
+        static_shapes: pad every evaluation to a budget of atoms, edges and graphs, so that a
+            compiled model sees few shapes (default: on when compiling). The budget starts at the
+            first structure's size plus ``budget_headroom`` and grows in steps, each logged.
+        budget_headroom: the fraction added to a budget when it is made or raised.
+        skin: for MD, a distance in Angstrom (0.5-2 suits room-temperature MD): the neighbour
+            list is built with ``r_max + skin`` and kept while no atom has moved more than
+            ``skin / 2`` and the cell and configuration are the same; each step keeps the pairs
+            closer than ``r_max`` (the same edges as mace's list, maybe in another order).
+            ``None``: mace's conversion at every evaluation. ``"auto"`` (default): 1.0 on a CUDA
+            device, where rebuilding the list costs a large part of the step; ``None`` on a CPU
+            (the model's step hides it) and with ``compile_mode``.
+        **kwargs: passed to ``MACECalculator``.
 
-    ``default_dtype`` defaults to ``"float64"``; a model of another dtype is converted to it (as
-    MACECalculator does) with a warning. ``default_dtype=""`` keeps the model's dtype.
-    After construction, ``patch_reports`` holds one :class:`~cfm_plugins.ops.patching.PatchReport`
-    per model (what was swapped).
+    Attributes:
+        patch_reports: one :class:`~cfm_plugins.ops.patching.PatchReport` per model (what was
+            swapped).
+        md_graphs: with ``skin``, the kept neighbour lists (``md_graphs.neighbours.builds`` and
+            ``.reuses`` count the lists built and kept).
+
+    Raises:
+        ValueError: an unknown kernel or dtype, ``compile`` with ``compile_mode``, ``skin`` with
+            ``compile_mode``, both or neither of ``model_paths`` and ``models``, ``architecture``
+            without ``weights_only``, a negative ``budget_headroom``, a whole pickled model
+            under ``weights_only=True``.
+        NotImplementedError: the fused kernels with mace's ``compile_mode``.
+        FileNotFoundError: a model file that does not exist.
+        TypeError: a file or module that is not a MACE model.
+        RuntimeError: a CUDA ``device`` where torch sees no GPU.
+
+    A structure the model cannot evaluate (an element it was not trained on, a NaN position, a
+    zero or flat periodic cell, no atoms) is a ``ValueError`` naming the atoms, at evaluation.
     """
 
     def __init__(
@@ -389,11 +414,19 @@ class CFMCalculator(MACECalculator):
     ) -> list[dict]:
         """Energy, forces, stress, per-atom energies of many structures, several per model call.
 
-        Returns one dict per structure with the keys of :data:`BATCH_PROPERTIES` (the values
-        ``calc.get_property`` would give for that structure alone; committees are averaged).
-        ``max_atoms`` splits the list into consecutive batches of at most that many atoms (a larger
-        structure goes alone); ``None``: one batch. ``attach=True`` also gives each Atoms a
-        SinglePointCalculator with its results.
+        Args:
+            atoms_list: the structures (``ase.Atoms``).
+            max_atoms: split the list into consecutive batches of at most that many atoms (a
+                larger structure goes alone); ``None``: one batch.
+            attach: also give each ``Atoms`` a ``SinglePointCalculator`` with its results.
+
+        Returns:
+            One dict per structure with the keys of :data:`BATCH_PROPERTIES`: the values
+            ``calc.get_property`` would give for that structure alone (committees averaged).
+
+        Raises:
+            NotImplementedError: a model type other than ``MACE`` or ``EnergyDipoleMACE``.
+            ValueError: a structure the model cannot evaluate, naming it and why.
         """
         if self.model_type not in ("MACE", "EnergyDipoleMACE"):
             raise NotImplementedError(

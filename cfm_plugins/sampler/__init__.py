@@ -1,8 +1,10 @@
 """Balanced bin-packing batches (Algorithm 1 of the MACE paper) for multi-rank GNN training.
 
-- :func:`pack` (``packing.py``, numpy only): costs -> :class:`Packing` (CSR bins, steps of
-  ``world_size`` bins with nearly equal cost); ``pack(..., even=True)``: bins of nearly equal cost
-  throughout (for batches padded to one budget).
+- :func:`pack` (``packing.py``, numpy only): costs -> :class:`Packing` (``bins.py``: CSR bins,
+  steps of ``world_size`` bins with nearly equal cost); :func:`pack_even` and
+  :func:`pack_even_dims` (``even_dims.py``): bins of nearly equal cost throughout, and in atoms
+  and edges too (for batches padded to one budget). :class:`BinPackBatchSampler` picks the
+  packer from its options.
 - :class:`BinPackBatchSampler` (``batch_sampler.py``, the only module importing torch): a
   ``DataLoader(batch_sampler=...)`` per rank, MPI-agreed, resumable.
 - :func:`graph_costs`, :func:`calibrate_linear_cost`, :func:`fit_linear_cost` (``costs.py``): cost
@@ -10,7 +12,8 @@
 - :func:`fit_step_times`, :class:`StepCost`, :class:`CostCalibration` (``autocost.py``, numpy only):
   ``cost=auto``, a per-graph cost fitted on the run's own step times; :class:`AutoCostBatchSampler`
   (``batch_sampler.py``) re-plans with it.
-- :func:`balance_report`, :func:`plot_batches` (``report.py``): how good a packing is;
+- :func:`balance_report`, :func:`plot_batches` (``report.py``): how good a packing is, and the
+  picture of a plan beside a trainer's own batches (:func:`fixed_count_batches`);
   :func:`load_imbalance_factor`, the LIF of planned costs or measured step times.
 
 The packers the benchmark compares against and the paper's workload live beside the benchmark
@@ -21,12 +24,23 @@ cfm_plugins.sampler import pack`` does not import torch.
 """
 
 from .autocost import CostCalibration, StepCost, fit_step_times
+from .bins import Packing
 from .costs import LinearCostFit, calibrate_linear_cost, fit_counts, fit_linear_cost, graph_costs
-from .packing import Packing, lower_bound_bins, pack
-from .report import BalanceReport, balance_report, load_imbalance_factor, plot_batches
+from .even_dims import pack_even_dims
+from .packing import lower_bound_bins, pack, pack_even
+from .report import (
+    BalanceReport,
+    balance_report,
+    draw_batches,
+    fixed_count_batches,
+    load_imbalance_factor,
+    plot_batches,
+)
 
 __all__ = [
     "pack",
+    "pack_even",
+    "pack_even_dims",
     "Packing",
     "lower_bound_bins",
     "graph_costs",
@@ -41,6 +55,8 @@ __all__ = [
     "BalanceReport",
     "load_imbalance_factor",
     "plot_batches",
+    "draw_batches",
+    "fixed_count_batches",
     "BinPackBatchSampler",
     "AutoCostBatchSampler",
 ]

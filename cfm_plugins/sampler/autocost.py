@@ -32,7 +32,7 @@ so everything can be tested without torch or MPI):
   on the NequIP demo it kept ``c0 = 0 + 8.6 us/atom + 15 us/edge + 22 ms/graph`` (a per-graph term
   standing in for the constant) over ``c0 + b*edges``, whose cross-validated error was lower, and
   the plan made with it ran at LIF 1.133 against 1.039 for atoms. Why not the fewest counts within
-  one standard error (the usual rule)? In simulation (``benchmarks.autocost_sim``: 2 ranks, 2 %
+  one standard error (the usual rule)? In simulation (``tools.autocost_sim``: 2 ranks, 2 %
   noise, 5 % of the records 10-50 % slow) it dropped real terms where the truth had two or three;
   the lowest error stayed within about 0.002 of the better of the two rules everywhere (see
   docs/benchmarks.md).
@@ -222,7 +222,7 @@ def fit_step_times(
     fold ``s % folds``): fitted on the other steps' records of every rank, it predicts each
     rank's time of the held-out steps, and the error is that of the per-step maximum over ranks.
     The kept model (``select="best"``) has the lowest mean squared error (ties: the fewer counts);
-    it is refitted on every record kept. For comparisons (``benchmarks.autocost_sim``):
+    it is refitted on every record kept. For comparisons (``tools.autocost_sim``):
     ``select="most"``, the most counts among the models whose error is within one standard error
     of the best (the first version's rule), or ``"fewest"``, the fewest such counts (the usual
     one-standard-error rule).

@@ -29,15 +29,9 @@ from .autocost import (
     fitted_costs,
     predicted_lif,
 )
-from .packing import (
-    Packing,
-    check_capacity,
-    check_world_size,
-    pack,
-    pack_levels,
-    packing_from_bins,
-    validate_costs,
-)
+from .bins import Packing, check_capacity, check_world_size, packing_from_bins, validate_costs
+from .even_dims import pack_even_dims
+from .packing import pack, pack_even, pack_levels
 from .report import load_imbalance_factor
 from .weighting import LossScale, check_loss_weighting, check_reduction, per_sample_scales
 
@@ -93,38 +87,56 @@ def gather_shards(costs: np.ndarray, local_indices, comm) -> np.ndarray:
 class BinPackBatchSampler(Sampler):
     """Yields this rank's batches (lists of dataset indices) of a balanced bin-packing plan.
 
+    Every rank builds the same plan of the whole dataset and takes bin ``step*world_size + rank``
+    at each step, so every rank has the same number of steps and nearly the same work at each.
+    The packer follows the options: :func:`~cfm_plugins.sampler.packing.pack` (full bins,
+    Algorithm 1), :func:`~cfm_plugins.sampler.packing.pack_even` with ``even`` (bins of nearly
+    equal cost, for batches padded to one budget), and
+    :func:`~cfm_plugins.sampler.even_dims.pack_even_dims` when :attr:`even_dims` is set too.
+    Use it as ``DataLoader(dataset, batch_sampler=sampler)`` on every rank.
+
     Args:
-        costs: per-sample costs; global (``costs[i]`` is sample ``i``) unless ``local_indices``.
+        costs: per-sample costs (finite, > 0); global (``costs[i]`` is sample ``i``) unless
+            ``local_indices``.
         capacity: bin budget in cost units (e.g. 3072 atoms).
-        rank, world_size: this rank and the number of ranks (one bin per rank per step).
-        seed: the plan of epoch ``e`` is packed from ``seed + e`` (``set_epoch``).
+        rank: this rank, ``0 <= rank < world_size``.
+        world_size: the number of ranks (one bin per rank per step).
+        seed: the plan of epoch ``e`` is packed from ``seed + e`` (:meth:`set_epoch`).
         comm: an mpi4py communicator (duck-typed: ``allgather``), needed when ``local_indices``
             hold a shard; also used to check at each epoch that all ranks have the same plan.
         local_indices: global dataset index of each entry of ``costs`` (this rank's shard).
         drop_last: drop the steps whose bins average less than half the capacity (the few
             bins of leftovers); their samples are not seen in that epoch (logged).
             ``False`` (default): every sample is used exactly once per epoch.
-        oversize: ``"error"`` | ``"skip"`` | ``"solo"`` for samples costlier than ``capacity``.
-        shuffle: ``True``: new plan each epoch (random ties, step order, rank mapping, order
+        oversize: ``"error"``, ``"skip"`` or ``"solo"`` for samples costlier than ``capacity``
+            (see :func:`~cfm_plugins.sampler.packing.pack`).
+        shuffle: ``True``: a new plan each epoch (random ties, step order, rank mapping, order
             inside batches). ``False``: the deterministic plan, the same every epoch.
-        evaluation: for evaluation loaders (see :func:`pack`): a set too small for the
-            capacity and the number of ranks gets a plan anyway instead of an error.
-        repeat: for training loaders (see :func:`pack`): a set too small for the ranks gets
-            a few samples repeated, as torch's ``DistributedSampler`` pads, instead of an error;
+        evaluation: for evaluation loaders: a set too small for the capacity and the number of
+            ranks gets a plan anyway instead of an error.
+        repeat: for training loaders: a set too small for the ranks gets a few samples
+            repeated, as torch's ``DistributedSampler`` pads, instead of an error;
             :attr:`repeated` says how many in the current epoch.
         atoms: per-sample atom counts, indexed like ``costs`` (a shard with ``local_indices``);
-            needed by ``loss_weighting="per_sample"`` (its atom terms), gathered like the costs.
+            needed by ``loss_weighting="per_sample"``, gathered like the costs.
         loss_weighting: ``"stock"`` (the trainer's own loss, unchanged) or ``"per_sample"``:
             :meth:`next_loss_scale` gives the factors of each yielded batch (see
             :mod:`cfm_plugins.sampler.weighting`).
-        even: bins of nearly equal cost instead of full ones, as many
-        (:func:`~cfm_plugins.sampler.packing.pack_even`): what
-            batches padded to one budget want (the ``static`` feature sets it); a settable
-            attribute.
+        even: bins of nearly equal cost instead of full ones, as many; a settable attribute
+            (the ``static`` feature sets it, and :attr:`even_dims`).
+
+    Raises:
+        ValueError: a bad ``rank``, ``world_size``, ``seed``, ``capacity`` or cost (naming the
+            sample); a plan the options cannot make (a sample over the capacity under
+            ``oversize="error"``, too few samples for the ranks without ``repeat`` or
+            ``evaluation``); shards that overlap or leave gaps; ranks with different global
+            costs; ``loss_weighting="per_sample"`` without ``atoms``. Raised at construction,
+            on every rank.
 
     ``len()`` is the number of steps of the current epoch, the same on every rank.
     ``state_dict()`` records epoch, seed and the batches yielded so far; after
-    ``load_state_dict`` the next iteration continues with the next batch.
+    ``load_state_dict`` the next iteration continues with the next batch. Iterating raises
+    ``RuntimeError`` when the ranks' plans differ (their checksums are compared once per epoch).
     """
 
     def __init__(
@@ -268,17 +280,13 @@ class BinPackBatchSampler(Sampler):
         """The (global) packing of epoch ``epoch``, before ``drop_last``, without changing the
         sampler's epoch: what the epochs ahead will hold (padded batches size their budget from
         it)."""
-        return pack(
-            self.costs,
-            self.capacity,
-            self.world_size,
-            seed=self._pack_seed(epoch),
-            oversize=self.oversize,
-            evaluation=self.evaluation,
-            repeat=self.repeat,
-            even=self.even,
-            dims=self.even_dims if self.even else None,
-        )
+        options = dict(oversize=self.oversize, evaluation=self.evaluation, repeat=self.repeat)
+        args = (self.capacity, self.world_size, self._pack_seed(epoch))
+        if not self.even:  # full bins (Algorithm 1)
+            return pack(self.costs, *args, **options)
+        if self.even_dims is None:  # bins even in the cost
+            return pack_even(self.costs, *args, **options)
+        return pack_even_dims(self.costs, self.even_dims, *args, **options)  # and in atoms, edges
 
     def plan(self) -> Packing:
         """The (global) packing of the current epoch, after ``drop_last``."""

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .packing import Packing, _arrange_steps, check_capacity, even_out, pack, validate_costs
+from .bins import Packing, arrange_steps, check_capacity, validate_costs
+from .packing import even_out, pack
 
 #: slacks over the mean fill of the cost tried in turn (as
 #:func:`~cfm_plugins.sampler.packing.pack_even`'s), : and for each, those of the other sizes (a bin
@@ -123,7 +124,7 @@ def _joint(c, sizes, keep, full: Packing, n_bins: int, cap: float, rng) -> Packi
             idx = np.concatenate([idx, solo])
             item_bin = np.concatenate([item_bin, np.arange(n_bins, n_bins + len(solo))])
             slot = np.concatenate([slot, np.zeros(len(solo), np.int64)])
-        p = _arrange_steps(
+        p = arrange_steps(
             idx,
             c[idx],
             item_bin,
@@ -142,9 +143,24 @@ def _joint(c, sizes, keep, full: Packing, n_bins: int, cap: float, rng) -> Packi
 
 def pack_even_dims(costs, dims, capacity, world_size, seed=None, **kwargs) -> Packing:
     """Bins even in ``costs`` and in every column of ``dims`` (e.g. atoms and edges), as many as
-    :func:`~cfm_plugins.sampler.packing.pack` makes at ``capacity``. ``kwargs`` are ``pack``'s
-    (``oversize``, ``evaluation``, ``repeat``). ``Packing.limits`` gives each dimension's limit
-    (``costs`` first, then the columns of ``dims``); see the module notes."""
+    :func:`~cfm_plugins.sampler.packing.pack` makes at ``capacity`` (see the module notes).
+
+    Args:
+        costs, capacity, world_size, seed: as :func:`~cfm_plugins.sampler.packing.pack`.
+        dims: per-sample sizes, ``(n, k)`` (or ``(n,)`` for one), finite and >= 0, indexed like
+            ``costs``: the dimensions a padded batch pays for besides the cost.
+        **kwargs: ``pack``'s keywords (``oversize``, ``evaluation``, ``repeat``).
+
+    Returns:
+        A :class:`~cfm_plugins.sampler.bins.Packing` whose ``limits`` give each dimension's
+        limit (``costs`` first, then the columns of ``dims``; no bin but a ``solo`` one exceeds
+        them), or, where no arrangement fits the limits, the plan of
+        :func:`~cfm_plugins.sampler.packing.pack_even` (``limits`` ``None``).
+
+    Raises:
+        ValueError: as ``pack``; ``dims`` not one row per sample, or a size that is not finite
+            and >= 0 (naming the sample).
+    """
     full = pack(costs, capacity, world_size, seed, **kwargs)
     c = validate_costs(costs)
     d = check_dims(dims, len(c))

@@ -34,187 +34,27 @@ are shuffled (the batch sampler also shuffles the graphs inside each batch).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
+
+# the plan and the checks every packer shares live in a leaf (``bins.py``); they stay importable
+# from here, where they were first defined
+from .bins import (
+    Packing,
+    arrange_steps,
+    check_capacity,
+    check_world_size,
+    packing_from_bins,
+    validate_costs,
+)
+from .bins import offsets_from_counts as offsets_from_counts
 
 log = logging.getLogger("cfm_plugins.sampler")
 
 OVERSIZE_POLICIES = ("error", "skip", "solo")
 FLOAT_TIE_RESOLUTION = 1e-3  # relative width of the cost buckets used to rank non-integer costs
-
-
-# --------------------------------------------------------------------------------------------
-# The result
-
-
-@dataclass(eq=False)
-class Packing:
-    """Bins of sample indices in CSR form.
-
-    ``indices[offsets[b]:offsets[b+1]]`` are the samples (indices into the ``costs`` given to
-    :func:`pack`) of bin ``b``; bins ``[s*world_size:(s+1)*world_size]`` form step ``s``, bin
-    ``s*world_size + r`` going to rank ``r``. ``solo`` lists oversize samples placed alone
-    (policy ``"solo"``), ``skipped`` those dropped (policy ``"skip"``), ``repeated`` those placed
-    a second time so that every rank has a batch (``pack(..., repeat=True)``), once per extra copy.
-    ``capacity`` is the capacity the bins were dealt to (no bin exceeds it but ``solo`` ones and
-    the merged bins of a tiny evaluation set).
-    """
-
-    indices: np.ndarray
-    offsets: np.ndarray
-    world_size: int = 1
-    solo: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    skipped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    repeated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    #: the capacity the bins were dealt to (``pack(..., even=True)`` lowers it); ``None``: not known
-    capacity: float | None = None
-    #: bins even in several sizes (``pack(..., even=True, dims=...)``): the limit of each, the
-    # cost's : first, then the columns of ``dims``; no bin exceeds them but ``solo`` ones. ``None``:
-    # one cost
-    limits: tuple | None = None
-
-    def __post_init__(self):
-        self.indices = np.ascontiguousarray(self.indices, dtype=np.int64)
-        self.offsets = np.ascontiguousarray(self.offsets, dtype=np.int64)
-        if (
-            self.offsets.ndim != 1
-            or len(self.offsets) < 1
-            or self.offsets[0] != 0
-            or self.offsets[-1] != len(self.indices)
-        ):
-            raise ValueError("Packing: offsets must start at 0 and end at len(indices)")
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __iter__(self):
-        for b in range(len(self)):
-            yield self.indices[self.offsets[b] : self.offsets[b + 1]]
-
-    def __getitem__(self, b: int) -> np.ndarray:
-        if b < 0:
-            b += len(self)
-        if not 0 <= b < len(self):
-            raise IndexError(f"bin {b} out of range ({len(self)} bins)")
-        return self.indices[self.offsets[b] : self.offsets[b + 1]]
-
-    @property
-    def num_bins(self) -> int:
-        return len(self)
-
-    def bin_sizes(self) -> np.ndarray:
-        """Number of samples in each bin."""
-        return np.diff(self.offsets)
-
-    def bin_ids(self) -> np.ndarray:
-        """The bin of each entry of ``indices``."""
-        return np.repeat(np.arange(len(self), dtype=np.int64), self.bin_sizes())
-
-    def bin_costs(self, costs) -> np.ndarray:
-        """Total cost of each bin (``costs`` indexed like the array given to :func:`pack`)."""
-        costs = np.asarray(costs, dtype=np.float64)
-        return np.bincount(self.bin_ids(), weights=costs[self.indices], minlength=len(self))
-
-    def num_steps(self, world_size: int | None = None) -> int:
-        w = self.world_size if world_size is None else int(world_size)
-        if len(self) % w:
-            raise ValueError(f"{len(self)} bins do not split into steps of {w} ranks")
-        return len(self) // w
-
-    def step(self, s: int, world_size: int | None = None) -> list[np.ndarray]:
-        """The bins of step ``s``: element ``r`` goes to rank ``r``."""
-        w = self.world_size if world_size is None else int(world_size)
-        return [self[b] for b in range(s * w, (s + 1) * w)]
-
-    def step_costs(self, costs, world_size: int | None = None) -> np.ndarray:
-        """Bin costs as a ``(num_steps, world_size)`` matrix."""
-        w = self.world_size if world_size is None else int(world_size)
-        return self.bin_costs(costs).reshape(self.num_steps(w), w)
-
-    def rank_bins(self, rank: int, world_size: int | None = None) -> list[np.ndarray]:
-        """The batches of one rank, in step order."""
-        w = self.world_size if world_size is None else int(world_size)
-        return [self[b] for b in range(rank, len(self), w)]
-
-    def sample_bins(self, num_samples: int) -> np.ndarray:
-        """For each sample, its bin (``-1`` if it is in none; the last bin if it is in several)."""
-        out = np.full(int(num_samples), -1, dtype=np.int64)
-        out[self.indices] = self.bin_ids()
-        return out
-
-    def checksum(self) -> str:
-        """A digest of the plan (bins, their order and content); equal plans have equal digests."""
-        h = hashlib.blake2b(digest_size=16)
-        h.update(np.int64(self.world_size).tobytes())
-        h.update(self.offsets.tobytes())
-        h.update(self.indices.tobytes())
-        return h.hexdigest()
-
-
-def offsets_from_counts(counts) -> np.ndarray:
-    """CSR offsets (``len(counts) + 1`` entries, starting at 0) of bins holding ``counts`` samples
-    each."""
-    counts = np.asarray(counts, dtype=np.int64)
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return offsets
-
-
-def packing_from_bins(bins, world_size: int, **kwargs) -> Packing:
-    """A :class:`Packing` whose bins are ``bins`` (index arrays, in step order)."""
-    counts = [len(b) for b in bins]
-    indices = (
-        np.concatenate([np.asarray(b, np.int64) for b in bins])
-        if len(bins)
-        else np.zeros(0, np.int64)
-    )
-    return Packing(indices, offsets_from_counts(counts), world_size=world_size, **kwargs)
-
-
-# --------------------------------------------------------------------------------------------
-# Input checks
-
-
-def validate_costs(costs) -> np.ndarray:
-    """``costs`` as a float64 vector; ``ValueError`` naming the first bad sample otherwise."""
-    arr = np.asarray(costs)
-    if arr.ndim != 1:
-        raise ValueError(f"costs must be a 1-D array of per-sample costs, got shape {arr.shape}")
-    if arr.size == 0:
-        raise ValueError("costs is empty: the dataset has no samples to batch")
-    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise ValueError(f"costs must be numeric, got dtype {arr.dtype}")
-    arr = arr.astype(np.float64, copy=False)
-    bad = ~np.isfinite(arr) | (arr <= 0)
-    if bad.any():
-        where = np.flatnonzero(bad)
-        i = int(where[0])
-        raise ValueError(
-            f"sample {i} has cost {float(arr[i])!r}: every cost must be finite and > 0 "
-            f"({len(where)} bad sample(s), first ones {where[:5].tolist()}); "
-            f"check the atom/edge counts of these samples or remove them from the dataset"
-        )
-    return arr
-
-
-def check_capacity(capacity) -> float:
-    try:
-        cap = float(capacity)
-    except (TypeError, ValueError):
-        raise ValueError(f"capacity must be a positive number, got {capacity!r}") from None
-    if not math.isfinite(cap) or cap <= 0:
-        raise ValueError(f"capacity must be a finite number > 0, got {capacity!r}")
-    return cap
-
-
-def check_world_size(world_size) -> int:
-    if isinstance(world_size, bool) or int(world_size) != world_size or int(world_size) < 1:
-        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    return int(world_size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,7 +239,7 @@ def round_up(x: int, m: int) -> int:
     return -(-int(x) // m) * m
 
 
-#: ``pack(..., even=True)`` tries these slacks over the mean fill, in turn
+#: :func:`pack_even` tries these slacks over the mean fill, in turn
 EVEN_SLACKS = (0.01, 0.02, 0.04)
 
 
@@ -412,10 +252,13 @@ def pack(
     oversize: str = "error",
     evaluation: bool = False,
     repeat: bool = False,
-    even: bool = False,
-    dims=None,
 ) -> Packing:
     """Pack samples into bins of at most ``capacity`` total cost, ``world_size`` bins per step.
+
+    Algorithm 1 of the MACE paper (see the module notes). A pure function: the same inputs give
+    the same plan on every rank. Bins of nearly equal cost rather than full ones (for batches
+    padded to one budget) are :func:`pack_even` and
+    :func:`~cfm_plugins.sampler.even_dims.pack_even_dims`, same arguments.
 
     Args:
         costs: per-sample cost (atoms, edges or a calibrated cost), finite and > 0.
@@ -423,55 +266,36 @@ def pack(
         world_size: ranks; the number of bins is a multiple of it.
         seed: ``None`` for the deterministic plan; an int randomizes ties between equal costs,
             the step order and the bin-to-rank mapping (re-pack every epoch from
-            ``seed + epoch``). Inside a bin graphs stay in dealing order (largest first);
-            :class:`BinPackBatchSampler` shuffles each batch as it yields it.
-        oversize: what to do with a sample costlier than ``capacity``: ``"error"`` (default,
-            ``ValueError`` naming it), ``"skip"`` (drop it, logged) or ``"solo"`` (alone in its
-            own bin, logged; that bin exceeds the capacity).
+            ``seed + epoch``). Inside a bin samples stay in dealing order (largest first);
+            :class:`~cfm_plugins.sampler.BinPackBatchSampler` shuffles each batch as it yields it.
+        oversize: what to do with a sample costlier than ``capacity``: ``"error"`` (raise),
+            ``"skip"`` (drop it, logged) or ``"solo"`` (alone in its own bin, logged; that bin
+            exceeds the capacity).
         evaluation: for evaluation loaders, which must not refuse a small set. When the samples
             cannot fill ``world_size`` non-empty bins per step within the capacity, the plan of
-            one rank is dealt over the ranks instead of raising: with at least ``world_size``
-            samples, the bins of a last partial step are merged into the cheapest bins of the
-            others (those may exceed the capacity, logged), so every sample is in exactly one
-            bin; with fewer samples than ranks, every rank gets every bin (each sample is in
-            ``world_size`` bins, logged). Every rank always has a non-empty bin at every step:
-            trainers' evaluation code (mace under DDP) runs one forward per step on every rank
-            and gathers per-rank results that must not be empty.
+            one rank is dealt over the ranks (:func:`deal_over_ranks`): with at least
+            ``world_size`` samples the bins of a last partial step are merged into the cheapest
+            others (which may then exceed the capacity, logged) and every sample is in exactly
+            one bin; with fewer samples than ranks every rank gets every bin. Every rank has a
+            non-empty bin at every step, as trainers' evaluation code under DDP needs.
         repeat: for training loaders. When the samples cannot fill ``world_size`` non-empty bins
-            per step (fewer samples than ranks, or a last step that would hold fewer bins than
-            ranks), the plan of one rank is split and, where that is not enough, samples are
-            repeated until every rank has a batch at every step: what torch's
-            ``DistributedSampler`` (stock mace, HydraGNN, Lightning) does by padding. The
-            repeated samples are listed in ``Packing.repeated`` (see :func:`fill_with_repeats`).
-        even: bins of nearly equal cost rather than full ones (for padded batches: see
-            :func:`pack_even`); the same number of bins as without it.
-        dims: with ``even``, per-sample sizes (``(n, k)``, e.g. atoms and edges) in which the bins
-            are to be even too (:func:`~cfm_plugins.sampler.even_dims.pack_even_dims`).
-        Without ``evaluation`` or ``repeat`` such a set is a ``ValueError`` saying what helps.
-    """
-    if even and dims is not None:
-        from .even_dims import pack_even_dims
+            per step, the plan of one rank is split and, where that is not enough, samples are
+            repeated until every rank has a batch at every step, as torch's
+            ``DistributedSampler`` pads (:func:`fill_with_repeats`).
 
-        return pack_even_dims(
-            costs,
-            dims,
-            capacity,
-            world_size,
-            seed,
-            oversize=oversize,
-            evaluation=evaluation,
-            repeat=repeat,
-        )
-    if even:
-        return pack_even(
-            costs,
-            capacity,
-            world_size,
-            seed,
-            oversize=oversize,
-            evaluation=evaluation,
-            repeat=repeat,
-        )
+    Returns:
+        A :class:`Packing`: bins ``[s*world_size:(s+1)*world_size]`` form step ``s``, bin
+        ``s*world_size + r`` goes to rank ``r``; ``capacity`` is ``capacity``; ``solo``,
+        ``skipped`` and ``repeated`` list the samples the options above placed alone, dropped
+        or repeated.
+
+    Raises:
+        ValueError: a bad cost (naming the sample), a capacity or ``world_size`` that is not a
+            positive number, an unknown ``oversize``, a sample costlier than ``capacity`` under
+            ``oversize="error"`` (naming it and the capacity that fits it), every sample
+            skipped, or a set too small to give every rank a non-empty batch at every step
+            without ``evaluation`` or ``repeat`` (saying what helps).
+    """
     c = validate_costs(costs)
     cap = check_capacity(capacity)
     w = check_world_size(world_size)
@@ -546,26 +370,34 @@ def pack(
         item_bin = np.concatenate([item_bin, np.arange(n_bins, n_bins + n_solo, dtype=np.int64)])
         slot = np.concatenate([slot, np.zeros(n_solo, np.int64)])
         n_bins += n_solo
-    return _arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, cap)
+    return arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, cap)
 
 
 def pack_even(costs, capacity, world_size, seed=None, **kwargs) -> Packing:
-    """Algorithm 1 with the capacity lowered to the mean fill of its own bin count: bins of nearly
-    equal cost, as many as :func:`pack` makes.
+    """Bins of nearly equal cost, as many as :func:`pack` makes: Algorithm 1 with the capacity
+    lowered to the mean fill of its own bin count.
 
-    Why. Algorithm 1 fills bins up to the capacity and the last bins take what is left, so a set of
-    ``B`` bins' worth of cost rounded up to a multiple of the ranks has full bins and light ones
-    (on 2 ranks, 100 CuNi structures of 1..336 atoms at 4x the mean per bin: bins of 240..391
-    atoms, mean 376). Balance inside a step does not suffer (steps group bins of similar cost), but
-    a batch padded to one budget (the ``static`` feature) pads every bin up to the fullest: the
-    light bins' gap becomes padding. Lowering the capacity to ``total / B`` plus a slack makes every
+    Why. Algorithm 1 fills bins up to the capacity and the last bins take what is left, so a set
+    of ``B`` bins' worth of cost rounded up to a multiple of the ranks has full bins and light
+    ones. Balance inside a step does not suffer (steps group bins of similar cost), but a batch
+    padded to one budget (the ``static`` feature) pads every bin up to the fullest: the light
+    bins' gap becomes padding. Lowering the capacity to ``total / B`` plus a slack makes every
     bin about as full as the mean.
 
     How. ``B`` is the bin count of ``pack(costs, capacity, ...)``. For each slack of
     :data:`EVEN_SLACKS` in turn, the costs are packed with capacity ``total / B * (1 + slack)``
-    (never below the costliest sample that fits ``capacity``, never above ``capacity``); the first
-    plan with no more than ``B`` bins is returned (its ``capacity`` records the lowered value),
-    else the plan at ``capacity``. Deterministic: every rank computes the same plan.
+    (never below the costliest sample that fits ``capacity``, never above ``capacity``); the
+    first plan with no more than ``B`` bins is returned, else the plan at ``capacity``.
+
+    Args:
+        costs, capacity, world_size, seed: as :func:`pack`.
+        **kwargs: :func:`pack`'s keywords (``oversize``, ``evaluation``, ``repeat``).
+
+    Returns:
+        A :class:`Packing` whose ``capacity`` is the lowered capacity its bins were dealt to.
+
+    Raises:
+        ValueError: as :func:`pack`.
     """
     return even_out(
         pack(costs, capacity, world_size, seed, **kwargs),
@@ -797,42 +629,6 @@ def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Pa
         solo=packing.solo,
         skipped=packing.skipped,
         repeated=np.asarray(repeated, np.int64),
-    )
-
-
-def _arrange_steps(
-    order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, capacity=None
-) -> Packing:
-    """Sort bins by cost, cut into steps of ``w``, shuffle (with ``rng``), build the CSR arrays.
-
-    No sort over the graphs: each graph goes to ``offsets[its bin's position] + its slot``.
-    Inside a bin graphs keep the order they were dealt in (largest first); the batch sampler
-    shuffles each batch as it yields it.
-    """
-    bin_cost = np.bincount(item_bin, weights=sizes, minlength=n_bins)
-    if rng is None:
-        by_cost = np.argsort(bin_cost, kind="stable")
-    else:
-        p = rng.permutation(n_bins)
-        by_cost = p[np.argsort(bin_cost[p], kind="stable")]
-    steps = by_cost.reshape(n_bins // w, w)
-    if rng is not None:
-        steps = rng.permuted(steps[rng.permutation(len(steps))], axis=1)
-    pos = np.empty(n_bins, dtype=np.int64)
-    pos[steps.ravel()] = np.arange(n_bins, dtype=np.int64)
-    counts = np.bincount(item_bin, minlength=n_bins)
-    offsets = offsets_from_counts(counts[steps.ravel()])
-    dest = offsets[pos[item_bin]]
-    dest += slot
-    indices = np.empty(len(order), dtype=np.int64)
-    indices[dest] = order
-    return Packing(
-        indices,
-        offsets,
-        world_size=w,
-        solo=np.asarray(solo, np.int64),
-        skipped=np.asarray(skipped, np.int64),
-        capacity=capacity,
     )
 
 

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .packing import Packing, lower_bound_bins, round_up
+from .bins import Packing, packing_from_bins
+from .packing import lower_bound_bins, round_up
 
 
 def load_imbalance_factor(per_step) -> float:
@@ -134,6 +135,168 @@ def balance_report(
     )
 
 
+def fixed_count_batches(rank_indices, batch_size: int, drop_last: bool = False) -> Packing:
+    """The batches a trainer's loader makes from each rank's sampler order, as a :class:`Packing`.
+
+    A stock trainer (mace, HydraGNN) gives every rank a ``DistributedSampler`` and cuts each
+    rank's index sequence into consecutive batches of ``batch_size`` graphs: step ``s`` of rank
+    ``r`` is batch ``s`` of ``rank_indices[r]``. With the same sampler seed and epoch these are
+    the batches the trainer trains on.
+
+    Args:
+        rank_indices: one sequence of dataset indices per rank, in the order the rank's sampler
+            yields them (``list(sampler)`` after ``sampler.set_epoch(epoch)``).
+        batch_size: graphs per batch (the trainer's ``batch_size``).
+        drop_last: drop each rank's last batch when it holds fewer than ``batch_size`` graphs
+            (the loader's ``drop_last``).
+
+    Returns:
+        A :class:`Packing` with one bin per rank and step (``world_size = len(rank_indices)``).
+
+    Raises:
+        ValueError: no rank, ``batch_size`` < 1, or ranks with different numbers of batches
+            (a distributed run would hang at the step where one rank has none).
+    """
+    if int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not len(rank_indices):
+        raise ValueError("rank_indices is empty: give one index sequence per rank")
+    per_rank = []
+    for idx in rank_indices:
+        idx = [int(i) for i in idx]
+        batches = [idx[i : i + batch_size] for i in range(0, len(idx), batch_size)]
+        if drop_last and batches and len(batches[-1]) < batch_size:
+            batches.pop()
+        per_rank.append(batches)
+    counts = [len(b) for b in per_rank]
+    if len(set(counts)) != 1:
+        raise ValueError(
+            f"the ranks have {counts} batches: every rank needs the same number of steps "
+            "(DistributedSampler pads every rank to the same length)"
+        )
+    bins = [b for step in zip(*per_rank) for b in step]
+    return packing_from_bins(bins, len(per_rank))
+
+
+def draw_batches(
+    packing: Packing,
+    costs,
+    world_size: int | None = None,
+    steps=None,
+    baseline: Packing | None = None,
+    capacity: float | None = None,
+    titles=("fixed-count batches", "bin packing"),
+    cost_label: str = "atoms",
+    rank_label: str = "rank",
+):
+    """The picture of :func:`plot_batches` as a matplotlib figure (not saved).
+
+    Args:
+        packing: the plan drawn on the right (or alone).
+        costs: the cost of every sample, indexed like the plans' indices.
+        world_size: ranks (default: ``packing.world_size``).
+        steps: the steps drawn (an iterable of step numbers); ``None``: every step.
+        baseline: a plan drawn on the left, e.g. the trainer's own batches
+            (:func:`fixed_count_batches`).
+        capacity: draws the bin capacity as a dashed line.
+        titles: the titles of the baseline and of ``packing``; each gets the plan's LIF over
+            all its steps appended.
+        cost_label: names the cost on the x axis (``atoms``, ``edges``, ...).
+        rank_label: names a row's rank (``"rank"``, or ``"GPU"`` where each rank runs on one).
+
+    Returns:
+        The ``matplotlib.figure.Figure``: one axes per plan; every drawn sample is one bar
+        whose ``gid`` is ``"sample <index>"``.
+
+    Raises:
+        ValueError: a plan whose bins do not split into steps of ``world_size``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    c = np.asarray(costs, dtype=np.float64)
+    w = packing.world_size if world_size is None else int(world_size)
+    panels = [(packing, titles[1])]
+    if baseline is not None:
+        panels.insert(0, (baseline, titles[0]))
+    shown = []
+    for pk, _ in panels:
+        n = pk.num_steps(w)
+        shown.append([s for s in (range(n) if steps is None else steps) if 0 <= s < n])
+    rows = max(len(st) for st in shown) * w
+    fig, axes = plt.subplots(
+        1,
+        len(panels),
+        figsize=(6.5 * len(panels), 0.3 * rows + 1.9),
+        squeeze=False,
+        sharex=True,
+    )
+    cmap = plt.get_cmap("tab20")
+    xmax = max(capacity or 0.0, max(float(pk.bin_costs(c).max()) for pk, _ in panels))
+    for ax, (pk, title), st in zip(axes[0], panels, shown):
+        lif = load_imbalance_factor(pk.step_costs(c, w))
+        y, labels = 0, []
+        for s in st:
+            bins = pk.step(s, w)
+            slowest = max(float(c[b].sum()) for b in bins)
+            for r, items in enumerate(bins):
+                x = 0.0
+                for i in items:
+                    ax.barh(
+                        y,
+                        c[i],
+                        left=x,
+                        height=0.8,
+                        color=cmap(int(i) % 20),
+                        edgecolor="black",
+                        linewidth=0.3,
+                        gid=f"sample {int(i)}",
+                    )
+                    x += c[i]
+                if slowest > x:  # this rank waits for the step's slowest rank
+                    ax.barh(
+                        y,
+                        slowest - x,
+                        left=x,
+                        height=0.8,
+                        color="none",
+                        edgecolor="0.6",
+                        hatch="////",
+                        linewidth=0,
+                    )
+                labels.append(f"step {s} {rank_label} {r}")
+                y += 1
+            ax.axhline(y - 0.5, color="grey", linewidth=0.8)
+        if capacity is not None:
+            ax.axvline(capacity, color="red", linestyle="--", linewidth=1)
+        ax.set_yticks(range(y))
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.set_ylim(rows - 0.5, -0.5)
+        ax.set_xlim(0, xmax * 1.02)
+        ax.set_xlabel(f"cost ({cost_label}) of each {rank_label}'s batch")
+        n = pk.num_steps(w)
+        part = f"{n} steps" if len(st) == n else f"steps {st[0]}-{st[-1]} of {n} shown"
+        ax.set_title(
+            f"{title}\nLIF {lif:.3f} ({cost_label} per rank and step; {part})", fontsize=10
+        )
+    legend = [
+        Patch(
+            facecolor="none",
+            edgecolor="0.6",
+            hatch="////",
+            label="idle: waiting for the step's slowest rank",
+        )
+    ]
+    if capacity is not None:
+        legend.append(plt.Line2D([], [], color="red", linestyle="--", label="bin capacity"))
+    fig.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
 def plot_batches(
     packing: Packing,
     costs,
@@ -146,65 +309,31 @@ def plot_batches(
     cost_label: str = "atoms",
     rank_label: str = "rank",
 ) -> str:
-    """Draw a few steps like the MACE paper's Figure 12 and save a PNG at ``path``.
+    """Draw the batches of a few steps like the MACE paper's Figure 12 and save a PNG.
 
-    One row per rank and step, each graph a rectangle of length proportional to its cost;
-    with ``baseline`` the baseline packing is drawn on the left, ``packing`` on the right.
-    ``cost_label`` names the cost on the x axis (``atoms``, ``edges``, ...); ``rank_label`` names
-    a row's rank (``"rank"``, or ``"GPU"`` where each rank runs on a GPU).
+    One row per rank and step, each sample a bar as long as its cost (one colour per sample,
+    the same in both panels), the time a rank waits for the step's slowest rank hatched. With
+    ``baseline`` (the trainer's own fixed-count batches) on the left and ``packing`` on the
+    right, each titled with its LIF (:func:`load_imbalance_factor` of its bins' costs over all
+    its steps), the picture shows what bin packing does to the ranks' waits.
+
+    Args:
+        packing, costs, world_size, steps, baseline, capacity, titles, cost_label, rank_label:
+            as :func:`draw_batches` (``steps`` default: the first four; ``None``: every step).
+        path: where to write the PNG.
+
+    Returns:
+        ``path`` as a string.
+
+    Raises:
+        ValueError: as :func:`draw_batches`.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    c = np.asarray(costs, dtype=np.float64)
-    w = packing.world_size if world_size is None else int(world_size)
-    steps = list(steps)
-    panels = (
-        [(baseline, titles[0]), (packing, titles[1])]
-        if baseline is not None
-        else [(packing, titles[1])]
+    fig = draw_batches(
+        packing, costs, world_size, steps, baseline, capacity, titles, cost_label, rank_label
     )
-    fig, axes = plt.subplots(
-        1, len(panels), figsize=(7 * len(panels), 0.35 * w * len(steps) + 1.5), squeeze=False
-    )
-    cmap = plt.get_cmap("tab20")
-    for ax, (pk, title) in zip(axes[0], panels):
-        y = 0
-        xmax = 0.0
-        for s in steps:
-            if s >= pk.num_steps(w):
-                continue
-            for items in pk.step(s, w):
-                x = 0.0
-                for i in items:
-                    ax.barh(
-                        y,
-                        c[i],
-                        left=x,
-                        height=0.8,
-                        color=cmap(int(i) % 20),
-                        edgecolor="black",
-                        linewidth=0.3,
-                    )
-                    x += c[i]
-                xmax = max(xmax, x)
-                y += 1
-            ax.axhline(y - 0.5, color="grey", linewidth=0.8)
-        if capacity is not None:
-            ax.axvline(capacity, color="red", linestyle="--", linewidth=1)
-        ax.set_yticks(range(y))
-        ax.set_yticklabels(
-            [f"step {s} {rank_label} {r}" for s in steps if s < pk.num_steps(w) for r in range(w)],
-            fontsize=7,
-        )
-        ax.invert_yaxis()
-        ax.set_xlim(0, max(xmax, capacity or 0) * 1.02)
-        ax.set_xlabel(f"cost ({cost_label})")
-        ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .packing import Packing
+from .bins import Packing
 
 LOSS_WEIGHTINGS = ("stock", "per_sample")
 REDUCTIONS = ("step", "batch")

@@ -9,8 +9,8 @@ before the epoch starts, from the bins of the plan (:func:`budget_from_plan`):
 
 - the count the bins were packed by (atoms with ``cost=atoms``, edges with ``cost=edges``): the
   capacity the bins were dealt to (no bin exceeds it; the ``static`` feature packs even bins,
-  ``pack(..., even=True)``, whose capacity is lowered to about the mean fill, so that light bins do
-  not pad up to full ones);
+  :func:`~cfm_plugins.sampler.packing.pack_even`, whose capacity is lowered to about the mean
+  fill, so that light bins do not pad up to full ones);
 - the other count: the most any planned bin holds, with headroom (its count varies between bins
   packed by the first: the budget must cover the plans of later epochs too); edges rounded up;
 - atoms: plus one atom that is always a pad atom (the pad graph needs at least one to hold the

@@ -425,3 +425,26 @@ def test_training_sampler_repeats_so_every_rank_trains_at_every_step(n, world_si
     seen = sorted(i for b in batches for x in b for i in x)
     assert set(seen) == set(range(n)) and len(seen) == n + per_rank[0].repeated
     assert 0 < per_rank[0].repeated < world_size
+
+
+def test_the_options_choose_the_packer():
+    """Full bins (pack) by default, bins of even cost (pack_even) with ``even``, bins even in
+    atoms and edges too (pack_even_dims) with ``even_dims`` set as well: the plan of epoch ``e``
+    is that packer's plan from ``seed + e``."""
+    from cfm_plugins.sampler import pack, pack_even, pack_even_dims
+
+    rng = np.random.default_rng(2)
+    atoms = rng.integers(1, 301, 120).astype(float)
+    dims = np.column_stack([atoms, atoms * rng.integers(2, 81, 120)])
+    cap = 8 * atoms.mean()
+    s = BinPackBatchSampler(atoms, cap, rank=1, world_size=2, seed=4, repeat=True)
+    s.set_epoch(1)
+    full = pack(atoms, cap, 2, 5, repeat=True)
+    assert s.plan().checksum() == full.checksum()
+    s.even = True
+    even = pack_even(atoms, cap, 2, 5, repeat=True)
+    assert s.plan().checksum() == even.checksum() != full.checksum()
+    s.even_dims = dims
+    joint = pack_even_dims(atoms, dims, cap, 2, 5, repeat=True)
+    assert s.plan().checksum() == joint.checksum() != even.checksum() and joint.limits is not None
+    assert [sorted(b) for b in s] == [sorted(b.tolist()) for b in joint.rank_bins(1)]

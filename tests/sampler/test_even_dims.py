@@ -1,4 +1,4 @@
-"""Bins even in atoms and edges together (pack(..., even=True, dims=...)): as many bins as
+"""Bins even in atoms and edges together (pack_even_dims): as many bins as
 Algorithm 1, every sample once, no bin over its limits, and both paddings small where bins even
 in one size pad the other a lot."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cfm_plugins.sampler.even_dims import check_dims
-from cfm_plugins.sampler.packing import pack
+from cfm_plugins.sampler.even_dims import check_dims, pack_even_dims
+from cfm_plugins.sampler.packing import pack, pack_even
 from cfm_plugins.static.budget import bin_sizes
 
 
@@ -30,23 +30,23 @@ def test_joint_bins_are_as_many_hold_every_sample_once_and_stay_within_their_lim
     atoms, edges = mixed_density_set()
     capacity = 8 * atoms.mean()
     for seed in (None, 0, 1):
-        p = pack(atoms, capacity, 2, seed=seed, even=True, dims=np.column_stack([atoms, edges]))
+        p = pack_even_dims(atoms, np.column_stack([atoms, edges]), capacity, 2, seed=seed)
         assert p.limits is not None and len(p) == len(pack(atoms, capacity, 2, seed=seed))
         assert sorted(p.indices.tolist()) == list(range(len(atoms)))
         a, e, _ = bin_sizes(p, atoms, edges)
         assert a.max() <= p.limits[1] <= capacity and e.max() <= p.limits[2]
         assert p.limits[0] == p.limits[1]  # the cost is the atoms here
-        again = pack(atoms, capacity, 2, seed=seed, even=True, dims=np.column_stack([atoms, edges]))
+        again = pack_even_dims(atoms, np.column_stack([atoms, edges]), capacity, 2, seed=seed)
         assert again.checksum() == p.checksum()  # deterministic: every rank computes the same plan
 
 
 def test_joint_bins_pad_both_sizes_less_than_bins_even_in_atoms_or_in_edges_alone():
     atoms, edges = mixed_density_set()
     capacity = 8 * atoms.mean()
-    joint = pack(atoms, capacity, 2, seed=0, even=True, dims=np.column_stack([atoms, edges]))
+    joint = pack_even_dims(atoms, np.column_stack([atoms, edges]), capacity, 2, seed=0)
     ja, je = worst_pad(joint, atoms, edges, joint.limits[1:])
-    by_atoms = worst_pad(pack(atoms, capacity, 2, seed=0, even=True), atoms, edges)
-    by_edges = worst_pad(pack(edges, 8 * edges.mean(), 2, seed=0, even=True), atoms, edges)
+    by_atoms = worst_pad(pack_even(atoms, capacity, 2, seed=0), atoms, edges)
+    by_edges = worst_pad(pack_even(edges, 8 * edges.mean(), 2, seed=0), atoms, edges)
     assert max(ja, je) <= 0.05
     assert by_atoms[1] > 2 * max(ja, je) and by_edges[0] > 2 * max(ja, je)
 
@@ -54,7 +54,7 @@ def test_joint_bins_pad_both_sizes_less_than_bins_even_in_atoms_or_in_edges_alon
 def test_bins_full_to_the_capacity_fall_back_to_bins_even_in_the_cost():
     atoms = np.full(64, 100)
     edges = np.arange(64) * 50 + 1
-    p = pack(atoms, 400, 2, seed=0, even=True, dims=np.column_stack([atoms, edges]))
+    p = pack_even_dims(atoms, np.column_stack([atoms, edges]), 400, 2, seed=0)
     assert p.limits is None and len(p) == 16  # four structures fill a bin exactly: nothing can move
     assert sorted(p.indices.tolist()) == list(range(64))
 

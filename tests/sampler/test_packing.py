@@ -16,7 +16,7 @@ from cfm_plugins.sampler import (
     lower_bound_bins,
     pack,
 )
-from cfm_plugins.sampler.packing import deal, pack_levels, round_up, sort_descending
+from cfm_plugins.sampler.packing import deal, pack_even, pack_levels, round_up, sort_descending
 from cfm_plugins.sampler.report import repeated_pairs
 
 
@@ -181,12 +181,12 @@ def test_packing_methods():
 @pytest.mark.parametrize("w", [1, 2, 8])
 @pytest.mark.parametrize("seed", [None, 3])
 def test_even_bins_are_as_many_and_nearly_as_full_as_their_mean(w, seed):
-    """pack(even=True): the same bins count as pack(), every sample once, no bin over the lowered
+    """pack_even: the same bins count as pack(), every sample once, no bin over the lowered
     capacity it records, and the fullest bin within a few percent of the mean where pack() leaves
     light bins beside full ones (a small set of coarse graphs: ~4 per bin)."""
     c = np.random.default_rng(7).integers(1, 300, 100).astype(float)
     cap = 4 * c.mean()
-    plain, even = pack(c, cap, w, seed=seed), pack(c, cap, w, seed=seed, even=True)
+    plain, even = pack(c, cap, w, seed=seed), pack_even(c, cap, w, seed=seed)
     assert plain.capacity == cap and even.num_bins == plain.num_bins
     _check_valid(even, c, cap, w)
     assert even.capacity <= cap and even.bin_costs(c).max() <= even.capacity
@@ -198,13 +198,13 @@ def test_even_bins_are_as_many_and_nearly_as_full_as_their_mean(w, seed):
 def test_even_bins_keep_the_plan_when_no_lower_capacity_fits():
     """A graph as large as the capacity, or a set too small for the ranks: the plain plan."""
     c = np.array([100.0, 100.0, 100.0, 100.0])
-    assert pack(c, 100, 2, even=True).checksum() == pack(c, 100, 2).checksum()
-    tiny = pack([5.0, 6.0], 100, 4, repeat=True, even=True)
+    assert pack_even(c, 100, 2).checksum() == pack(c, 100, 2).checksum()
+    tiny = pack_even([5.0, 6.0], 100, 4, repeat=True)
     assert (
         tiny.checksum() == pack([5.0, 6.0], 100, 4, repeat=True).checksum()
         and tiny.capacity is None
     )
-    solo = pack([5.0, 500.0, 7.0, 9.0, 30.0, 20.0], 100, 2, oversize="solo", even=True)
+    solo = pack_even([5.0, 500.0, 7.0, 9.0, 30.0, 20.0], 100, 2, oversize="solo")
     assert sorted(solo.indices.tolist()) == list(range(6)) and len(solo.solo) == 1
 
 

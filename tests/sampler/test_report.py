@@ -1,5 +1,5 @@
-"""balance_report numbers on hand-computed cases, the PNG picture, pair repetition, one LIF
-definition."""
+"""balance_report numbers on hand-computed cases, the picture (stock batches beside the bins),
+pair repetition, one LIF definition."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from benchmarks.baselines import BASELINES
 from benchmarks.workload import paper_mix
 from cfm_plugins.sampler import Packing, balance_report, pack, plot_batches
-from cfm_plugins.sampler.report import co_batched_pairs, repeated_pairs
+from cfm_plugins.sampler.report import co_batched_pairs, fixed_count_batches, repeated_pairs
 
 C = np.array([5, 4, 3, 3, 2, 2, 1, 1, 1], float)  # total 22
 
@@ -62,6 +62,61 @@ def test_plot_batches_writes_png(tmp_path):
     data = open(out, "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 10_000
+
+
+def test_fixed_count_batches_cut_each_ranks_order_into_batches():
+    """A stock loader's batches: rank r's step s is batch s of rank r's sampler order."""
+    p = fixed_count_batches([[5, 1, 7, 3, 0], [2, 4, 6, 8, 9]], 2)
+    assert p.world_size == 2 and p.num_steps() == 3
+    assert [b.tolist() for b in p] == [[5, 1], [2, 4], [7, 3], [6, 8], [0], [9]]
+    dropped = fixed_count_batches([[5, 1, 7, 3, 0], [2, 4, 6, 8, 9]], 2, drop_last=True)
+    assert [b.tolist() for b in dropped] == [[5, 1], [2, 4], [7, 3], [6, 8]]
+    with pytest.raises(ValueError, match=r"\[2, 1\] batches: every rank needs the same number"):
+        fixed_count_batches([[0, 1, 2], [3]], 2)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        fixed_count_batches([[0, 1]], 0)
+
+
+def test_the_picture_sets_the_trainers_batches_beside_the_bins_with_each_sides_lif():
+    """Figure 12's two panels: stock batches left, bins right; each title names its side and
+    its LIF over the epoch; every sample is one bar on each side, as long as its cost; a rank
+    that waits for its step's slowest rank gets a hatched bar."""
+    import matplotlib.pyplot as plt
+
+    from cfm_plugins.sampler.report import draw_batches, load_imbalance_factor
+
+    rng = np.random.default_rng(3)
+    c = rng.integers(4, 300, 30).astype(float)
+    plan = pack(c, 4 * c.mean(), 2, seed=0)
+    order = rng.permutation(30)
+    stock = fixed_count_batches([order[:15], order[15:]], 4)
+    fig = draw_batches(
+        plan, c, 2, steps=None, baseline=stock, capacity=4 * c.mean(), titles=("stock", "bins")
+    )
+    try:
+        assert len(fig.axes) == 2
+        for ax, side, name in zip(fig.axes, (stock, plan), ("stock", "bins")):
+            lif = load_imbalance_factor(side.step_costs(c, 2))
+            assert ax.get_title().startswith(name) and f"LIF {lif:.3f}" in ax.get_title()
+            bars = [p for p in ax.patches if (p.get_gid() or "").startswith("sample ")]
+            drawn = sorted(int(p.get_gid().split()[1]) for p in bars)
+            assert drawn == list(range(30))  # every sample once
+            assert all(p.get_width() == c[int(p.get_gid().split()[1])] for p in bars)
+            assert len(ax.get_yticklabels()) == 2 * side.num_steps()
+            waits = sum(1 for p in ax.patches if p.get_hatch())
+            steps = side.step_costs(c, 2)
+            assert waits == int((steps < steps.max(axis=1, keepdims=True)).sum())
+        assert load_imbalance_factor(stock.step_costs(c, 2)) > load_imbalance_factor(
+            plan.step_costs(c, 2)
+        )
+    finally:
+        plt.close(fig)
+    part = draw_batches(plan, c, 2, steps=range(2), baseline=stock)
+    try:
+        assert f"steps 0-1 of {plan.num_steps()} shown" in part.axes[1].get_title()
+        assert len(part.axes[0].get_yticklabels()) == 4
+    finally:
+        plt.close(part)
 
 
 def test_measured_and_planned_lif_are_one_definition():
