@@ -1,8 +1,20 @@
-"""The benchmarks, run from the repository root as modules: ``python -m benchmarks.<name>
-[--quick]``.
+"""The benchmarks: what cfm-plugins does for a user, measured. Run from the repository root as
+modules, ``python -m benchmarks.<name> [--quick] [--out DIR]``; each prints its tables and writes
+its result as a record (``out/benchmarks/<workload>.json``, :mod:`benchmarks.record`).
 
-``make bench`` runs ``sampler``, ``kernels`` and ``mace_train``; ``make bench-nequip`` runs
-``nequip_train``; ``gpu_mace`` is for a GPU machine. Results are in ``docs/benchmarks.md``.
-What only the benchmarks use lives here too: ``workload.py`` (the MACE paper's graph-size mix)
-and ``baselines.py`` (the packers the sampler is compared with).
+- ``sampler``: the bin-packing sampler against the usual batchers on the MACE paper's mix;
+- ``kernels`` (``kernels_symmetric_contraction``, ``kernels_conv_tp``): the fused kernels on the
+  CPU against stock (and cuEquivariance's);
+- ``mace_train``, ``nequip_train``, ``hydragnn_mace``: training epochs on 2 CPU ranks, stock,
+  binpack, fused and both; ``static_train``: static shapes + compile against eager;
+  ``static_shapes``: what padding to one budget costs;
+- ``convergence``: training quality with binpack (validation curves over seeds);
+- ``gpu_mace`` (the MACE step and epoch), ``gpu_md`` (MD), ``gpu_kernels`` (the kernels alone):
+  on a GPU, against stock and cuEquivariance (each has a CPU smoke run).
+
+``make bench`` runs ``sampler``, ``kernels`` and ``mace_train``; ``make bench-nequip``
+``nequip_train``; ``make bench-hydragnn-src`` ``hydragnn_mace``. What only the benchmarks use
+lives here too: ``workload.py`` (the MACE paper's graph-size mix), ``baselines.py`` (the packers
+the sampler is compared with) and ``training.py`` (what the training benchmarks share). The
+maintainers' tools (compile checks, profilers, simulators) are in ``tools/``.
 """

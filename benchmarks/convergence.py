@@ -1,9 +1,10 @@
 """Training quality with binpack: does token batching change the model? Validation curves per epoch.
 
-    python -m benchmarks.convergence mace      [--epochs 40] [--seeds 1 2 3] [--only CONFIG,...]
-    [--force] python -m benchmarks.convergence hydragnn  [--epochs 30] [--seeds 1 2 3] python -m
-    benchmarks.convergence report    # tables (docs/_fragments/convergence.md) and plot
-    (docs/convergence.png)
+    .venv/bin/python -m benchmarks.convergence mace [--epochs 40] [--seeds 1 2 3]
+        [--only CONFIG,...] [--force]
+    .venv/bin/python -m benchmarks.convergence hydragnn [--epochs 30] [--seeds 1 2 3]
+    .venv-nequip/bin/python -m benchmarks.convergence nequip [--epochs 30] [--seeds 1 2 3]
+    .venv/bin/python -m benchmarks.convergence report [--out DIR]   # the tables and plots
 
 Three configurations, each trained with every seed on 2 MPI ranks (`mpirun -np 2 cfm-run ...`),
 the same learning-rate schedule and about the same number of optimizer steps (binpack's default
@@ -21,9 +22,15 @@ evaluated structure by structure on the validation set, on the whole set and on 
 largest thirds (a weighting bias shows there first). HydraGNN (``hydragnn``): its example
 (``examples/hydragnn``, EGNN on EMT molecules and clusters), validation loss per epoch.
 
-Every run writes ``OUT/<part>/<config>/seed<k>/result.json`` when it finishes; a rerun skips runs
-that have one (``--force`` redoes them), so the benchmark can be resumed, or rerun per
-configuration (``--only``). ``report`` reads whatever results exist.
+NequIP (``nequip``, in ``.venv-nequip``): nequip-train on the CuNi set, nequip's validation RMSE
+per epoch.
+
+Every run writes ``WORK/<part>/<config>/seed<k>/result.json`` when it finishes (``--work``,
+default /tmp/cfm_bench_convergence); a rerun skips runs that have one (``--force`` redoes them),
+so the benchmark can be resumed, or rerun per configuration (``--only``). ``report`` reads
+whatever results exist and writes, per part, the record ``convergence_<part>`` (final errors,
+the target against stock, the per-epoch curves) and its plot ``convergence_<part>.png`` to
+``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -40,7 +47,14 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.training import FRAGMENTS, ROOT
+from benchmarks.record import (
+    add_out_argument,
+    command_line,
+    markdown_table,
+    picture_path,
+    write_record,
+)
+from benchmarks.training import ROOT
 from cfm_plugins.testing import BIN, clean_env, mpirun_command
 
 CONFIGS = {
@@ -53,15 +67,14 @@ LABELS = {
     "binpack": "binpack, loss_weighting=stock",
     "per_sample": "binpack, loss_weighting=per_sample",
 }
-DEFAULT_OUT = "/tmp/cfm_bench_convergence"
-PLOTS = {part: ROOT / "docs" / f"convergence_{part}.png" for part in ("mace", "hydragnn", "nequip")}
+DEFAULT_WORK = "/tmp/cfm_bench_convergence"
 
 
 # ----------------------------------------------------------------------------- runs
 def prepare_run(args, part: str, config: str, seed: int) -> tuple[Path, dict | None]:
     """The run's folder and its earlier result (``None``: run it; the folder is then made afresh,
     since the trainers append to their logs)."""
-    run = Path(args.out) / part / config / f"seed{seed}"
+    run = Path(args.work) / part / config / f"seed{seed}"
     done = run / "result.json"
     if done.exists() and not args.force:
         print(f"  {config} seed {seed}: done before ({done})", flush=True)
@@ -273,7 +286,7 @@ def run_mace(args, files: dict, config: str, seed: int) -> dict:
 
 
 def mace_part(args) -> None:
-    data = Path(args.out) / "mace" / f"data_{args.n_train}_{args.n_valid}_{args.max_atoms}"
+    data = Path(args.work) / "mace" / f"data_{args.n_train}_{args.n_valid}_{args.max_atoms}"
     files = mace_data(data, args.n_train, args.n_valid, args.max_atoms)
     print(
         f"MACE convergence: {args.n_train} training / {args.n_valid} validation structures "
@@ -297,7 +310,7 @@ def run_hydragnn(args, config: str, seed: int) -> dict:
     cfg = json.loads((here / "config.json").read_text())
     cfg.pop("cfm_plugins", None)  # the plugins are named on the command line
     cfg["NeuralNetwork"]["Training"]["num_epoch"] = args.epochs
-    data = Path(args.out) / "hydragnn" / "data" / "clusters.pt"
+    data = Path(args.work) / "hydragnn" / "data" / "clusters.pt"
     cfg["Dataset"]["path"]["total"] = str(data)
     (run / "config.json").write_text(json.dumps(cfg, indent=2))
     if not data.exists():
@@ -416,7 +429,7 @@ def run_nequip(args, files: dict, config: str, seed: int) -> dict:
 def nequip_part(args) -> None:
     from cfm_plugins.datasets.cuni import make_dataset
 
-    data = Path(args.out) / "nequip" / f"data_{args.n_train}_{args.n_valid}_{args.max_atoms}"
+    data = Path(args.work) / "nequip" / f"data_{args.n_train}_{args.n_valid}_{args.max_atoms}"
     files = {"train": data / "train.xyz", "valid": data / "valid.xyz"}
     if not all(p.exists() for p in files.values()):
         files = make_dataset(
@@ -475,9 +488,9 @@ def mean_std(values, digits: int) -> str:
     return f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
-def final_tables(finals: dict, columns: list[str], digits: list[int]) -> list[str]:
-    """``finals``: config -> list (per column) of per-seed values. The values (mean ± std) and,
-    against stock, the issue's target per column."""
+def final_table(finals: dict, columns: list[str], digits: list[int]) -> list[str]:
+    """``finals``: config -> list (per column) of per-seed values. Markdown rows of the values,
+    mean ± sample std over the seeds."""
     lines = ["| configuration | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for config, cols in finals.items():
         lines.append(
@@ -485,27 +498,36 @@ def final_tables(finals: dict, columns: list[str], digits: list[int]) -> list[st
             + " | ".join(mean_std(v, d) for v, d in zip(cols, digits))
             + " |"
         )
-    if "stock" in finals and len(finals) > 1:
-        lines += [
-            "",
-            "Against the target (issue 25: within stock's seed spread, its sample std, or within 5 "
-            "% of "
-            "stock's mean where that spread is smaller), |difference from stock| / tolerance; ≤ 1 "
-            "meets it:",
-            "",
-            "| configuration | " + " | ".join(columns) + " | all met |",
-            "|---|" + "---|" * (len(columns) + 1),
-        ]
-        for config in (c for c in finals if c != "stock"):
-            cells, met = [], True
-            for ref, got in zip(finals["stock"], finals[config]):
-                ok, ratio = verdict(ref, got)
-                met &= ok
-                cells.append(f"{ratio:.2f}" + ("" if ok else " ✗"))
-            lines.append(
-                f"| {LABELS[config]} | " + " | ".join(cells) + f" | {'yes' if met else 'no'} |"
-            )
     return lines
+
+
+def target_table(finals: dict, columns: list[str]) -> list[str]:
+    """Against stock, per column: |difference from stock| / tolerance (:func:`verdict`; ≤ 1 meets
+    the target, ✗ where it does not), and whether every column meets it. Empty without stock or
+    another configuration."""
+    if "stock" not in finals or len(finals) < 2:
+        return []
+    lines = [
+        "| configuration | " + " | ".join(columns) + " | all met |",
+        "|---|" + "---|" * (len(columns) + 1),
+    ]
+    for config in (c for c in finals if c != "stock"):
+        cells, met = [], True
+        for ref, got in zip(finals["stock"], finals[config]):
+            ok, ratio = verdict(ref, got)
+            met &= ok
+            cells.append(f"{ratio:.2f}" + ("" if ok else " ✗"))
+        lines.append(
+            f"| {LABELS[config]} | " + " | ".join(cells) + f" | {'yes' if met else 'no'} |"
+        )
+    return lines
+
+
+TARGET = (
+    "against stock, |difference from stock| / tolerance per column; ≤ 1 meets the target: "
+    "within stock's seed spread (its sample std), or within 5 % of stock's mean where that spread "
+    "is smaller"
+)
 
 
 def epoch_table(curves: dict, names: list[str], digits: list[int]) -> list[str]:
@@ -525,35 +547,39 @@ def seeds_of(res: dict, sep: str = ", ") -> str:
     return sep.join(map(str, sorted({r["seed"] for rs in res.values() for r in rs})))
 
 
-def command_args(info: dict, part: str, res: dict) -> str:
-    """The arguments of the command that makes every run of the report (with all its seeds)."""
-    return " ".join(
-        x for x in (info.get(f"{part}_cmdline", ""), f"--seeds {seeds_of(res, ' ')}") if x
-    )
+def part_command(info: dict, part: str, res: dict) -> str:
+    """The command that makes every run of the report (with all its seeds)."""
+    base = info.get(f"{part}_command", f"python -m benchmarks.convergence {part}")
+    return f"{base} --seeds {seeds_of(res, ' ')}"
 
 
-def mace_report(res: dict, info: dict) -> list[str]:
-    lines = [
-        "## Training quality: MACE (benchmarks/convergence.py)",
-        "",
-        "Commands (every run resumable, one seed or configuration at a time with `--seeds S --only "
-        "CONFIG`; "
-        "`report` writes these tables and the plots; the figures are errors, not times, so they do "
-        "not "
-        "depend on the machine's load):",
-        "",
-        f"    .venv/bin/python -m benchmarks.convergence mace {command_args(info, 'mace', res)}",
-        "    .venv/bin/python -m benchmarks.convergence report",
-        "",
-        f"Workload: {info.get('mace_workload', '')}",
-        "",
-        "The model mace saves (lowest validation loss) evaluated structure by structure: RMSE of "
-        "the energy per "
-        "atom (E, meV/atom) and of the force components (F, meV/Å) on the validation set and on "
-        "its third with "
-        f"the fewest and the most atoms; mean ± sample std over seeds {seeds_of(res)}.",
-        "",
+def tables_of(
+    finals: dict, columns: list[str], digits: list[int], what: str, curves: dict, names, caption
+) -> list[dict]:
+    """The record's tables of a part: the final values, the target against stock (when there
+    is one), and the per-epoch curves, each printed as it is made."""
+    out = [markdown_table("final", final_table(finals, columns, digits), what)]
+    target = target_table(finals, columns)
+    if target:
+        out.append(markdown_table("target", target, TARGET))
+    out.append(markdown_table("epochs", epoch_table(curves, names, digits), caption))
+    for t in out:
+        print(f"\n{t['caption']}:\n")
+        print("\n".join(record_lines(t)))
+    return out
+
+
+def record_lines(t: dict) -> list[str]:
+    """A record's table as markdown lines (to print it)."""
+    return [
+        "| " + " | ".join(t["columns"]) + " |",
+        "|" + "---|" * len(t["columns"]),
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in t["rows"]),
     ]
+
+
+def mace_report(res: dict, info: dict, out) -> dict:
+    """The MACE part's record: final errors by subset, the target, the curves and their plot."""
     finals = {}
     for config, rs in res.items():
         cols = []
@@ -561,65 +587,55 @@ def mace_report(res: dict, info: dict) -> list[str]:
             vals = np.array([subset_rmse(r["final"], which) for r in rs]) * 1e3
             cols += [vals[:, 0].tolist(), vals[:, 1].tolist()]
         finals[config] = cols
-    lines += final_tables(
-        finals,
-        [
-            "E all",
-            "F all",
-            "E smallest third",
-            "F smallest third",
-            "E largest third",
-            "F largest third",
-        ],
-        [1, 1] * 3,
+    curves = energy_force_curves(res)
+    picture = picture_path("convergence_mace.png", out)
+    plot_curves(
+        curves, ("validation RMSE E (meV/atom)", "validation RMSE F (meV/Å)"), "MACE", picture
     )
     steps = {c: sorted({r["steps_per_epoch"] for r in rs}) for c, rs in res.items()}
-    lines += [
-        "",
-        "Optimizer steps per epoch: "
-        + "; ".join(f"{LABELS[c]} {'/'.join(map(str, v))}" for c, v in steps.items())
-        + ".",
-        "",
-    ]
-    return lines + energy_force_epochs(
-        res, "mace", "MACE", "mace's own validation RMSE on the whole set"
+    return dict(
+        title="Training quality with binpack: MACE",
+        description=info.get("mace_workload", ""),
+        tables=tables_of(
+            finals,
+            [
+                "E all",
+                "F all",
+                "E smallest third",
+                "F smallest third",
+                "E largest third",
+                "F largest third",
+            ],
+            [1, 1] * 3,
+            "the model mace saves (lowest validation loss) evaluated structure by structure: "
+            "RMSE of the energy per atom (E, meV/atom) and of the force components (F, meV/Å) "
+            "on the validation set and on its third with the fewest and the most atoms; mean ± "
+            f"sample std over seeds {seeds_of(res)}",
+            curves,
+            ["E", "F"],
+            "per epoch, mace's own validation RMSE on the whole set (E meV/atom, F meV/Å), mean "
+            "± std over seeds",
+        ),
+        notes=[
+            "Optimizer steps per epoch: "
+            + "; ".join(f"{LABELS[c]} {'/'.join(map(str, v))}" for c, v in steps.items())
+            + "."
+        ],
+        picture=picture,
+        command=part_command(info, "mace", res),
     )
 
 
-def energy_force_epochs(res: dict, part: str, title: str, what: str) -> list[str]:
-    """The per-epoch table and plot of a part whose runs record ``rmse_e_per_atom`` and
-    ``rmse_f``."""
-    curves = {
+def energy_force_curves(res: dict) -> dict:
+    """Per configuration, the (seeds, epochs) curves of ``rmse_e_per_atom`` and ``rmse_f`` in
+    milli-units."""
+    return {
         c: (curve(rs, "rmse_e_per_atom") * 1e3, curve(rs, "rmse_f") * 1e3) for c, rs in res.items()
     }
-    plot_curves(
-        curves, ("validation RMSE E (meV/atom)", "validation RMSE F (meV/Å)"), title, PLOTS[part]
-    )
-    return (
-        [
-            f"Per epoch, {what} (E meV/atom, F meV/Å), mean ± std (plot: "
-            f"[convergence_{part}.png](convergence_{part}.png)):",
-            "",
-        ]
-        + epoch_table(curves, ["E", "F"], [1, 1])
-        + [""]
-    )
 
 
-def nequip_report(res: dict, info: dict) -> list[str]:
-    lines = [
-        "## Training quality: NequIP (benchmarks/convergence.py)",
-        "",
-        f"    .venv-nequip/bin/python -m benchmarks.convergence nequip "
-        f"{command_args(info, 'nequip', res)}",
-        "",
-        f"Workload: {info.get('nequip_workload', '')}",
-        "",
-        "nequip's validation RMSE (its `val_metrics`) after the last epoch, energy per atom (E, "
-        "meV/atom) and "
-        f"force components (F, meV/Å); mean ± sample std over seeds {seeds_of(res)}.",
-        "",
-    ]
+def nequip_report(res: dict, info: dict, out) -> dict:
+    """The NequIP part's record: nequip's validation RMSE after the last epoch and per epoch."""
     finals = {
         c: [
             [r["epochs"][-1]["rmse_e_per_atom"] * 1e3 for r in rs],
@@ -627,40 +643,60 @@ def nequip_report(res: dict, info: dict) -> list[str]:
         ]
         for c, rs in res.items()
     }
-    lines += final_tables(finals, ["E", "F"], [1, 1]) + [""]
-    return lines + energy_force_epochs(res, "nequip", "NequIP", "nequip's validation RMSE")
+    curves = energy_force_curves(res)
+    picture = picture_path("convergence_nequip.png", out)
+    plot_curves(
+        curves, ("validation RMSE E (meV/atom)", "validation RMSE F (meV/Å)"), "NequIP", picture
+    )
+    return dict(
+        title="Training quality with binpack: NequIP",
+        description=info.get("nequip_workload", ""),
+        tables=tables_of(
+            finals,
+            ["E", "F"],
+            [1, 1],
+            "nequip's validation RMSE (its val_metrics) after the last epoch, energy per atom "
+            f"(E, meV/atom) and force components (F, meV/Å); mean ± sample std over seeds "
+            f"{seeds_of(res)}",
+            curves,
+            ["E", "F"],
+            "per epoch, nequip's validation RMSE (E meV/atom, F meV/Å), mean ± std over seeds",
+        ),
+        notes=[],
+        picture=picture,
+        command=part_command(info, "nequip", res),
+    )
 
 
-def hydragnn_report(res: dict, info: dict) -> list[str]:
-    lines = [
-        "## Training quality: HydraGNN example (benchmarks/convergence.py)",
-        "",
-        f"    .venv/bin/python -m benchmarks.convergence hydragnn "
-        f"{command_args(info, 'hydragnn', res)}",
-        "",
-        "Workload: examples/hydragnn as it is (EGNN, hidden 64, 3 layers; the energy per atom of "
-        f"{info.get('hydragnn_num', 400)} EMT molecules and metal clusters of 3..300 atoms, 80 % "
-        "for training; "
-        "batch size 8 per rank; binpack `cost=edges`), 2 MPI ranks. HydraGNN's validation loss "
-        "(its own "
-        "definition: the MSE of the energy per atom, per graph) after the last epoch, mean ± "
-        "sample std over "
-        f"seeds {seeds_of(res)} (the seed orders the training set and seeds the packing; HydraGNN "
-        "seeds its "
-        "model itself).",
-        "",
-    ]
+def hydragnn_report(res: dict, info: dict, out) -> dict:
+    """The HydraGNN part's record: the example's validation loss after the last epoch and per
+    epoch."""
     finals = {c: [[r["epochs"][-1]["val_loss"] * 1e3 for r in rs]] for c, rs in res.items()}
-    lines += final_tables(finals, ["validation loss (x 1e-3)"], [3]) + [""]
     curves = {c: (curve(rs, "val_loss") * 1e3,) for c, rs in res.items()}
-    lines += [
-        "Per epoch, validation loss x 1e-3 (plot: "
-        "[convergence_hydragnn.png](convergence_hydragnn.png)):",
-        "",
-    ]
-    lines += epoch_table(curves, ["loss"], [3]) + [""]
-    plot_curves(curves, ("validation loss (MSE, x 1e-3)",), "HydraGNN example", PLOTS["hydragnn"])
-    return lines
+    picture = picture_path("convergence_hydragnn.png", out)
+    plot_curves(curves, ("validation loss (MSE, x 1e-3)",), "HydraGNN example", picture)
+    return dict(
+        title="Training quality with binpack: the HydraGNN example",
+        description=(
+            "examples/hydragnn as it is (EGNN, hidden 64, 3 layers; the energy per atom of "
+            f"{info.get('hydragnn_num', 400)} EMT molecules and metal clusters of 3..300 atoms, "
+            "80 % for training; batch size 8 per rank; binpack cost=edges), 2 MPI ranks. The seed "
+            "orders the training set and seeds the packing; HydraGNN seeds its model itself"
+        ),
+        tables=tables_of(
+            finals,
+            ["validation loss (x 1e-3)"],
+            [3],
+            "HydraGNN's validation loss (its own definition: the MSE of the energy per atom, per "
+            f"graph) after the last epoch, mean ± sample std over seeds {seeds_of(res)}",
+            curves,
+            ["loss"],
+            "per epoch, validation loss x 1e-3, mean ± std over seeds",
+        ),
+        notes=[],
+        picture=picture,
+        command=part_command(info, "hydragnn", res),
+    )
 
 
 def plot_curves(curves: dict, ylabels, title: str, path: Path) -> None:
@@ -690,46 +726,65 @@ def plot_curves(curves: dict, ylabels, title: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+    print(f"wrote {path}", flush=True)
 
 
 def report(args) -> int:
-    out = Path(args.out)
-    meta = out / "meta.json"
+    """Tables and plots of the finished runs under ``--work``: one record per part
+    (``convergence_<part>``) and its plot (``convergence_<part>.png``), in ``--out``."""
+    work = Path(args.work)
+    meta = work / "meta.json"
     info = json.loads(meta.read_text()) if meta.exists() else {}
-    lines = []
+    made = 0
     for part, make in (
         ("mace", mace_report),
         ("hydragnn", hydragnn_report),
         ("nequip", nequip_report),
     ):
-        res = load_results(out, part)
-        if res:
-            lines += make(res, info)
-    if not lines:
-        raise SystemExit(f"no finished runs under {out}")
-    if info.get("loads"):
-        loads = "; ".join(f"{part} {min(v):.1f}..{max(v):.1f}" for part, v in info["loads"].items())
-        lines += [
-            "Machine load when the runs started (1-minute load average of the shared 2-core "
-            "machine): "
-            f"{loads}. The errors do not depend on it (the run times in the results files do).",
-            "",
-        ]
-    text = "\n".join(lines)
-    print(text)
-    FRAGMENTS.mkdir(parents=True, exist_ok=True)
-    (FRAGMENTS / "convergence.md").write_text(text)
+        res = load_results(work, part)
+        if not res:
+            continue
+        print(f"\n## Training quality: {part}\n")
+        rec = make(res, info, args.out)
+        notes = list(rec["notes"])
+        loads = info.get("loads", {}).get(part)
+        if loads:
+            notes.append(
+                f"1-minute load average of the machine when the runs started: {min(loads):.1f}.."
+                f"{max(loads):.1f}. The errors do not depend on it (the run times do)."
+            )
+        notes.append(
+            "The figures are errors, not times: they do not depend on the machine's load. "
+            "Every run is resumable, one seed or configuration at a time (--seeds S --only "
+            "CONFIG); python -m benchmarks.convergence report makes the tables and the plot."
+        )
+        write_record(
+            f"convergence_{part}",
+            rec["title"],
+            rec["tables"],
+            description=rec["description"],
+            notes=notes,
+            picture=rec["picture"],
+            out=args.out,
+            command=rec["command"],
+        )
+        made += 1
+    if not made:
+        raise SystemExit(
+            f"no finished runs under {work}: run python -m benchmarks.convergence mace (or "
+            "hydragnn, nequip) with the same --work first"
+        )
     return 0
 
 
-def save_meta(args, part: str) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = out / "meta.json"
+def save_meta(args, part: str, argv: list[str]) -> None:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    meta = work / "meta.json"
     info = json.loads(meta.read_text()) if meta.exists() else {}
     # without the run selection (--seeds, --only, --force): the command that makes every run
     kept, skipping = [], False
-    for a in sys.argv[2:]:
+    for a in argv[1:]:
         if a.startswith("--"):
             skipping = a.split("=")[0] in ("--seeds", "--only")
             if skipping or a == "--force":
@@ -737,8 +792,7 @@ def save_meta(args, part: str) -> None:
         elif skipping:
             continue
         kept.append(a)
-    cmdline = " ".join(kept)
-    info[f"{part}_cmdline"] = cmdline
+    info[f"{part}_command"] = command_line([part, *kept])
     if part == "mace":
         info["mace_workload"] = (
             f"{args.n_train} training / {args.n_valid} validation structures (EMT: CuNi bulk "
@@ -785,7 +839,13 @@ PART_DEFAULTS = {
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("part", choices=["mace", "hydragnn", "nequip", "report"])
-    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument(
+        "--work",
+        default=DEFAULT_WORK,
+        metavar="DIR",
+        help=f"folder of the runs and their results (default {DEFAULT_WORK})",
+    )
+    add_out_argument(p)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument(
         "--only", default=",".join(CONFIGS), help="configurations to run: " + ", ".join(CONFIGS)
@@ -811,6 +871,7 @@ def main(argv=None) -> int:
     )
     # NequIP
     p.add_argument("--features", type=int, default=16)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.only = [c for c in args.only.split(",") if c]
     unknown = set(args.only) - set(CONFIGS)
@@ -825,11 +886,11 @@ def main(argv=None) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    save_meta(args, args.part)
+    save_meta(args, args.part, argv)
     {"mace": mace_part, "hydragnn": hydragnn_part, "nequip": nequip_part}[args.part](args)
     print(
-        f"done; `python -m benchmarks.convergence report --out {args.out}` writes the tables and "
-        "the plot",
+        f"done; python -m benchmarks.convergence report --work {args.work} writes the records "
+        "and the plots",
         flush=True,
     )
     return 0

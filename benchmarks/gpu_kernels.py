@@ -1,8 +1,8 @@
 """The two fused kernels on their own, on the GPU: stock e3nn vs cuEquivariance vs cfm-plugins.
 
-    python benchmarks/gpu_kernels.py [--nodes 500 4000 32000] [--dtypes float32 float64] [--profile]
-    python benchmarks/gpu_kernels.py --layers 0 1 --modes bwd train   # both layers, the step's
-    chain python benchmarks/gpu_kernels.py --device cpu --quick      # a smoke run anywhere
+    python -m benchmarks.gpu_kernels [--nodes 500 4000 32000] [--dtypes float32 float64] [--profile]
+    python -m benchmarks.gpu_kernels --layers 0 1 --modes bwd train   # both layers, the chain
+    python -m benchmarks.gpu_kernels --device cpu --quick             # a smoke run anywhere
 
 Workload: the modules of the MACE-MP-medium-like model of benchmarks/gpu_mace.py, taken out of the
 model each way builds it (``stock``: mace's e3nn modules; ``cueq``: ``convert_e3nn_cueq``, conv
@@ -23,21 +23,18 @@ forces through the edge attributes only)); ``train`` (tp: force training as MACE
 the forces through the edge attributes and the per-edge weights, which both depend on the
 positions; sc: as ``bwd2``).
 Median of ``--reps`` synchronised calls after ``--warmup``; peak memory above the inputs. The
-last column is ours against stock in the same run. ``--profile`` prints the top kernels of each
-``bwd2`` case (torch.profiler). ``--out`` writes the markdown to a file too.
+last columns are ours against stock and against cuEquivariance in the same run. ``--profile``
+prints the top kernels of each ``bwd2`` case (torch.profiler); ``--tiles`` times every tile config
+of the Triton kernels. The tables are printed and written as the record ``gpu_kernels`` (with
+``--quick``: ``gpu_kernels_quick``) to ``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.gpu_mace import build_model, cuni_atoms, device_name, out_of_memory, prepare, timed  # noqa: E402
-from benchmarks.gpu_profile import kernel_events  # noqa: E402
+from benchmarks.gpu_mace import build_model, cuni_atoms, device_name, out_of_memory, prepare, timed
+from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
 
 WAYS = ("stock", "cueq", "fused")
 MODES = ("fwd", "bwd", "bwd2", "train")
@@ -151,6 +148,23 @@ def measure(fn, device, reps: int, warmup: int) -> tuple[float, float | None]:
     return seconds, (torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None
 
 
+def kernel_events(events, cuda: bool):
+    """(the kernels among the profiler's averaged ``events``, their self time in microseconds as a
+    function): the device kernels on CUDA, the CPU operators with self time on the CPU."""
+    import torch
+
+    if cuda:
+        return (
+            [
+                e
+                for e in events
+                if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+            ],
+            lambda e: e.self_device_time_total,
+        )
+    return [e for e in events if e.self_cpu_time_total > 0], lambda e: e.self_cpu_time_total
+
+
 def top_kernels(fn, device, top: int) -> list[str]:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -224,9 +238,8 @@ def tile_sweep(args, fused: dict, graphs: dict, device) -> list[str]:
         over = "the modes" + (" and layers" if args.layers else "")
         lines += [
             "",
-            f"Fastest tile per kernel and dtype (sum over {over}; {max(args.nodes)} nodes), as a "
-            "pin: "
-            f"`CFM_PLUGINS_TRITON_TILES={pins}`",
+            f"Fastest tile per kernel and dtype (sum over {over}; {max(args.nodes)} nodes), as "
+            f"the fused plugin's option: `-o fused_tiles={pins}`",
         ]
         print(lines[-1], flush=True)
     return lines
@@ -330,8 +343,9 @@ def main(argv=None) -> int:
         help="with --tiles: sweep only these Triton kernels (default: every kernel of --kernels)",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: 32 nodes, float64, 1 rep")
-    p.add_argument("--out", default=None)
+    add_out_argument(p)
     args = p.parse_args(argv)
+    command = command_line(argv)
     if args.quick:
         args.nodes, args.dtypes, args.reps, args.warmup = [32], ["float64"], 1, 1
 
@@ -343,17 +357,14 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
         _backend.set_gpu_backend(args.backend)
-    lines = [
-        f"## Fused kernels alone on {device_name(device)}",
-        "",
-        f"`python benchmarks/gpu_kernels.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
-        "",
+    title = f"Fused kernels alone on {device_name(device)}"
+    table = [
         "| kernel | dtype | nodes | edges | mode | "
         + " | ".join(f"{w} ms | {w} GiB" for w in args.ways)
         + " | fused vs stock | fused vs cueq |",
         "|---|---|---:|---:|---|" + "---:|---:|" * len(args.ways) + "---:|---:|",
     ]
-    print("\n".join(lines), flush=True)
+    print("\n".join([f"## {title}", "", f"`{command}`", "", *table]), flush=True)
     profiles, notes = [], []
     fused = {}  # dtype name -> the fused model, kept for the tile sweep
     graphs = {n: cuni_graph(n, 6.0) for n in args.nodes} if "tp" in args.kernels else {}
@@ -418,16 +429,33 @@ def main(argv=None) -> int:
                         return f"{a / b:.2f}x" if a and b else "-"
 
                     label = row_label(args, kernel, layer)
-                    lines.append(
+                    table.append(
                         f"| {label} | {dtype_name} | {n} | {n_edges or '-'} | {mode} | "
                         + " | ".join(cells)
                         + f" | {ratio('stock')} | {ratio('cueq')} |"
                     )
-                    print(lines[-1], flush=True)
+                    print(table[-1], flush=True)
         del models, stock
-    lines += ([""] + notes) if notes else []
+    tables = [
+        markdown_table(
+            "kernels",
+            table,
+            "ms per call (median, synchronised) and peak GiB above the inputs per way; fused "
+            "against stock and cuEquivariance in the same run",
+        )
+    ]
+    if notes:
+        print("\n".join(notes), flush=True)
     if fused:
-        lines += tile_sweep(args, fused, graphs, device)
+        sweep = tile_sweep(args, fused, graphs, device)
+        tables.append(
+            markdown_table(
+                "tiles",
+                [line for line in sweep if line.startswith("|")],
+                sweep[1].rstrip(":"),
+            )
+        )
+        notes += [line for line in sweep if line.startswith("Fastest")]
     if profiles:
         section = [
             "",
@@ -437,10 +465,27 @@ def main(argv=None) -> int:
             *profiles,
             "```",
         ]
-        lines += section
         print("\n".join(section), flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+    layers = (
+        f"layers {', '.join(map(str, args.layers))}"
+        if args.layers
+        else "sc in layer 0, tp in layer 1"
+    )
+    write_record(
+        "gpu_kernels" + ("_quick" if args.quick else ""),
+        title,
+        tables,
+        description=(
+            "the symmetric contraction (sc) and conv TP with its gather and scatter (tp) of the "
+            "MACE-MP-medium-like model of benchmarks/gpu_mace.py, taken out of the model each way "
+            f"builds it ({layers}); fused kernel backend {args.backend} on CUDA; modes "
+            f"{', '.join(args.modes)}; median of {args.reps} calls after {args.warmup} warm-ups"
+        ),
+        notes=[n.removeprefix("- ") for n in notes],
+        out=args.out,
+        device=device,
+        command=command,
+    )
     return 0
 
 

@@ -1,9 +1,9 @@
 """MACE on the GPU end to end: stock e3nn vs cuEquivariance vs cfm-plugins, ratios in one run.
 
-    python benchmarks/gpu_mace.py --device cuda                       # the full table (GPU machine)
-    python benchmarks/gpu_mace.py --device cpu --quick --no-epoch     # a smoke run anywhere
+    python -m benchmarks.gpu_mace --device cuda                       # the full tables (a GPU)
+    python -m benchmarks.gpu_mace --device cpu --quick --no-epoch     # a smoke run anywhere
 
-Workload (the one of ../shared/GPU.md): a MACE-MP-medium-like ScaleShiftMACE (2
+Workload: a MACE-MP-medium-like ScaleShiftMACE (2
 RealAgnosticResidualInteractionBlock layers, hidden 128x0e+128x1o, spherical harmonics l<=3,
 correlation 3, 89 elements, radial MLP [64,64,64], r_max 6 A) on rattled CuNi fcc cells (30 % Ni)
 of ~500 and ~4000 atoms, float32 and float64. Per configuration:
@@ -16,9 +16,9 @@ of ~500 and ~4000 atoms, float32 and float64. Per configuration:
 Median of ``--reps`` steps after ``--warmup`` warm-up steps, synchronised. Ways, in one process:
 ``stock`` (mace's e3nn modules), ``cueq`` (``mace.cli.convert_e3nn_cueq.run``, conv fusion on
 CUDA; needs cuequivariance-torch, else reported as missing), ``fused`` (this project's kernels,
-``cfm_plugins.ops.patching.patch_model``) and ``fused+capture`` (fused kernels with the step
-captured once and replayed on padded static shapes; reported as not built until issue 8 builds
-it, never silently replaced by another way).
+``cfm_plugins.ops.patching.patch_model``) and ``fused+capture`` (the step captured once and
+replayed on padded static shapes: its row names ``tools/gpu_capture.py``, which checks and times
+it, and the epoch table below times it in training).
 
 Then, unless ``--no-epoch``, the epoch time of ``mace_run_train`` on the example data set
 (cfm_plugins.datasets.cuni, ``--epoch-structures`` CuNi structures of 4..500 atoms), by default
@@ -32,15 +32,17 @@ of mace's own "Epoch N" lines.
 ``--backend cuda triton`` runs the ``fused`` ways once per kernel backend of the ``cfm::`` operators
 on CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Triton kernels
 generated from the same descriptors, ``cfm_plugins.ops.triton``; the epoch run passes ``-o
-fused_backend=...``). ``--tiles-also VALUE ...`` adds a fused Triton row per value, run with
-``CFM_PLUGINS_TRITON_TILES=VALUE`` (the tiles a sweep found, or a former default), so that tiles are
-compared in one run against cuEquivariance (the step table's last column); ``--zero-filled-also``
-one more, run with ``CFM_PLUGINS_TRITON_UNFILLED=0`` (the conv TP's outputs zero-filled first, the
-former default; an H200 timed the default at 0.95x of it). ``benchmarks/gpu_capture.py`` checks and
-times the captured static step, ``benchmarks/gpu_md.py`` MD.
+fused_backend=...``). ``--tiles-also VALUE ...`` adds a fused Triton row per value, run with those
+tiles pinned (the ``fused_tiles`` option's value, ``cfm_plugins.ops.configure(tiles=VALUE)``: the
+tiles a sweep found, or a former default), so that tiles are compared in one run against
+cuEquivariance (the step table's last column); ``--zero-filled-also`` one more, run with the debug
+switch ``CFM_PLUGINS_TRITON_UNFILLED=0`` (the conv TP's outputs zero-filled first, the former
+default; an H200 timed the default at 0.95x of it). ``python -m benchmarks.gpu_md`` times
+MD.
 
-Results go to stdout as a markdown table naming the device; with ``--device cuda`` also to
-docs/_fragments/gpu_mace.md (the figures of docs/benchmarks.md's GPU section).
+The tables are printed, naming the device, and written as the records ``gpu_mace_step`` and
+``gpu_mace_epoch`` (with ``--quick``: ``gpu_mace_step_quick``, ``gpu_mace_epoch_quick``) to
+``--out`` (default ``out/benchmarks/``); the epoch runs' data set and logs go to ``--work``.
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-FRAGMENT = ROOT / "docs" / "_fragments" / "gpu_mace.md"
 WAYS = ("stock", "cueq", "fused", "fused+capture")
 
 
@@ -165,97 +168,8 @@ def prepare(way: str, stock, device):
         patch_model(model)
         return model
     if way == "fused+capture":
-        return "see benchmarks/gpu_capture.py (the captured static step: exactness, syncs, timing)"
+        return "see tools/gpu_capture.py (the captured static step: exactness, syncs, timing)"
     raise ValueError(f"unknown way {way!r}; choose from {', '.join(WAYS)}")
-
-
-def add_way_arguments(p, device: str, atoms: list[int], dtypes: list[str], ways: list[str]) -> None:
-    """The options :func:`way_sections` reads (``--device --atoms --dtypes --ways --backend --hidden
-    --top --quick --out``), with the script's defaults (gpu_profile.py, memory_peak.py)."""
-    p.add_argument("--device", default=device)
-    p.add_argument("--atoms", type=int, nargs="+", default=atoms)
-    p.add_argument("--dtypes", nargs="+", default=dtypes, choices=["float32", "float64"])
-    p.add_argument("--ways", nargs="+", default=ways, choices=("stock", "cueq", "fused"))
-    p.add_argument(
-        "--backend",
-        default="triton",
-        choices=["cuda", "triton"],
-        help="kernel backend of the fused way on CUDA",
-    )
-    p.add_argument("--hidden", default="128x0e+128x1o")
-    p.add_argument("--top", type=int, default=12)
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)",
-    )
-    p.add_argument("--out", default=None)
-
-
-def way_report(args, argv, script: str, title: str, section) -> int:
-    """The main of gpu_profile.py and memory_peak.py: on ``args.device`` (the fused way's GPU
-    backend ``args.backend``), a heading naming the device and the command, then
-    :func:`way_sections`, printed as it comes and written to ``args.out`` if given."""
-    import mace  # noqa: F401  (before e3nn)
-    import torch
-
-    from cfm_plugins.ops import _backend
-
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        _backend.set_gpu_backend(args.backend)
-    lines = [
-        f"## {title}, {device_name(device)}",
-        "",
-        f"`python benchmarks/{script} {' '.join(argv if argv is not None else sys.argv[1:])}`",
-        "",
-    ]
-    print("\n".join(lines), flush=True)
-    lines += way_sections(args, device, section)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
-    return 0
-
-
-def way_sections(args, device, section) -> list[str]:
-    """The markdown of ``section(label, model, batch, e_ref, f_ref, dtype, device) -> lines`` for
-    every dtype, size and way of ``args`` (``dtypes``, ``atoms``, ``ways``, ``hidden``,
-    ``backend``),
-    printed as each comes; a way that cannot run here, or runs out of GPU memory, says so
-    instead."""
-    import torch
-
-    lines: list[str] = []
-    for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
-        stock = build_model(dtype, args.hidden).to(device)
-        for n_atoms in args.atoms:
-            atoms, batch, e_ref, f_ref = workload(n_atoms, dtype, device)
-            for way in args.ways:
-                label = (
-                    f"{dtype_name}, {len(atoms)} atoms, {batch['edge_index'].shape[1]} edges: "
-                    + (
-                        f"{way}[{args.backend}]"
-                        if way == "fused" and device.type == "cuda"
-                        else way
-                    )
-                )
-                model = prepare(way, stock, device)
-                if isinstance(model, str):
-                    out = [f"### {label}", "", f"not run: {model}", ""]
-                else:
-                    try:
-                        out = section(label, model, batch, e_ref, f_ref, dtype, device)
-                    except RuntimeError as exc:
-                        if not out_of_memory(exc):
-                            raise
-                        out = [f"### {label}", "", "out of memory", ""]
-                    del model
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                lines += out
-                print("\n".join(out), flush=True)
-    return lines
 
 
 def out_of_memory(exc: BaseException) -> bool:
@@ -325,10 +239,13 @@ def expand_ways(ways, backends, device) -> list[tuple[str, str | None]]:
 
 @contextlib.contextmanager
 def pinned_env(env: dict | None):
-    """The variables of ``env`` set inside the block, as they were after it (nothing if ``env`` is
-    None): the plugin reads its Triton variables at each launch."""
+    """The debug switches of ``env`` (environment variables, :mod:`cfm_plugins.ops._debug`) set
+    inside the block and read again there, as they were after it (nothing if ``env`` is None)."""
+    from cfm_plugins.ops import _debug
+
     saved = {name: os.environ.get(name) for name in env or {}}
     os.environ.update(env or {})
+    _debug.reread()
     try:
         yield
     finally:
@@ -337,27 +254,37 @@ def pinned_env(env: dict | None):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        _debug.reread()
 
 
+@contextlib.contextmanager
 def pinned_tiles(value: str | None):
-    """``CFM_PLUGINS_TRITON_TILES=value`` inside the block (nothing if ``value`` is None): the
-    Triton kernels launched there use those tiles."""
-    from cfm_plugins.ops.triton.configs import TILES_ENV
+    """The Triton tiles ``value`` (the ``fused_tiles`` option's syntax) pinned inside the block,
+    the tiles pinned before restored after it (nothing if ``value`` is None)."""
+    from cfm_plugins.ops import configure
 
-    return pinned_env(None if value is None else {TILES_ENV: value})
+    if value is None:
+        yield
+        return
+    previous = configure(tiles=value)
+    try:
+        yield
+    finally:
+        configure(**previous)
 
 
 def check_tiles(values) -> None:
-    """Each ``--tiles-also`` value parses as ``CFM_PLUGINS_TRITON_TILES`` would, before any model is
-    built (a typo found after the first rows would cost a GPU call)."""
+    """Each ``--tiles-also`` value parses as the ``fused_tiles`` option would, before any model
+    is built (a typo found after the first rows would cost a GPU call)."""
     from cfm_plugins.ops.triton import configs
 
     for value in values:
-        with pinned_tiles(value):
-            try:
-                configs.pins()
-            except ValueError as exc:
-                raise SystemExit(f"--tiles-also {value!r}: {exc}") from None
+        try:
+            configs.parse_tiles(value)
+        except ValueError as exc:
+            raise SystemExit(
+                f"--tiles-also {value!r}: {exc}; expected {configs.TILES_SYNTAX}"
+            ) from None
 
 
 STEP_HEADER = (
@@ -397,21 +324,18 @@ def step_table(args, device) -> list[str]:
     import torch
 
     from cfm_plugins.ops import _backend
-    from cfm_plugins.ops.triton.configs import TILES_ENV
-    from cfm_plugins.ops.triton.conv_tp import UNFILLED_ENV
+    from cfm_plugins.ops._debug import UNFILLED_ENV
 
     lines = list(STEP_HEADER)
-    # (row label, way, kernel backend, environment of the row or None)
+    # (row label, way, kernel backend, pinned tiles or None, debug switches of the row or None)
     ways = [
-        (label, label.split("[")[0], backend, None)
+        (label, label.split("[")[0], backend, None, None)
         for label, backend in expand_ways(args.ways, args.backends, device)
     ]
     fused_triton = "fused[triton]" if device.type == "cuda" else "fused"
-    ways += [
-        (f"{fused_triton} tiles {v}", "fused", "triton", {TILES_ENV: v}) for v in args.tiles_also
-    ]
+    ways += [(f"{fused_triton} tiles {v}", "fused", "triton", v, None) for v in args.tiles_also]
     ways += (
-        [(f"{fused_triton} zero-filled", "fused", "triton", {UNFILLED_ENV: "0"})]
+        [(f"{fused_triton} zero-filled", "fused", "triton", None, {UNFILLED_ENV: "0"})]
         if args.zero_filled_also
         else []
     )
@@ -424,7 +348,7 @@ def step_table(args, device) -> list[str]:
             group: list[
                 tuple[str, dict | str]
             ] = []  # (row label, measured row or why there is none)
-            for label_way, way, backend, env in ways:
+            for label_way, way, backend, tiles, env in ways:
                 if backend is not None:
                     _backend.set_gpu_backend(backend)
                 model = prepare(way, stock, device)
@@ -433,7 +357,7 @@ def step_table(args, device) -> list[str]:
                     group.append((label, model))
                 else:
                     try:
-                        with pinned_env(env):
+                        with pinned_tiles(tiles), pinned_env(env):
                             row = measure(
                                 model, batch, e_ref, f_ref, args.reps, args.warmup, device
                             )
@@ -499,7 +423,7 @@ def run_logged(cmd: list[str], env: dict, timeout: float | None) -> tuple[str, i
 
 def epoch_data(folder: Path, structures: int) -> dict[str, Path]:
     """The epochs' data set in ``folder``: made once per size (a GPU call spent ~30 s making 300
-    structures), and found again by a later run with the same ``--out`` and size."""
+    structures), and found again by a later run with the same ``--work`` and size."""
     from cfm_plugins.datasets.cuni import make_dataset
 
     params = dict(
@@ -522,7 +446,7 @@ def epoch_data(folder: Path, structures: int) -> dict[str, Path]:
 def epoch_table(args, device) -> list[str]:
     from cfm_plugins.testing import mpirun_command
 
-    out = Path(args.out)
+    out = Path(args.work)
     files = epoch_data(out / "data", args.epoch_structures)
     mpirun = mpirun_command(1)
     common = [
@@ -692,8 +616,9 @@ def main(argv=None) -> int:
         nargs="+",
         default=[],
         metavar="VALUE",
-        help="one more fused Triton row per value, run with CFM_PLUGINS_TRITON_TILES=VALUE (e.g. "
-        "tp_segment=8x32/w4, the former default), in the same process as the other rows",
+        help="one more fused Triton row per value, run with those tiles pinned (the fused_tiles "
+        "option's syntax, e.g. tp_segment=8x32/w4, the former default), in the same process as "
+        "the other rows",
     )
     p.add_argument(
         "--zero-filled-also",
@@ -728,8 +653,15 @@ def main(argv=None) -> int:
         action="store_true",
         help="tiny sizes for a smoke run (hidden 8x0e+8x1o, 32 atoms)",
     )
-    p.add_argument("--out", default="/tmp/cfm_bench_gpu_mace")
+    p.add_argument(
+        "--work",
+        default="/tmp/cfm_bench_gpu_mace",
+        metavar="DIR",
+        help="folder of the epoch runs: data set, logs (default /tmp/cfm_bench_gpu_mace)",
+    )
+    add_out_argument(p)
     args = p.parse_args(argv)
+    command = command_line(argv)
     try:
         epoch_timeouts(
             args.epoch_timeout, args.epoch_ways, {}
@@ -752,43 +684,104 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
-            "--device cuda but torch sees no CUDA device: run this on a GPU machine "
-            "(docs/benchmarks.md, ../shared/GPU.md) or pass --device cpu"
+            "--device cuda but torch sees no CUDA device: run this on a GPU machine or pass "
+            "--device cpu"
         )
-    command = "python benchmarks/gpu_mace.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    head = [
-        "## MACE on the GPU end to end (benchmarks/gpu_mace.py)",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Device: {device_name(device)}",
-        "",
-        f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP "
-        "[64,64,64], "
-        f"r_max 6, 2 layers; CuNi fcc cells; median of {args.reps} steps after {args.warmup} "
-        "warm-ups.",
-        "",
-    ]
-    print("\n".join(head), flush=True)
-    lines = head + ([] if args.no_steps else step_table(args, device) + [""])
-    if not args.no_epoch:
-        lines += (
+    description = (
+        f"ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP [64,64,64], "
+        f"r_max 6, 2 layers; rattled CuNi fcc cells of {', '.join(map(str, args.atoms))} atoms "
+        f"(30 % Ni), {', '.join(args.dtypes)}; median of {args.reps} steps after {args.warmup} "
+        "warm-ups. inference: energy + forces; train: energy + forces, a loss on both, "
+        "backward() (force training's double backward)"
+    )
+    print(
+        "\n".join(
             [
-                f"`mace_run_train` on {args.epoch_structures} example CuNi structures (4..500 "
-                "atoms), "
-                f"{args.hidden}, max_L 1, float32, batch 8:",
+                "## MACE on the GPU end to end (benchmarks/gpu_mace.py)",
+                "",
+                f"Command: `{command}`",
+                "",
+                f"Device: {device_name(device)}",
+                "",
+                f"Workload: {description}.",
                 "",
             ]
-            + epoch_table(args, device)
-            + [""]
+        ),
+        flush=True,
+    )
+    quick = "_quick" if args.quick else ""
+    if not args.no_steps:
+        steps = step_table(args, device)
+        print("\n".join(["", *steps, ""]), flush=True)
+        write_record(
+            "gpu_mace_step" + quick,
+            f"MACE train and inference step on {device_name(device)}",
+            [markdown_table("step", steps, STEP_CAPTION)],
+            description=description,
+            headline=step_headline(steps),
+            out=args.out,
+            device=device,
+            command=command,
         )
-    text = "\n".join(lines)
-    print(text)
-    if (
-        device.type == "cuda" and not args.no_steps
-    ):  # an epochs-only run leaves the step figures there
-        FRAGMENT.write_text(text)
+    if not args.no_epoch:
+        epoch_description = (
+            f"mace_run_train on {args.epoch_structures} example CuNi structures (4..500 atoms, "
+            f"EMT), MACE {args.hidden}, max_L 1, correlation 3, r_max 6, float32, batch 8, one "
+            "process; the second of 2 epochs (train + validation) from the timestamps of mace's "
+            "own log"
+        )
+        print(f"\n{epoch_description}:\n", flush=True)
+        epochs = epoch_table(args, device)
+        print("\n".join(["", *epochs, ""]), flush=True)
+        write_record(
+            "gpu_mace_epoch" + quick,
+            f"MACE training epoch (mace_run_train) on {device_name(device)}",
+            [
+                markdown_table(
+                    "epoch",
+                    epochs,
+                    "seconds of the second epoch (train + validation) per way, and the ratios to "
+                    "stock's and to cuEquivariance's in the same run",
+                )
+            ],
+            description=epoch_description,
+            headline=epoch_headline(epochs),
+            out=args.out,
+            device=device,
+            command=command,
+        )
     return 0
+
+
+STEP_CAPTION = (
+    "per dtype, size and way: inference and train step (ms, median), the train step against "
+    "stock's, the train step's peak GPU memory, the largest force difference from stock, and "
+    "inference and train against cuEquivariance's in the same run"
+)
+
+
+def step_headline(steps: list[str]) -> dict:
+    """The train step of each fused row of the largest size against cuEquivariance's, per dtype
+    (where cuEquivariance ran)."""
+    rows = [[c.strip() for c in line.strip()[1:-1].split("|")] for line in steps[2:]]
+    if not rows:
+        return {}
+    largest = max(int(r[1]) for r in rows)
+    return {
+        f"train step vs cueq, {r[0]}, {r[1]} atoms, {r[3]}": r[10]
+        for r in rows
+        if int(r[1]) == largest and r[3].startswith("fused") and r[10].endswith("x")
+    }
+
+
+def epoch_headline(epochs: list[str]) -> dict:
+    """Each fused way's epoch against stock's and cuEquivariance's (where they ran)."""
+    out = {}
+    for line in epochs[2:]:
+        way, _, vs_stock, vs_cueq = (c.strip() for c in line.strip()[1:-1].split("|"))
+        if way.startswith("fused"):
+            out |= {f"epoch vs {k}, {way}": v for k, v in (("stock", vs_stock), ("cueq", vs_cueq))}
+    return {k: v for k, v in out.items() if v.endswith("x")}
 
 
 if __name__ == "__main__":

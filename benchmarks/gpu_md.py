@@ -1,6 +1,7 @@
 """Molecular dynamics on the GPU: ms per VelocityVerlet step, mace's calculator vs CFMCalculator.
 
-    python benchmarks/gpu_md.py [--atoms 500 4000] [--dtypes float32 float64] [--steps 20]
+    python -m benchmarks.gpu_md [--atoms 500 4000] [--dtypes float32 float64] [--steps 20]
+    python -m benchmarks.gpu_md --device cpu --atoms 32 --hidden 8x0e+8x1o --steps 2   # anywhere
 
 Workload: the MACE-MP-medium-like model of benchmarks/gpu_mace.py (ScaleShiftMACE, hidden
 128x0e+128x1o, l<=3, correlation 3, 89 elements, r_max 6) on its rattled CuNi fcc cells,
@@ -23,7 +24,8 @@ same run (the MD target at 4000 atoms is against ``cueq``), the largest force di
 (``graph ms``: mace's neighbour list and data conversion on the host, the copy to the device), and
 how long the first evaluation took (``first call s``: the model's first step, and with capture the
 compile and the CUDA-graph recording a calculator pays once per padded size).
-Prints a markdown table naming the device; ``--out`` writes it to a file too.
+Prints the table, naming the device, and writes the record ``gpu_md`` to ``--out`` (default
+``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -35,9 +37,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
 
 WAYS = ("stock", "cueq", "fused[cuda]", "fused[triton]", "fused[triton]+capture")
 
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--out", default=None)
+    add_out_argument(p)
     args = p.parse_args(argv)
     if args.skin_only and args.skin is None:
         p.error("--skin-only needs --skin SKIN")
@@ -137,24 +137,30 @@ def main(argv=None) -> int:
     from benchmarks.gpu_mace import build_model, cuni_atoms, device_name
     from cfm_plugins.calculators.md import time_md
 
-    command = "python benchmarks/gpu_md.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    lines = [
-        "## MD with CFMCalculator on the GPU (benchmarks/gpu_md.py)",
+    command = command_line(argv)
+    device = torch.device(args.device)
+    description = (
+        f"ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, r_max 6; rattled CuNi "
+        f"fcc cells of {', '.join(map(str, args.atoms))} atoms; VelocityVerlet 300 K, 2 fs, best "
+        f"of {args.repeats} x {args.steps} steps"
+        + (f"; skin {args.skin:g} A for the skin rows" if args.skin is not None else "")
+    )
+    header = [
+        "## MD with CFMCalculator (benchmarks/gpu_md.py)",
         "",
         f"Command: `{command}`",
         "",
-        f"Device: {device_name(torch.device(args.device))}",
+        f"Device: {device_name(device)}",
         "",
-        f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, r_max 6; CuNi "
-        "fcc cells; "
-        f"VelocityVerlet 2 fs, best of {args.repeats} x {args.steps} steps.",
+        f"Workload: {description}.",
         "",
+    ]
+    lines = [
         "| dtype | atoms | way | ms per MD step | vs stock | vs cueq | max abs dF vs stock | graph "
-        "ms "
-        "| first call s |",
+        "ms | first call s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    print("\n".join(lines), flush=True)
+    print("\n".join(header + lines), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="cfm_gpu_md_"))
     for dtype in args.dtypes:
         path = tmp / f"model_{dtype}.model"
@@ -179,9 +185,9 @@ def main(argv=None) -> int:
                     graph = graph_seconds(calc, atoms)
                 except Exception as exc:  # one way failing must not lose the others
                     traceback.print_exc()
+                    why = str(exc).splitlines()[0][:120].replace("|", "/") if str(exc) else ""
                     lines.append(
-                        f"{label} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | "
-                        "| | | | |"
+                        f"{label} failed: {type(exc).__name__}: {why} | - | - | - | - | - |"
                     )
                     print(lines[-1], flush=True)
                     continue
@@ -200,8 +206,23 @@ def main(argv=None) -> int:
                 del calc
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+    write_record(
+        "gpu_md",
+        f"MD with CFMCalculator on {device_name(device)}",
+        [
+            markdown_table(
+                "md",
+                lines,
+                "ms per MD step per way (best run), against stock's and cuEquivariance's in the "
+                "same run, the largest force difference from stock on the starting structure, "
+                "the ms of a step spent making the model's input, and the first evaluation (s)",
+            )
+        ],
+        description=description,
+        out=args.out,
+        device=device,
+        command=command,
+    )
     return 0
 
 

@@ -1,8 +1,8 @@
 """HydraGNN's MACE stack trained with and without the plugins, 2 MPI ranks on this CPU, ratios in
 one run.
 
-    flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 .venv-hydragnn/bin/python -m
-    benchmarks.hydragnn_mace [--n-train 80]
+    OMP_NUM_THREADS=1 .venv-hydragnn/bin/python -m benchmarks.hydragnn_mace [--n-train 80]
+        [--out DIR]
 
 (``make bench-hydragnn-src``). Needs HydraGNN from source (``.venv-hydragnn``, ``make
 venv-hydragnn-src``).
@@ -18,7 +18,9 @@ configuration, from the step logs of the last epoch: the training time of the ep
 sum over its steps of data loading, forward with forces, backward and optimizer step; the slowest
 rank), the same in CPU time of the training threads (what a rank computed, unaffected by other
 processes on a shared machine; per step the slowest rank's, summed over the steps), the steps, and
-the load imbalance factor of the forward's CPU time. Writes docs/_fragments/hydragnn_mace.md.
+the load imbalance factor of the forward's CPU time. Prints the table and writes the record
+``hydragnn_mace_cpu`` (:mod:`benchmarks.record`) to ``--out`` (default ``out/benchmarks/``); the
+runs, their logs and data set go to ``--work``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.training import config_table, parser, plugin_configs, write_fragment
+from benchmarks.record import command_line, markdown_table, write_record
+from benchmarks.training import config_table, parser, plugin_configs
 from cfm_plugins.testing import BIN, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,14 +65,15 @@ def epoch_times(ranks: list[list[dict]], epochs: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = parser(__doc__, max_atoms=100, out="/tmp/cfm_bench_hydragnn_mace")
+    p = parser(__doc__, max_atoms=100, work="/tmp/cfm_bench_hydragnn_mace")
     p.set_defaults(n_train=80, batch_size=8)
     p.add_argument("--hidden", type=int, default=16, help="HydraGNN hidden_dim (channels)")
     args = p.parse_args(argv)
+    command = command_line(argv)
     n = math.ceil(
         args.n_train / 0.8
     )  # the example's perc_train: 80 % training, 10 % validation, 10 % test
-    out = Path(args.out)
+    out = Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -86,10 +90,9 @@ def main(argv=None) -> int:
     torch.save(graphs, data)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     atoms = [g.num_nodes for g in graphs]
-    load = os.getloadavg()[0]  # the machine at the start (the fragment reports it with the figures)
+    load = os.getloadavg()[0]  # the machine at the start (the record notes it with the figures)
     print(
-        f"command: {' '.join(['python -m benchmarks.hydragnn_mace'] + sys.argv[1:])}\nworkload: "
-        f"{args}; "
+        f"command: {command}\nworkload: {args}; "
         f"{len(graphs)} graphs of {min(atoms)}..{max(atoms)} atoms (mean "
         f"{sum(atoms) / len(atoms):.1f}); "
         f"load average {load:.1f}",
@@ -138,49 +141,55 @@ def main(argv=None) -> int:
             flush=True,
         )
 
-    lines = [
-        "## HydraGNN MACE-stack training (benchmarks/hydragnn_mace.py)",
-        "",
-        f"Command: `flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 .venv-hydragnn/bin/python -m "
-        f"benchmarks.hydragnn_mace --n-train {args.n_train} --max-atoms {args.max_atoms} --epochs "
-        f"{args.epochs} "
-        f"--hidden {args.hidden} --batch-size {args.batch_size}`",
-        "",
-        "Workload: HydraGNN from source (d251f81) `MACEStack` as `examples/hydragnn/mace/` builds "
-        "it "
+    description = (
+        "HydraGNN from source, MACEStack as examples/hydragnn/mace/ builds it "
         f"(hidden_dim {args.hidden}, 2 layers, correlation 3, max_ell 2, node_max_ell 1, float64, "
         f"energy + forces loss, AdamW), {n} EMT molecules and metal clusters of "
-        f"{min(atoms)}..{max(atoms)} "
-        f"atoms (mean {sum(atoms) / len(atoms):.1f}), {args.n_train} of them for training, "
-        "`batch_size` "
-        f"{args.batch_size}; `mpirun -np 2 cfm-run --enable hydragnn[,binpack][,fused] -- python "
-        "train.py "
-        "config.json`, 2 MPI ranks x 1 thread (gloo) on a shared 2-core CPU; last of "
-        f"{args.epochs} epochs. "
-        "Epoch = the training steps of the slowest rank (data loading, forward with forces, "
-        "backward, "
-        "optimizer step); LIF of the forward's CPU time (forward with forces: the model's work).",
-        "",
-    ]
-    lines += config_table(rows, "epoch (s, slowest rank)", "ratio to stock", speedup=False)
+        f"{min(atoms)}..{max(atoms)} atoms (mean {sum(atoms) / len(atoms):.1f}), {args.n_train} "
+        f"of them for training, batch_size {args.batch_size}; mpirun -np 2 cfm-run --enable "
+        "hydragnn[,binpack][,fused] -- python train.py config.json, 2 MPI ranks x 1 thread "
+        f"(gloo); last of {args.epochs} epochs. Epoch = the training steps of the slowest rank "
+        "(data loading, forward with forces, backward, optimizer step); LIF of the forward's CPU "
+        "time"
+    )
+    epochs = config_table(rows, "epoch (s, slowest rank)", "ratio to stock", speedup=False)
     base = rows["stock"]["cpu_s"]
-    lines += [
-        "",
-        "The same epochs in CPU time of the training threads (per step the slowest rank's, summed: "
-        "what "
-        "the epoch costs without other processes on the machine): "
+    notes = [
+        "The same epochs in CPU time of the training threads (per step the slowest rank's, "
+        "summed: what the epoch costs without other processes on the machine): "
         + ", ".join(
             f"{label} {r['cpu_s']:.2f} s ({r['cpu_s'] / base:.2f}x)" for label, r in rows.items()
         )
         + ".",
-        "",
         f"Load average (1 min) at the start {load:.1f}, after each configuration: "
         + ", ".join(f"{label} {r['load']:.1f}" for label, r in rows.items())
         + ". On a loaded machine the wall times include the time a rank waited for a core; "
         "the CPU times do not.",
-        "",
     ]
-    return write_fragment("hydragnn_mace", lines)
+    print("\n".join(["", f"Workload: {description}.", "", *epochs, "", *notes]), flush=True)
+    write_record(
+        "hydragnn_mace_cpu",
+        "HydraGNN MACE-stack training on 2 CPU ranks",
+        [
+            markdown_table(
+                "epoch",
+                epochs,
+                "the training steps of the last epoch (s, slowest rank), the time ratio to stock "
+                "in the same run, steps per epoch, and the load imbalance factor of the forward's "
+                "CPU time and of the atoms",
+            )
+        ],
+        description=description,
+        headline={
+            "epoch time, binpack + fused / stock": (
+                f"{rows['both']['epoch_s'] / rows['stock']['epoch_s']:.2f}x"
+            )
+        },
+        notes=notes,
+        out=args.out,
+        command=command,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Benchmark: FusedConvTP vs e3nn TensorProduct + scatter_sum (MACE message construction).
 
-    python benchmarks/kernels_conv_tp.py            # 512 and 4096 atoms, float32 and float64
-    python benchmarks/kernels_conv_tp.py --quick    # smoke run (small cell, one repeat)
+    python -m benchmarks.kernels_conv_tp            # 512 and 4096 atoms, float32 and float64
+    python -m benchmarks.kernels_conv_tp --quick    # smoke run (small cell, one repeat)
 
 Workload: the MACE-MP-0 "medium" interaction: node features 128x0e+128x1o, edge attributes =
 spherical harmonics up to l=3, target 128x(0e+1o+2e+3o); the e3nn ``TensorProduct`` is built as
@@ -13,7 +13,9 @@ Modes: ``fwd`` (no grad), ``fwd+bwd`` (gradients w.r.t. node feats, edge attrs a
 ``fwd+bwd+dbl`` (MACE force training: edge-attribute gradient with create_graph, then a loss on it
 differentiated w.r.t. node feats and weights). Each (size, dtype, implementation, mode) runs in a
 fresh subprocess: time is the median of the repeats after one warm-up call, memory is that
-process's peak RSS (ru_maxrss) and its rise above the RSS once the inputs are built.
+process's peak RSS (ru_maxrss) and its rise above the RSS once the inputs are built. Prints the
+table and writes the record ``kernels_conv_tp`` (``--quick``: ``kernels_conv_tp_quick``) to
+``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -29,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
+
 ROOT = Path(__file__).resolve().parents[1]
-FRAGMENT = ROOT / "docs" / "_fragments" / "kernels_conv_tp.md"
 MODES = ("fwd", "fwd+bwd", "fwd+bwd+dbl")
 HIDDEN, LMAX, CHANNELS, R_MAX = "0e+1o", 3, 128, 5.0
 
@@ -219,7 +221,8 @@ def main(argv=None) -> int:
         default=12.0,
         help="address-space limit of each case (0: none); a case over it reports out of memory",
     )
-    ap.add_argument("--no-write", action="store_true", help="do not write the docs fragment")
+    add_out_argument(ap)
+    ap.add_argument("--no-write", action="store_true", help="write no record (as --out -)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--graph", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -235,10 +238,8 @@ def main(argv=None) -> int:
     dtypes = ["float32"] if args.quick else args.dtypes.split(",")
     modes = args.modes.split(",")
     repeat = 1 if args.quick else args.repeat
-    command = "python benchmarks/kernels_conv_tp.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    print(f"command: {command.strip()}")
+    command = command_line(argv)
+    print(f"command: {command}")
     print(
         f"workload: node feats {CHANNELS}x({HIDDEN}), sh l<={LMAX}, target "
         f"{CHANNELS}x(0e+1o+2e+3o), "
@@ -279,54 +280,40 @@ def main(argv=None) -> int:
                         print(f"  {dtype:8s} {mode:12s} {impl:6s} {shown}", flush=True)
     table = fmt_table(rows)
     print("\n" + "\n".join(table))
-    if not args.quick and not args.no_write:
-        import torch
+    from benchmarks.kernels import gpu_note  # here: the worker runs this file as a script
 
-        from benchmarks.kernels import gpu_note  # here: the worker runs this file as a script
-
-        cpu = platform.processor() or platform.machine()
-        text = "\n".join(
-            [
-                "### Fused conv TP + scatter (MACE message construction), CPU",
-                "",
-                "Workload: MACE-MP-0 medium-like interaction: node features "
-                f"{CHANNELS}x0e+{CHANNELS}x1o, "
-                f"spherical harmonics l<={LMAX}, e3nn `TensorProduct` built as mace builds it (10 "
-                "uvu paths, "
-                "1280 per-edge weights, 5120 output components per node); periodic CuNi fcc cells, "
-                f"neighbour list at r_max {R_MAX} A. Baseline: e3nn `TensorProduct` on gathered "
-                "sender "
-                "features + `scatter_sum`, in the same run. fwd: forward only; fwd+bwd: gradients "
-                "w.r.t. "
-                "node feats, edge attrs and weights; fwd+bwd+dbl: force-training pattern "
-                "(edge-attr "
-                "gradient with create_graph, then its loss differentiated w.r.t. node feats and "
-                "weights).",
-                "",
-                f"Command: `{command.strip()}`",
-                "",
-                *table,
-                "",
-                f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, "
-                f"{args.threads} torch threads, shared with other jobs (timings noisy; ratios are "
-                "from the "
-                "same run). Peak = the case's process ru_maxrss (includes the interpreter, torch "
-                "and the "
-                "inputs); rise = peak minus the RSS once the inputs were built (the operation's "
-                "own memory). "
-                f"Each case runs under a {args.mem_limit_gib:g} GiB address-space limit (so a case "
-                "that needs more "
-                "fails cleanly instead of waking the OOM killer on a shared machine): 'out of "
-                "memory' means the "
-                "case needs more than that.",
-                "",
-                gpu_note("cuda/conv_tp/conv_tp.cu", "the conv TP with its scatter alone"),
-                "",
-            ]
-        )
-        FRAGMENT.parent.mkdir(parents=True, exist_ok=True)
-        FRAGMENT.write_text(text)
-        print(f"\nwrote {FRAGMENT.relative_to(ROOT)}")
+    write_record(
+        "kernels_conv_tp" + ("_quick" if args.quick else ""),
+        "Fused conv TP + scatter (MACE message construction) on the CPU",
+        [
+            markdown_table(
+                "modes",
+                table,
+                "ms per call (median) of e3nn's TensorProduct + scatter_sum and of the fused conv "
+                "TP, the speed-up, and each case's peak / rise of memory (MiB) with their ratios",
+            )
+        ],
+        description=(
+            f"MACE-MP-0 medium-like interaction: node features {CHANNELS}x0e+{CHANNELS}x1o, "
+            f"spherical harmonics l<={LMAX}, e3nn TensorProduct built as mace builds it (10 uvu "
+            "paths, 1280 per-edge weights, 5120 output components per node); periodic CuNi fcc "
+            f"cells, neighbour list at r_max {R_MAX} A. Baseline: e3nn TensorProduct on gathered "
+            "sender features + scatter_sum, in the same run. fwd: forward only; fwd+bwd: "
+            "gradients w.r.t. node feats, edge attrs and weights; fwd+bwd+dbl: force-training "
+            "pattern (edge-attr gradient with create_graph, then its loss differentiated w.r.t. "
+            f"node feats and weights). {args.threads} torch threads, median of {repeat} repeats "
+            "after a warm-up, each case in a fresh process"
+        ),
+        notes=[
+            "Peak = the case's process ru_maxrss (the interpreter, torch and the inputs "
+            "included); rise = peak minus the RSS once the inputs were built (the operation's "
+            f"own memory). Each case runs under a {args.mem_limit_gib:g} GiB address-space "
+            "limit: 'out of memory' means the case needs more than that.",
+            gpu_note("cuda/conv_tp/conv_tp.cu", "the conv TP with its scatter alone"),
+        ],
+        out="-" if args.no_write else args.out,
+        command=command,
+    )
     return 0
 
 

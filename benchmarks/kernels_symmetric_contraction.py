@@ -10,9 +10,11 @@ Every (implementation, dtype, nodes) runs in a fresh subprocess with an address-
 time limit, so an out-of-memory peer is reported ("OOM"/"timeout") without killing the run; its
 peak RSS (ru_maxrss minus the RSS before the first call) is reported per mode (modes run in
 increasing memory order, so each figure is that mode's peak). Ratios are from the same run.
+Prints the table and writes the record ``kernels_symmetric_contraction`` (``--quick``:
+``kernels_symmetric_contraction_quick``) to ``--out`` (default ``out/benchmarks/``).
 
-    python -m benchmarks.kernels_symmetric_contraction [--quick] [--nodes 512 4096] [--dtypes
-    float32 float64]
+    python -m benchmarks.kernels_symmetric_contraction [--quick] [--nodes 512 4096]
+        [--dtypes float32 float64] [--out DIR]
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.record import add_out_argument, command_line, table, write_record
+
 ROOT = Path(__file__).resolve().parents[1]
-FRAGMENT = ROOT / "docs" / "_fragments" / "kernels_symmetric_contraction.md"
 IMPLS = ("fused", "mace", "cueq")
 MODES = ("fwd", "fwd+bwd", "fwd+bwd+2")
 HIDDEN, MUL, CORR, ELEMENTS = "128x0e+128x1o", 128, 3, 89
@@ -186,7 +189,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--mem-gib", type=float, default=12.0, help="address-space limit per subprocess"
     )
-    ap.add_argument("--out", type=Path, default=FRAGMENT, help="markdown results ('-' to skip)")
+    add_out_argument(ap)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -194,9 +197,7 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.nodes, args.dtypes, args.reps, args.timeout = [128], ["float32"], 1, 300.0
-    command = "python -m benchmarks.kernels_symmetric_contraction " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
+    command = command_line(argv)
     print(
         f"workload: hidden {HIDDEN}, x [nodes, {MUL}, 16] (l<=3), correlation {CORR}, {ELEMENTS} "
         "elements, "
@@ -233,18 +234,21 @@ def main(argv=None) -> int:
     for impl in args.impls:
         header += [f"{impl} ms", f"{impl} peak MiB"]
     header += [f"speed-up vs {p}" for p in ("mace", "cueq") if p in args.impls]
-    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
         "| " + " | ".join(r) + " |" for r in rows
     ]
-    if str(args.out) != "-":
-        _write_fragment(args.out, command, table, args)
-    print("\n".join(table))
+    print("\n".join(lines))
+    _write_record(args, command, table("modes", header, rows, _CAPTION))
     return 0
 
 
-def _write_fragment(path: Path, command: str, table: list, args) -> None:
-    import platform
+_CAPTION = (
+    "ms per call (median) and peak MiB (ru_maxrss growth after set-up) of each implementation, "
+    "and the fused kernel's speed-up against each peer in the same run"
+)
 
+
+def _write_record(args, command: str, modes: dict) -> None:
     import torch
 
     from benchmarks.kernels import gpu_note
@@ -255,28 +259,29 @@ def _write_fragment(path: Path, command: str, table: list, args) -> None:
         if _backend.choose(torch.device("cpu")) == "cpu"
         else "not built (torch fallback)"
     )
-    text = f"""## Fused symmetric contraction (MACE product basis)
-
-Workload (MACE-MP-0 "medium"-like): hidden `{HIDDEN}`, node features with spherical harmonics up
-to l=3 (x is `[nodes, {MUL}, 16]`), correlation {CORR}, {ELEMENTS} elements (random per node), mace's
-`use_reduced_cg=False` U matrices; `torch.set_num_threads({args.threads})`. Modes: `fwd`; `fwd+bwd` = grad
-of `sum(out^2)` w.r.t. x (forces); `fwd+bwd+2` = grad of `|d sum(out^2)/dx|^2` w.r.t. the weights
-(force training). Median of {args.reps} after a warm-up; each (implementation, dtype, nodes) in a fresh
-subprocess (address space limited to {args.mem_gib:g} GiB, {args.timeout:.0f} s); peak MiB = ru_maxrss growth
-after set-up. Peers: mace-torch's `SymmetricContraction`, cuEquivariance-torch's
-`SymmetricContraction` on its pure-torch CPU path (`method="naive"`, no GPU ops wheel).
-
-Command: `{command}`
-
-{chr(10).join(table)}
-
-Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with other jobs
-(timings are noisy; compare ratios within this table), torch {torch.__version__}, CPU kernel ISA: {isa}.
-
-{gpu_note("cuda/symmetric_contraction/sc_cuda.cu", "the symmetric contraction alone")}
-"""  # noqa: E501
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_record(
+        "kernels_symmetric_contraction" + ("_quick" if args.quick else ""),
+        "Fused symmetric contraction (MACE product basis) on the CPU",
+        [modes],
+        description=(
+            f'MACE-MP-0 "medium"-like: hidden {HIDDEN}, node features with spherical harmonics '
+            f"up to l=3 (x is [nodes, {MUL}, 16]), correlation {CORR}, {ELEMENTS} elements "
+            "(random per node), mace's use_reduced_cg=False U matrices; "
+            f"torch.set_num_threads({args.threads}). Modes: fwd; fwd+bwd = grad of sum(out^2) "
+            "w.r.t. x (forces); fwd+bwd+2 = grad of |d sum(out^2)/dx|^2 w.r.t. the weights "
+            f"(force training). Median of {args.reps} after a warm-up; each (implementation, "
+            f"dtype, nodes) in a fresh subprocess (address space limited to {args.mem_gib:g} "
+            f"GiB, {args.timeout:.0f} s). Peers: mace-torch's SymmetricContraction, "
+            "cuEquivariance-torch's SymmetricContraction on its pure-torch CPU path "
+            '(method="naive")'
+        ),
+        notes=[
+            f"CPU kernel ISA: {isa}.",
+            gpu_note("cuda/symmetric_contraction/sc_cuda.cu", "the symmetric contraction alone"),
+        ],
+        out=args.out,
+        command=command,
+    )
 
 
 if __name__ == "__main__":

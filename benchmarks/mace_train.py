@@ -1,6 +1,7 @@
 """MACE training with and without the plugins, 2 MPI ranks on this CPU, ratios in one run.
 
-    python benchmarks/mace_train.py [--n-train 40] [--epochs 2] [--hidden 32x0e+32x1o]
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.mace_train [--n-train 40] [--epochs 2]
+        [--hidden 32x0e+32x1o] [--out DIR]
 
 Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters, up to
 --max-atoms atoms, EMT labels), a real MACE model (hidden irreps --hidden, correlation 3, max_L 1,
@@ -11,7 +12,8 @@ own `--launcher mpi` lacks on CPU). Per configuration: optimizer-step time of th
 (slowest rank, summed over steps), steps per epoch, and the load imbalance factor
 LIF = sum_steps max_rank / sum_steps mean_rank of the forward (energy+forces) compute time.
 Then CFMCalculator vs MACECalculator time per MD step on a 512-atom cell with the trained model.
-Writes docs/_fragments/mace_train.md.
+Prints the tables and writes the record ``mace_train_cpu`` (:mod:`benchmarks.record`) to ``--out``
+(default ``out/benchmarks/``); the runs, their logs and data set go to ``--work``.
 """
 
 from __future__ import annotations
@@ -21,28 +23,27 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.training import config_table, parser, plugin_configs, write_fragment
+from benchmarks.record import command_line, markdown_table, table, write_record
+from benchmarks.training import config_table, parser, plugin_configs
 from cfm_plugins.testing import BIN, mpirun_command
 
 CONFIGS = plugin_configs("mace")
 
 
 def main(argv=None) -> int:
-    p = parser(__doc__, max_atoms=300, out="/tmp/cfm_bench_mace")
-    p.add_argument("--hidden", default="32x0e+32x1o")
-    p.add_argument("--md-steps", type=int, default=3)
+    p = parser(__doc__, max_atoms=300, work="/tmp/cfm_bench_mace")
+    p.add_argument("--hidden", default="32x0e+32x1o", help="MACE's hidden irreps")
+    p.add_argument("--md-steps", type=int, default=3, help="MD steps timed per calculator")
     args = p.parse_args(argv)
-    out = Path(args.out)
+    command = command_line(argv)
+    out = Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     from cfm_plugins.datasets.cuni import make_dataset
 
     files = make_dataset(
         out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms
     )
-    print(
-        f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}",
-        flush=True,
-    )
+    print(f"command: {command}\nworkload: {args}", flush=True)
     mpirun = mpirun_command(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     from cfm_plugins.steplog import load_imbalance, read_step_logs
@@ -124,30 +125,54 @@ def main(argv=None) -> int:
         CFMCalculator(model, device="cpu", default_dtype="float64"), atoms, args.md_steps
     )
 
-    lines = [
-        "## MACE training and MD (benchmarks/mace_train.py)",
-        "",
-        f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/mace_train.py "
-        f"--n-train {args.n_train} --epochs {args.epochs} --hidden {args.hidden}`",
-        "",
-        f"Workload: {args.n_train} CuNi structures (4..{args.max_atoms} atoms, EMT), MACE "
-        f"{args.hidden}, "
-        "correlation 3, max_L 1, r_max 4.5, 2 interactions, float64, `--batch_size "
-        f"{args.batch_size}`, 2 MPI ranks x 1 thread on a shared 2-core CPU; last of {args.epochs} "
-        "epochs.",
-        "",
-    ]
-    lines += config_table(
+    description = (
+        f"{args.n_train} CuNi structures (4..{args.max_atoms} atoms, EMT), MACE {args.hidden}, "
+        "correlation 3, max_L 1, r_max 4.5, 2 interactions, float64, "
+        f"--batch_size {args.batch_size}, 2 MPI ranks x 1 thread; last of {args.epochs} epochs. "
+        f"MD: a 512-atom CuNi cell, {args.md_steps} steps with the trained model"
+    )
+    epochs = config_table(
         rows, "optimizer steps per epoch (s, slowest rank)", "speed-up vs stock", speedup=True
     )
-    lines += [
-        "",
-        f"MD, 512-atom CuNi cell, {args.md_steps} steps, same trained model: MACECalculator "
-        f"{md_stock * 1e3:.0f} ms/step, CFMCalculator {md_fused * 1e3:.0f} ms/step, "
-        f"speed-up {md_stock / md_fused:.2f}x.",
-        "",
+    md = [
+        ["MACECalculator", round(md_stock * 1e3, 1), "1.00x"],
+        ["CFMCalculator", round(md_fused * 1e3, 1), f"{md_stock / md_fused:.2f}x"],
     ]
-    return write_fragment("mace_train", lines)
+    print("\n".join(["", f"Workload: {description}.", "", *epochs, ""]))
+    print(
+        f"MD: MACECalculator {md[0][1]:.0f} ms/step, CFMCalculator {md[1][1]:.0f} ms/step, "
+        f"speed-up {md[1][2]}",
+        flush=True,
+    )
+    write_record(
+        "mace_train_cpu",
+        "MACE training on 2 CPU ranks, and MD with the trained model",
+        [
+            markdown_table(
+                "epoch",
+                epochs,
+                "the optimizer steps of the last epoch (s, slowest rank), the speed-up against "
+                "stock in the same run, steps per epoch, and the load imbalance factor of the "
+                "forward time and of the atoms",
+            ),
+            table(
+                "md",
+                ["calculator", "ms per MD step", "speed-up"],
+                md,
+                "time per VelocityVerlet step on the 512-atom cell, the same trained model",
+            ),
+        ],
+        description=description,
+        headline={
+            "epoch time, binpack + fused / stock": (
+                f"{rows['both']['epoch_s'] / rows['stock']['epoch_s']:.2f}x"
+            ),
+            "MD step time, CFMCalculator / MACECalculator": f"{md_fused / md_stock:.2f}x",
+        },
+        out=args.out,
+        command=command,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """NequIP training with and without the plugins, 2 MPI ranks on this CPU, ratios in one run.
 
-    .venv-nequip/bin/python benchmarks/nequip_train.py [--n-train 40] [--epochs 2] [--features 32]
+    OMP_NUM_THREADS=1 .venv-nequip/bin/python -m benchmarks.nequip_train [--n-train 40]
+        [--epochs 2] [--features 32] [--out DIR]
+
+(``make bench-nequip``; NequIP lives in ``.venv-nequip``, ``make venv-nequip``.)
 
 Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters up to --max-atoms
 atoms, EMT labels), a NequIP GNN (cfm_plugins.datasets.nequip_config: --features channels, l_max 1,
@@ -10,7 +13,9 @@ atoms, EMT labels), a NequIP GNN (cfm_plugins.datasets.nequip_config: --features
 kernels; cfm-run only provides the MPI rendezvous and the DDP Trainer settings). Per
 configuration: the training step time of the last epoch (slowest rank, summed over steps), steps
 per epoch, and the load imbalance factor LIF = sum_steps max_rank / sum_steps mean_rank of the
-forward (energy + forces) time and of the atoms. Writes docs/_fragments/nequip_train.md.
+forward (energy + forces) time and of the atoms. Prints the table and writes the record
+``nequip_train_cpu`` (:mod:`benchmarks.record`) to ``--out`` (default ``out/benchmarks/``); the
+runs, their logs and data set go to ``--work``.
 """
 
 from __future__ import annotations
@@ -20,18 +25,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.training import config_table, parser, plugin_configs, write_fragment
+from benchmarks.record import command_line, markdown_table, write_record
+from benchmarks.training import config_table, parser, plugin_configs
 from cfm_plugins.testing import BIN, mpirun_command
 
 CONFIGS = plugin_configs("nequip")
 
 
 def main(argv=None) -> int:
-    p = parser(__doc__, max_atoms=200, out="/tmp/cfm_bench_nequip")
-    p.add_argument("--features", type=int, default=32)
-    p.add_argument("--layers", type=int, default=3)
+    p = parser(__doc__, max_atoms=200, work="/tmp/cfm_bench_nequip")
+    p.add_argument("--features", type=int, default=32, help="NequIP's channels")
+    p.add_argument("--layers", type=int, default=3, help="NequIP's interaction layers")
     args = p.parse_args(argv)
-    out = Path(args.out)
+    command = command_line(argv)
+    out = Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     from cfm_plugins.datasets.cuni import make_dataset
     from cfm_plugins.datasets.nequip_config import write_config
@@ -50,10 +57,7 @@ def main(argv=None) -> int:
         layers=args.layers,
         batch_size=args.batch_size,
     )
-    print(
-        f"command: {' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}\nworkload: {args}",
-        flush=True,
-    )
+    print(f"command: {command}\nworkload: {args}", flush=True)
     mpirun = mpirun_command(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
@@ -99,28 +103,41 @@ def main(argv=None) -> int:
             flush=True,
         )
 
-    lines = [
-        "## NequIP training (benchmarks/nequip_train.py)",
-        "",
-        "Command: `OMP_NUM_THREADS=1 .venv-nequip/bin/python benchmarks/nequip_train.py --n-train "
-        f"{args.n_train} "
-        f"--max-atoms {args.max_atoms} --epochs {args.epochs} --features {args.features} --layers "
-        f"{args.layers} "
-        f"--batch-size {args.batch_size}`",
-        "",
-        f"Workload: {args.n_train} CuNi structures (up to {args.max_atoms} atoms, EMT), NequIP GNN "
+    from importlib.metadata import version
+
+    description = (
+        f"{args.n_train} CuNi structures (up to {args.max_atoms} atoms, EMT), NequIP GNN "
         f"{args.features} features, l_max 1, {args.layers} layers, r_max 4.0, float64, energy + "
-        "forces loss, "
-        f"`batch_size: {args.batch_size}`; unmodified nequip-train 0.19.1 under `mpirun -np 2 "
-        "cfm-run`, "
-        f"2 MPI ranks x 1 thread (gloo) on a shared 2-core CPU; last of {args.epochs} epochs.",
-        "",
-    ]
-    lines += config_table(
+        f"forces loss, batch_size {args.batch_size}; unmodified nequip-train "
+        f"{version('nequip')} under mpirun -np 2 cfm-run, 2 MPI ranks x 1 thread (gloo); last "
+        f"of {args.epochs} epochs"
+    )
+    epochs = config_table(
         rows, "training steps per epoch (s, slowest rank)", "ratio to stock", speedup=False
     )
-    lines.append("")
-    return write_fragment("nequip_train", lines)
+    print("\n".join(["", f"Workload: {description}.", "", *epochs]), flush=True)
+    write_record(
+        "nequip_train_cpu",
+        "NequIP training on 2 CPU ranks",
+        [
+            markdown_table(
+                "epoch",
+                epochs,
+                "the training steps of the last epoch (s, slowest rank), the time ratio to stock "
+                "in the same run, steps per epoch, and the load imbalance factor of the forward "
+                "time and of the atoms",
+            )
+        ],
+        description=description,
+        headline={
+            "epoch time, binpack + fused / stock": (
+                f"{rows['both']['epoch_s'] / rows['stock']['epoch_s']:.2f}x"
+            )
+        },
+        out=args.out,
+        command=command,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
 """Benchmark of the bin-packing sampler against the usual batchers on the MACE paper's 2.65M-graph
 mix.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler            # full run, writes
-    docs/_fragments/sampler.md OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler --quick    #
-    100k graphs smoke test (no file written)
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler            # the full mix
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler --quick    # 100k graphs, a smoke run
 
 Workload: atom counts of Table 3 of the MACE paper (see benchmarks/workload.py for the
 distribution inside each range), capacity 3072 atoms, world sizes 8, 64, 740. Per packer and world
@@ -14,6 +13,8 @@ again in epoch 1 (seed vs seed+1).
 
 Padding is ``1 - total / (bins * M)`` with ``M = max(capacity, largest bin)``: the memory a rank
 must provision for its largest batch, left empty on average (fixed-count batches exceed 3072).
+Prints the table and writes the record ``sampler`` (a run on fewer graphs: ``sampler_quick``) to
+``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -24,20 +25,14 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
 
 from benchmarks.baselines import BASELINES  # noqa: E402
+from benchmarks.record import add_out_argument, command_line, markdown_table, write_record  # noqa: E402
 from benchmarks.workload import MPTRJ_MEDIAN, MPTRJ_SIGMA, PAPER_MIX, paper_mix  # noqa: E402
 from cfm_plugins.sampler import balance_report, pack  # noqa: E402
 from cfm_plugins.sampler.report import repeated_pairs  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 CAPACITY = 3072
 OURS = "bin packing (Alg. 1, ours)"
@@ -127,24 +122,16 @@ def check_targets(rows, n):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--quick", action="store_true", help="100k graphs, no file written (smoke test)"
-    )
+    ap.add_argument("--quick", action="store_true", help="100k graphs (a smoke run)")
     ap.add_argument(
         "--graphs", type=int, default=None, help="number of graphs (default: all 2,650,823)"
     )
-    ap.add_argument("--worlds", default="8,64,740")
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="markdown output (default docs/_fragments/sampler.md on a full run)",
-    )
+    ap.add_argument("--worlds", default="8,64,740", help="world sizes, comma-separated")
+    add_out_argument(ap)
     args = ap.parse_args(argv)
     n_req = args.graphs or (100_000 if args.quick else None)
     worlds = [int(x) for x in args.worlds.split(",")]
-    cmd = "OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler" + (
-        " " + " ".join(sys.argv[1:]) if sys.argv[1:] else ""
-    )
+    cmd = command_line(argv)
     atoms = paper_mix(n_req, seed=0)
     n = len(atoms)
     workload = (
@@ -174,55 +161,36 @@ def main(argv=None):
                 flush=True,
             )
     targets = check_targets(rows, n)
-    print("\n".join(targets))
-    machine = (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with other "
-        "jobs, "
-        f"one thread (OMP_NUM_THREADS=1), numpy {np.__version__}, Python "
-        f"{platform.python_version()}"
+    columns = (
+        "pack CPU time (process time, one thread) and wall time = median of 5 for ours, "
+        "one run for the others (pure Python loops in some); padding = 1 - total / (bins x "
+        "max(capacity, largest bin)); mean step imbalance = mean over steps of max/mean bin cost; "
+        "straggler epoch / ideal = sum over steps of the largest bin cost / (total / W); repeated "
+        "pairs = exact fraction of the pairs co-batched in epoch 0 (seed 0) co-batched again in "
+        "epoch 1 (seed 1). Baselines: benchmarks/baselines.py (fixed counts use 8 graphs per "
+        "rank)."
     )
-    md = "\n".join(
-        [
-            "## Bin-packing sampler",
-            "",
-            f"Command: `{cmd}`",
-            "",
-            f"Workload: {workload}.",
-            "",
-            f"Machine: {machine}. Timings are noisy (shared cores); compare within one run.",
-            "",
-            "Columns: pack CPU time (process time, one thread) and wall time = median of 5 for "
-            "ours, one run"
-            " for the others (pure Python loops in some);"
-            " padding = 1 - total / (bins x max(capacity, largest bin)); mean step imbalance = "
-            "mean over steps"
-            " of max/mean bin cost; straggler epoch / ideal = sum over steps of the largest bin "
-            "cost / (total / W);"
-            " repeated pairs = exact fraction of the pairs co-batched in epoch 0 (seed 0) "
-            "co-batched again in"
-            " epoch 1 (seed 1). Baselines: see benchmarks/baselines.py (fixed counts use 8 graphs "
-            "per rank).",
-            "",
-            table(rows),
-            "",
-            "Targets (ours):",
-            "",
-            *targets,
-            "",
-        ]
+    lines = table(rows)
+    print("\n".join(["", lines, "", "Targets (ours):", *targets]), flush=True)
+    widest = max((r for r in rows if r["packer"] == OURS), key=lambda r: r["W"])
+    write_record(
+        "sampler" if n_req is None else "sampler_quick",
+        "Bin-packing sampler against the usual batchers on the MACE paper's graph-size mix",
+        [markdown_table("packers", lines.splitlines(), columns)],
+        description=f"{workload}; one thread",
+        headline={
+            f"padding, ours (W={widest['W']})": f"{100 * widest['padding']:.2f}%",
+            f"mean step imbalance, ours (W={widest['W']})": round(widest["imb"], 5),
+        },
+        notes=[
+            "Timings are noisy where other jobs share the cores; compare within one run.",
+            *(f"Target (ours) {t.removeprefix('- ')}" for t in targets),
+        ],
+        out=args.out,
+        command=cmd,
     )
-    out = args.out or (
-        None
-        if (args.quick or n_req is not None)
-        else str(ROOT / "docs" / "_fragments" / "sampler.md")
-    )
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(md)
-        print("wrote", out)
-    else:
-        print(md)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -9,14 +9,17 @@ the edge figure is an estimate), the budget is made as the ``static`` plugin mak
 (:func:`cfm_plugins.static.budget.budget_of_plans` over the first ``--epochs`` epochs' plans,
 default headroom) at binpack's default capacity (``--batch-size`` x the mean atom count, at least
 the largest structure) or ``--capacity``, and the padding of every batch of those epochs is
-reported, for the bins the plugin packs (even in atoms and edges together, ``pack(..., even=True,
-dims=...)``), for bins even in one size only (``pack(..., even=True)``) by atoms (binpack's default
+reported, for the bins the plugin packs (even in atoms and edges together, ``pack_even_dims``),
+for bins even in one size only (``pack_even``) by atoms (binpack's default
 cost) and by edges (``cost=edges``), and, for comparison, for Algorithm 1's full bins padded to the
 capacity.
 
     python -m benchmarks.static_shapes [--batch-size 4] [--capacity C] [--world 2 8] [--epochs 3]
+        [--out DIR]
 
-Not measured here (see docs/benchmarks.md): the CPU training epoch eager-fused vs compiled + static.
+Prints the table and writes the record ``static_shapes`` to ``--out`` (default
+``out/benchmarks/``). The training epoch eager-fused vs compiled + static is timed by
+``python -m benchmarks.static_train``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import time
 
 import numpy as np
 
-from cfm_plugins.sampler.packing import pack
+from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
+from cfm_plugins.sampler.even_dims import pack_even_dims
+from cfm_plugins.sampler.packing import pack, pack_even
 from cfm_plugins.static.budget import DEFAULT_HEADROOM, budget_of_plans, padding_overhead
 
 
@@ -71,7 +76,10 @@ def overhead_row(name, atoms, edges, cost, batch_size, capacity, world, epochs, 
     capacity = capacity or default_capacity(costs.mean(), costs.max(), batch_size)
     dims = np.column_stack([atoms, edges]) if even == "joint" else None
     plans = [
-        pack(costs, capacity, world, seed=e, even=bool(even), dims=dims) for e in range(epochs)
+        pack_even_dims(costs, dims, capacity, world, seed=e)
+        if even == "joint"
+        else (pack_even if even else pack)(costs, capacity, world, seed=e)
+        for e in range(epochs)
     ]
     budget = budget_of_plans(
         plans, costs, atoms, edges, capacity, DEFAULT_HEADROOM
@@ -113,19 +121,24 @@ def main(argv=None) -> int:
     ap.add_argument("--cuni", type=int, default=400, help="CuNi structures")
     ap.add_argument("--clusters", type=int, default=2000, help="cluster graphs")
     ap.add_argument("--table3", type=int, default=200_000, help="graphs of the Table-3 mix")
+    add_out_argument(ap)
     args = ap.parse_args(argv)
+    command = command_line(argv)
     t0 = time.perf_counter()
     capacity = args.capacity or f"binpack default ({args.batch_size} x the mean cost)"
-    print(
+    description = (
         f"static shapes padding overhead: capacity {capacity}, ranks {args.world}, budget over "
-        f"{args.epochs} "
-        f"epoch plans, headroom {DEFAULT_HEADROOM:g}"
+        f"{args.epochs} epoch plans, headroom {DEFAULT_HEADROOM:g}; {args.cuni} CuNi structures "
+        f"(edges at r_max 5 A), {args.clusters} cluster graphs, {args.table3} graphs of the MACE "
+        "paper's Table-3 mix (edges modelled: atoms x a neighbour count drawn from 10-60)"
     )
-    print(
+    print(description)
+    table = [
         "| set | graphs | ranks | cost | capacity | bins | budget | batches | pad atoms | pad "
-        "edges |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+        "edges |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(table))
     for name, sizes in (
         ("CuNi (example)", lambda: cuni_sizes(args.cuni)),
         ("clusters (example)", lambda: cluster_sizes(args.clusters)),
@@ -139,7 +152,7 @@ def main(argv=None) -> int:
                 ("atoms", False),
                 ("edges", True),
             ):
-                print(
+                table.append(
                     overhead_row(
                         name,
                         atoms,
@@ -150,10 +163,25 @@ def main(argv=None) -> int:
                         world,
                         args.epochs,
                         even,
-                    ),
-                    flush=True,
+                    )
                 )
+                print(table[-1], flush=True)
     print(f"({time.perf_counter() - t0:.0f} s)")
+    write_record(
+        "static_shapes",
+        "Padding of static shapes: every bin-packed batch padded to one budget",
+        [
+            markdown_table(
+                "padding",
+                table,
+                "per data set, ranks, binpack cost and kind of bins: the budget the static plugin "
+                "makes and the share of pad atoms and pad edges over every batch of the epochs",
+            )
+        ],
+        description=description,
+        out=args.out,
+        command=command,
+    )
     return 0
 
 

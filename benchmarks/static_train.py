@@ -1,12 +1,12 @@
 """CPU training epoch: eager fused kernels vs compiled fused kernels on static shapes, 2 MPI ranks,
 one run.
 
-    python -m benchmarks.static_train [--n-train 40] [--epochs 3] [--batch-size 4] [--cost
-    atoms|edges]
+    .venv/bin/python -m benchmarks.static_train [--n-train 40] [--epochs 3] [--batch-size 4]
+        [--cost atoms|edges] [--out DIR]
 
 Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters of up to
---max-atoms atoms, EMT labels) and a MACE-MP-medium-like model (the one of benchmarks/gpu_mace.py
-and ../shared/GPU.md: ScaleShiftMACE, 2 interactions, hidden --hidden, spherical harmonics l <= 3,
+--max-atoms atoms, EMT labels) and a MACE-MP-medium-like model (the one of benchmarks/gpu_mace.py:
+ScaleShiftMACE, 2 interactions, hidden --hidden, spherical harmonics l <= 3,
 correlation 3, radial MLP [64, 64, 64], 10 Bessel functions, r_max --r-max), trained by an
 unmodified ``mace_run_train`` under ``mpirun -np 2 cfm-run``, 1 thread per rank. Three
 configurations, one after the other, the same data, seed, batch size and binpack capacity:
@@ -21,7 +21,8 @@ Per configuration, from the step logs (``--cfm-step-log``): the optimizer steps'
 (slowest rank, summed over the epoch's steps); epoch 0 of the compiled run includes compiling. The
 ratio is eager / compiled over the epochs after the first (the steady state), and the wall time of
 each whole ``mace_run_train`` is reported beside it (compiling, validation and saving included).
-Writes docs/_fragments/static_train_<cost>.md.
+Prints the table and writes the record ``static_train_<cost>`` (:mod:`benchmarks.record`) to
+``--out`` (default ``out/benchmarks/``); the runs and their logs go to ``--work``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.training import parser, write_fragment
+from benchmarks.record import command_line, markdown_table, write_record
+from benchmarks.training import parser
 from cfm_plugins.testing import BIN, mpirun_command
 
 CONFIGS = {
@@ -90,7 +92,7 @@ def epoch_times(ranks: list[list[dict]]) -> list[float]:
 
 
 def main(argv=None) -> int:
-    p = parser(__doc__, max_atoms=200, out="/tmp/cfm_bench_static_train")
+    p = parser(__doc__, max_atoms=200, work="/tmp/cfm_bench_static_train")
     p.set_defaults(epochs=3)
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--r-max", type=float, default=6.0)
@@ -113,7 +115,7 @@ def main(argv=None) -> int:
         )
     if args.epochs < 2:
         p.error("--epochs must be at least 2: the ratio is taken over the epochs after the first")
-    out = Path(args.out)
+    out = Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     from cfm_plugins.datasets.cuni import make_dataset
     from cfm_plugins.steplog import read_step_logs
@@ -121,7 +123,7 @@ def main(argv=None) -> int:
     files = make_dataset(
         out / "data", n_train=args.n_train, n_valid=4, n_test=2, seed=0, max_atoms=args.max_atoms
     )
-    command = " ".join(["python -m benchmarks.static_train"] + sys.argv[1:])
+    command = command_line(argv)
     print(f"command: {command}\nworkload: {args}", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     rows = {}
@@ -172,23 +174,16 @@ def main(argv=None) -> int:
         )
 
     steady = {k: sum(v["epochs"][1:]) / len(v["epochs"][1:]) for k, v in rows.items()}
-    lines = [
-        "## Static shapes + compile vs eager, CPU training (benchmarks/static_train.py)",
-        "",
-        f"Command: `flock /tmp/cfm-bench.lock .venv/bin/{command}`",
-        "",
-        f"Workload: {args.n_train} CuNi structures (1..{args.max_atoms} atoms, EMT), "
-        "MACE-MP-medium-like "
-        f"ScaleShiftMACE {args.hidden}, l <= 3, correlation 3, 2 interactions, radial MLP [64, 64, "
-        "64], "
-        f"r_max {args.r_max:g}, {args.dtype}, `--batch_size {args.batch_size}` (binpack "
-        f"`cost={args.cost}`, its "
-        "default capacity), "
-        f"{args.epochs} epochs, 2 MPI ranks x 1 thread; optimizer steps per epoch, slowest rank.",
-        "",
+    description = (
+        f"{args.n_train} CuNi structures (1..{args.max_atoms} atoms, EMT), MACE-MP-medium-like "
+        f"ScaleShiftMACE {args.hidden}, l <= 3, correlation 3, 2 interactions, radial MLP "
+        f"[64, 64, 64], r_max {args.r_max:g}, {args.dtype}, --batch_size {args.batch_size} "
+        f"(binpack cost={args.cost}, its default capacity), {args.epochs} epochs, 2 MPI ranks x "
+        "1 thread; optimizer steps per epoch, slowest rank"
+    )
+    table = [
         "| configuration | epoch 0 (s) | later epochs (s, mean) | eager / this (later epochs) | "
-        "whole run (s) | "
-        "compiled graphs / shapes, graph breaks | budget (pad) |",
+        "whole run (s) | compiled graphs / shapes, graph breaks | budget (pad) |",
         "|---|---|---|---|---|---|---|",
     ]
     for label, r in rows.items():
@@ -197,17 +192,36 @@ def main(argv=None) -> int:
         if r["raised"]:
             budget += f"; raised {r['raised']}x"
         speed = steady["eager"] / steady[label]
-        lines.append(
+        table.append(
             f"| {label} | {r['epochs'][0]:.1f} | {steady[label]:.1f} | {speed:.2f}x | "
-            f"{r['wall']:.0f} | "
-            f"{graphs} | {budget} |"
+            f"{r['wall']:.0f} | {graphs} | {budget} |"
         )
     loads = ", ".join(f"{k} {v['load']:.1f}" for k, v in rows.items())
+    notes, headline = [f"Load average at the end of each run: {loads}."], {}
     if "compiled" in steady:
-        ratio = steady["eager"] / steady["compiled"]
-        lines += ["", f"Compiled + static vs eager fused, later epochs: **{ratio:.2f}x**."]
-    lines += ["", f"Load average at the end of each run: {loads}.", ""]
-    return write_fragment(f"static_train_{args.cost}", lines)
+        ratio = f"{steady['eager'] / steady['compiled']:.2f}x"
+        notes.insert(0, f"Compiled + static vs eager fused, later epochs: {ratio}.")
+        headline["later epochs, eager / compiled + static"] = ratio
+    print("\n".join(["", f"Workload: {description}.", "", *table, "", *notes]), flush=True)
+    write_record(
+        f"static_train_{args.cost}",
+        "Static shapes + compile vs eager, MACE training on 2 CPU ranks",
+        [
+            markdown_table(
+                "epochs",
+                table,
+                "per configuration: epoch 0 (compiling included) and the mean of the later "
+                "epochs (s, slowest rank), eager's time over this one's, the whole run, what "
+                "dynamo compiled and the padding budget",
+            )
+        ],
+        description=description,
+        headline=headline,
+        notes=notes,
+        out=args.out,
+        command=command,
+    )
+    return 0
 
 
 if __name__ == "__main__":

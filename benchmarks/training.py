@@ -1,14 +1,16 @@
-"""What the training benchmarks share: the four plugin configurations, the data-set arguments,
-and where their tables go. Each benchmark (mace_train.py, nequip_train.py) adds its model's own
-arguments and runs its trainer."""
+"""What the training benchmarks share: the four plugin configurations, the data-set arguments
+and the table of epochs. Each benchmark (mace_train.py, nequip_train.py, hydragnn_mace.py,
+static_train.py) adds its model's own arguments, runs its trainer and writes its record
+(:mod:`benchmarks.record`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from benchmarks.record import add_out_argument
+
 ROOT = Path(__file__).resolve().parents[1]
-FRAGMENTS = ROOT / "docs" / "_fragments"
 
 
 def plugin_configs(adapter: str) -> dict[str, str]:
@@ -21,25 +23,22 @@ def plugin_configs(adapter: str) -> dict[str, str]:
     }
 
 
-def parser(doc: str, max_atoms: int, out: str) -> argparse.ArgumentParser:
-    """The arguments every training benchmark takes (data set size, epochs, batch size, output)."""
+def parser(doc: str, max_atoms: int, work: str) -> argparse.ArgumentParser:
+    """The arguments every training benchmark takes: data set size, epochs, batch size, the
+    folder of its runs (``--work``) and of its record (``--out``)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--n-train", type=int, default=40)
-    p.add_argument("--max-atoms", type=int, default=max_atoms)
+    p.add_argument("--n-train", type=int, default=40, help="training structures")
+    p.add_argument("--max-atoms", type=int, default=max_atoms, help="largest structure's atoms")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--out", default=out)
+    p.add_argument("--batch-size", type=int, default=4, help="the trainer's batch size")
+    p.add_argument(
+        "--work",
+        default=work,
+        metavar="DIR",
+        help=f"folder of the runs: data set, logs, step logs (default {work})",
+    )
+    add_out_argument(p)
     return p
-
-
-def write_fragment(name: str, lines: list[str]) -> int:
-    """Print a benchmark's table and write it to docs/_fragments/<name>.md (what docs/benchmarks.md
-    quotes); 0, the benchmark's exit status."""
-    text = "\n".join(lines)
-    print(text)
-    FRAGMENTS.mkdir(parents=True, exist_ok=True)
-    (FRAGMENTS / f"{name}.md").write_text(text)
-    return 0
 
 
 def config_table(rows: dict, time_header: str, ratio_header: str, speedup: bool) -> list[str]:

@@ -1,0 +1,45 @@
+"""tools/memory_peak.py: a smoke run on the CPU."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.helpers import ROOT, clean_env
+
+
+def test_memory_peak_smoke_run_on_cpu_accounts_for_the_whole_peak_and_names_our_operators(tmp_path):
+    out = tmp_path / "peak.md"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.memory_peak",
+            "--device",
+            "cpu",
+            "--quick",
+            "--ways",
+            "stock",
+            "fused",
+            "--top",
+            "1000",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    sections = dict(part.split("\n", 1) for part in out.read_text().split("### ")[1:])
+    assert [k.rsplit(": ", 1)[1] for k in sections] == ["stock", "fused"]
+    for way, body in zip(("stock", "fused"), sections.values()):
+        peak = float(re.search(r"peak ([\d.]+) MiB", body).group(1))
+        rows = [line.split("|") for line in body.splitlines() if line.startswith("| `")]
+        assert (
+            peak > 1 and abs(sum(float(r[4]) for r in rows) - peak) < 0.05 * len(rows) + 0.1
+        )  # all of it, by maker
+        assert any("cfm::conv_tp" in r[1] for r in rows) == (way == "fused")
