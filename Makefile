@@ -1,5 +1,6 @@
-# Two commands on a fresh machine:  `make demo` (the main job)  and  `make test` (the tests).
-# Both create or refresh .venv/ with everything needed; quick when it is already up to date.
+# Two commands on a fresh machine:  `make demo` (the main job)  and  `make test` (the fast tests;
+# `make test-all` runs every test). Both create or refresh .venv/ with everything needed; quick when
+# it is already up to date.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -17,8 +18,12 @@ HYDRAGNN_VERSION ?= 3.0
 # 2 takes the main suite from about 18.6 to 13.2 min on 2 cores; TEST_JOBS=0 runs in one process
 TEST_JOBS ?= 2
 PYTEST_ARGS := -q -rs -n $(TEST_JOBS) --dist loadfile
+# `make test` leaves out what the cost markers mark (set in one table in tests/conftest.py, declared in
+# pyproject.toml) but keeps `fast` (one short 2-rank MACE run); `make test-all` leaves out nothing
+FAST_TESTS := -m "fast or not (mpi or trainer or compile or interpreter or bench or slow)"
+TEST_SELECT ?= $(FAST_TESTS)
 
-.PHONY: venv lint demo test cuda-check triton-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn \
+.PHONY: venv lint docs-check demo test test-all cuda-check triton-check bench clean venv-nequip test-nequip demo-nequip bench-nequip demo-hydragnn \
 	test-hydragnn venv-hydragnn-src test-hydragnn-src bench-hydragnn-src
 
 venv: $(STAMP)
@@ -36,20 +41,34 @@ $(STAMP): $(SOURCES)
 demo: venv
 	$(PY) examples/demo.py
 
-# ruff's lint and format check over the tree (configured in pyproject.toml)
+# ruff's lint and format check over the tree, then the import contracts (layers, no circles, no
+# adapter in the core) with import-linter; both configured in pyproject.toml
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
-# the main suite in .venv (the NequIP and HydraGNN-from-source tests skip there, saying so), then the
-# NequIP suite in .venv-nequip and the HydraGNN-from-source suite in .venv-hydragnn (when ../shared/deps is there)
+# every command and snippet of README, CONTRIBUTING and docs/ run as a user would (tiny settings, in
+# .venv and, where they exist, .venv-nequip and .venv-hydragnn), and every relative link and anchor
+docs-check: venv
+	$(PY) -m tools.docs_check
+
+# the fast suite in .venv: every module, the kernels' gradchecks at small sizes, one short 2-rank MACE
+# run; no other mpirun job, trainer run, compile, whole model in the Triton interpreter or benchmark run
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS) $(TEST_SELECT)
+
+# everything: the main suite whole (in .venv the NequIP and HydraGNN-from-source tests skip, saying so),
+# the NequIP suite in .venv-nequip, the HydraGNN-from-source suite in .venv-hydragnn (when
+# ../shared/deps is there) and the docs check (what .ci/run runs)
+test-all: venv
+	$(MAKE) test TEST_SELECT=
 	$(MAKE) test-nequip
 	$(MAKE) test-hydragnn-src
+	$(MAKE) docs-check
 
 # the HydraGNN tests: the adapter, the structural finder on a HydraGNN model, the example's data set
-# and demo (they also run in `make test`: HydraGNN lives in .venv)
+# and demo (`make test-all` runs them too: HydraGNN lives in .venv)
 test-hydragnn: venv
 	$(PY) -m pytest $(PYTEST_ARGS) tests/adapters/hydragnn tests/ops/test_patching.py tests/datasets/test_clusters.py \
 	    tests/examples/hydragnn
@@ -67,9 +86,9 @@ cuda-check: venv
 
 # Triton kernels compile ahead of time (no GPU needed) for sm_80, sm_90, gfx90a and gfx942: every generated
 # kernel of the MACE-MP-medium layer in every tile config, registers and spills printed; fails on a compile
-# error or on spills in a default config. Writes docs/_fragments/triton_check.md (~20 min on 2 busy cores).
+# error or on spills in a default config. Writes out/tools/triton_check.md (~20 min on 2 busy cores).
 triton-check: venv
-	$(PY) -m benchmarks.triton_check --jobs 2
+	$(PY) -m tools.triton_check --jobs 2
 
 # the [bench] extra (cuEquivariance, the kernels' peer) of the checkout installed in .venv, without rebuilding it
 BENCH_STAMP := $(VENV)/.cfm-bench-installed
@@ -78,6 +97,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q 'cfm-plugins[bench]'
 	@touch $@
 
+# the CPU benchmarks; each prints its tables and writes its record to out/benchmarks/ (benchmarks/record.py)
 bench: $(BENCH_STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.sampler
 	$(PY) -m benchmarks.kernels
@@ -99,7 +119,7 @@ $(STAMP_NEQUIP): $(SOURCES)
 	$(PIP_NEQUIP) install -q --no-build-isolation -e '.[nequip,mpi,test]'
 	@touch $@
 
-# the NequIP tests (real nequip-train under real mpirun -np 2); `make test` runs them too
+# the NequIP tests (real nequip-train under real mpirun -np 2); `make test-all` runs them too
 test-nequip: venv-nequip
 	$(PY_NEQUIP) -m pytest $(PYTEST_ARGS) tests/adapters/nequip tests/datasets/test_nequip_config.py
 

@@ -142,3 +142,26 @@ def test_every_make_target_runs_pytest_with_the_same_workers():
     )  # main, hydragnn, nequip, hydragnn-src
     extras = optional_dependencies()
     assert re.search(r'^test = \[.*"pytest-xdist>=[\d.]+"', extras, re.M), extras
+
+
+def test_make_test_leaves_out_the_declared_cost_markers_and_test_all_nothing():
+    """``make test`` selects with FAST_TESTS (``-m``), ``make test-all`` runs the same target with
+    no selection. pytest takes an unknown name in ``-m`` silently (a misspelt marker would leave
+    nothing out), so every name there is a marker pyproject.toml declares; every declared marker
+    but ``gpu`` is in it (``fast`` keeps, the others leave out); the table in tests/conftest.py
+    sets declared markers only."""
+    from tests.conftest import COSTS
+
+    makefile = (ROOT / "Makefile").read_text()
+    expr = re.search(r'^FAST_TESTS := -m "(.+)"$', makefile, re.M)
+    assert expr, 'Makefile has no `FAST_TESTS := -m "..."`'
+    names = set(re.findall(r"\w+", expr.group(1))) - {"and", "or", "not"}
+    block = (ROOT / "pyproject.toml").read_text().split("\nmarkers = [\n")[1].split("\n]")[0]
+    declared = set(re.findall(r'^    "(\w+): ', block, re.M))
+    assert names <= declared and declared - names == {"gpu"}, (names, declared)
+    assert {marker for *_, markers in COSTS for marker in markers} <= declared
+    assert re.search(r"^TEST_SELECT \?= \$\(FAST_TESTS\)$", makefile, re.M)
+    assert re.search(
+        r"^test: venv\n\t\$\(PY\) -m pytest \$\(PYTEST_ARGS\) \$\(TEST_SELECT\)$", makefile, re.M
+    )
+    assert re.search(r"^test-all: venv\n\t\$\(MAKE\) test TEST_SELECT=$", makefile, re.M)

@@ -3,7 +3,6 @@ conflicts logged and temporary config copies removed on every rank (issue 12).""
 
 import re
 import subprocess
-import time
 
 import pytest
 import yaml
@@ -80,7 +79,6 @@ def test_a_console_script_given_by_its_path_runs_too():
     )
 
 
-@pytest.mark.mpi
 def test_mpirun_rendezvous_without_master_addr():
     out = run_mpi(
         [CFM_RUN, "--device", "cpu", "--", "python", "tests/scripts/allreduce_ranks.py", "--flag"],
@@ -93,9 +91,10 @@ def test_mpirun_rendezvous_without_master_addr():
         assert "world=2 sum=3 backend=gloo master=127.0.0.1:" in line and "argv=['--flag']" in line
 
 
-@pytest.mark.mpi
 def test_a_failure_on_one_rank_ends_every_rank_quickly():
-    start = time.monotonic()
+    """Rank 1 fails while rank 0 waits in a barrier: cfm-run ends both, at once. Checked by what
+    the job says, not by how long it took (that depends on the machine's load): a rank 0 left
+    waiting would end by the collective timeout (300 s), after this run's limit of 120 s."""
     out = run_mpi(
         [
             CFM_RUN,
@@ -108,11 +107,10 @@ def test_a_failure_on_one_rank_ends_every_rank_quickly():
         ],
         timeout=120,
     )
-    elapsed = time.monotonic() - start
     assert out.returncode != 0
     assert "deliberate failure on rank 1" in out.stdout
     assert "ending all 2 ranks" in out.stdout
-    assert elapsed < 60, f"took {elapsed:.0f}s: the surviving rank waited"
+    assert "a collective timed out" not in out.stdout, out.stdout[-3000:]  # rank 0 did not wait
 
 
 def _trainer_config(tmp_path):
@@ -125,7 +123,6 @@ def _trainer_config(tmp_path):
     return cfg
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize("fail", [False, True], ids=["success", "failure"])
 def test_conflicts_are_logged_and_temporary_files_removed_on_every_rank(tmp_path, fail):
     tmp = tmp_path / "tmp"
@@ -160,7 +157,6 @@ def test_conflicts_are_logged_and_temporary_files_removed_on_every_rank(tmp_path
     )
 
 
-@pytest.mark.mpi
 def test_a_rank_killed_outright_leaves_no_config_copy(tmp_path):
     """SIGKILL gives rank 1 no chance to clean up: the one copy of the job is removed by rank 0 as
     mpirun ends it (issue 24: every rank had its own copy, and the killed rank's stayed in /tmp)."""
@@ -228,9 +224,7 @@ def test_bad_numbers_are_refused_at_start_on_one_rank(option, value, says):
     assert "Traceback" not in out.stdout
 
 
-@pytest.mark.mpi
 def test_a_negative_collective_timeout_ends_every_rank_at_start():
-    start = time.monotonic()
     out = run_mpi(
         [
             CFM_RUN,
@@ -250,5 +244,4 @@ def test_a_negative_collective_timeout_ends_every_rank_at_start():
     assert out.stdout.count("cfm-run: error: cfm-plugins option collective_timeout='-5'") >= 1, (
         out.stdout[-3000:]
     )
-    assert "TCPStore" not in out.stdout and "RESULT" not in out.stdout
-    assert time.monotonic() - start < 60
+    assert "TCPStore" not in out.stdout and "RESULT" not in out.stdout  # before any rendezvous

@@ -5,7 +5,6 @@ once. Real `mpirun -np 2`."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -63,7 +62,8 @@ def test_mpi_transports_are_chosen_on_one_node_only():
 
 @pytest.mark.mpi
 def test_a_stalled_rank_is_named_after_the_collective_timeout():
-    start = time.monotonic()
+    # rank 1 never reaches the collective: without the timeout the job would hang until
+    # run_mpi's own limit raises subprocess.TimeoutExpired
     out = run_mpi(
         [
             CFM_RUN,
@@ -78,13 +78,11 @@ def test_a_stalled_rank_is_named_after_the_collective_timeout():
         ],
         timeout=120,
     )
-    elapsed = time.monotonic() - start
     assert out.returncode != 0
     assert (
         "rank 0: a collective timed out after 3s (option collective_timeout): rank(s) 1 never "
         "reached it" in out.stdout
     ), out.stdout[-3000:]
-    assert elapsed < 60, f"took {elapsed:.0f}s"
 
 
 def _cuda_count() -> int:

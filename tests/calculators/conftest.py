@@ -13,8 +13,9 @@ from cfm_plugins.ops.kernel_table import kernel_names
 from tests.helpers.mace_models import build_model
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_files(tmp_path_factory):
+    """The model files, made once per test process (read only: every test loads them)."""
     folder = tmp_path_factory.mktemp("models")
     files = {}
     for name, seed, dtype in (

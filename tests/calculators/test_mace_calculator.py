@@ -220,7 +220,6 @@ def test_cuda_without_cuda_is_a_clear_error(model_files):
 
 
 @needs_cuda
-@pytest.mark.gpu
 def test_cuda_matches_cpu(model_files, stock64):
     for dtype, atol in (("float64", 1e-8), ("float32", None)):
         calc = CFMCalculator(

@@ -58,7 +58,7 @@ def skip_if_source() -> None:
     if is_source():
         pytest.skip(
             "a HydraGNN 3.0 test (its API: hydragnn.utils.setup_ddp, ...); this environment has "
-            "HydraGNN from source: `make test` runs it in .venv",
+            "HydraGNN from source: `make test-all` runs it in .venv",
             allow_module_level=True,
         )
 

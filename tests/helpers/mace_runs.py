@@ -1,15 +1,19 @@
 """Short ``mace_run_train`` runs of a real, unmodified mace-torch for the plugins (helpers of the
 tests in ``tests/adapters/mace/``): a tiny CuNi set with EMT labels, mace's command-line arguments
-for it, and its epoch losses."""
+for it, its epoch losses, and the 2-rank run that several test modules read."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
 import re
 from pathlib import Path
 
 import numpy as np
 
-from tests.helpers import BIN
+from tests.helpers import BIN, run_mpi
 
 CFM_RUN = str(BIN / "cfm-run")
 MACE_RUN_TRAIN = str(BIN / "mace_run_train")
@@ -83,6 +87,15 @@ def epoch_losses(log: str) -> list[float]:
     return [float(x) for x in re.findall(r"Epoch \d+: head: Default, loss=([0-9.eE+-]+)", log)]
 
 
+SMALL_MODEL = {"--num_interactions=2": "--num_interactions=1", "--correlation=3": "--correlation=2"}
+
+
+def small(args: list[str]) -> list[str]:
+    """mace_args with a smaller model (one interaction, correlation 2): affordable to compile on 2
+    cores, and enough where a test checks the plumbing of a run rather than the model."""
+    return [SMALL_MODEL.get(a, a) for a in args]
+
+
 TINY_MODEL = ["--hidden_irreps=8x0e", "--max_L=0", "--correlation=2", "--num_interactions=1"]
 
 
@@ -94,3 +107,46 @@ def tiny_args(folder: Path, name: str, epochs: int, batch_size: int = 4) -> list
         for a in mace_args(folder, name, epochs=epochs, batch_size=batch_size)
         if not a.startswith(drop)
     ] + TINY_MODEL
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def binpack_fused_run(tmp_path_factory) -> tuple[Path, int, str]:
+    """``mpirun -np 2 cfm-run --enable mace,binpack,fused -- mace_run_train`` with the small model
+    for 2 epochs on the tiny set, its step logs in ``FOLDER/steps_both``: ``(FOLDER, exit code,
+    output)``. Run once per test session and read by the tests of ``test_adapter.py`` (the run
+    trains and saves a stock model) and ``test_static.py`` (the unpadded metrics): under
+    pytest-xdist by whichever worker asks first, the other waiting for it (a lock in the folder the
+    workers share)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, above each worker's own
+    folder = base / "mace_binpack_fused"
+    with _locked(base / "mace_binpack_fused.lock"):
+        done = folder / "run.json"
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            make_tiny_set(folder)
+            out = run_mpi(
+                [
+                    CFM_RUN,
+                    "--enable",
+                    "mace,binpack,fused",
+                    "--",
+                    "mace_run_train",
+                    *small(mace_args(folder, "both")),
+                    f"--cfm-step-log={folder / 'steps_both'}",
+                ],
+                timeout=600,
+            )
+            done.write_text(json.dumps({"returncode": out.returncode, "stdout": out.stdout}))
+        run = json.loads(done.read_text())
+    return folder, run["returncode"], run["stdout"]

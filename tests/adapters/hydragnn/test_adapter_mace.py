@@ -85,8 +85,6 @@ def task_losses(log: str) -> list[list[float]]:
     return [json.loads(m) for m in re.findall(r"Tasks Train Loss: (\[[^\]]*\])", log)]
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
 def test_fused_training_names_the_swapped_modules_and_uses_every_graph_once_per_epoch(
     work, fused_run
 ):
@@ -126,8 +124,6 @@ def test_fused_training_names_the_swapped_modules_and_uses_every_graph_once_per_
         assert sorted(ids) == expected, f"epoch {e}: not every training graph exactly once"
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
 def test_fused_training_equals_stock_training_in_float64(work, fused_run, stock_run):
     """The same batches, the same initial model: the losses of every epoch agree to 1e-10 and so do
     the trained weights, each tensor to 1e-10 of its largest entry (AdamW's normalised steps
@@ -150,8 +146,6 @@ def test_fused_training_equals_stock_training_in_float64(work, fused_run, stock_
             )
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
 def test_checkpoint_loads_in_hydragnn_alone_and_fused_equals_it(work, fused_run):
     out = subprocess.run(
         [sys.executable, str(EXAMPLE / "evaluate.py"), "fused", "--out", "ef.npz", "--fused"],

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from tests.helpers import clean_env, run_mpi
-from tests.helpers.mace_runs import CFM_RUN, MACE_RUN_TRAIN, epoch_losses, mace_args, make_tiny_set
+from tests.helpers.mace_runs import (
+    CFM_RUN,
+    MACE_RUN_TRAIN,
+    binpack_fused_run,
+    epoch_losses,
+    mace_args,
+    make_tiny_set,
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,26 +41,19 @@ print('LOADED', type(m).__name__)
 """
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_mpirun_binpack_fused_trains_and_saves_a_stock_model(data):
-    out = run_mpi(
-        [
-            CFM_RUN,
-            "--enable",
-            "mace,binpack,fused",
-            "--",
-            "mace_run_train",
-            *mace_args(data, "both"),
-            f"--cfm-step-log={data / 'steps_both'}",
-        ],
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stdout[-4000:]
-    losses = epoch_losses(out.stdout)
+@pytest.fixture(scope="module")
+def binpack_fused(tmp_path_factory):
+    """The 2-rank binpack+fused run of the small model (shared with test_static.py)."""
+    return binpack_fused_run(tmp_path_factory)
+
+
+def test_mpirun_binpack_fused_trains_and_saves_a_stock_model(binpack_fused):
+    data, returncode, stdout = binpack_fused
+    assert returncode == 0, stdout[-4000:]
+    losses = epoch_losses(stdout)
     assert len(losses) >= 2 and losses[-1] < losses[0], losses
-    assert "fused kernels swapped in" in out.stdout
-    assert "binpack train:" in out.stdout
+    assert "fused kernels swapped in" in stdout
+    assert "binpack train:" in stdout
 
     from cfm_plugins.steplog import read_step_logs
 
@@ -82,7 +82,6 @@ def test_mpirun_binpack_fused_trains_and_saves_a_stock_model(data):
     assert res.returncode == 0 and "LOADED" in res.stdout, res.stderr[-3000:]
 
 
-@pytest.mark.slow
 def test_fused_first_step_loss_equals_stock(data):
     """Same seed, float64: the fused kernels give the stock first-step loss (and epoch losses)."""
     logs = {}
@@ -134,7 +133,6 @@ def test_fused_first_step_loss_equals_stock(data):
     assert abs(first - ref) <= 1e-8 * abs(ref), (first, ref)
 
 
-@pytest.mark.mpi
 def test_structure_larger_than_the_token_budget_is_a_clear_error_on_every_rank(data):
     out = run_mpi(
         [

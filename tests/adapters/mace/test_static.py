@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import run_mpi
-from tests.helpers.mace_runs import CFM_RUN, mace_args, make_tiny_set
+from tests.helpers.mace_runs import CFM_RUN, binpack_fused_run, mace_args, make_tiny_set, small
 
 
 @pytest.fixture(scope="module")
@@ -26,41 +26,31 @@ def metrics(log: str) -> list[float]:
     return [float(x) for line in lines for x in re.findall(r"=\s*([0-9.eE+-]+)", line)]
 
 
-def small(args: list[str]) -> list[str]:
-    """A smaller model (one interaction, correlation 2) so that compiling stays affordable on 2
-    cores."""
-    swap = {"--num_interactions=2": "--num_interactions=1", "--correlation=3": "--correlation=2"}
-    return [swap.get(a, a) for a in args]
-
-
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_mpirun_static_shapes_give_the_same_validation_metrics(data):
-    logs = {}
-    for label, enable in (("plain", "mace,binpack,fused"), ("static", "mace,binpack,fused,static")):
-        out = run_mpi(
-            [
-                CFM_RUN,
-                "--enable",
-                enable,
-                "--",
-                "mace_run_train",
-                *small(mace_args(data, label, epochs=2)),
-            ],
-            timeout=600,
-        )
-        assert out.returncode == 0, out.stdout[-4000:]
-        logs[label] = out.stdout
-    assert "every batch padded to" in logs["static"]
-    plain, static = metrics(logs["plain"]), metrics(logs["static"])
+def test_mpirun_static_shapes_give_the_same_validation_metrics(data, tmp_path_factory):
+    """The static run against the binpack+fused run of the same small model on the same (seeded)
+    set, that run shared with test_adapter.py."""
+    _, returncode, plain_log = binpack_fused_run(tmp_path_factory)
+    assert returncode == 0, plain_log[-4000:]
+    out = run_mpi(
+        [
+            CFM_RUN,
+            "--enable",
+            "mace,binpack,fused,static",
+            "--",
+            "mace_run_train",
+            *small(mace_args(data, "static", epochs=2)),
+        ],
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert "every batch padded to" in out.stdout
+    plain, static = metrics(plain_log), metrics(out.stdout)
     assert len(plain) == len(static) >= 9, (plain, static)
     np.testing.assert_allclose(
         static, plain, rtol=1e-7
     )  # as printed by mace (8 decimals for the loss)
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
 def test_mpirun_compiled_run_compiles_once_per_shape_and_not_after_the_first_epoch(data):
     """aot_eager: the graphs dynamo captures (forward with forces, fullgraph) without code
     generation."""

@@ -10,13 +10,11 @@ import re
 import subprocess
 
 import numpy as np
-import pytest
 
 from tests.helpers import clean_env, run_mpi
-from tests.helpers.mace_runs import CFM_RUN, mace_args, make_tiny_set, tiny_args
+from tests.helpers.mace_runs import CFM_RUN, make_tiny_set, tiny_args
 
 
-@pytest.mark.mpi
 def test_mpirun_validation_set_smaller_than_the_ranks_completes(tmp_path):
     """1 validation structure, 2 ranks: stock mace completes (reporting nan), so must binpack;
     both ranks evaluate the structure (no rank may be empty under DDP), which leaves mace's
@@ -43,7 +41,6 @@ def test_mpirun_validation_set_smaller_than_the_ranks_completes(tmp_path):
     assert (tmp_path / "small.model").exists()
 
 
-@pytest.mark.slow
 def test_restart_latest_continues_at_the_epoch_mace_resumes(tmp_path):
     """mace --restart_latest restarts at the epoch of its latest checkpoint, from that epoch's
     first batch (checkpoints are written only at epoch ends); the resumed run must pack that
@@ -88,13 +85,12 @@ def test_restart_latest_continues_at_the_epoch_mace_resumes(tmp_path):
     assert resumed == epoch1
 
 
-@pytest.mark.mpi
 def test_the_adapter_serving_the_command_is_enabled_so_ranks_train_one_model(tmp_path):
     """`CFM_PLUGINS=',,,'` enables nothing; the mace adapter still serves mace_run_train, so the two
     ranks train one model together (mace's --distributed) instead of two into one directory."""
     make_tiny_set(tmp_path, n_train=6, n_valid=2)
     out = run_mpi(
-        [CFM_RUN, "--", "mace_run_train", *mace_args(tmp_path, "served", epochs=1)],
+        [CFM_RUN, "--", "mace_run_train", *tiny_args(tmp_path, "served", 1)],
         timeout=600,
         env=clean_env(CFM_PLUGINS=",,,"),
     )
@@ -105,8 +101,6 @@ def test_the_adapter_serving_the_command_is_enabled_so_ranks_train_one_model(tmp
     assert (tmp_path / "served.model").is_file()
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
 def test_cost_auto_fits_after_epoch_0_and_restart_latest_plans_the_same_batches(tmp_path):
     """cost=auto on 2 ranks: epoch 0 is planned by atoms and timed, epoch 1 with the fit (one log
     line, the same fit in both ranks' step logs, kept beside mace's checkpoints); a --restart_latest

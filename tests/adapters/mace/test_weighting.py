@@ -17,7 +17,6 @@ from cfm_plugins.options import TrainerSettings
 SCRIPT = "tests.scripts.mace_loss_weights"
 
 
-@pytest.mark.mpi
 def test_per_sample_weighs_every_graph_and_atom_alike_in_maces_loss_on_two_ranks(mpi):
     """Gradients of mace's WeightedEnergyForcesStressLoss at one probe per graph and per atom, over
     one epoch of a binpack plan on 2 ranks (sharded sizes, gloo, DDP): under per_sample every graph
