@@ -42,9 +42,8 @@ from setuptools.command.build_ext import build_ext
 if int(setuptools.__version__.split(".")[0]) < 77:
     sys.exit(
         "cfm-plugins: building needs setuptools >= 77, this environment has "
-        f"{setuptools.__version__}: "
-        "run `pip install --upgrade 'setuptools>=77' wheel` and install again (`make venv` does "
-        "this)."
+        f"{setuptools.__version__}: run `pip install --upgrade 'setuptools>=77' wheel` and install "
+        "again (`make venv` does this)."
     )
 
 
@@ -80,10 +79,8 @@ KERNEL_DIRS = sorted(
 
 NO_TORCH_HINT = (
     "cfm-plugins: torch is not importable in this build environment, so the compiled kernels are "
-    "NOT "
-    "built and the pure-torch fallback will run. Install torch first, then install cfm-plugins "
-    "with "
-    "`pip install --no-build-isolation -e .` (what `make venv` does)."
+    "NOT built and the pure-torch fallback will run. Install torch first, then install "
+    "cfm-plugins with `pip install --no-build-isolation -e .` (what `make venv` does)."
 )
 
 
@@ -193,10 +190,8 @@ class BuildExt(build_ext):
                 raise
             print(
                 f"cfm-plugins: building {ext.name} failed ({exc}); the package installs WITHOUT "
-                "the compiled "
-                "kernels and runs the pure-torch fallback. Install a C++20 compiler (g++ >= 10) "
-                "and reinstall "
-                "with `pip install --no-build-isolation -e .`.",
+                "the compiled kernels and runs the pure-torch fallback. Install a C++20 compiler "
+                "(g++ >= 10) and reinstall with `pip install --no-build-isolation -e .`.",
                 file=sys.stderr,
             )
 

@@ -278,8 +278,7 @@ def run_mace(args, files: dict, config: str, seed: int) -> dict:
     e, f = subset_rmse(errors, "all")
     print(
         f"  {config} seed {seed}: {wall:.0f} s, {steps} steps/epoch, final RMSE E {e * 1e3:.2f} "
-        "meV/atom, "
-        f"F {f * 1e3:.1f} meV/A",
+        f"meV/atom, F {f * 1e3:.1f} meV/A",
         flush=True,
     )
     return result
@@ -442,8 +441,7 @@ def nequip_part(args) -> None:
         )
     print(
         f"NequIP convergence: {args.n_train} training / {args.n_valid} validation CuNi structures, "
-        f"{args.epochs} "
-        f"epochs, seeds {args.seeds}, configurations {', '.join(args.only)}",
+        f"{args.epochs} epochs, seeds {args.seeds}, configurations {', '.join(args.only)}",
         flush=True,
     )
     for seed in args.seeds:
@@ -796,31 +794,22 @@ def save_meta(args, part: str, argv: list[str]) -> None:
     if part == "mace":
         info["mace_workload"] = (
             f"{args.n_train} training / {args.n_valid} validation structures (EMT: CuNi bulk "
-            "cells, slabs and "
-            f"clusters of 1..{args.max_atoms} atoms, about 20 % H/C/N/O molecules of 2..14 atoms), "
-            "ScaleShiftMACE "
-            f"{args.hidden}, max_L 1, max_ell 2, correlation 2, 2 interactions, r_max "
-            f"{args.r_max}, radial MLP [16, 16], "
-            "float64, fused kernels in every configuration (equal to mace's to round-off), --loss "
-            "weighted "
-            f"(energy weight {args.energy_weight}, forces weight {args.forces_weight}), "
-            "--batch_size "
+            f"cells, slabs and clusters of 1..{args.max_atoms} atoms, about 20 % H/C/N/O molecules "
+            f"of 2..14 atoms), ScaleShiftMACE {args.hidden}, max_L 1, max_ell 2, correlation 2, 2 "
+            f"interactions, r_max {args.r_max}, radial MLP [16, 16], float64, fused kernels in "
+            "every configuration (equal to mace's to round-off), --loss weighted (energy weight "
+            f"{args.energy_weight}, forces weight {args.forces_weight}), --batch_size "
             f"{args.batch_size} per rank (binpack: its default capacity, batch size x mean atoms), "
-            "Adam lr "
-            f"{args.lr} decaying exponentially to {args.final_lr_factor:g} x over {args.epochs} "
-            "epochs, 2 MPI "
-            "ranks x 1 thread."
+            f"Adam lr {args.lr} decaying exponentially to {args.final_lr_factor:g} x over "
+            f"{args.epochs} epochs, 2 MPI ranks x 1 thread."
         )
     elif part == "nequip":
         info["nequip_workload"] = (
             f"{args.n_train} training / {args.n_valid} validation CuNi structures of "
-            f"1..{args.max_atoms} atoms "
-            "(cfm_plugins.datasets.cuni: bulk, slabs, clusters; EMT), NequIP GNN "
-            f"(cfm_plugins.datasets.nequip_config: {args.features} features, l_max 1, 2 layers, "
-            "r_max 4.0, float64, "
-            f"EnergyForceLoss), batch_size {args.batch_size} per rank, Adam lr {args.lr}, "
-            f"{args.epochs} epochs, "
-            "2 MPI ranks x 1 thread."
+            f"1..{args.max_atoms} atoms (cfm_plugins.datasets.cuni: bulk, slabs, clusters; EMT), "
+            f"NequIP GNN (cfm_plugins.datasets.nequip_config: {args.features} features, l_max 1, 2 "
+            f"layers, r_max 4.0, float64, EnergyForceLoss), batch_size {args.batch_size} per rank, "
+            f"Adam lr {args.lr}, {args.epochs} epochs, 2 MPI ranks x 1 thread."
         )
     else:
         info["hydragnn_num"] = args.num

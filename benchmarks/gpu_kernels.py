@@ -198,8 +198,7 @@ def tile_sweep(args, fused: dict, graphs: dict, device) -> list[str]:
     lines = [
         "",
         "Tile configs of the Triton kernels (`--tiles`; fused way only, one kernel's tile changed "
-        "at "
-        "a time; ms, and vs the default in the same run)"
+        "at a time; ms, and vs the default in the same run)"
         + ("" if device.type == "cuda" else ": on a CPU the C++ kernels run, tiles change nothing")
         + ":",
         "",

@@ -529,8 +529,7 @@ def epoch_timeouts(given, ways, commands) -> dict:
     if len(given) != len(ways):
         raise ValueError(
             f"--epoch-timeout: give one value, or one per epoch way ({len(ways)}: "
-            f"{' '.join(ways)}), "
-            f"got {len(given)}"
+            f"{' '.join(ways)}), got {len(given)}"
         )
     per_way = dict(zip(ways, given))
     out = {}

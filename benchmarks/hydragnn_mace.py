@@ -92,10 +92,8 @@ def main(argv=None) -> int:
     atoms = [g.num_nodes for g in graphs]
     load = os.getloadavg()[0]  # the machine at the start (the record notes it with the figures)
     print(
-        f"command: {command}\nworkload: {args}; "
-        f"{len(graphs)} graphs of {min(atoms)}..{max(atoms)} atoms (mean "
-        f"{sum(atoms) / len(atoms):.1f}); "
-        f"load average {load:.1f}",
+        f"command: {command}\nworkload: {args}; {len(graphs)} graphs of {min(atoms)}..{max(atoms)} "
+        f"atoms (mean {sum(atoms) / len(atoms):.1f}); load average {load:.1f}",
         flush=True,
     )
     mpirun = mpirun_command(2)
@@ -135,22 +133,20 @@ def main(argv=None) -> int:
         r = rows[label]
         print(
             f"{label:8s} epoch {r['epoch_s']:7.2f} s (cpu {r['cpu_s']:7.2f} s)  steps "
-            f"{r['steps']:3d}  "
-            f"LIF {r['lif']:.3f} (atoms {r['lif_atoms']:.3f})  whole run {r['run_s']:.0f} s  "
-            f"load average {r['load']:.1f}",
+            f"{r['steps']:3d}  LIF {r['lif']:.3f} (atoms {r['lif_atoms']:.3f})  whole run "
+            f"{r['run_s']:.0f} s  load average {r['load']:.1f}",
             flush=True,
         )
 
     description = (
-        "HydraGNN from source, MACEStack as examples/hydragnn/mace/ builds it "
-        f"(hidden_dim {args.hidden}, 2 layers, correlation 3, max_ell 2, node_max_ell 1, float64, "
-        f"energy + forces loss, AdamW), {n} EMT molecules and metal clusters of "
-        f"{min(atoms)}..{max(atoms)} atoms (mean {sum(atoms) / len(atoms):.1f}), {args.n_train} "
-        f"of them for training, batch_size {args.batch_size}; mpirun -np 2 cfm-run --enable "
-        "hydragnn[,binpack][,fused] -- python train.py config.json, 2 MPI ranks x 1 thread "
-        f"(gloo); last of {args.epochs} epochs. Epoch = the training steps of the slowest rank "
-        "(data loading, forward with forces, backward, optimizer step); LIF of the forward's CPU "
-        "time"
+        "HydraGNN from source, MACEStack as examples/hydragnn/mace/ builds it (hidden_dim "
+        f"{args.hidden}, 2 layers, correlation 3, max_ell 2, node_max_ell 1, float64, energy + "
+        f"forces loss, AdamW), {n} EMT molecules and metal clusters of {min(atoms)}..{max(atoms)} "
+        f"atoms (mean {sum(atoms) / len(atoms):.1f}), {args.n_train} of them for training, "
+        f"batch_size {args.batch_size}; mpirun -np 2 cfm-run --enable hydragnn[,binpack][,fused] "
+        f"-- python train.py config.json, 2 MPI ranks x 1 thread (gloo); last of {args.epochs} "
+        "epochs. Epoch = the training steps of the slowest rank (data loading, forward with "
+        "forces, backward, optimizer step); LIF of the forward's CPU time"
     )
     epochs = config_table(rows, "epoch (s, slowest rank)", "ratio to stock", speedup=False)
     base = rows["stock"]["cpu_s"]

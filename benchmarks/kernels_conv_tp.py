@@ -179,8 +179,7 @@ def run_case(graph_file, dtype, impl, mode, repeat, threads, timeout, mem_limit)
 def fmt_table(rows) -> list[str]:
     out = [
         "| atoms | edges | dtype | mode | e3nn+scatter (ms) | fused (ms) | speed-up | e3nn peak / "
-        "rise (MiB) "
-        "| fused peak / rise (MiB) | peak ratio | rise ratio |",
+        "rise (MiB) | fused peak / rise (MiB) | peak ratio | rise ratio |",
         "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (atoms, edges, dtype, mode), pair in rows.items():
@@ -198,8 +197,7 @@ def fmt_table(rows) -> list[str]:
         rr = f"{fu['rise_mib'] / max(ref['rise_mib'], 1e-9):.3f}" if ok else "-"
         out.append(
             f"| {atoms} | {edges} | {dtype} | {mode} | {cell_t(ref)} | {cell_t(fu)} | {sp} | "
-            f"{cell_m(ref)} "
-            f"| {cell_m(fu)} | {pr} | {rr} |"
+            f"{cell_m(ref)} | {cell_m(fu)} | {pr} | {rr} |"
         )
     return out
 

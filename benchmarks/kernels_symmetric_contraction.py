@@ -200,8 +200,7 @@ def main(argv=None) -> int:
     command = command_line(argv)
     print(
         f"workload: hidden {HIDDEN}, x [nodes, {MUL}, 16] (l<=3), correlation {CORR}, {ELEMENTS} "
-        "elements, "
-        f"{args.threads} threads; nodes {args.nodes}; dtypes {args.dtypes}"
+        f"elements, {args.threads} threads; nodes {args.nodes}; dtypes {args.dtypes}"
     )
     print(f"command: {command}")
     rows = []

@@ -103,8 +103,7 @@ def main(argv=None) -> int:
         )
         print(
             f"{label:8s} epoch {epoch_s:7.2f} s  steps {per_epoch:3d}  LIF "
-            f"{rows[label]['lif']:.3f} "
-            f"(atoms {rows[label]['lif_atoms']:.3f})",
+            f"{rows[label]['lif']:.3f} (atoms {rows[label]['lif_atoms']:.3f})",
             flush=True,
         )
 

@@ -84,9 +84,8 @@ def table(rows):
     for r in rows:
         out.append(
             f"| {r['W']} | {r['packer']} | {r['cpu']:.3f} | {r['time']:.3f} | {r['bins_lb']:.4f} | "
-            f"{100 * r['padding']:.2f}% | "
-            f"{r['max_bin'] / CAPACITY:.3f} | {r['imb']:.5f} | {r['straggler']:.4f} | "
-            f"{r['lost']} / {r['dup']} | {100 * r['repeat']:.3f}% |"
+            f"{100 * r['padding']:.2f}% | {r['max_bin'] / CAPACITY:.3f} | {r['imb']:.5f} | "
+            f"{r['straggler']:.4f} | {r['lost']} / {r['dup']} | {100 * r['repeat']:.3f}% |"
         )
     return "\n".join(out)
 
@@ -98,9 +97,8 @@ def check_targets(rows, n):
         checks = [
             (
                 f"pack {n} graphs <= 0.5 s on one core (median CPU time {r['cpu']:.3f} s; wall "
-                "time median "
-                f"{r['time']:.3f} s, best {r['time_min']:.3f} s, inflated when other jobs share "
-                "the cores)",
+                f"time median {r['time']:.3f} s, best {r['time_min']:.3f} s, inflated when other "
+                "jobs share the cores)",
                 r["cpu"] <= 0.5,
             ),
             (
@@ -139,8 +137,7 @@ def main(argv=None):
         f"{'' if n_req is None else ', proportions kept; full counts'}: "
         + ", ".join(f"{k} {v[0]:,} x {v[1]}-{v[2]}" for k, v in PAPER_MIX.items())
         + f"; MPtrj log-normal median {MPTRJ_MEDIAN:g} sigma {MPTRJ_SIGMA:g} clipped, "
-        "others uniform), "
-        f"capacity {CAPACITY} atoms, world sizes {', '.join(map(str, worlds))}"
+        f"others uniform), capacity {CAPACITY} atoms, world sizes {', '.join(map(str, worlds))}"
     )
     print("command:", cmd)
     print("workload:", workload, flush=True)
@@ -153,22 +150,19 @@ def main(argv=None):
             rows.append(row)
             print(
                 f"W={w:4d} {name:28s} cpu {row['cpu']:.3f}s wall {row['time']:.3f}s bins/lb "
-                f"{row['bins_lb']:.4f} "
-                f"pad {100 * row['padding']:.2f}% imb {row['imb']:.5f} strag "
-                f"{row['straggler']:.4f} "
-                f"lost/dup {row['lost']}/{row['dup']} repeat {100 * row['repeat']:.3f}% "
-                f"[{time.perf_counter() - t0:.1f}s]",
+                f"{row['bins_lb']:.4f} pad {100 * row['padding']:.2f}% imb {row['imb']:.5f} strag "
+                f"{row['straggler']:.4f} lost/dup {row['lost']}/{row['dup']} repeat "
+                f"{100 * row['repeat']:.3f}% [{time.perf_counter() - t0:.1f}s]",
                 flush=True,
             )
     targets = check_targets(rows, n)
     columns = (
-        "pack CPU time (process time, one thread) and wall time = median of 5 for ours, "
-        "one run for the others (pure Python loops in some); padding = 1 - total / (bins x "
-        "max(capacity, largest bin)); mean step imbalance = mean over steps of max/mean bin cost; "
-        "straggler epoch / ideal = sum over steps of the largest bin cost / (total / W); repeated "
-        "pairs = exact fraction of the pairs co-batched in epoch 0 (seed 0) co-batched again in "
-        "epoch 1 (seed 1). Baselines: benchmarks/baselines.py (fixed counts use 8 graphs per "
-        "rank)."
+        "pack CPU time (process time, one thread) and wall time = median of 5 for ours, one run "
+        "for the others (pure Python loops in some); padding = 1 - total / (bins x max(capacity, "
+        "largest bin)); mean step imbalance = mean over steps of max/mean bin cost; straggler "
+        "epoch / ideal = sum over steps of the largest bin cost / (total / W); repeated pairs = "
+        "exact fraction of the pairs co-batched in epoch 0 (seed 0) co-batched again in epoch 1 "
+        "(seed 1). Baselines: benchmarks/baselines.py (fixed counts use 8 graphs per rank)."
     )
     lines = table(rows)
     print("\n".join(["", lines, "", "Targets (ours):", *targets]), flush=True)

@@ -143,10 +143,8 @@ def resolve_command(command: list[str]):
         return (lambda: runpy.run_path(head, run_name="__main__")), command
     raise ValueError(
         f"{head!r} is neither a console script installed in this Python environment ({sys.prefix}) "
-        "nor a "
-        "Python script; use `-- python script.py ARGS` for scripts, and run cfm-run from the "
-        "environment "
-        "that has the trainer installed"
+        "nor a Python script; use `-- python script.py ARGS` for scripts, and run cfm-run from "
+        "the environment that has the trainer installed"
     )
 
 

@@ -216,10 +216,9 @@ def no_cuda_message(failures: list[tuple[int, str, str]], world: int, source: st
     asked = f" (from {source})" if source else ""
     return (
         f"device 'cuda' was asked for{asked}, but {len(failures)} of {world} "
-        f"rank{'s' if world > 1 else ''} "
-        f"{'sees' if len(failures) == 1 else 'see'} no CUDA device "
-        f"({where}). Run on nodes with GPUs and a CUDA build of torch, or ask for device cpu "
-        "(the trainer's --device cpu, or cfm-run --device cpu)"
+        f"rank{'s' if world > 1 else ''} {'sees' if len(failures) == 1 else 'see'} no CUDA device "
+        f"({where}). Run on nodes with GPUs and a CUDA build of torch, or ask for device cpu (the "
+        "trainer's --device cpu, or cfm-run --device cpu)"
     )
 
 
@@ -470,8 +469,7 @@ def shutdown(dist: DistInfo | None) -> None:
         except Exception as e:  # noqa: BLE001 - a peer already gone: still destroy ours
             log.warning(
                 "rank %d: the final barrier failed (%s: %s): another rank ended first, likely "
-                "after an "
-                "error of its own (see its log); closing this rank's process group anyway",
+                "after an error of its own (see its log); closing this rank's process group anyway",
                 dist.rank,
                 type(e).__name__,
                 e,

@@ -166,11 +166,9 @@ def enable_serving_adapter(config: Config, cat: Catalog) -> None:
     if needing:
         raise MissingAdapterError(
             f"{', '.join(needing)} work(s) through a trainer adapter, and no installed adapter "
-            "serves "
-            f"`{_command_text(argv)}` (installed adapters: {', '.join(adapters) or 'none'}). Run a "
-            "trainer "
-            "command one of them serves (e.g. `-- mace_run_train ...`), or install the adapter for "
-            "your trainer."
+            f"serves `{_command_text(argv)}` (installed adapters: "
+            f"{', '.join(adapters) or 'none'}). Run a trainer command one of them serves (e.g. `-- "
+            "mace_run_train ...`), or install the adapter for your trainer."
         )
 
 

@@ -79,8 +79,7 @@ class StepTimer:
         except RuntimeError as err:  # a communication hook is registered already
             log.info(
                 "step timing: DDP already has a communication hook (%s); the compute wall time of "
-                "a step "
-                "includes its all-reduce wait",
+                "a step includes its all-reduce wait",
                 err,
             )
             return False

@@ -49,13 +49,10 @@ def test_library_paths_names_the_built_libraries():
 @built
 def test_load_library_declares_the_operators_in_a_fresh_process():
     out = run_python(
-        "import sys, torch, cfm_plugins\n"
-        "paths = cfm_plugins.load_library()\n"
-        "print(paths == cfm_plugins.library_paths(cuda=torch.cuda.is_available() and len(paths) == "
-        "2))\n"
-        "print(all(hasattr(torch.ops.cfm, op) for op in ('symmetric_contraction_fwd', "
-        "'conv_tp_fwd')))\n"
-        "print('cfm_plugins.ops.patching' in sys.modules)\n"
+        "import sys, torch, cfm_plugins\npaths = cfm_plugins.load_library()\nprint(paths == "
+        "cfm_plugins.library_paths(cuda=torch.cuda.is_available() and len(paths) == "
+        "2))\nprint(all(hasattr(torch.ops.cfm, op) for op in ('symmetric_contraction_fwd', "
+        "'conv_tp_fwd')))\nprint('cfm_plugins.ops.patching' in sys.modules)\n"
     )
     assert out.split() == ["True", "True", "False"]  # loaded without the fused modules or patching
 

@@ -107,8 +107,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     print(
         f"sizes {args.sizes}, noise {args.noise:g}, outliers {args.outliers:g}, {args.seeds} "
-        "seeds: true LIF of "
-        "the plans made with the fit, mean (max) over seeds"
+        "seeds: true LIF of the plans made with the fit, mean (max) over seeds"
     )
     print("| truth | " + " | ".join(VARIANTS) + " |")
     print("|---|" + "---|" * len(VARIANTS))

@@ -414,9 +414,8 @@ def pinned_check(wl, device) -> str:
         verdict = "non-blocking" if busy and t_to < 0.5 * t_sync else "blocking (or inconclusive)"
         out.append(
             f"{'pinned' if pin else 'pageable'} (is_pinned {pinned}): to() returned after "
-            f"{t_to:.2f} ms, "
-            f"stream still busy {busy}, synchronized after {t_sync:.2f} ms, views on device "
-            f"{views}: {verdict}"
+            f"{t_to:.2f} ms, stream still busy {busy}, synchronized after {t_sync:.2f} ms, views "
+            f"on device {views}: {verdict}"
         )
     return "; ".join(out)
 
@@ -494,8 +493,7 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
                 FAILURES.append(f"{name} {key}: {check[key]}")
             step_name = "train" if key == "sync_train" else "inference"
             say(
-                f"{verdict(check[key])} {name} no "
-                f"sync in the captured {step_name} "
+                f"{verdict(check[key])} {name} no sync in the captured {step_name} "
                 f"step{'' if check[key] == 'PASS' else ': ' + check[key]}"
             )
 
@@ -518,9 +516,8 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
             gpu = f"{g0:.2f} / {g1:.2f} / {g2:.2f}" if g0 is not None else "-"
             rows.append(
                 f"| {dtype_name} | {wl0.atoms} | {wl0.edges} | {wl0.sizes[1]} / {wl0.sizes[2]} | "
-                f"{label} "
-                f"| {step} | {w0:.2f} | {w1:.2f} | {w2:.2f} | {w1 / w0:.2f}x | {w2 / w0:.2f}x | "
-                f"{gpu} |"
+                f"{label} | {step} | {w0:.2f} | {w1:.2f} | {w2:.2f} | {w1 / w0:.2f}x | "
+                f"{w2 / w0:.2f}x | {gpu} |"
             )
             say(rows[-1])
 
@@ -538,9 +535,8 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
     # may reuse the train step's graph (1, as on an H200) or get its own (2)
     say(
         f"dynamo: {check['graphs']} graph(s) compiled for the train and inference steps (1 or 2), "
-        "graph breaks "
-        f"{breaks or 'none'}, shapes {fwd.shapes if fwd else '-'}; inductor cudagraph_skips: "
-        f"{check['skips']}"
+        f"graph breaks {breaks or 'none'}, shapes {fwd.shapes if fwd else '-'}; inductor "
+        f"cudagraph_skips: {check['skips']}"
     )
     logged = capture.take()
     skipped = [m for m in logged if "skipping cudagraph" in m.lower()]
@@ -564,8 +560,7 @@ def check_table(checks) -> list[str]:
 
     lines = [
         "| configuration | loss | grads | E train | F train | E inference | F inference | padded "
-        "vs unpadded "
-        "| no sync (train) | no sync (inference) | graphs | breaks | cudagraph skips |",
+        "vs unpadded | no sync (train) | no sync (inference) | graphs | breaks | cudagraph skips |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in checks:
@@ -664,11 +659,9 @@ def main(argv=None) -> int:
         f"Device: {device_name(device)}",
         "",
         f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP "
-        "[64,64,64], "
-        f"r_max {R_MAX:g}, 2 layers; one rattled CuNi fcc cell padded to its size + "
-        f"{HEADROOM:.0%}; "
-        f"captured = compile={args.mode} of the static forward; median of {args.reps} steps after "
-        f"{args.warmup} warm-ups.",
+        f"[64,64,64], r_max {R_MAX:g}, 2 layers; one rattled CuNi fcc cell padded to its size + "
+        f"{HEADROOM:.0%}; captured = compile={args.mode} of the static forward; median of "
+        f"{args.reps} steps after {args.warmup} warm-ups.",
         "",
     ]
     say(*head)
@@ -734,8 +727,7 @@ def main(argv=None) -> int:
         head
         + [
             "Checks (max relative error of captured vs compile=off; padded vs unpadded: eager, "
-            "worst "
-            f"quantity; tolerance {TOL}):",
+            f"worst quantity; tolerance {TOL}):",
             "",
         ]
         + check_table(checks)

@@ -246,9 +246,8 @@ def main(argv=None) -> int:
             status = "ok" if rep.ok else f"ERROR {rep.error}"
             print(
                 f"{rep.kernel:28s} {rep.dtype:8s} {rep.config:20s} {rep.target:7s} regs "
-                f"{rep.registers!s:>4} "
-                f"spills {rep.spill_bytes!s:>6} B  sgpr->vgpr {rep.sgpr_spills:>3}  "
-                f"{rep.seconds:6.1f} s  {status}",
+                f"{rep.registers!s:>4} spills {rep.spill_bytes!s:>6} B  sgpr->vgpr "
+                f"{rep.sgpr_spills:>3}  {rep.seconds:6.1f} s  {status}",
                 flush=True,
             )
     order = {j: i for i, j in enumerate(todo)}
@@ -270,9 +269,7 @@ def main(argv=None) -> int:
     for r in over:
         print(
             f"FAILED: {r.kernel} {r.dtype} {r.config} on {r.target} spills {r.spill_bytes} B, "
-            "scratch "
-            f"{r.scratch_bytes} B (budget "
-            f"{args.spill_budget} B in a default config)",
+            f"scratch {r.scratch_bytes} B (budget {args.spill_budget} B in a default config)",
             file=sys.stderr,
         )
     return 1 if errors or over else 0
@@ -283,8 +280,7 @@ def _table(reports, args, seconds: float) -> str:
     lines = [
         f"Command: `{COMMAND}` ({dt.date.today().isoformat()}, triton "
         f"{__import__('triton').__version__}, {platform.machine()}, {seconds / 60:.1f} min on a "
-        "shared "
-        f"{os.cpu_count()}-core machine)",
+        f"shared {os.cpu_count()}-core machine)",
         "",
         "Registers per thread (VGPRs on AMD) / spill bytes to memory; `+sN`: N SGPRs spilled into "
         "VGPR lanes "

@@ -63,9 +63,8 @@ def cfm_adapter_serves(argv):
 def cfm_before_trainer(config, dist, argv):
     if not serves(argv):
         log.warning(
-            "the hydragnn plugin meets HydraGNN training scripts; %r does not look like one "
-            "(no JSON config with a NeuralNetwork section, no `import hydragnn`), so it does "
-            "nothing",
+            "the hydragnn plugin meets HydraGNN training scripts; %r does not look like one (no "
+            "JSON config with a NeuralNetwork section, no `import hydragnn`), so it does nothing",
             argv[:2],
         )
         return None

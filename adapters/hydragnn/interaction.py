@@ -178,8 +178,7 @@ def computes_as_stock(block: torch.nn.Module) -> bool:
         except Exception as exc:  # noqa: BLE001 - any failure means: do not use the fused forward
             log.warning(
                 "HydraGNN's %s: the fused block could not be checked (%s: %s); its conv_tp is "
-                "fused "
-                "alone",
+                "fused alone",
                 cls.__name__,
                 type(exc).__name__,
                 exc,

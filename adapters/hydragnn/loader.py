@@ -137,8 +137,7 @@ def make_create_dataloaders(stock_create, loader_cls, session, scales=None):
         if batching and batching.get("mode", "fixed") != "fixed":
             log.warning(
                 "HydraGNN's Training.Batching (mode %r) is replaced by binpack's batches: set "
-                "binpack's "
-                "max_tokens/cost instead, or leave binpack out to use HydraGNN's",
+                "binpack's max_tokens/cost instead, or leave binpack out to use HydraGNN's",
                 batching.get("mode"),
             )
         if not tdist.is_initialized():

@@ -151,8 +151,7 @@ def make_load_existing_model(stock, session):
         elif os.path.exists(state_path(path, model_name)):
             log.warning(
                 "load_existing_model(%r) before the loaders were made: the saved cost=auto fits "
-                "are not "
-                "used (make the loaders first, as hydragnn.run_training does)",
+                "are not used (make the loaders first, as hydragnn.run_training does)",
                 model_name,
             )
         return out

@@ -44,10 +44,9 @@ def graph_size(data, index: int, need_edges: bool = True) -> tuple[int, int]:
         if need_edges:
             raise ValueError(
                 f"graph {index} of the dataset has no edge_index, and the binpack cost needs edge "
-                "counts (cost=edges, "
-                "or linear with cost_b > 0): use cost=atoms (or linear with cost_b=0), or build "
-                "the graphs' edges "
-                "(e.g. torch_geometric.transforms.RadiusGraph) before training"
+                "counts (cost=edges, or linear with cost_b > 0): use cost=atoms (or linear with "
+                "cost_b=0), or build the graphs' edges (e.g. "
+                "torch_geometric.transforms.RadiusGraph) before training"
             )
         return int(data.num_nodes), -1
     return int(data.num_nodes), int(edge_index.shape[1])

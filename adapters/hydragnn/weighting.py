@@ -104,6 +104,5 @@ class TrainingScales:
         model.loss = loss
         log.info(
             "binpack loss_weighting=per_sample: HydraGNN's head losses are scaled per training "
-            "batch "
-            "(graph heads by the graph factor, node heads by the atom factor)"
+            "batch (graph heads by the graph factor, node heads by the atom factor)"
         )

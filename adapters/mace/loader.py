@@ -220,8 +220,7 @@ def batch_sampler_for(hook, dataset, sizes, config, dist, role, trainer):
     except ValueError as err:
         raise ValueError(
             f"mace_run_train's {role} loader, {LOADER_FILES[role]} with {len(dataset)} "
-            "structure(s) "
-            f"on {dist.world_size} rank(s): {err} (the capacity is --cfm-max-tokens)"
+            f"structure(s) on {dist.world_size} rank(s): {err} (the capacity is --cfm-max-tokens)"
         ) from err
 
 
@@ -263,9 +262,8 @@ def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0
         if batch_sampler is None:
             if hook.cfm_batch_budget.get_hookimpls():
                 log.warning(
-                    "%s loader: no batch sampler for %s, so its batches are not padded to a budget "
-                    "(the "
-                    "compiled model sees their own shapes)",
+                    "%s loader: no batch sampler for %s, so its batches are not padded to a "
+                    "budget (the compiled model sees their own shapes)",
                     role,
                     type(dataset).__name__,
                 )

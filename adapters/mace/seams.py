@@ -104,8 +104,7 @@ def install(config) -> callable:
         if args.device != dist.device_type:
             raise ValueError(
                 f"mace_run_train --device {args.device} but cfm-run set up the ranks for "
-                f"{dist.device}: "
-                f"pass `cfm-run --device {args.device}` too"
+                f"{dist.device}: pass `cfm-run --device {args.device}` too"
             )
         if not args.distributed:
             log.info(

@@ -171,8 +171,7 @@ def fuse(model: torch.nn.Module) -> int:
     if report.missing:
         log.warning(
             "%s: the model (%s) has no nequip TensorProductScatter module, the module this "
-            "modifier "
-            "replaces; it runs stock",
+            "modifier replaces; it runs stock",
             MODIFIER,
             type(model).__name__,
         )

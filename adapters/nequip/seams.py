@@ -129,10 +129,8 @@ def trainer_config(cfg: dict, config, dist) -> dict:
         )
         raise ValueError(
             f"trainer.strategy={spawning} starts its own processes, which cannot run under mpirun "
-            "and "
-            f"cfm-run ({why}); use strategy: ddp (the default cfm-run sets on several ranks) and "
-            "launch "
-            "the ranks with mpirun -np N"
+            f"and cfm-run ({why}); use strategy: ddp (the default cfm-run sets on several ranks) "
+            "and launch the ranks with mpirun -np N"
         )
     if config.is_enabled("binpack"):
         _replace(

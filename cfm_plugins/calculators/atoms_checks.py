@@ -65,11 +65,10 @@ def check_atoms(atoms, known_numbers, label: str = "the structure") -> None:
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
         raise ValueError(
-            f"{_named(atoms, label)} has positions that are not finite: atoms "
-            f"{_indices(bad)} (atom {first} at {positions[first].tolist()}). A diverged MD run or "
-            "an "
-            "optimiser step gone wrong leaves NaN or inf behind: start again from the last good "
-            "structure, with a smaller time step"
+            f"{_named(atoms, label)} has positions that are not finite: atoms {_indices(bad)} "
+            f"(atom {first} at {positions[first].tolist()}). A diverged MD run or an optimiser "
+            "step gone wrong leaves NaN or inf behind: start again from the last good structure, "
+            "with a smaller time step"
         )
     pbc = np.asarray(atoms.pbc, dtype=bool)
     if not pbc.any():

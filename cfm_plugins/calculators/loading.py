@@ -166,13 +166,10 @@ def load_mace_weights(path, architecture, device: str = "cpu") -> torch.nn.Modul
     except pickle.UnpicklingError as exc:
         raise ValueError(
             f"{source} cannot be loaded with weights_only=True: it pickles Python objects (a whole "
-            "model, "
-            f"as mace_run_train's .model files do), not only weights ({str(exc).splitlines()[0]}). "
-            "If you trust "
-            "the file, load it with weights_only=False; to get a weights-only file, run once where "
-            "the file is "
-            "trusted: torch.save(torch.load(path, weights_only=False).state_dict(), "
-            "'model_weights.pt')"
+            "model, as mace_run_train's .model files do), not only weights "
+            f"({str(exc).splitlines()[0]}). If you trust the file, load it with "
+            "weights_only=False; to get a weights-only file, run once where the file is trusted: "
+            "torch.save(torch.load(path, weights_only=False).state_dict(), 'model_weights.pt')"
         ) from exc
     except (RuntimeError, EOFError) as exc:
         raise ValueError(
@@ -183,9 +180,8 @@ def load_mace_weights(path, architecture, device: str = "cpu") -> torch.nn.Modul
     if architecture is None:
         raise ValueError(
             f"{source} holds weights only ({len(weights)} tensors): pass architecture=, a MACE "
-            "model "
-            "of the same configuration (built with the training options, or loaded from a file you "
-            "trust), for the weights to be loaded into"
+            "model of the same configuration (built with the training options, or loaded from a "
+            "file you trust), for the weights to be loaded into"
         )
     model = (
         architecture()

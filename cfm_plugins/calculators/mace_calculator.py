@@ -155,10 +155,8 @@ class CFMCalculator(MACECalculator):
         if kernels and compile_mode is not None:
             raise NotImplementedError(
                 "compile_mode with the fused kernels is not supported: mace's compile path "
-                "rebuilds the model "
-                "from its configuration and would drop the fused modules; use compile='default' "
-                "(ours, fused "
-                "kernels inside) or fused=False for mace's compile"
+                "rebuilds the model from its configuration and would drop the fused modules; use "
+                "compile='default' (ours, fused kernels inside) or fused=False for mace's compile"
             )
         from cfm_plugins.static.forward import check_compile_mode
 
@@ -241,12 +239,9 @@ class CFMCalculator(MACECalculator):
         if compile == "off" and str(device).startswith("cuda") and self.kernels:
             log.info(
                 "CFMCalculator: for long MD on a GPU, compile='reduce-overhead' captures the step "
-                "in CUDA graphs "
-                "(an H100 took 59 instead of 126 ms per step at 4000 atoms, float32); it compiles "
-                "once per "
-                "padded size first (57 s before the first step at 4000 atoms on an H200, repaid "
-                "after about "
-                "900 steps; docs/inference.md)"
+                "in CUDA graphs (an H100 took 59 instead of 126 ms per step at 4000 atoms, "
+                "float32); it compiles once per padded size first (57 s before the first step at "
+                "4000 atoms on an H200, repaid after about 900 steps; docs/inference.md)"
             )
         if compile != "off" or self.static_shapes:
             from cfm_plugins.static import mace as static_mace
@@ -288,8 +283,7 @@ class CFMCalculator(MACECalculator):
         if report.missing:
             warnings.warn(
                 f"fused kernels {list(report.missing)}: no matching module found in the model; "
-                "those "
-                "parts run mace's own code",
+                "those parts run mace's own code",
                 stacklevel=3,
             )
         log.info("CFMCalculator: fused kernels swapped in: %s", report)

@@ -43,8 +43,7 @@ def check_skin(skin) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(
             "skin must be a finite distance >= 0 (Angstrom; 0 rebuilds the neighbour list at "
-            "every "
-            f"step), got {skin!r}; 0.5-2 A suits MD at room temperature with 1-2 fs steps"
+            f"every step), got {skin!r}; 0.5-2 A suits MD at room temperature with 1-2 fs steps"
         )
     return value
 

@@ -260,8 +260,7 @@ def make_dataset(
     if max_atoms < MIN_ATOMS:
         raise ValueError(
             f"max_atoms={max_atoms}: the smallest structure made has {MIN_ATOMS} atoms (a cubic "
-            "fcc "
-            f"cell); give max_atoms >= {MIN_ATOMS}"
+            f"fcc cell); give max_atoms >= {MIN_ATOMS}"
         )
     for name, n in (("n_train", n_train), ("n_valid", n_valid), ("n_test", n_test)):
         if n < 0:

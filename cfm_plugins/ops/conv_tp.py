@@ -278,9 +278,8 @@ class FusedConvTP(torch.nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out} | "
-            f"{self.descriptor.num_paths} paths, "
-            f"{self.descriptor.num_pairs} pairs, {self.descriptor.num_entries} CG entries | "
-            f"{self.weight_numel} weights per edge"
+            f"{self.descriptor.num_paths} paths, {self.descriptor.num_pairs} pairs, "
+            f"{self.descriptor.num_entries} CG entries | {self.weight_numel} weights per edge"
         )
 
     # -- eager-only helpers (a scripted model skips the checks and always runs the operators) --
@@ -306,8 +305,7 @@ class FusedConvTP(torch.nn.Module):
         if x.device != self._tp_ints.device:
             raise ValueError(
                 f"FusedConvTP: inputs on {x.device} but the module's tables on "
-                f"{self._tp_ints.device}; "
-                "move the model with .to(device)"
+                f"{self._tp_ints.device}; move the model with .to(device)"
             )
         if x.dim() != 2 or x.shape[1] != self._in1_dim:
             raise ValueError(

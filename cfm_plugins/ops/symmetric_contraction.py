@@ -285,8 +285,7 @@ class FusedSymmetricContraction(torch.nn.Module):
         d = self.descriptor
         return (
             f"{self.irreps_in} -> {self.irreps_out}, elements={self.num_elements}, "
-            f"channels={self.channels}, "
-            f"monomials={len(d.monomials)}, terms={d.num_rows}"
+            f"channels={self.channels}, monomials={len(d.monomials)}, terms={d.num_rows}"
         )
 
     # -- inputs (eager only: a scripted or compiled model skips these checks) -------------------

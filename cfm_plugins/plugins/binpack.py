@@ -65,10 +65,9 @@ def cfm_declare_options():
             "max_tokens",
             float,
             None,
-            "bin capacity in cost units (default: the trainer's batch size x the "
-            "mean graph cost, at least the largest graph; on GPUs clamped to 800..4000 atoms in "
-            "float32, "
-            "400..2000 in float64)",
+            "bin capacity in cost units (default: the trainer's batch size x the mean graph cost, "
+            "at least the largest graph; on GPUs clamped to 800..4000 atoms in float32, 400..2000 "
+            "in float64)",
             positive=True,
         ),
         Option(
@@ -122,11 +121,9 @@ def cfm_declare_options():
             "loss_weighting",
             str,
             "per_sample",
-            "training loss weighting: per_sample (every graph's energy "
-            "term and every atom's forces term weigh the same over an epoch, whatever batch and "
-            "rank it lands "
-            "in; where the trainer's loss cannot be reweighted, stock, said once) or stock (the "
-            "trainer's "
+            "training loss weighting: per_sample (every graph's energy term and every atom's "
+            "forces term weigh the same over an epoch, whatever batch and rank it lands in; where "
+            "the trainer's loss cannot be reweighted, stock, said once) or stock (the trainer's "
             "per-batch means, unchanged); evaluation is never reweighted",
             LOSS_WEIGHTINGS,
         ),
@@ -319,8 +316,7 @@ def training_loss_weighting(config, trainer) -> str:
     loss = trainer.loss or "this trainer's loss"
     why = (
         f"binpack loss_weighting={wanted}: {loss} cannot be reweighted per sample (the adapter "
-        "scales "
-        "per-sample weights only in losses linear in them; it offers "
+        "scales per-sample weights only in losses linear in them; it offers "
         f"{', '.join(trainer.loss_weightings)})"
     )
     if "loss_weighting" in config.options:
@@ -348,8 +344,7 @@ def log_weight_spread(sampler) -> None:
     else:
         log.info(
             "binpack loss_weighting=stock: over an epoch the per-batch means weigh graphs up to "
-            "%.1fx and "
-            "atoms up to %.1fx apart (loss_weighting=per_sample makes them equal)",
+            "%.1fx and atoms up to %.1fx apart (loss_weighting=per_sample makes them equal)",
             graphs,
             atoms,
         )

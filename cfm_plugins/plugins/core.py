@@ -43,10 +43,9 @@ def cfm_declare_options():
             "rendezvous_interface",
             str,
             None,
-            "network interface (e.g. ib0, eth0) the rendezvous and gloo/nccl "
-            "use when the ranks span several nodes (default: the interface of the default route); "
-            "on one "
-            "node everything stays on the loopback interface",
+            "network interface (e.g. ib0, eth0) the rendezvous and gloo/nccl use when the ranks "
+            "span several nodes (default: the interface of the default route); on one node "
+            "everything stays on the loopback interface",
         ),
         Option(
             "collective_timeout",
@@ -61,10 +60,9 @@ def cfm_declare_options():
             "step_log",
             str,
             None,
-            "write each rank's per-step records (sizes, compute times; losses where "
-            "the trainer gives them) to PATH.rank<r>.jsonl; cfm_plugins.steplog reads them and "
-            "computes "
-            "the load imbalance factor",
+            "write each rank's per-step records (sizes, compute times; losses where the trainer "
+            "gives them) to PATH.rank<r>.jsonl; cfm_plugins.steplog reads them and computes the "
+            "load imbalance factor",
         ),
     ]
 

@@ -146,8 +146,7 @@ def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
     if not hasattr(sampler, "packing_of_epoch"):
         raise ValueError(
             f"static_shapes: the {role} batch sampler ({type(batch_sampler).__name__}) has no "
-            "packing "
-            "plan to take a budget from: enable binpack"
+            "packing plan to take a budget from: enable binpack"
         )
     atoms, edges = global_sizes(sizes, dist)
     epochs = config.get("budget_epochs") if sampler.shuffle else 1

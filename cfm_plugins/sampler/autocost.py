@@ -238,8 +238,7 @@ def fit_step_times(
     if t.shape[0] < 4:
         raise ValueError(
             f"fit_step_times needs at least 4 timed steps, got {t.shape[0]}: calibrate on more "
-            "steps "
-            "(calibrate_steps, or a larger data set / smaller max_tokens)"
+            "steps (calibrate_steps, or a larger data set / smaller max_tokens)"
         )
     if not np.all(np.isfinite(t)):
         raise ValueError("fit_step_times: the step times hold NaN or inf")
@@ -557,8 +556,7 @@ class CostCalibration:
         if state.get("data") != digest:
             log.warning(
                 "cost=auto: the saved calibration belongs to another training set (other graph "
-                "sizes); "
-                "calibrating anew"
+                "sizes); calibrating anew"
             )
             return False
         history = [Calibration.from_dict(c) for c in state.get("calibrations", [])]

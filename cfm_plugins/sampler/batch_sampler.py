@@ -192,8 +192,7 @@ class BinPackBatchSampler(Sampler):
         if self.atoms is not None and self.atoms.shape != self.costs.shape:
             raise ValueError(
                 f"atoms has {self.atoms.size} entries, costs {self.costs.size}: give one atom "
-                "count "
-                "per sample"
+                "count per sample"
             )
         self._yielded_bins: collections.deque = (
             collections.deque()
@@ -434,8 +433,7 @@ class BinPackBatchSampler(Sampler):
         if ws != self.world_size:
             raise ValueError(
                 f"state was saved with world_size {ws}, this sampler has {self.world_size}: the "
-                "plan "
-                "differs; resume from the start of an epoch instead (set_epoch)"
+                "plan differs; resume from the start of an epoch instead (set_epoch)"
             )
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
@@ -704,13 +702,10 @@ class AutoCostBatchSampler(BinPackBatchSampler):
             cands = ", ".join(f"{'+'.join(t)} {e * 1e3:.3g} ms" for t, e in f.cv_table[:4])
             clock = "thread CPU time" if f.clock == "cpu" else "wall-clock time"
             log.info(
-                "binpack cost=auto from epoch %d: step time = %s (%s of forward+backward, %d steps "
-                "x %d ranks%s, "
-                "R^2 %.3f; model %s chosen by cross-validated error of the per-step max over "
-                "ranks: %s); "
-                "LIF measured in the calibration %.3f (the fit predicts %.3f there), predicted for "
-                "the new plan "
-                "%.3f; capacity %g",
+                "binpack cost=auto from epoch %d: step time = %s (%s of forward+backward, %d "
+                "steps x %d ranks%s, R^2 %.3f; model %s chosen by cross-validated error of the "
+                "per-step max over ranks: %s); LIF measured in the calibration %.3f (the fit "
+                "predicts %.3f there), predicted for the new plan %.3f; capacity %g",
                 epoch,
                 f.formula(),
                 clock,
@@ -735,10 +730,8 @@ class AutoCostBatchSampler(BinPackBatchSampler):
                 self._said_untimed = True
                 log.info(
                     "binpack cost=auto: no timed training step in the epochs so far (a pass over "
-                    "the loader "
-                    "without training, or an adapter that does not time steps); the plans keep %s "
-                    "until there "
-                    "are",
+                    "the loader without training, or an adapter that does not time steps); the "
+                    "plans keep %s until there are",
                     "the initial cost" if first else "the last fit",
                 )
             return ("more", None)
@@ -767,8 +760,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         if not fit.explains:
             log.warning(
                 "binpack cost=auto: the step times do not grow with atoms, edges or graphs (R^2 "
-                "%.3f over %d "
-                "steps); keeping %s",
+                "%.3f over %d steps); keeping %s",
                 fit.r2,
                 fit.steps,
                 "the initial cost" if first else "the last fit",

@@ -312,9 +312,8 @@ def pack(
         if oversize == "error":
             raise ValueError(
                 f"sample {i} has cost {c[i]:g} > capacity {cap:g} ({len(over)} sample(s) exceed "
-                "it: "
-                f"{names}); raise the capacity to at least {c[over].max():g}, or choose "
-                f"oversize='solo' (alone in its own batch) or oversize='skip' (dropped)"
+                f"it: {names}); raise the capacity to at least {c[over].max():g}, or choose "
+                "oversize='solo' (alone in its own batch) or oversize='skip' (dropped)"
             )
         if oversize == "skip":
             skipped = over
@@ -457,8 +456,7 @@ def check_levels(levels) -> tuple:
     ):
         raise ValueError(
             f"levels={levels!r}: give distinct fractions of the capacity in (0, 1], the largest "
-            "1.0 "
-            "(no bin may exceed the capacity), e.g. (0.7, 0.85, 1.0); (1.0,) for one capacity"
+            "1.0 (no bin may exceed the capacity), e.g. (0.7, 0.85, 1.0); (1.0,) for one capacity"
         )
     return tuple(f)
 
@@ -551,10 +549,8 @@ def _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, bins_needed,
     if n < w:
         helps = (
             f"use at most {n} rank(s) or more samples (a larger capacity cannot help: every rank "
-            "needs a "
-            "sample of its own), or let the sampler repeat samples (repeat=True, as binpack does "
-            "for "
-            "training loaders)"
+            "needs a sample of its own), or let the sampler repeat samples (repeat=True, as "
+            "binpack does for training loaders)"
         )
     else:
         k = n // w * w  # the most bins that n samples fill, a multiple of w
@@ -563,15 +559,12 @@ def _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, bins_needed,
         )  # dealt round-robin into k bins, each fits
         helps = (
             f"a capacity of {fits:g} or more packs them into {k} bins; or use fewer ranks, more "
-            "samples, "
-            "or repeat=True"
+            "samples, or repeat=True"
         )
     raise ValueError(
         f"cannot give each of {w} ranks a non-empty batch at every step: {n} sample(s) of total "
-        "cost "
-        f"{total:g} need {bins_needed} bins of capacity {cap:g} (a multiple of {w}), more than "
-        "there "
-        f"are samples; {helps}"
+        f"cost {total:g} need {bins_needed} bins of capacity {cap:g} (a multiple of {w}), more "
+        f"than there are samples; {helps}"
     )
 
 
@@ -651,9 +644,8 @@ def deal_over_ranks(packing: Packing, costs, world_size: int) -> Packing:
         bins = _split_bins(bins, w)
     if len(bins) < w:
         log.info(
-            "evaluation set of %d sample(s) in %d bin(s) for %d ranks: every rank evaluates all of "
-            "them "
-            "(each sample counted %d times; averages are unchanged)",
+            "evaluation set of %d sample(s) in %d bin(s) for %d ranks: every rank evaluates all "
+            "of them (each sample counted %d times; averages are unchanged)",
             len(packing.indices),
             len(bins),
             w,
@@ -672,9 +664,8 @@ def deal_over_ranks(packing: Packing, costs, world_size: int) -> Packing:
         kept_cost[j] += float(cost[i])
     if len(keep) < len(bins):
         log.info(
-            "evaluation plan: %d bin(s) merged into others so that each of %d ranks has a batch at "
-            "every step "
-            "(largest bin cost now %g)",
+            "evaluation plan: %d bin(s) merged into others so that each of %d ranks has a batch "
+            "at every step (largest bin cost now %g)",
             len(bins) - len(keep),
             w,
             max(kept_cost),

@@ -74,20 +74,17 @@ class BalanceReport:
         return "\n".join(
             [
                 f"samples {self.num_samples}, total cost {self.total_cost:g}, capacity "
-                f"{self.capacity:g}, "
-                f"{self.world_size} ranks",
+                f"{self.capacity:g}, {self.world_size} ranks",
                 f"bins {self.num_bins} = {self.num_steps} steps (lower bound "
-                f"{self.lower_bound_bins}, "
-                f"{self.min_bins_for_world} for {self.world_size} ranks; "
+                f"{self.lower_bound_bins}, {self.min_bins_for_world} for {self.world_size} ranks; "
                 f"x{self.num_bins / self.lower_bound_bins:.4f})",
                 f"padding {100 * self.padding:.3f}% (minimum for the rank count "
                 f"{100 * self.min_padding:.3f}%)",
                 f"bin cost min {self.min_bin_cost:g} max {self.max_bin_cost:g}; "
                 f"{self.bins_over_capacity} bins over capacity",
                 f"per-step imbalance (max/mean) mean {self.mean_imbalance:.5f} max "
-                f"{self.max_imbalance:.5f}; "
-                f"LIF {self.lif:.5f}; "
-                f"straggler-bound epoch cost / ideal {self.straggler_ratio:.5f}",
+                f"{self.max_imbalance:.5f}; LIF {self.lif:.5f}; straggler-bound epoch cost / ideal "
+                f"{self.straggler_ratio:.5f}",
                 f"samples lost {self.samples_lost}, duplicated {self.samples_duplicated}",
             ]
         )

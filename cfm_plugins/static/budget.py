@@ -220,9 +220,8 @@ class BudgetTracker:
         self.budget = new
         self.raises += 1
         log.info(
-            "static shapes (%s): a batch of %d atoms, %d edges, %d graphs is over the budget (%s); "
-            "raised "
-            "to %s (one more compilation for the new shape)",
+            "static shapes (%s): a batch of %d atoms, %d edges, %d graphs is over the budget "
+            "(%s); raised to %s (one more compilation for the new shape)",
             self.name,
             atoms,
             edges,

@@ -133,10 +133,8 @@ def cut(outputs: dict, real: tuple, levels: dict) -> dict:
             if len(matches) != 1:
                 raise ValueError(
                     f"static shapes: the model's output {key!r} has shape {tuple(value.shape)}, "
-                    "which "
-                    f"cannot be placed as per graph ({pg}), per atom ({pa}) or per edge ({pe}); "
-                    "add it "
-                    "to the adapter's output levels"
+                    f"which cannot be placed as per graph ({pg}), per atom ({pa}) or per edge "
+                    f"({pe}); add it to the adapter's output levels"
                 )
             level = matches[0]
         if level == "whole":

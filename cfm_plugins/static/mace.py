@@ -371,9 +371,8 @@ def without_torchscript(model):
     except Exception as exc:  # noqa: BLE001 - say which model and what to do
         raise ValueError(
             f"compile: the {type(model).__name__} model holds TorchScript modules (e3nn code "
-            "generation) "
-            f"and its configuration cannot be read to rebuild it without them ({exc}); use "
-            "compile=off"
+            f"generation) and its configuration cannot be read to rebuild it without them ({exc}); "
+            "use compile=off"
         ) from exc
     param = next(model.parameters())
     from mace.tools.torch_tools import default_dtype

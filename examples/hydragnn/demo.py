@@ -163,8 +163,7 @@ def cost_options(kind: str, stock_steps: str) -> list[str]:
     a, b = fit
     print(
         f"calibrated on {len(recs)} stock steps: compute ~ {fit.c0:.3g} s + {a:.3g} s/atom + "
-        f"{b:.3g} s/edge "
-        f"(R^2 {fit.r2:.3f})"
+        f"{b:.3g} s/edge (R^2 {fit.r2:.3f})"
     )
     if a <= 0 and b <= 0:
         raise SystemExit(
@@ -294,8 +293,7 @@ def main(argv=None) -> int:
     env = run_env(steady_malloc=not args.default_malloc)
     print(
         f"[2/3] HydraGNN ({config['NeuralNetwork']['Architecture']['model_type']}) on {args.np} "
-        "ranks, "
-        f"{args.epochs} epochs, stock and binpack with cost {', '.join(kinds)}; "
+        f"ranks, {args.epochs} epochs, stock and binpack with cost {', '.join(kinds)}; "
         f"GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '(unset)')}",
         flush=True,
     )
@@ -333,10 +331,8 @@ def main(argv=None) -> int:
             run["fits"] = auto_fits(run["steps_path"])
     print(
         "[3/3] results (LIF: max over ranks / mean, per step, summed over steps; cpu = thread CPU "
-        "time of "
-        "forward + backward, compute = wall time of forward + backward up to the all-reduce; 'cpu "
-        "e1+' = "
-        "the epochs after the first, those cost=auto plans with its fit)",
+        "time of forward + backward, compute = wall time of forward + backward up to the "
+        "all-reduce; 'cpu e1+' = the epochs after the first, those cost=auto plans with its fit)",
         flush=True,
     )
     print(
@@ -347,8 +343,7 @@ def main(argv=None) -> int:
     for label, r in runs.items():
         print(
             f"{label:16s} {r['lif_compute_cpu']:8.3f} {r['lif_compute_cpu_after_epoch0']:8.3f} "
-            f"{r['lif_compute']:12.3f} "
-            f"{r['lif_forward']:12.3f} {r['lif_backward_region']:15.3f} "
+            f"{r['lif_compute']:12.3f} {r['lif_forward']:12.3f} {r['lif_backward_region']:15.3f} "
             f"{r['lif_atoms']:10.3f} {r['steps_per_epoch']:12d} {r['mean_graphs_per_step']:12.2f}  "
             f"{', '.join(f'{x:.4f}' for x in r['train_losses'])}"
         )
@@ -362,10 +357,8 @@ def main(argv=None) -> int:
             )
             print(
                 f"{label} fit from epoch {fit['from_epoch']}: {f['c0']:.3g} s + {terms} "
-                f"({f['clock']}, "
-                f"{f['steps']} steps, R^2 {f['r2']:.3f}); LIF measured {fit['lif_measured']:.3f}, "
-                "predicted for "
-                f"the new plan {fit['lif_predicted']:.3f}"
+                f"({f['clock']}, {f['steps']} steps, R^2 {f['r2']:.3f}); LIF measured "
+                f"{fit['lif_measured']:.3f}, predicted for the new plan {fit['lif_predicted']:.3f}"
             )
     if args.seeds > 1:
         for kind in ["stock"] + kinds:
@@ -375,12 +368,9 @@ def main(argv=None) -> int:
             later = [r["lif_compute_cpu_after_epoch0"] for r in of_kind]
             print(
                 f"{kind} over {args.seeds} seeds: LIF cpu median {np.median(lif):.3f} (min "
-                f"{min(lif):.3f}, "
-                f"max {max(lif):.3f}); epochs 1+ median {np.median(later):.3f} (min "
-                f"{min(later):.3f}, "
-                f"max {max(later):.3f}); final train loss mean {np.mean(last):.4f} (min "
-                f"{min(last):.4f}, "
-                f"max {max(last):.4f})"
+                f"{min(lif):.3f}, max {max(lif):.3f}); epochs 1+ median {np.median(later):.3f} "
+                f"(min {min(later):.3f}, max {max(later):.3f}); final train loss mean "
+                f"{np.mean(last):.4f} (min {min(last):.4f}, max {max(last):.4f})"
             )
     first = next((k for k in kinds if k != "auto"), None)
     if first is not None:

@@ -45,8 +45,7 @@ def main(argv=None) -> int:
     edges = np.array([g.edge_index.shape[1] for g in graphs])
     print(
         f"{len(graphs)} graphs -> {out}: atoms {atoms.min()}..{atoms.max()} (mean "
-        f"{atoms.mean():.1f}), "
-        f"edges {edges.min()}..{edges.max()} (mean {edges.mean():.1f}), "
+        f"{atoms.mean():.1f}), edges {edges.min()}..{edges.max()} (mean {edges.mean():.1f}), "
         f"energy/atom {min(float(g.y) for g in graphs):.3f}..{max(float(g.y) for g in graphs):.3f} "
         "eV"
     )

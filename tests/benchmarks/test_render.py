@@ -85,27 +85,12 @@ def test_a_malformed_record_says_where(tmp_path, change, message):
 def test_a_tiny_record_set_renders_the_expected_page():
     page = render.render_page({"tiny": RECORD}, TEMPLATE)
     assert page == (
-        "# Results\n"
-        "\n"
-        "| machine | versions named | dates | records |\n"
-        "|---|---|---|---|\n"
-        "| x86_64 CPU, 2 cores | python 3.11.7; torch unknown | 2026-11-27 | 1 |\n"
-        "\n"
-        "## Tiny things\n"
-        "\n"
-        "Intro.\n"
-        "\n"
-        "Two configurations of nothing much.  \n"
-        "Measured with `python -m benchmarks.tiny --n 2` on x86_64 CPU, 2 cores; python 3.11.7, "
-        "torch unknown; 2026-11-27, commit `abc1234`.\n"
-        "\n"
-        "| way | epoch s | vs stock |\n"
-        "|---|---|---|\n"
-        "| stock | 2.5 | 1.00x |\n"
-        "| ours | 1.25 | 0.50x |\n"
-        "| a\\|b | - | 3 |\n"
-        "\n"
-        "- Read the ratio, not the time.\n"
+        "# Results\n\n| machine | versions named | dates | records |\n|---|---|---|---|\n| x86_64 "
+        "CPU, 2 cores | python 3.11.7; torch unknown | 2026-11-27 | 1 |\n\n## Tiny "
+        "things\n\nIntro.\n\nTwo configurations of nothing much.  \nMeasured with `python -m "
+        "benchmarks.tiny --n 2` on x86_64 CPU, 2 cores; python 3.11.7, torch unknown; 2026-11-27, "
+        "commit `abc1234`.\n\n| way | epoch s | vs stock |\n|---|---|---|\n| stock | 2.5 | 1.00x "
+        "|\n| ours | 1.25 | 0.50x |\n| a\\|b | - | 3 |\n\n- Read the ratio, not the time.\n"
     )
 
 

@@ -41,14 +41,12 @@ def skip_unless_source() -> None:
     if not list(DEPS.glob("HydraGNN-*.tar.gz")):
         pytest.skip(
             f"HydraGNN from source (MACEStack) is needed and {DEPS} has no HydraGNN-*.tar.gz to "
-            "make "
-            ".venv-hydragnn from (set HYDRAGNN_DEPS to the folder that has it)",
+            "make .venv-hydragnn from (set HYDRAGNN_DEPS to the folder that has it)",
             allow_module_level=True,
         )
     pytest.skip(
         "HydraGNN from source (MACEStack) is not in this environment: `make test-hydragnn-src` "
-        "runs "
-        "these tests in .venv-hydragnn",
+        "runs these tests in .venv-hydragnn",
         allow_module_level=True,
     )
 

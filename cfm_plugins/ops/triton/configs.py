@@ -417,10 +417,9 @@ def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None
 
     log.warning(
         "Triton kernel %s (%s, tile %s) spills %d bytes per thread to local memory on this GPU "
-        "with "
-        "triton %s: the default tiles were checked for spills with triton 3.6.0, 3.7.1 and 3.9.0. "
-        "The option fused_autotune=true times its alternative tiles on this GPU, fused_tiles pins "
-        "one (docs/gpu.md, 'Tuning').",
+        "with triton %s: the default tiles were checked for spills with triton 3.6.0, 3.7.1 and "
+        "3.9.0. The option fused_autotune=true times its alternative tiles on this GPU, "
+        "fused_tiles pins one (docs/gpu.md, 'Tuning').",
         kernel,
         dtype_name,
         cfg.label(),

@@ -211,8 +211,7 @@ def _gen_segment(
     w("@triton.jit")
     w(
         f"def {name}(ptr_ptr, perm_ptr, other_ptr, x_ptr, s_xn, s_xd, y_ptr, s_ye, s_yd, w_ptr, "
-        "s_we, s_wd, "
-        "out_ptr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):"
+        "s_we, s_wd, out_ptr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):"
     )
     w.indent()
     w("n = tl.program_id(0).to(tl.int64)  # n * dim_out passes 2**31 from 2**31 / dim_out nodes")
@@ -295,10 +294,8 @@ def _gen_edge(
     w('@triton.jit(do_not_specialize=["E"])')
     w(
         f"def {name}(sender_ptr, receiver_ptr, {'perm_ptr, ' if presort else ''}x_ptr, s_xn, s_xd, "
-        "g_ptr, s_gn, "
-        "s_gd, y_ptr, s_ye, s_yd, w_ptr, s_we, s_wd, gy_ptr, s_gye, gw_ptr, s_gwe, E, BLOCK_E: "
-        "tl.constexpr, "
-        "BLOCK_C: tl.constexpr):"
+        "g_ptr, s_gn, s_gd, y_ptr, s_ye, s_yd, w_ptr, s_we, s_wd, gy_ptr, s_gye, gw_ptr, s_gwe, "
+        "E, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):"
     )
     w.indent()
     # 64-bit rows: eid * s_we passes 2**31 from 2**31 / weights-per-edge edges (1.68M for 128

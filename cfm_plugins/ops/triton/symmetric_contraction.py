@@ -408,8 +408,7 @@ def _g_loads(t: SCTables) -> list[str]:
     lines = ["gob = g_ptr + node[:, None] * s_gn"]
     return lines + [
         f"g{o} = tl.load(gob + ({t.out_base[o]} + cols[None, :] * {t.out_stride[o]}) * s_gd, "
-        "mask=m, "
-        "other=0.0)"
+        "mask=m, other=0.0)"
         for o in range(t.O)
     ]
 
@@ -484,8 +483,7 @@ def _gen_bwd2(
     w("@triton.jit")
     w(
         f"def sc_bwd2({_ARGS}, g_ptr, s_gn, s_gd, dx_ptr, s_dn, s_dc, s_dl, dc_ptr, s_de, s_dr, "
-        "s_dcc, gg_ptr, "
-        "gx_ptr, gc_ptr, R, Cp, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):"
+        "s_dcc, gg_ptr, gx_ptr, gc_ptr, R, Cp, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):"
     )
     w.indent()
     loads = _g_loads(t)

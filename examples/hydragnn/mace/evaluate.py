@@ -104,8 +104,7 @@ def main(argv=None):
             ref, new = result[name], result[name + "_fused"]
             print(
                 f"{name}: largest difference {np.abs(new - ref).max():.3e}, relative to the "
-                "largest value "
-                f"{np.abs(new - ref).max() / np.abs(ref).max():.3e}"
+                f"largest value {np.abs(new - ref).max() / np.abs(ref).max():.3e}"
             )
     np.savez(args.out, **result)
 

@@ -40,10 +40,8 @@ def interpreter_cannot_loop(triton_version: str) -> str | None:
         except TypeError:
             return (
                 f"the Triton {triton_version} interpreter converts a loaded loop bound with int() "
-                "of a "
-                f"one-element array, which NumPy {np.__version__} refuses (fixed in triton 3.7): "
-                "the "
-                "interpreter tests need triton >= 3.7 or numpy < 2.5"
+                f"of a one-element array, which NumPy {np.__version__} refuses (fixed in triton "
+                "3.7): the interpreter tests need triton >= 3.7 or numpy < 2.5"
             )
     return None
 
