@@ -1,6 +1,7 @@
 """The ranks cfm-run sets up (issues 12, 24): where the ranks listen (rendezvous, gloo and Open
-MPI), a stalled rank named after the collective timeout, one GPU per rank, set-up errors said
-once. Real `mpirun -np 2`."""
+MPI), a stalled rank named after the collective timeout, one GPU per rank or two ranks sharing one
+with gloo, set-up errors said once. Real `mpirun -np 2`. The other launchers (srun, torchrun):
+tests/test_launchers.py."""
 
 from __future__ import annotations
 
@@ -101,6 +102,51 @@ def test_each_rank_takes_its_own_gpu_with_nccl():
     assert out.returncode == 0, out.stdout[-3000:]
     devices = dict(re.findall(r"DEVICE rank=(\d) (cuda:\d) backend=nccl LOCAL_RANK=\d", out.stdout))
     assert devices == {"0": "cuda:0", "1": "cuda:1"}, out.stdout[-3000:]
+
+
+@pytest.mark.skipif(_cuda_count() < 1, reason="needs CUDA (one GPU that two ranks share)")
+def test_two_ranks_on_one_gpu_train_with_gloo_as_on_the_cpu(tmp_path_factory):
+    """``mpirun -np 2 cfm-run --enable mace,binpack,fused -o backend=gloo -- mace_run_train ...
+    --device cuda --default_dtype float64`` with both ranks on one GPU (nccl refuses two ranks on
+    one device): the same losses, weights and batches as the CPU run of the same plan and seeds,
+    to 1e-8 relative; each rank on cuda:0 with gloo, the sharing said once, the sampler's plan the
+    CPU run's. The CPU run is the launcher tests' mpirun run (tests/test_launchers.py)."""
+    from tests.helpers.mace_runs import launched_run, run_differences
+
+    cpu_folder, code, cpu = launched_run(tmp_path_factory, "mpirun")
+    assert code == 0, cpu[-3000:]
+    folder, code, out = launched_run(
+        tmp_path_factory,
+        "mpirun",
+        device="cuda",
+        options=("-o", "backend=gloo"),
+        env={"CUDA_VISIBLE_DEVICES": "0"},
+    )
+    assert code == 0, out[-3000:]
+    devices = dict(
+        re.findall(r"rank (\d)/2 \(local \d/2\): process group gloo at \S+ \(lo\) on (\S+),", out)
+    )
+    assert devices == {"0": "cuda:0", "1": "cuda:0"}, out[-3000:]
+    assert (
+        out.count("ranks share GPUs (ranks 0-1 on ") == 1 and "share cuda:0): backend gloo" in out
+    )
+    plan = "binpack train: 2 steps on each of 2 ranks, capacity 100 (atoms)"
+    assert out.count(plan) == cpu.count(plan) >= 1  # the sampler's plan, as on the CPU
+    assert run_differences((cpu_folder, cpu), (folder, out), rel=1e-8) == []
+
+
+@pytest.mark.skipif(_cuda_count() < 1, reason="needs CUDA (one GPU that two ranks share)")
+def test_nccl_on_a_shared_gpu_is_refused_at_start():
+    out = run_mpi(
+        [CFM_RUN, "--device", "cuda", "-o", "backend=nccl", "--", "python", PROBE, "--device"],
+        timeout=300,
+        env=clean_env(CUDA_VISIBLE_DEVICES="0"),
+    )
+    assert out.returncode != 0
+    errors = [l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")]
+    assert len(errors) == 1, out.stdout[-3000:]
+    assert "backend nccl cannot run several ranks on one GPU (ranks 0-1 on " in errors[0]
+    assert "use -o backend=gloo" in errors[0] and "DEVICE rank=" not in out.stdout
 
 
 def test_shutdown_says_when_the_final_barrier_fails_and_still_closes_the_group(
@@ -204,6 +250,6 @@ def test_a_rendezvous_address_not_of_this_host_is_one_clear_error():
         "cfm-run: error: cannot open the rendezvous on 10.254.1.2:0 ("
     )  # the OS's reason
     assert errors[0].endswith(
-        "): set master_addr to an address of this host, or MASTER_PORT to a free port"
+        "): set master_addr to an address of this host, or master_port (MASTER_PORT) to a free port"
     )
     assert "Traceback" not in out.stdout and "DEVICE rank=" not in out.stdout
