@@ -1,0 +1,89 @@
+"""The sizes of each data file, kept beside the plan's output so that the next plan reads none.
+
+One ``.npz`` per file in ``<folder>/.cfm-plan-cache/``, named by a digest of its key: the file's
+real path, size and modification time, the format, ``r_max`` and :data:`VERSION` (how sizes are
+read and counted). A file that changed (another size or mtime) or another ``r_max`` misses the
+cache and is read again; entries are written atomically (a reader never sees half a file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+#: bump when what a reader or the edge counter produces changes
+VERSION = 1
+FOLDER = ".cfm-plan-cache"
+
+
+def key(path: str, fmt: str, r_max: float | None) -> dict | None:
+    """What identifies the sizes of ``path``; None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return {
+        "path": os.path.realpath(path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "format": fmt,
+        "r_max": None if r_max is None else float(r_max),
+        "version": VERSION,
+    }
+
+
+def _file(folder: str, k: dict) -> str:
+    digest = hashlib.blake2b(json.dumps(k, sort_keys=True).encode(), digest_size=12).hexdigest()
+    return os.path.join(folder, FOLDER, f"{os.path.basename(k['path'])}.{digest}.npz")
+
+
+def load(folder: str, k: dict | None) -> dict | None:
+    """The cached sizes for key ``k``, or None."""
+    if k is None:
+        return None
+    path = _file(folder, k)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            if meta.get("key") != k:
+                return None
+            return {
+                "atoms": z["atoms"],
+                "edges": z["edges"],
+                "isolated": z["isolated"],
+                "bad": {int(i): why for i, why in meta["bad"]},
+                "counter": meta.get("counter", ""),
+            }
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def save(folder: str, k: dict | None, sizes) -> str | None:
+    """Keep ``sizes`` (a :class:`~cfm_plugins.plan.sizes.FileSizes`) under key ``k``; the file
+    written, or None where the folder cannot be written (the plan goes on without a cache)."""
+    if k is None:
+        return None
+    path = _file(folder, k)
+    meta = {"key": k, "bad": [[int(i), why] for i, why in sizes.bad.items()]}
+    meta["counter"] = sizes.counter
+    tmp = f"{path}.tmp{os.getpid()}.npz"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        np.savez(
+            tmp,
+            atoms=np.asarray(sizes.atoms, np.int64),
+            edges=np.asarray(sizes.edges, np.int64),
+            isolated=np.asarray(sizes.isolated, bool),
+            meta=np.array(json.dumps(meta)),
+        )
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return None
+    return path
