@@ -46,7 +46,10 @@ from cfm_plugins.calculators.loading import (
 
 log = logging.getLogger("cfm_plugins.calculators")
 
-DEFAULT_KERNELS = ("symmetric_contraction", "conv_tp")
+#: ``kernels``' default: every kernel the model has a module for, as the ``fused`` plugin's
+#: ``fused_kernels=auto`` (a kernel whose GPU path no GPU has timed, the skip connection's, runs
+#: its kernels on CPUs only; name it to run it on GPUs)
+DEFAULT_KERNELS = "auto"
 #: per-structure results of :meth:`CFMCalculator.get_properties_batch`
 BATCH_PROPERTIES = ("energy", "free_energy", "forces", "stress", "energies", "node_energy")
 
@@ -68,8 +71,10 @@ class CFMCalculator(MACECalculator):
             converted to it, with a warning (as ``MACECalculator`` does); ``""`` keeps the
             model's dtype.
         models: loaded MACE modules (one or a list) instead of files.
-        kernels: the fused kernels to swap in, out of ``("symmetric_contraction", "conv_tp")``
-            (or a kernel registered in :mod:`cfm_plugins.ops.kernel_table`).
+        kernels: the fused kernels to swap in: ``"auto"`` (default: every kernel the model has a
+            module for; the skip connection's untimed GPU kernel stays off on GPUs), or names out
+            of ``("symmetric_contraction", "conv_tp", "skip_tp")`` (or a kernel registered in
+            :mod:`cfm_plugins.ops.kernel_table`); a named kernel runs on every device.
         fused: ``False`` keeps mace's own modules (the stock calculator, for comparisons).
         compile_mode: mace's own ``compile_mode``; it rebuilds the model without the fused
             kernels, so it needs ``fused=False`` (``compile`` compiles with them).
@@ -137,10 +142,14 @@ class CFMCalculator(MACECalculator):
         skin: float | str | None = "auto",
         **kwargs,
     ):
-        from cfm_plugins.ops.kernel_table import check_kernels
+        from cfm_plugins.ops.kernel_table import check_kernels, kernel_names
         from cfm_plugins.plugins.fused import refuse_other_kernels
 
-        kernels = check_kernels(kernels, "CFMCalculator kernels") if fused else ()
+        auto = isinstance(kernels, str) and kernels == "auto"
+        if not fused:
+            kernels = ()
+        else:
+            kernels = kernel_names() if auto else check_kernels(kernels, "CFMCalculator kernels")
         if default_dtype not in ("", "float32", "float64"):
             raise ValueError(
                 f"default_dtype={default_dtype!r}; expected 'float32', 'float64' or '' (the "
@@ -218,6 +227,7 @@ class CFMCalculator(MACECalculator):
         )
         self.kernels = kernels
         self.fused = bool(kernels)
+        self._auto_kernels = auto and self.fused  # patched as fused_kernels=auto
         self.compile = compile
         self.static_shapes = (compile != "off") if static_shapes is None else bool(static_shapes)
         if compile != "off":
@@ -277,10 +287,10 @@ class CFMCalculator(MACECalculator):
 
         if not self.kernels:
             return PatchReport({})
-        report = patch_model(model, self.kernels)
+        report = patch_model(model, None if self._auto_kernels else self.kernels)
         for p in model.parameters():  # as MACECalculator leaves them: inference only
             p.requires_grad = False
-        if report.missing:
+        if report.missing and not (self._auto_kernels and report.total):
             warnings.warn(
                 f"fused kernels {list(report.missing)}: no matching module found in the model; "
                 "those parts run mace's own code",

@@ -2,6 +2,7 @@
 
 - :class:`FusedSymmetricContraction` (MACE's product basis) in ``symmetric_contraction.py``
 - :class:`FusedConvTP` (channelwise tensor product + scatter) in ``conv_tp.py``
+- :class:`FusedSkipTP` (MACE's skip connection, a per-element linear map) in ``skip_tp.py``
 - :func:`configure`: the runtime settings of the kernels (GPU backend, Triton tiles, autotuning,
   deterministic weight gradients), for a Python user; the ``fused`` plugin calls it at start with
   its options.
@@ -19,6 +20,7 @@ import importlib
 _EXPORTS = {
     "FusedSymmetricContraction": "cfm_plugins.ops.symmetric_contraction",
     "FusedConvTP": "cfm_plugins.ops.conv_tp",
+    "FusedSkipTP": "cfm_plugins.ops.skip_tp",
 }
 
 __all__ = [*_EXPORTS, "configure", "settings"]

@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["FORCE_TORCH_ENV", "UNFILLED_ENV", "force_torch", "unfilled", "reread"]
+__all__ = [
+    "CHECK_ONE_HOT_ENV",
+    "FORCE_TORCH_ENV",
+    "UNFILLED_ENV",
+    "check_one_hot",
+    "force_torch",
+    "unfilled",
+    "reread",
+]
 
 #: ``1``: the fused modules run their pure-torch evaluation, whatever is built
 FORCE_TORCH_ENV = "CFM_PLUGINS_FORCE_TORCH"
 #: ``0``: the Triton conv TP zero-fills every output first (default ``1``: not those it stores
 #: whole)
 UNFILLED_ENV = "CFM_PLUGINS_TRITON_UNFILLED"
+#: ``1``: the fused skip connections check that their node attributes are one-hot at every call
+#: (default: at each module's first call)
+CHECK_ONE_HOT_ENV = "CFM_PLUGINS_CHECK_ONE_HOT"
 
 _READ: dict[str, bool] = {}
 
@@ -45,6 +56,15 @@ def unfilled() -> bool:
             )
         _READ[UNFILLED_ENV] = value != "0"
     return _READ[UNFILLED_ENV]
+
+
+def check_one_hot() -> bool:
+    """Whether ``CFM_PLUGINS_CHECK_ONE_HOT=1``: the fused skip connections check at every call,
+    not only at their first, that the node attributes are a one-hot (one wait for the device per
+    call on a GPU)."""
+    if CHECK_ONE_HOT_ENV not in _READ:
+        _READ[CHECK_ONE_HOT_ENV] = os.environ.get(CHECK_ONE_HOT_ENV, "") == "1"
+    return _READ[CHECK_ONE_HOT_ENV]
 
 
 def reread() -> None:

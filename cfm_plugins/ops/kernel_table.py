@@ -1,9 +1,9 @@
 """The one table of fused kernels: what each replaces, how a module is recognised, made and
 restored.
 
-A fused kernel (``symmetric_contraction``, ``conv_tp``, or one a third party registers) is a
-:class:`Kernel`: a name and an ordered list of :class:`Form` entries, one per way a trainer's
-model holds the module the kernel replaces. A form says
+A fused kernel (``symmetric_contraction``, ``conv_tp``, ``skip_tp``, or one a third party
+registers) is a :class:`Kernel`: a name and an ordered list of :class:`Form` entries, one per way a
+trainer's model holds the module the kernel replaces. A form says
 
 - how to **recognise** a stock module (by class, or by structure: trainers vendor MACE's modules,
   so the built-in forms check the layout the fused module reads, whatever the class);
@@ -13,9 +13,10 @@ model holds the module the kernel replaces. A form says
 - how to tell a module it **made** (``is_fused``) and how to **restore** the stock one.
 
 The built-in kernels are named in :data:`BUILTINS` and their entries (``KERNEL`` of
-:mod:`cfm_plugins.ops.symmetric_contraction` and :mod:`cfm_plugins.ops.conv_tp`, built from the
-types of :mod:`cfm_plugins.ops.kernel_types`) are imported when the table is first asked: the
-table imports no kernel module, and no kernel module imports the table. An adapter adds the form
+:mod:`cfm_plugins.ops.symmetric_contraction`, :mod:`cfm_plugins.ops.conv_tp` and
+:mod:`cfm_plugins.ops.skip_tp`, built from the types of :mod:`cfm_plugins.ops.kernel_types`) are
+imported when the table is first asked: the table imports no kernel module, and no kernel module
+imports the table. An adapter adds the form
 of its trainer's own module class with :func:`add_form` (the nequip adapter adds
 ``TensorProductScatter``); a new kernel is one :func:`register_kernel` call.
 :mod:`cfm_plugins.ops.patching` walks a model with this table: it is the one way from the
@@ -47,6 +48,7 @@ __all__ = [
 BUILTINS = {
     "symmetric_contraction": "cfm_plugins.ops.symmetric_contraction",
     "conv_tp": "cfm_plugins.ops.conv_tp",
+    "skip_tp": "cfm_plugins.ops.skip_tp",
 }
 
 _TABLE: dict[str, Kernel] = {}

@@ -36,6 +36,9 @@ class Form:
     - ``restore(fused, parent, attr)``: put the stock module back (undoing what ``install`` did).
     - ``all_or_none``: when one module of this form cannot be fused, none is (NequIP refuses models
       that mix its stock and modified tensor-product classes).
+    - ``named(fused)``: called on each module made when the request named this kernel (not under
+      ``auto``, every kernel the model has): a kernel with a path no measurement has shown faster
+      (a GPU path no GPU has timed) turns it on here only, so that ``auto`` never runs it.
     """
 
     name: str
@@ -45,6 +48,7 @@ class Form:
     restore: Callable
     install: Callable = _setattr
     all_or_none: bool = False
+    named: Callable | None = None
 
 
 @dataclass(frozen=True)

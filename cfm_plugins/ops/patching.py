@@ -131,10 +131,13 @@ def patch_model(model: torch.nn.Module, kernels=None) -> PatchReport:
 
     A module that cannot be fused is left as it is with a warning saying why (for an
     ``all_or_none`` form, every module of that form is). Patching twice swaps nothing more.
+    ``kernels`` given (not ``None``, ``auto``) also turns on what a form keeps for a request that
+    names it (``Form.named``: the skip connection's untimed GPU kernel).
     """
     names = check_kernels(kernel_names() if kernels is None else kernels)
     report = PatchReport({k: [] for k in names})
     made = {}
+    named = kernels is not None  # the request names its kernels (not auto): forms' ``named`` run
     for kind, hits in _matches(model, names, report.already).items():
         refused = set()
         for name, form, parent, attr, module in hits:
@@ -147,6 +150,8 @@ def patch_model(model: torch.nn.Module, kernels=None) -> PatchReport:
                     refused.add(form.name)
                 continue
             new.train(module.training)
+            if named and form.named is not None:
+                form.named(new)
             made.setdefault(kind, []).append((name, form, parent, attr, new))
         for name, form, parent, attr, new in made.get(kind, []):
             if form.name in refused:

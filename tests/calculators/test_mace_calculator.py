@@ -299,3 +299,24 @@ def test_weights_only_errors_say_what_to_do(tmp_path, model_files):
         CFMCalculator(str(tmp_path / "meta.pt"), weights_only=True, architecture=build_model(0))
     with pytest.raises(ValueError, match="only with weights_only=True"):
         CFMCalculator(str(model_files["m64"]), architecture=build_model(0))
+
+
+def test_default_kernels_are_auto_the_skip_connection_included(model_files, stock64):
+    """``kernels="auto"`` (the default) swaps every kernel the model has, the skip connections
+    too, with their untimed GPU kernel off (``auto``); naming ``skip_tp`` turns it on."""
+    from cfm_plugins.ops.skip_tp import FusedSkipTP
+
+    calc = CFMCalculator(str(model_files["m64"]), device="cpu", default_dtype="float64")
+    assert calc.kernels == AVAILABLE and "skip_tp" in AVAILABLE
+    assert calc.patch_reports[0].counts == {
+        "symmetric_contraction": 2,
+        "conv_tp": 2,
+        "skip_tp": 2,
+    }
+    skips = [m for m in calc.models[0].modules() if isinstance(m, FusedSkipTP)]
+    assert len(skips) == 2 and not any(m.gpu_kernels for m in skips)
+    for atoms in structures()[:2]:
+        assert_same(evaluate(calc, atoms), evaluate(stock64, atoms), atol=1e-9)
+    named = CFMCalculator(str(model_files["m64"]), default_dtype="float64", kernels=("skip_tp",))
+    skips = [m for m in named.models[0].modules() if isinstance(m, FusedSkipTP)]
+    assert len(skips) == 2 and all(m.gpu_kernels for m in skips)

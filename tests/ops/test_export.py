@@ -57,7 +57,7 @@ def models():
     stock = build_model(0)
     patched = copy.deepcopy(stock)
     report = patch_model(patched)
-    assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2}
+    assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2, "skip_tp": 2}
     return stock, patched
 
 
@@ -87,11 +87,12 @@ def test_torchscript_matches_python_and_stock(models):
     # the scripted graph calls our operators (it is not the stock code path)
     code = "\n".join(scripted_code(scripted))
     assert "cfm.symmetric_contraction_fwd" in code and "cfm.conv_tp_fwd" in code
+    assert "cfm.skip_tp_fwd" in code
     # and names the library they need, with the torch it was built against (issue 24)
     notes = {
         m.cfm_plugins_operators for m in scripted.modules() if hasattr(m, "cfm_plugins_operators")
     }
-    assert len(notes) == 2, notes  # one per kernel
+    assert len(notes) == 3, notes  # one per kernel
     for note in notes:
         assert (
             f"built against torch {torch.__version__}" in note
@@ -330,7 +331,7 @@ def test_torch_export_and_aoti_of_patched_mace_energy_and_forces(tmp_path):
     finally:
         e3nn.set_optimization_defaults(**defaults)
     patched = copy.deepcopy(stock)
-    assert patch_model(patched).total == 4
+    assert patch_model(patched).total == 6
     data = batch()
     args = tuple(data[k] for k in BATCH_KEYS)
     e_ref, f_ref = energy_forces(stock, data)
@@ -344,6 +345,8 @@ def test_torch_export_and_aoti_of_patched_mace_energy_and_forces(tmp_path):
         "cfm.symmetric_contraction_bwd.default",
         "cfm.conv_tp_fwd.default",
         "cfm.conv_tp_bwd.default",
+        "cfm.skip_tp_fwd.default",
+        "cfm.skip_tp_bwd.default",
     } <= ops, ops
     ep = torch.export.export(traced, tuple(a.clone() for a in args), strict=False)
     e_ep, f_ep = ep.module()(*[a.clone() for a in args])

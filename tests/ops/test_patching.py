@@ -34,7 +34,7 @@ def test_the_kernel_table_fuses_a_hydragnn_model_holding_mace_style_modules(f64)
     assert len(found["symmetric_contraction"]) == 2 and len(found["conv_tp"]) == 2, found
 
     report = patch_model(model)
-    assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2}
+    assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2, "skip_tp": 0}
     names = {type(m).__name__ for m in model.modules()}
     assert {"FusedSymmetricContraction", "FusedConvTP"} <= names
     state = model.state_dict()

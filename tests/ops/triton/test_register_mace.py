@@ -44,7 +44,11 @@ def train_step(model, b):
 def test_patched_mace_training_step_matches_stock(dtype, tol):
     stock = tiny_mace("ScaleShiftMACE", BLOCKS[0], BLOCKS[0]).to(dtype)
     patched = copy.deepcopy(stock)
-    assert patch_model(patched).counts == {"symmetric_contraction": 2, "conv_tp": 2}
+    assert patch_model(patched).counts == {
+        "symmetric_contraction": 2,
+        "conv_tp": 2,
+        "skip_tp": 2,
+    }
     b = mace_cluster_batch(5)
     ref = train_step(stock, clone(b, dtype))
     got = train_step(patched, clone(b, dtype))
@@ -69,7 +73,7 @@ def test_torch_compile_of_a_patched_model():
         # would hold TorchScript again (e3nn's modules unpickle their code scripted)
     finally:
         e3nn.set_optimization_defaults(**defaults)
-    assert patch_model(patched).total == 4
+    assert patch_model(patched).total == 6
     patched = simplify(patched)
     b = mace_cluster_batch(4, seed=1)
 
@@ -95,16 +99,27 @@ def test_prepare_kernels_leaves_nothing_for_the_first_launch():
     tracked")."""
     from cfm_plugins.ops import _backend
     from cfm_plugins.ops.triton import conv_tp as triton_tp
+    from cfm_plugins.ops.triton import skip_tp as triton_skip
     from cfm_plugins.ops.triton import symmetric_contraction as triton_sc
 
     model = tiny_mace("ScaleShiftMACE", BLOCKS[0], BLOCKS[0]).to(torch.float64)
-    assert patch_model(model).counts == {"symmetric_contraction": 2, "conv_tp": 2}
-    assert _backend.prepare_kernels(model) == 4
+    assert patch_model(model).counts == {
+        "symmetric_contraction": 2,
+        "conv_tp": 2,
+        "skip_tp": 2,
+    }
+    assert _backend.prepare_kernels(model) == 6
     walks, sc_tables, tp_tables = (
         dict(triton_sc._WALKS),
         dict(triton_sc._TABLES._hits),
         dict(triton_tp._TABLES._hits),
     )
+    skip_tables = {  # each skip connection: its tables, the transposed ones, their job tables
+        k: (v[1], dict(v[1]._jobs))
+        for cache in (triton_skip._TABLES, triton_skip._TABLES_T)
+        for k, v in cache._hits.items()
+    }
+    assert len(skip_tables) >= 2 and all(jobs for _, jobs in skip_tables.values())
     assert (
         len(walks) >= 1 and len(tp_tables) >= 2
     )  # each conv TP: its tables and the transposed ones
@@ -116,3 +131,11 @@ def test_prepare_kernels_leaves_nothing_for_the_first_launch():
         triton_sc._TABLES._hits.keys() == sc_tables.keys()
         and triton_tp._TABLES._hits.keys() == tp_tables.keys()
     )
+    after = {
+        k: v[1]
+        for cache in (triton_skip._TABLES, triton_skip._TABLES_T)
+        for k, v in cache._hits.items()
+    }
+    assert after.keys() == skip_tables.keys()
+    for k, (tables, jobs) in skip_tables.items():
+        assert after[k] is tables and tables._jobs.keys() == jobs.keys()

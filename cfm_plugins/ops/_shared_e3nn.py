@@ -1,0 +1,69 @@
+"""What the fused modules that stand in for an e3nn module share: e3nn's module, its state.
+
+:class:`FusedConvTP <cfm_plugins.ops.conv_tp.FusedConvTP>` and
+:class:`FusedSkipTP <cfm_plugins.ops.skip_tp.FusedSkipTP>` hold the e3nn module they replace
+(``self.__dict__["_e3nn_tp"]``, not a submodule) and share its parameters, buffers and compiled
+submodules, so that the state_dict is e3nn's and the stock path can run from the same tensors.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+
+class SharesE3nnModule:
+    """Mixin (before ``torch.nn.Module``) for a module sharing the state of ``_e3nn_tp``.
+
+    ``F64_BUFFERS``: the buffers that stay float64 under ``.to(dtype)`` (coefficients the
+    kernels read in double) and only follow the device. ``DERIVED``: attributes holding tables
+    derived from the buffers, emptied when the module moves or is pickled.
+    """
+
+    F64_BUFFERS: tuple[str, ...] = ()
+    DERIVED: tuple[str, ...] = ()
+
+    def to_e3nn(self) -> torch.nn.Module:
+        """The original e3nn module, holding this module's current parameters, buffers and
+        submodules."""
+        tp = self.__dict__["_e3nn_tp"]
+        for name in list(tp._parameters):
+            tp._parameters[name] = self._parameters[name]
+        for name in list(tp._buffers):
+            tp._buffers[name] = self._buffers[name]
+        for name in list(tp._modules):
+            tp._modules[name] = self._modules[name]
+        tp.train(self.training)
+        return tp
+
+    def _apply(self, fn, recurse=True):
+        keep = {name: self._buffers[name] for name in self.F64_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, old in keep.items():
+            self._buffers[name] = old.to(device=self._buffers[name].device)
+        for name in self.DERIVED:
+            self.__dict__[name] = {}
+        return self
+
+    def __getstate__(self):
+        # e3nn's compiled submodules are TorchScript modules that only e3nn knows how to pickle:
+        # leave them to the (synchronised) e3nn module, which travels in the state, and re-attach
+        # them on load
+        tp = self.to_e3nn()
+        state = self.__dict__.copy()
+        state["_modules"] = OrderedDict(
+            (k, v) for k, v in self._modules.items() if k not in tp._modules
+        )
+        state["_cfm_shared_modules"] = list(tp._modules)
+        for name in self.DERIVED:
+            state[name] = {}
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        shared = state.pop("_cfm_shared_modules", [])
+        super().__setstate__(state)
+        tp = self.__dict__["_e3nn_tp"]
+        for name in shared:
+            self._modules[name] = tp._modules[name]

@@ -1,0 +1,386 @@
+"""Fused skip connection: e3nn's ``FullyConnectedTensorProduct`` of node features with the one-hot
+of the element, evaluated as the per-element linear map it is.
+
+MACE's interaction blocks hold ``skip_tp = FullyConnectedTensorProduct(irreps, Ex0e, irreps_out)``
+and call it with ``node_attrs``, the one-hot of each node's element among the ``E`` of the model's
+table (89 for the foundation models). e3nn evaluates it as a dense tensor product over all ``E``
+one-hot components, ``E`` times the work needed; here each node's features are multiplied by its
+own element's weight block only (:mod:`cfm_plugins.ops.descriptors.skip_tp`), the nodes grouped by
+element so that a block is read once per tile of nodes. ``FusedSkipTP.from_e3nn(tp)`` shares the
+e3nn module's weight, buffer and compiled submodules (the state_dict is unchanged) and is called
+as e3nn's is, ``m(node_feats, node_attrs)``.
+
+Two torch operators declared in C++ (``cuda/skip_tp/skip_tp_ops*.cpp``) carry the kernels:
+``cfm::skip_tp_fwd`` and ``cfm::skip_tp_bwd`` (node-feature and weight gradients), with CPU (OpenMP)
+and Meta kernels and a C++ autograd that writes every derivative with the same two operators (the
+map is bilinear in features and weights), so force training's double backward, gradcheck,
+torch.compile, torch.export and TorchScript see ordinary operators. On CUDA tensors the operators'
+kernels are Triton's (:mod:`cfm_plugins.ops.triton.skip_tp`); there is no C++ CUDA kernel.
+
+Where the stock module runs instead (exact, e3nn's own code):
+
+- the second input is not a one-hot. It is checked once, at a module's first eager call (one
+  device-to-host copy, shared by the modules of a model through a cache on the tensor): MACE builds
+  ``node_attrs`` from atomic numbers, a one-hot by construction, and the check does not cost a wait
+  for the device in every step. A module that finds another input says so once and runs e3nn's
+  code from then on; the debug switch ``CFM_PLUGINS_CHECK_ONE_HOT=1`` checks every call;
+- the second input requires a gradient (its gradient is the dense product's);
+- CUDA tensors, unless the kernel was named (``fused_kernels=...,skip_tp``; not under ``auto``:
+  no GPU has timed the Triton kernel) and the GPU backend is Triton; a scripted model on CUDA
+  always (a C++ host has no CUDA kernel of these operators);
+- the compiled library is missing (or ``CFM_PLUGINS_FORCE_TORCH=1``).
+
+:data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`):
+the ``skip_tp`` of MACE's interaction blocks (``RealAgnosticInteractionBlock``,
+``RealAgnosticResidualInteractionBlock`` and their ``Density`` variants; older models called it
+``skip_tp_full``), recognised by its layout.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from cfm_plugins.ops import _backend, _debug
+from cfm_plugins.ops._shared_e3nn import SharesE3nnModule
+from cfm_plugins.ops._tensor_cache import TensorCache
+from cfm_plugins.ops.descriptors import skip_tp as _desc
+from cfm_plugins.ops.kernel_types import Form, Kernel
+
+__all__ = ["FusedSkipTP", "KERNEL", "SKIP_ATTRS", "is_skip_tp", "element_groups"]
+
+log = logging.getLogger("cfm_plugins.ops")
+
+# the cfm:: operators must exist before a model holding these modules is scripted or exported
+_backend.declare_operators()
+
+#: the attribute names of MACE's skip connections (``skip_tp_full`` in models before mace 0.3)
+SKIP_ATTRS = ("skip_tp", "skip_tp_full")
+
+#: float64 descriptor buffers: they follow a device move but never a dtype cast (see _apply)
+
+_GROUPS_CACHE = TensorCache(8)
+_ONE_HOT_CACHE = TensorCache(8)
+_GPU_NOTED: list[bool] = [False]
+
+
+def _groups(y: torch.Tensor, num_elements: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, elem_ptr): the nodes sorted by element (stably) and where each element's run
+    starts, ``[E + 1]``. Device ops only: nothing waits for the device."""
+    idx = y.argmax(dim=-1)
+    order = torch.argsort(idx, stable=True)
+    counts = torch.zeros(num_elements, dtype=torch.int64, device=y.device)
+    counts = counts.index_add(0, idx, torch.ones_like(idx))
+    elem_ptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    return order, elem_ptr
+
+
+def element_groups(y: torch.Tensor, num_elements: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_groups` of a one-hot ``y`` ``[nodes, num_elements]``; eager, cached on ``y``'s
+    identity and version, so the layers of a forward and their backward share it."""
+    if _backend.tracing(y):
+        return _groups(y, num_elements)
+    return _GROUPS_CACHE.get(y, int(num_elements), lambda: _groups(y, num_elements))
+
+
+def _is_one_hot(y: torch.Tensor) -> bool:
+    """Whether every row of ``y`` holds exactly one 1 and zeros elsewhere (one copy to the host,
+    cached on ``y``)."""
+
+    def check() -> bool:
+        if y.numel() == 0:
+            return True
+        return bool((((y == 0) | (y == 1)).all(-1) & (y.sum(-1) == 1)).all())
+
+    return _ONE_HOT_CACHE.get(y, "one-hot", check)
+
+
+_DECLARED: list = []
+
+
+def _declared() -> bool:
+    """Whether the loaded library declares this kernel's operators (a library built from an older
+    checkout does not: e3nn's module runs then, and one warning says to rebuild)."""
+    if not _DECLARED:
+        ok = hasattr(torch.ops.cfm, "skip_tp_fwd") and hasattr(torch.ops.cfm, "skip_tp_bwd")
+        _DECLARED.append(ok)
+        if not ok:
+            log.warning(
+                "cfm_plugins: the loaded operator library has no cfm::skip_tp_* operators (built "
+                "from an older checkout); the skip connections run e3nn's module. To use them, %s.",
+                _backend.BUILD_HINT,
+            )
+    return _DECLARED[0]
+
+
+def _module_device(module: torch.nn.Module) -> torch.device:
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
+    """e3nn's ``FullyConnectedTensorProduct(irreps_in, Ex0e, irreps_out)`` with internal weights,
+    for a one-hot second input, as a per-element linear map (see the module docstring).
+
+    ``forward(node_feats, node_attrs)`` -> ``[nodes, irreps_out.dim]``, e3nn's output. Every
+    tensor it owns is a buffer created on ``device`` (default: where ``tp`` lives), so it follows
+    ``.to()``; ``forward`` is TorchScript-compatible. ``gpu_kernels``: run the Triton kernel on
+    CUDA tensors (off: e3nn's module runs there; see the module docstring).
+    """
+
+    #: the coefficients stay float64 under .to(dtype) (the kernels read them in double)
+    F64_BUFFERS = ("_sk_coef", "_sk_coef_t")
+
+    def __init__(self, tp: torch.nn.Module, device: torch.device | None = None):
+        super().__init__()
+        desc = _desc.from_e3nn(tp)  # a ValueError saying why, for a module it does not describe
+        # asked here, never first inside a compiled graph (its answer, cached, would recompile it)
+        _declared(), _debug.force_torch(), _debug.check_one_hot()
+        device = torch.device(device) if device is not None else _module_device(tp)
+        self.irreps_in1 = tp.irreps_in1
+        self.irreps_in2 = tp.irreps_in2
+        self.irreps_out = tp.irreps_out
+        self.instructions = tp.instructions
+        self.weight_numel = tp.weight_numel
+        self.internal_weights = True
+        self.shared_weights = True
+        self.descriptor = desc
+        self.num_elements = desc.num_elements
+        self._in1_dim = int(tp.irreps_in1.dim)
+        self._in2_dim = int(tp.irreps_in2.dim)
+        # the e3nn module's state is shared (weight, output_mask, compiled submodules): the same
+        # state_dict, and its compiled code is the stock path
+        for name, p in tp._parameters.items():
+            self.register_parameter(name, p)
+        for name, buf in tp._buffers.items():
+            self.register_buffer(name, buf, persistent=name not in tp._non_persistent_buffers_set)
+        for name, mod in tp._modules.items():
+            self.add_module(name, mod)
+        self.__dict__["_e3nn_tp"] = tp  # not a submodule: keeps state_dict keys, see to_e3nn()
+        for suffix, d in (("", desc), ("_t", desc.transpose())):
+            ints, coef = d.packed()
+            self.register_buffer(
+                f"_sk_ints{suffix}",
+                torch.as_tensor(ints, dtype=torch.int32, device=device),
+                persistent=False,
+            )
+            self.register_buffer(
+                f"_sk_coef{suffix}",
+                torch.as_tensor(coef, dtype=torch.float64, device=device),
+                persistent=False,
+            )
+        self._sk_meta: list[int] = desc.meta()
+        self.gpu_kernels = False
+        self._stock_only = False  # set once a second input turned out not to be a one-hot
+        self._checked = False
+
+    @classmethod
+    def from_e3nn(cls, tp: torch.nn.Module, device: torch.device | None = None) -> FusedSkipTP:
+        return cls(tp, device=device)
+
+    def enable_gpu_kernels(self, on: bool = True) -> FusedSkipTP:
+        """Run the Triton kernel on CUDA tensors (the kernel table does it where ``skip_tp`` is
+        named in the request, never under ``auto``)."""
+        self.gpu_kernels = bool(on)
+        return self
+
+    def __prepare_scriptable__(self):
+        """Called by ``torch.jit.script``: the scripted module names the operator library it
+        needs."""
+        return _backend.carry_operator_note(self, "skip_tp")
+
+    def extra_repr(self) -> str:
+        d = self.descriptor
+        return (
+            f"{self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out} | per-element linear "
+            f"map, {d.num_paths} paths, {self.weight_numel} weights"
+        )
+
+    # -- eager-only helpers (a scripted model skips the checks) --------------------------------
+    @torch.jit.unused
+    def _check(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            raise ValueError("FusedSkipTP: node_feats and node_attrs must be tensors")
+        w = self.weight
+        if x.dtype not in (torch.float32, torch.float64) or x.dtype != w.dtype:
+            raise ValueError(
+                f"FusedSkipTP: node_feats must be {w.dtype} like the weights, got {x.dtype}"
+            )
+        if y.dtype != x.dtype:
+            raise ValueError(
+                f"FusedSkipTP: node_attrs must be {x.dtype} like node_feats, got {y.dtype}"
+            )
+        if x.device != w.device or y.device != w.device:
+            raise ValueError(
+                f"FusedSkipTP: node_feats on {x.device} and node_attrs on {y.device}, but the "
+                f"weights on {w.device}; move the model with .to(device)"
+            )
+        if x.dim() != 2 or x.shape[1] != self._in1_dim:
+            raise ValueError(
+                f"FusedSkipTP: node_feats shape {tuple(x.shape)}; expected [num_nodes, "
+                f"{self._in1_dim}] ({self.irreps_in1})"
+            )
+        if y.dim() != 2 or y.shape[1] != self._in2_dim or y.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"FusedSkipTP: node_attrs shape {tuple(y.shape)}; expected [{x.shape[0]}, "
+                f"{self._in2_dim}] (one-hot of the {self.num_elements} elements per node)"
+            )
+
+    @torch.jit.unused
+    def _runs_kernels(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether the operators run for these inputs (else e3nn's code; see the module doc)."""
+        if self._stock_only or y.requires_grad:
+            return False
+        if x.device.type == "cuda":
+            if not self.gpu_kernels or _backend.resolved_gpu_backend() != "triton":
+                # said at an eager call: a flag read inside a compiled graph recompiles it
+                if not _backend.tracing(x) and not _GPU_NOTED[0]:
+                    _GPU_NOTED[0] = True
+                    log.info(
+                        "cfm_plugins: the skip connections run e3nn's module on GPUs: no GPU has "
+                        "timed their Triton kernel; name skip_tp in fused_kernels (Triton "
+                        "backend) to run it"
+                    )
+                return False
+        traced = _backend.tracing(x) or _backend.tracing(y)
+        if not traced:
+            self._check(x, y)
+            if not self._checked or _debug.check_one_hot():
+                self._checked = True
+                if not _is_one_hot(y):
+                    self._stock_only = True
+                    log.warning(
+                        "cfm_plugins: the skip connection %s x %s -> %s got a second input that "
+                        "is not a one-hot of the elements (exactly one 1 per node); it runs "
+                        "e3nn's FullyConnectedTensorProduct from now on",
+                        self.irreps_in1,
+                        self.irreps_in2,
+                        self.irreps_out,
+                    )
+                    return False
+        return x.shape[0] > 0 and _backend.choose(x.device) != "torch" and _declared()
+
+    @torch.jit.unused
+    def prepare_kernels(self) -> None:
+        """Choose this module's kernels for the device of its buffers and build what their first
+        launch would, now (:func:`cfm_plugins.ops._backend.prepare_kernels`)."""
+        device = self._sk_ints.device
+        if device.type == "cuda" and not self.gpu_kernels:
+            return
+        if not _backend.runs_triton(device):
+            return
+        from cfm_plugins.ops.triton import skip_tp as triton_skip
+
+        dtype = "float64" if self.weight.dtype == torch.float64 else "float32"
+        triton_skip.prepare(self._desc_tensors(), self._desc_t_tensors(), self._sk_meta, dtype)
+
+    def _desc_tensors(self) -> list[torch.Tensor]:
+        return [self._sk_ints, self._sk_coef]
+
+    def _desc_t_tensors(self) -> list[torch.Tensor]:
+        return [self._sk_ints_t, self._sk_coef_t]
+
+    def forward(self, node_feats: torch.Tensor, node_attrs: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            # scripted: the CPU operators (their library must be loaded); e3nn's code on other
+            # devices, where a C++ host has no kernel of these operators
+            use_ops = node_feats.device.type == "cpu" and not node_attrs.requires_grad
+        else:
+            use_ops = self._runs_kernels(node_feats, node_attrs)
+        if not use_ops:  # e3nn's own forward (TensorProduct.forward with its internal weights)
+            return self._compiled_main_left_right(node_feats, node_attrs, self.weight)
+        if torch.jit.is_scripting():
+            order, elem_ptr = _groups(node_attrs, self.num_elements)
+        else:
+            order, elem_ptr = element_groups(node_attrs, self.num_elements)
+        return torch.ops.cfm.skip_tp_fwd(
+            node_feats.contiguous(),
+            self.weight,
+            order,
+            elem_ptr,
+            [self._sk_ints, self._sk_coef],
+            [self._sk_ints_t, self._sk_coef_t],
+            self._sk_meta,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel table entry: MACE's skip connections, by their layout
+# ----------------------------------------------------------------------------------------------
+def is_skip_tp(m) -> bool:
+    """An e3nn tensor product this kernel describes (:func:`cfm_plugins.ops.descriptors.skip_tp.
+    why_not`): shared internal weights, a second input of one ``Ex0e`` block, weighted ``uvw``
+    instructions mapping each input irrep to the same output irrep; e3nn's compiled forward
+    (``_compiled_main_left_right``, the stock path) and its weight parameter."""
+    if isinstance(m, FusedSkipTP) or not isinstance(m, torch.nn.Module):
+        return False
+    return (
+        not _desc.why_not(m)
+        and isinstance(getattr(m, "weight", None), torch.nn.Parameter)
+        and isinstance(getattr(m, "_compiled_main_left_right", None), torch.nn.Module)
+    )
+
+
+def _is_block_skip_tp(m, parent, attr) -> bool:
+    return attr in SKIP_ATTRS and parent is not None and is_skip_tp(m)
+
+
+def _self_check(tp: torch.nn.Module, fused: FusedSkipTP) -> None:
+    """The descriptor against the module's own output on a few nodes (torch ops only, where the
+    weights live; skipped on the meta device): a ``ValueError`` where they differ, so that a
+    module whose e3nn code computes something else is left stock."""
+    w = fused.weight.detach()
+    if w.device.type == "meta":
+        return
+    d, E = fused.descriptor, fused.num_elements
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    n = min(E, 4)
+    idx = torch.randperm(E, generator=gen)[:n].to(w.device)
+    x = torch.randn(n, d.dim_in, generator=gen, dtype=torch.float64).to(w.device, w.dtype)
+    y = torch.nn.functional.one_hot(idx, E).to(w.dtype)
+    with torch.no_grad():
+        ref = tp(x, y)
+        out = x.new_zeros(n, d.dim_out)
+        for (off, mul, dim), p0, p1 in zip(d.blocks, d.path_ptr[:-1], d.path_ptr[1:]):
+            acc = x.new_zeros(n, mul, dim)
+            for j in range(p0, p1):
+                p = d.order[j]
+                i_off, mul_in, _, _, _ = d.path_io[p]
+                W = w[d.woff[p] : d.woff[p] + mul_in * E * mul].view(mul_in, E, mul)[:, idx, :]
+                xs = x[:, i_off : i_off + mul_in * dim].view(n, mul_in, dim)
+                acc = acc + d.coef[p] * torch.einsum("nkd,knm->nmd", xs, W)
+            out[:, off : off + mul * dim] = acc.reshape(n, -1)
+    tol = 1e-10 if w.dtype == torch.float64 else 1e-4
+    err = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+    if not err <= tol:
+        raise ValueError(
+            f"its output differs from the per-element map by {err:.2e} (relative): not the "
+            "e3nn FullyConnectedTensorProduct this kernel describes"
+        )
+
+
+def _make(tp, parent, attr) -> FusedSkipTP:
+    fused = FusedSkipTP.from_e3nn(tp, device=_module_device(tp))
+    _self_check(tp, fused)
+    return fused
+
+
+KERNEL = Kernel(
+    "skip_tp",
+    "the skip connection (an e3nn FullyConnectedTensorProduct with the element one-hot) as a "
+    "per-element linear map",
+    (
+        Form(
+            "MACE block skip_tp",
+            recognise=_is_block_skip_tp,
+            make=_make,
+            is_fused=lambda m, parent, attr: isinstance(m, FusedSkipTP),
+            restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_e3nn()),
+            named=lambda fused: fused.enable_gpu_kernels(),
+        ),
+    ),
+)
