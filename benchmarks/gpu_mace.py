@@ -16,18 +16,28 @@ of ~500 and ~4000 atoms, float32 and float64. Per configuration:
 Median of ``--reps`` steps after ``--warmup`` warm-up steps, synchronised. Ways, in one process:
 ``stock`` (mace's e3nn modules), ``cueq`` (``mace.cli.convert_e3nn_cueq.run``, conv fusion on
 CUDA; needs cuequivariance-torch, else reported as missing), ``fused`` (this project's kernels,
-``cfm_plugins.ops.patching.patch_model``) and ``fused+capture`` (the step captured once and
-replayed on padded static shapes: its row names ``tools/gpu_capture.py``, which checks and times
-it, and the epoch table below times it in training).
+``cfm_plugins.ops.patching.patch_model``; ``--fused-kernels NAME ...`` swaps only those, in
+the step rows and the epoch runs, and ``--kernels-also A,B ...`` adds a fused row per list: e.g.
+the skip connection's GPU kernel, which runs only when named, beside the default row) and
+``fused+capture`` (the step captured once and replayed on padded static shapes: its row names
+``tools/gpu_capture.py``, which checks and times it, also with ``--mode default``: inductor
+without capture, and the epoch table below times it in training).
 
 Then, unless ``--no-epoch``, the epoch time of ``mace_run_train`` on the example data set
 (cfm_plugins.datasets.cuni, ``--epoch-structures`` CuNi structures of 4..500 atoms), by default
-three
-ways: stock, ``--enable_cueq=True``, and ``mpirun -np 1 cfm-run --enable mace,binpack,fused``;
-``--epoch-ways ... fused+capture`` adds ``--enable mace,binpack,fused,static -o
-compile=reduce-overhead`` (padded static batches, the step compiled and captured as CUDA graphs; the
-first epoch compiles). The time of the second epoch (train + validation) is read from the timestamps
-of mace's own "Epoch N" lines.
+three ways: stock, ``--enable_cueq=True``, and ``mpirun -np 1 cfm-run --enable
+mace,binpack,fused``. ``--epoch-ways`` picks among: ``stock``; ``stock+binpack`` (``cfm-run
+--enable mace,binpack``: binpack's batches, stock kernels); ``cueq``; ``cueq+binpack`` (the same
+with ``--enable_cueq=True``: kernels against kernels on the same batches); ``fused`` (``--enable
+mace,binpack,fused``, labelled fused+binpack); ``fused-only`` (``--enable mace,fused``: the
+kernels on mace's own batches); ``fused+static`` (``--enable mace,binpack,fused,static -o
+compile=default``: padded static batches, the step compiled by inductor without capture, run for
+``--static-epochs`` epochs, with a second table of its first epoch (which compiles), its later
+ones and after how many epochs its compile is repaid against fused+binpack); ``fused+capture``
+(the same with ``compile=reduce-overhead``: the step captured as CUDA graphs; the first epoch
+compiles). The time of the second epoch (train + validation) is read from the timestamps of
+mace's own "Epoch N" lines; ratios are to stock's, cuEquivariance's and cuEquivariance's with
+binpack's batches in the same run.
 
 ``--backend cuda triton`` runs the ``fused`` ways once per kernel backend of the ``cfm::`` operators
 on CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Triton kernels
@@ -52,6 +62,7 @@ import contextlib
 import copy
 import datetime as dt
 import json
+import math
 import os
 import re
 import statistics
@@ -151,8 +162,9 @@ def _has_cueq() -> bool:
     return importlib.util.find_spec("cuequivariance_torch") is not None
 
 
-def prepare(way: str, stock, device):
-    """The model for ``way``, or the reason it cannot run here (a string)."""
+def prepare(way: str, stock, device, kernels=None):
+    """The model for ``way``, or the reason it cannot run here (a string); the fused way swaps
+    the kernels named in ``kernels`` (default: every registered kernel)."""
     if way == "stock":
         return stock
     if way == "cueq":
@@ -165,7 +177,7 @@ def prepare(way: str, stock, device):
         from cfm_plugins.ops.patching import patch_model
 
         model = copy.deepcopy(stock)
-        patch_model(model)
+        patch_model(model, kernels)
         return model
     if way == "fused+capture":
         return "see tools/gpu_capture.py (the captured static step: exactness, syncs, timing)"
@@ -327,18 +339,26 @@ def step_table(args, device) -> list[str]:
     from cfm_plugins.ops._debug import UNFILLED_ENV
 
     lines = list(STEP_HEADER)
-    # (row label, way, kernel backend, pinned tiles or None, debug switches of the row or None)
+    # (row label, way, kernel backend, pinned tiles or None, debug switches of the row or None,
+    # the kernels the fused row swaps)
+    kernels = args.fused_kernels
     ways = [
-        (label, label.split("[")[0], backend, None, None)
+        (label, label.split("[")[0], backend, None, None, kernels)
         for label, backend in expand_ways(args.ways, args.backends, device)
     ]
     fused_triton = "fused[triton]" if device.type == "cuda" else "fused"
-    ways += [(f"{fused_triton} tiles {v}", "fused", "triton", v, None) for v in args.tiles_also]
+    ways += [
+        (f"{fused_triton} tiles {v}", "fused", "triton", v, None, kernels) for v in args.tiles_also
+    ]
     ways += (
-        [(f"{fused_triton} zero-filled", "fused", "triton", None, {UNFILLED_ENV: "0"})]
+        [(f"{fused_triton} zero-filled", "fused", "triton", None, {UNFILLED_ENV: "0"}, kernels)]
         if args.zero_filled_also
         else []
     )
+    ways += [
+        (f"{fused_triton} kernels {v}", "fused", "triton", None, None, v.split(","))
+        for v in args.kernels_also
+    ]
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         stock = build_model(dtype, args.hidden).to(device)
@@ -348,10 +368,10 @@ def step_table(args, device) -> list[str]:
             group: list[
                 tuple[str, dict | str]
             ] = []  # (row label, measured row or why there is none)
-            for label_way, way, backend, tiles, env in ways:
+            for label_way, way, backend, tiles, env, named in ways:
                 if backend is not None:
                     _backend.set_gpu_backend(backend)
-                model = prepare(way, stock, device)
+                model = prepare(way, stock, device, named)
                 label = f"| {dtype_name} | {len(atoms)} | {n_edges} | {label_way} |"
                 if isinstance(model, str):
                     group.append((label, model))
@@ -443,7 +463,9 @@ def epoch_data(folder: Path, structures: int) -> dict[str, Path]:
     return files
 
 
-def epoch_table(args, device) -> list[str]:
+def epoch_table(args, device) -> tuple[list[str], list[str]]:
+    """The epochs' table (:func:`epoch_rows`) and, where fused+static ran, its compile table
+    (:func:`compile_rows`; else empty)."""
     from cfm_plugins.testing import mpirun_command
 
     out = Path(args.work)
@@ -456,7 +478,6 @@ def epoch_table(args, device) -> list[str]:
         "--max_L=1",
         "--correlation=3",
         "--num_interactions=2",
-        "--max_num_epochs=2",
         "--batch_size=8",
         "--valid_batch_size=8",
         f"--device={device.type}",
@@ -471,37 +492,76 @@ def epoch_table(args, device) -> list[str]:
         "--eval_interval=1",
         "--num_workers=0",
     ]
-    ways = epoch_commands(args.epoch_ways, args.backends, device, mpirun)
+    ways = epoch_commands(args.epoch_ways, args.backends, device, mpirun, args.fused_kernels)
     timeouts = epoch_timeouts(args.epoch_timeout, args.epoch_ways, ways)
-    results: dict = {}  # way -> seconds of its second epoch, or why there are none
+    results: dict = {}  # label -> seconds of its second epoch, or why there are none
+    compiled: dict = {}  # label of a fused+static run -> every epoch's seconds
     env = dict(
         os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     )
-    for way, cmd in ways.items():
-        if way == "cueq" and not _has_cueq():
-            results[way] = "cuequivariance-torch not installed: pip install 'cfm-plugins[bench]'"
+    for label, cmd in ways.items():
+        if label.startswith("cueq") and not _has_cueq():
+            results[label] = "cuequivariance-torch not installed: pip install 'cfm-plugins[bench]'"
             print(epoch_rows(results)[-1], flush=True)
             continue
-        run = out / way.replace("+", "_").replace("[", "_").replace("]", "")
+        epochs = args.static_epochs if epoch_way(label) == "fused+static" else 2
+        run = out / label.replace("+", "_").replace("[", "_").replace("]", "")
         run.mkdir(parents=True, exist_ok=True)
-        full = cmd + common + [f"--name={run.name}", f"--work_dir={run}", f"--model_dir={run}"]
+        full = cmd + common + [f"--max_num_epochs={epochs}", f"--name={run.name}"]
+        full += [f"--work_dir={run}", f"--model_dir={run}"]
         print("$", " ".join(full), flush=True)
-        text, rc = run_logged(full, env, timeouts[way])
+        text, rc = run_logged(full, env, timeouts[label])
         (run / "train.log").write_text(text)
         # the second epoch is over once its validation line is logged: a run stopped later still
         # counts
         seconds = epoch_seconds(text, 1) if rc in (0, None) else None
         if seconds is None:
-            why = f"timed out after {timeouts[way]:g} s" if rc is None else f"failed (rc {rc})"
+            why = f"timed out after {timeouts[label]:g} s" if rc is None else f"failed (rc {rc})"
             seconds = f"{why}, see {run / 'train.log'}"
-        results[way] = seconds
+        results[label] = seconds
+        if epoch_way(label) == "fused+static":
+            compiled[label] = [epoch_seconds(text, e) for e in range(epochs)]
         print(epoch_rows(results)[-1], flush=True)  # its row so far (stock runs first)
-    return epoch_rows(results)
+    return epoch_rows(results), compile_rows(compiled, results) if compiled else []
+
+
+def compile_rows(compiled: dict, results: dict) -> list[str]:
+    """Where ``compile=default`` is repaid: per fused+static run (label -> each epoch's seconds,
+    None for an epoch not logged), its first epoch (which compiles), the median of its later
+    epochs, the uncompiled fused+binpack run's second epoch of the same backend, and after how
+    many epochs the compiled run's total is the smaller:
+    ``first + (n - 1) later <= n uncompiled``, i.e. ``n >= (first - later) / (uncompiled -
+    later)``."""
+    lines = [
+        "| way | epochs timed | epoch 1 s (compiles) | later epochs s (median) | fused+binpack "
+        "epoch 2 s | repaid after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, seconds in compiled.items():
+        tag = label[len(label.split("[")[0]) :]
+        base = results.get("fused+binpack" + tag)
+        timed_ = [t for t in seconds if t is not None]
+        first = seconds[0] if seconds else None
+        later = [t for t in seconds[1:] if t is not None]
+        steady = statistics.median(later) if later else None
+        if first is None or steady is None or not isinstance(base, float):
+            pays = "-"
+        elif steady >= base:
+            pays = "never (no faster per epoch)"
+        else:
+            pays = f"{max(1, math.ceil((first - steady) / (base - steady)))} epochs"
+        shown = [
+            f"{x:.2f}" if isinstance(x, float) else "-"
+            for x in (first, steady, base if isinstance(base, float) else None)
+        ]
+        lines.append(f"| {label} | {len(timed_)} | {' | '.join(shown)} | {pays} |")
+    return lines
 
 
 def epoch_rows(results: dict) -> list[str]:
     """The epochs' table: each way's second epoch (seconds, or why there is none) and its ratio to
-    stock's and to cuEquivariance's in the same run, "-" where either has no time."""
+    stock's, to cuEquivariance's and to cuEquivariance's with binpack's batches in the same run,
+    "-" where either has no time."""
 
     def ratio(seconds, base):
         return (
@@ -510,12 +570,16 @@ def epoch_rows(results: dict) -> list[str]:
             else "-"
         )
 
-    lines = ["| way | epoch 2 (train + validation) s | vs stock | vs cueq |", "|---|---|---|---|"]
+    lines = [
+        "| way | epoch 2 (train + validation) s | vs stock | vs cueq | vs cueq+binpack |",
+        "|---|---|---|---|---|",
+    ]
     for way, seconds in results.items():
         shown = f"{seconds:.2f}" if isinstance(seconds, float) else seconds
         lines.append(
             f"| {way} | {shown} | {ratio(seconds, results.get('stock'))} | "
-            f"{ratio(seconds, results.get('cueq'))} |"
+            f"{ratio(seconds, results.get('cueq'))} | "
+            f"{ratio(seconds, results.get('cueq+binpack'))} |"
         )
     return lines
 
@@ -532,47 +596,81 @@ def epoch_timeouts(given, ways, commands) -> dict:
             f"{' '.join(ways)}), got {len(given)}"
         )
     per_way = dict(zip(ways, given))
-    out = {}
-    for (
-        label
-    ) in commands:  # labels: stock, cueq, fused+binpack[tag], fused+binpack+static+capture[tag]
-        way = label if label in per_way else ("fused+capture" if "+capture" in label else "fused")
-        out[label] = per_way[way]
-    return out
+    return {label: per_way[epoch_way(label)] for label in commands}
 
 
-#: ways of the epoch table: stock mace, mace's cuEquivariance, ``cfm-run --enable
-# mace,binpack,fused``, : and the same with ``static`` and the step compiled and captured (CUDA
-# graphs; inductor's default : mode on a CPU, where there are no graphs to capture)
-EPOCH_WAYS = ("stock", "cueq", "fused", "fused+capture")
+#: ways of the epoch table: stock mace; ``cfm-run --enable mace,binpack`` (binpack's batches,
+# stock kernels); mace's cuEquivariance, alone and with binpack's batches; ``cfm-run --enable
+# mace,binpack,fused`` (``fused``, labelled fused+binpack); the kernels with mace's own batches
+# (``fused-only``: ``--enable mace,fused``); binpack + fused + ``static`` with the step compiled by
+# inductor's default mode, no capture (``fused+static``, over ``--static-epochs`` epochs: where its
+# compile is repaid); and the same compiled and captured (``fused+capture``: CUDA graphs;
+# inductor's default mode on a CPU, where there are no graphs to capture)
+EPOCH_WAYS = (
+    "stock",
+    "stock+binpack",
+    "cueq",
+    "cueq+binpack",
+    "fused",
+    "fused-only",
+    "fused+static",
+    "fused+capture",
+)
+
+#: the label of each fused way's runs (a ``[backend]`` tag follows on CUDA)
+_FUSED_LABELS = {
+    "fused": "fused+binpack",
+    "fused-only": "fused",
+    "fused+static": "fused+binpack+static+default",
+    "fused+capture": "fused+binpack+static+capture",
+}
 
 
-def epoch_commands(ways, backends, device, mpirun) -> dict[str, list[str]]:
+def epoch_way(label: str) -> str:
+    """The way of :data:`EPOCH_WAYS` an epoch row's label belongs to (labels drop the backend
+    tag: ``fused+binpack[triton]`` -> ``fused``)."""
+    base = label.split("[")[0]
+    for way, fused_label in _FUSED_LABELS.items():
+        if base == fused_label:
+            return way
+    return base
+
+
+def epoch_commands(ways, backends, device, mpirun, kernels=None) -> dict[str, list[str]]:
     """Label -> command (before mace_run_train's own arguments) of each epoch way; the fused ways
-    once per kernel backend on CUDA."""
+    once per kernel backend on CUDA, with ``-o fused_kernels=...`` where ``kernels`` names
+    them."""
     out: dict[str, list[str]] = {}
     for way in ways:
-        if way == "stock":
-            out[way] = ["mace_run_train"]
-        elif way == "cueq":
-            out[way] = ["mace_run_train", "--enable_cueq=True"]
+        if way in ("stock", "cueq"):
+            out[way] = ["mace_run_train"] + (["--enable_cueq=True"] if way == "cueq" else [])
+        elif way in ("stock+binpack", "cueq+binpack"):
+            out[way] = mpirun + ["cfm-run", "--enable", "mace,binpack", "--", "mace_run_train"]
+            out[way] += ["--enable_cueq=True"] if way.startswith("cueq") else []
         else:
-            capture = way == "fused+capture"
-            features = "mace,binpack,fused" + (",static" if capture else "")
-            label = "fused+binpack" + ("+static+capture" if capture else "")
-            mode = (
-                ["-o", "compile=" + ("reduce-overhead" if device.type == "cuda" else "default")]
-                if capture
-                else []
-            )
+            features = {
+                "fused": "mace,binpack,fused",
+                "fused-only": "mace,fused",
+                "fused+static": "mace,binpack,fused,static",
+                "fused+capture": "mace,binpack,fused,static",
+            }[way]
+            mode = {
+                "fused+static": ["-o", "compile=default"],
+                "fused+capture": [
+                    "-o",
+                    "compile=" + ("reduce-overhead" if device.type == "cuda" else "default"),
+                ],
+            }.get(way, [])
             for backend in backends if device.type == "cuda" else ["cuda"]:
                 tag = f"[{backend}]" if device.type == "cuda" else ""
-                out[label + tag] = mpirun + [
+                named = ["-o", "fused_kernels=" + ",".join(kernels)] if kernels else []
+                out[_FUSED_LABELS[way] + tag] = mpirun + [
                     "cfm-run",
                     "--enable",
                     features,
                     "-o",
                     f"fused_backend={backend}",
+                    *named,
                     *mode,
                     "--",
                     "mace_run_train",
@@ -625,6 +723,24 @@ def main(argv=None) -> int:
         help="one more fused Triton row run with CFM_PLUGINS_TRITON_UNFILLED=0 (the conv TP's "
         "outputs zero-filled first, the former default), in the same process as the other rows",
     )
+    p.add_argument(
+        "--fused-kernels",
+        nargs="+",
+        default=None,
+        metavar="KERNEL",
+        help="the kernels the fused ways swap (default: auto, every kernel the model has; named "
+        "kernels also run what only a request naming them runs: the skip connection's GPU "
+        "kernel), in the step rows and the epoch runs (-o fused_kernels=...)",
+    )
+    p.add_argument(
+        "--kernels-also",
+        nargs="+",
+        default=[],
+        metavar="K1,K2",
+        help="one more fused step row per value, swapping the kernels of that comma list (e.g. "
+        "symmetric_contraction,conv_tp,skip_tp: the skip connection's GPU kernel beside the "
+        "default row), in the same process as the other rows",
+    )
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -636,8 +752,19 @@ def main(argv=None) -> int:
         nargs="+",
         default=["stock", "cueq", "fused"],
         choices=EPOCH_WAYS,
-        help="ways of the epoch table; fused+capture adds the static plugin with "
-        "compile=reduce-overhead (CUDA graphs; compile=default on a CPU)",
+        help="ways of the epoch table: stock, stock+binpack (binpack's batches, stock kernels), "
+        "cueq, cueq+binpack, fused (binpack + the fused kernels), fused-only (the kernels with "
+        "mace's batches), fused+static (binpack + fused + static, compile=default, over "
+        "--static-epochs epochs), fused+capture (static with compile=reduce-overhead: CUDA graphs; "
+        "compile=default on a CPU)",
+    )
+    p.add_argument(
+        "--static-epochs",
+        type=int,
+        default=5,
+        metavar="N",
+        help="epochs of a fused+static run (its first compiles; the table says after how many "
+        "the compile is repaid against fused+binpack); at least 2",
     )
     p.add_argument(
         "--epoch-timeout",
@@ -667,6 +794,8 @@ def main(argv=None) -> int:
         )  # the count, checked before anything runs
     except ValueError as exc:
         p.error(str(exc))
+    if args.static_epochs < 2:
+        p.error(f"--static-epochs {args.static_epochs}: at least 2 (the first compiles)")
     if args.quick:
         args.atoms, args.hidden, args.reps, args.warmup, args.epoch_structures = (
             [32],
@@ -680,6 +809,14 @@ def main(argv=None) -> int:
     import torch
 
     check_tiles(args.tiles_also)
+    from cfm_plugins.ops.kernel_table import check_kernels
+
+    try:  # checked before any model is built
+        check_kernels(args.fused_kernels or (), "--fused-kernels")
+        for value in args.kernels_also:
+            check_kernels(value.split(","), f"--kernels-also {value}")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
@@ -730,19 +867,31 @@ def main(argv=None) -> int:
             "own log"
         )
         print(f"\n{epoch_description}:\n", flush=True)
-        epochs = epoch_table(args, device)
-        print("\n".join(["", *epochs, ""]), flush=True)
+        epochs, compiles = epoch_table(args, device)
+        print("\n".join(["", *epochs, "", *compiles, ""]), flush=True)
+        tables = [
+            markdown_table(
+                "epoch",
+                epochs,
+                "seconds of the second epoch (train + validation) per way, and the ratios to "
+                "stock's, to cuEquivariance's and to cuEquivariance's with binpack's batches in "
+                "the same run",
+            )
+        ]
+        if compiles:
+            tables.append(
+                markdown_table(
+                    "compile",
+                    compiles,
+                    "binpack + fused + static with compile=default: the first epoch (which "
+                    "compiles), the later ones, and after how many epochs its total is below "
+                    "fused+binpack's",
+                )
+            )
         write_record(
             "gpu_mace_epoch" + quick,
             f"MACE training epoch (mace_run_train) on {device_name(device)}",
-            [
-                markdown_table(
-                    "epoch",
-                    epochs,
-                    "seconds of the second epoch (train + validation) per way, and the ratios to "
-                    "stock's and to cuEquivariance's in the same run",
-                )
-            ],
+            tables,
             description=epoch_description,
             headline=epoch_headline(epochs),
             out=args.out,
@@ -774,12 +923,15 @@ def step_headline(steps: list[str]) -> dict:
 
 
 def epoch_headline(epochs: list[str]) -> dict:
-    """Each fused way's epoch against stock's and cuEquivariance's (where they ran)."""
+    """Each fused way's epoch against stock's, cuEquivariance's and cuEquivariance's with binpack
+    (where they ran)."""
     out = {}
     for line in epochs[2:]:
-        way, _, vs_stock, vs_cueq = (c.strip() for c in line.strip()[1:-1].split("|"))
+        way, _, *ratios = (c.strip() for c in line.strip()[1:-1].split("|"))
         if way.startswith("fused"):
-            out |= {f"epoch vs {k}, {way}": v for k, v in (("stock", vs_stock), ("cueq", vs_cueq))}
+            out |= {
+                f"epoch vs {k}, {way}": v for k, v in zip(("stock", "cueq", "cueq+binpack"), ratios)
+            }
     return {k: v for k, v in out.items() if v.endswith("x")}
 
 

@@ -1,9 +1,10 @@
 """Kernel benchmarks on the CPU: the fused kernels against stock (and cuEquivariance's), ratios
 measured in the same run.
 
-    python -m benchmarks.kernels                      # both kernels, full workloads
+    python -m benchmarks.kernels                      # every kernel, full workloads
     python -m benchmarks.kernels symmetric_contraction --quick
     python -m benchmarks.kernels conv_tp --quick
+    python -m benchmarks.kernels skip_tp --quick
 
 Each kernel's benchmark lives in ``kernels_<kernel>.py`` (``main(argv)``; see its own ``--help``
 for the workload and the options, which this command passes on) and prints its workload, its
@@ -17,7 +18,7 @@ import argparse
 import importlib
 import sys
 
-KERNELS = ("symmetric_contraction", "conv_tp")
+KERNELS = ("symmetric_contraction", "conv_tp", "skip_tp")
 
 
 def gpu_note(cuda_source: str, alone: str) -> str:
@@ -36,13 +37,14 @@ def main(argv=None) -> int:
         description=__doc__.split("\n\n")[0],
         epilog="Other options go to each kernel's benchmark: python -m "
         "benchmarks.kernels_conv_tp --help, python -m benchmarks.kernels_symmetric_contraction "
-        "--help (--quick and --out are common to both).",
+        "--help, python -m benchmarks.kernels_skip_tp --help (--quick and --out are common to "
+        "all).",
     )
     p.add_argument(
         "kernels",
         nargs="*",
         metavar="KERNEL",
-        help=f"the kernels to time: {', '.join(KERNELS)} (default: both)",
+        help=f"the kernels to time: {', '.join(KERNELS)} (default: all)",
     )
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:

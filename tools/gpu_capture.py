@@ -36,7 +36,8 @@ Checks, per configuration (each a PASS/FAIL line; the exit status is 1 if any FA
 - dynamo's compiled graphs and graph breaks (``compile_counts``; 2 graphs expected: train and
   inference), inductor's ``cudagraph_skips`` counter and every warning logged while compiling
   and running: a "skipping cudagraphs" line means the step was not captured and the check is not
-  what it claims.
+  what it claims; and the seconds the compile and the warm-up steps took (the first steps
+  compile: what a training run pays once per shape budget).
 
 Timing: median wall time of ``--reps`` steps after ``--warmup``, synchronised (and the GPU time of
 the same steps from CUDA events), of the eager step on the unpadded batch (compile=off model, plain
@@ -201,7 +202,7 @@ def base_model(dtype, hidden: str, device):
     return without_torchscript(model).to(device)
 
 
-def static_model(stock, hidden: str, fused: bool, compile: str):
+def static_model(stock, hidden: str, fused: bool, compile: str, kernels=None):
     """A copy of ``stock`` (same weights), patched when ``fused``, with the static forward
     installed.
 
@@ -223,7 +224,7 @@ def static_model(stock, hidden: str, fused: bool, compile: str):
             f"the copy of the model differs from it ({differ[:3]}...) or holds TorchScript"
         )
     if fused:
-        patch_model(model)
+        patch_model(model, kernels)
     install(model, MACE_SPEC, compile=compile, dynamic=False)
     return model
 
@@ -443,8 +444,8 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
     torch._dynamo.reset()
     counts0, skips0 = forward.compile_counts(), cudagraph_skips()
     capture.take()
-    off = static_model(stock, args.hidden, fused, "off")
-    cap = static_model(stock, args.hidden, fused, args.mode)
+    off = static_model(stock, args.hidden, fused, "off", args.fused_kernels)
+    cap = static_model(stock, args.hidden, fused, args.mode, args.fused_kernels)
     check = {"config": name, "sync_train": "-", "sync_infer": "-"}
 
     with section(f"{name}: compile and warm up"):
@@ -456,7 +457,8 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
             infer_step(cap, wl0.padded_inputs)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        say(f"compiled and warmed up in {time.perf_counter() - t:.1f} s")
+        check["compile_s"] = f"{time.perf_counter() - t:.1f}"
+        say(f"compiled and warmed up in {check['compile_s']} s")
 
     with section(f"{name}: check"):
         got_t, got_i = (
@@ -560,8 +562,9 @@ def check_table(checks) -> list[str]:
 
     lines = [
         "| configuration | loss | grads | E train | F train | E inference | F inference | padded "
-        "vs unpadded | no sync (train) | no sync (inference) | graphs | breaks | cudagraph skips |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "vs unpadded | no sync (train) | no sync (inference) | graphs | breaks | cudagraph skips "
+        "| compile + warm-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in checks:
         lines.append(
@@ -582,6 +585,7 @@ def check_table(checks) -> list[str]:
                     "graphs",
                     "breaks",
                     "skips",
+                    "compile_s",
                 )
             )
             + " |"
@@ -612,6 +616,14 @@ def main(argv=None) -> int:
         help="kernel backends of the fused kernels on CUDA; several give one row each",
     )
     p.add_argument("--hidden", default="128x0e+128x1o")
+    p.add_argument(
+        "--fused-kernels",
+        nargs="+",
+        default=None,
+        metavar="KERNEL",
+        help="the kernels the fused rows swap (default: auto, every kernel the model has; a named "
+        "skip_tp also runs its GPU kernel)",
+    )
     p.add_argument(
         "--no-stock", action="store_true", help="only the fused kernels (skip the stock e3nn rows)"
     )

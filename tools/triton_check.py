@@ -10,10 +10,12 @@ interaction layer, the larger one).
 Every kernel variant a MACE run launches (inference, forces, force training; symmetric contraction
 ``fwd``, ``bwd[gx]``, ``bwd[gc,gx]``, ``bwd[gc]``, ``bwd2[dx,gc,gg,gx]``, ``bwd2[dc,dx,gc,gg,gx]``;
 conv TP ``segment``, ``segment[T]`` (node-feature gradient), ``edge[w,y]``, ``edge[w]``,
-``edge[y]``; the weight-gradient reduction), in float32 and float64, in its default tile config and
-every autotuning alternative (``cfm_plugins/ops/triton/configs.py``), is compiled with
+``edge[y]``; the weight-gradient reduction; the skip connection's ``skip_apply`` and
+``skip_wgrad``, 128x0e+128x1o with 89 elements), in float32 and float64, in its default tile
+config and every autotuning alternative (``cfm_plugins/ops/triton/configs.py``), is compiled with
 ``triton.compile`` for sm_80 (A100), sm_90 (H100/H200), gfx90a (MI250X) and gfx942 (MI300), as a
-launch would specialise it (:mod:`cfm_plugins.ops.triton.aot`).
+launch would specialise it (:mod:`cfm_plugins.ops.triton.aot`). ``--kernels skip_apply
+skip_wgrad`` compiles those kernel families only (their names as the table shows them).
 
 Prints one row per (kernel, dtype, config, target): registers per thread (VGPRs on AMD), spill
 bytes (to memory; on AMD the SGPRs spilled into VGPR lanes are shown apart: no memory traffic),
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime as dt
+import importlib
 import os
 import platform
 import sys
@@ -55,6 +58,7 @@ class Job:
     dtype: str
     target: str
     block_names: tuple  # (rows constexpr, channels constexpr)
+    constants: tuple = ()  # further constexpr (name, value) pairs of a plain kernel
 
 
 def _workload_tables():
@@ -91,6 +95,7 @@ def _sources():
     """(family, variant name, module name, source per (``defer``, ``presort``) flags of the tile
     configs (conv TP: every combination), function name, specimen per dtype) of every kernel."""
     from cfm_plugins.ops.triton import conv_tp as ttp
+    from cfm_plugins.ops.triton import skip_tp as tskip
     from cfm_plugins.ops.triton import symmetric_contraction as tsc
 
     sct, tp_plain, tp_transposed = _workload_tables()
@@ -126,6 +131,19 @@ def _sources():
                 ("BLOCK_E", "BLOCK_C"),
             )
         )
+    for kernel in tskip.KERNELS:  # plain kernels (no descriptor in them): "plain:" + module
+        _fn, names, _fixed = tskip.kernel_function(kernel)
+        out.append(
+            (
+                kernel,
+                kernel,
+                "plain:skip_tp",
+                {(False, False): ""},
+                kernel,
+                {d: tskip.specimen(kernel, d) for d in ("float32", "float64")},
+                names,
+            )
+        )
     fp = {"float32": "*fp32", "float64": "*fp64"}
     out.append(
         (
@@ -156,11 +174,23 @@ def _sources():
     return out
 
 
-def jobs(targets, quick: bool) -> list[Job]:
+def _constants(module: str, function: str, dtype: str, target: str) -> tuple:
+    """The fixed constexprs of a plain kernel (``plain:skip_tp``) as a launch on ``target`` sets
+    them."""
+    if module != "plain:skip_tp":
+        return ()
+    from cfm_plugins.ops.triton import skip_tp as tskip
+
+    return tuple(sorted(tskip.aot_constants(function, dtype, target).items()))
+
+
+def jobs(targets, quick: bool, kernels=None) -> list[Job]:
     from cfm_plugins.ops.triton.configs import configs_for
 
     result = []
     for family, name, module, sources, function, specimens, blocks in _sources():
+        if kernels and family not in kernels:
+            continue
         for dtype, specimen in specimens.items():
             configs = configs_for(family, dtype)
             for i, cfg in enumerate(configs[:1] if quick else configs):
@@ -178,20 +208,34 @@ def jobs(targets, quick: bool) -> list[Job]:
                             dtype,
                             target,
                             blocks,
+                            _constants(module, function, dtype, target),
                         )
                     )
     return result
 
 
+class _PlainFunctions:
+    """A plain kernel module's functions by kernel name (``skip_apply`` -> its function)."""
+
+    def __init__(self, mod):
+        self.mod = mod
+
+    def __getattr__(self, kernel):
+        return self.mod.kernel_function(kernel)[0]
+
+
 def run_job(job: Job):
     from cfm_plugins.ops.triton import _codegen, aot
 
-    if job.module:
+    if job.module.startswith("plain:"):  # an ordinary kernel file (no descriptor in it)
+        mod = importlib.import_module(f"cfm_plugins.ops.triton.{job.module[6:]}")
+        mod = _PlainFunctions(mod)
+    elif job.module:
         mod = _codegen.load_source(job.module, job.source)
-    else:  # an ordinary kernel file (no descriptor in it)
+    else:  # the weight-gradient reduction's own file
         from cfm_plugins.ops.triton import _reduce as mod
     rows_name, cols_name = job.block_names
-    blocks = {cols_name: job.config.block_c}
+    blocks = {cols_name: job.config.block_c, **dict(job.constants)}
     if rows_name:
         blocks[rows_name] = job.config.block_rows
     return aot.compile_kernel(
@@ -217,6 +261,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="default configs only")
     ap.add_argument(
+        "--kernels",
+        nargs="+",
+        default=None,
+        help="only these kernel families (sc_fwd, tp_segment, skip_apply, ...; default: all)",
+    )
+    ap.add_argument(
         "--spill-budget", type=int, default=0, help="spill bytes allowed in a default config"
     )
     ap.add_argument(
@@ -231,7 +281,10 @@ def main(argv=None) -> int:
     import triton
 
     t0 = time.perf_counter()
-    todo = jobs(args.targets, args.quick)
+    todo = jobs(args.targets, args.quick, args.kernels)
+    if not todo:
+        print(f"no kernel family named {args.kernels}", file=sys.stderr)
+        return 2
     print(
         f"# Triton ahead-of-time compile check: {len(todo)} compiles, triton {triton.__version__}, "
         f"targets {' '.join(args.targets)}, {args.jobs} job(s)",

@@ -28,13 +28,13 @@ class.
 
 import inspect
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from cfm_plugins.ops import _backend
+from cfm_plugins.ops._shared_e3nn import SharesE3nnModule
 from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors import conv_tp as _desc
 from cfm_plugins.ops.kernel_types import Form, Kernel
@@ -154,10 +154,30 @@ def _torch_segment(tabs: _TorchTables, node_in, y, w, other, target, n_out):
 
 
 # ----------------------------------------------------------------------------------------------
+# The channel-last reorderings around the operators.
+# ----------------------------------------------------------------------------------------------
+class _ColumnPermutation(torch.autograd.Function):
+    """``t[:, perm]`` whose gradient is ``g[:, inv]`` (``inv`` the inverse permutation): a gather
+    again. ``index_select``'s own backward zero-fills a ``[rows, columns]`` tensor and scatters
+    into it (``index_add``): two passes and two launches per call, more in force training's double
+    backward, around every conv TP whose irreps are not all scalars. Its derivatives are this
+    function again, so every order exists."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(perm, inv)
+        return t.index_select(1, perm)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        perm, inv = ctx.saved_tensors
+        return _ColumnPermutation.apply(g, inv, perm), None, None
+
+
+# ----------------------------------------------------------------------------------------------
 # The module.
 # ----------------------------------------------------------------------------------------------
 #: float64 descriptor buffers: they follow a device move but never a dtype cast (see _apply)
-_F64_BUFFERS = ("_tp_coef", "_tp_coef_t")
 
 
 def _module_device(module: torch.nn.Module) -> torch.device:
@@ -169,7 +189,7 @@ def _module_device(module: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-class FusedConvTP(torch.nn.Module):
+class FusedConvTP(SharesE3nnModule, torch.nn.Module):
     """e3nn uvu ``TensorProduct`` + ``scatter_sum`` as one fused op (see module docstring).
 
     ``forward(node_feats, edge_attrs, tp_weights, edge_index)`` -> ``[num_nodes, irreps_out.dim]``
@@ -177,6 +197,11 @@ class FusedConvTP(torch.nn.Module):
     Every tensor it owns is a buffer created on ``device`` (default: where ``tp`` lives), so it
     follows ``.to()``; ``forward`` is TorchScript-compatible.
     """
+
+    #: the coefficients stay float64 under .to(dtype) (the kernels read them in double)
+    F64_BUFFERS = ("_tp_coef", "_tp_coef_t")
+    #: the pure-torch path's tables, rebuilt after a move
+    DERIVED = ("_torch_tabs",)
 
     def __init__(self, tp: torch.nn.Module, device: torch.device | None = None):
         super().__init__()
@@ -208,6 +233,10 @@ class FusedConvTP(torch.nn.Module):
         i64 = dict(dtype=torch.int64, device=device)
         self.register_buffer("_cl_perm_in", torch.as_tensor(perm_in, **i64), persistent=False)
         self.register_buffer(
+            "_cl_perm_in_inv", torch.as_tensor(np.argsort(perm_in), **i64), persistent=False
+        )
+        self.register_buffer("_cl_perm_out", torch.as_tensor(perm_out, **i64), persistent=False)
+        self.register_buffer(
             "_cl_perm_out_inv", torch.as_tensor(np.argsort(perm_out), **i64), persistent=False
         )
         # the descriptor as the operators take it (conv_tp_ops.h): tables, transposed tables, sizes
@@ -229,46 +258,6 @@ class FusedConvTP(torch.nn.Module):
     @classmethod
     def from_e3nn(cls, tp: torch.nn.Module, device: torch.device | None = None) -> "FusedConvTP":
         return cls(tp, device=device)
-
-    def to_e3nn(self) -> torch.nn.Module:
-        """The original e3nn module, holding this module's current buffers and submodules."""
-        tp = self.__dict__["_e3nn_tp"]
-        for name in list(tp._buffers):
-            tp._buffers[name] = self._buffers[name]
-        for name in list(tp._modules):
-            tp._modules[name] = self._modules[name]
-        tp.train(self.training)
-        return tp
-
-    def _apply(self, fn, recurse=True):
-        # .to(dtype) casts every floating buffer; the CG coefficients stay float64 (the kernels read
-        # them in double) and only follow the device, without a round trip through float32.
-        keep = {name: self._buffers[name] for name in _F64_BUFFERS}
-        super()._apply(fn, recurse)
-        for name, old in keep.items():
-            self._buffers[name] = old.to(device=self._buffers[name].device)
-        self.__dict__["_torch_tabs"] = {}
-        return self
-
-    def __getstate__(self):
-        # The e3nn submodules are TorchScript modules that only e3nn knows how to pickle: leave them
-        # to the (synchronised) e3nn module, which travels in the state, and re-attach on load.
-        tp = self.to_e3nn()
-        state = self.__dict__.copy()
-        state["_modules"] = OrderedDict(
-            (k, v) for k, v in self._modules.items() if k not in tp._modules
-        )
-        state["_cfm_shared_modules"] = list(tp._modules)
-        state["_torch_tabs"] = {}
-        return state
-
-    def __setstate__(self, state):
-        state = dict(state)
-        shared = state.pop("_cfm_shared_modules", [])
-        super().__setstate__(state)
-        tp = self.__dict__["_e3nn_tp"]
-        for name in shared:
-            self._modules[name] = tp._modules[name]
 
     def __prepare_scriptable__(self):
         """Called by ``torch.jit.script``: the scripted module names the operator library it
@@ -362,6 +351,18 @@ class FusedConvTP(torch.nn.Module):
         )
 
     @torch.jit.unused
+    def _eager_reorder(self, t: torch.Tensor, to_channel_last: bool) -> torch.Tensor:
+        """``t`` (node rows) from e3nn's layout to channel-last or back: a gather, with gathers as
+        derivatives (:class:`_ColumnPermutation`); traced, ``index_select`` (the compiler
+        differentiates and fuses it itself)."""
+        if _backend.tracing(t):
+            perm = self._cl_perm_in if to_channel_last else self._cl_perm_out_inv
+            return t.index_select(1, perm)
+        if to_channel_last:
+            return _ColumnPermutation.apply(t, self._cl_perm_in, self._cl_perm_in_inv)
+        return _ColumnPermutation.apply(t, self._cl_perm_out_inv, self._cl_perm_out)
+
+    @torch.jit.unused
     def _torch_forward(
         self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, graph: list[torch.Tensor]
     ) -> torch.Tensor:
@@ -388,7 +389,13 @@ class FusedConvTP(torch.nn.Module):
             )
         else:
             graph, use_ops = self._eager_graph(node_feats, edge_attrs, tp_weights, edge_index)
-        x = node_feats if self._identity_in else node_feats.index_select(1, self._cl_perm_in)
+        scripting = torch.jit.is_scripting()
+        if self._identity_in:
+            x = node_feats
+        elif scripting:
+            x = node_feats.index_select(1, self._cl_perm_in)
+        else:
+            x = self._eager_reorder(node_feats, True)
         x, y, w = x.contiguous(), edge_attrs.contiguous(), tp_weights.contiguous()
         if use_ops:
             out = torch.ops.cfm.conv_tp_fwd(
@@ -402,7 +409,11 @@ class FusedConvTP(torch.nn.Module):
             )
         else:
             out = self._torch_forward(x, y, w, graph)
-        return out if self._identity_out else out.index_select(1, self._cl_perm_out_inv)
+        if self._identity_out:
+            return out
+        if scripting:
+            return out.index_select(1, self._cl_perm_out_inv)
+        return self._eager_reorder(out, False)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -82,9 +82,9 @@ __global__ void segment_kernel(Tables tab, std::int64_t n_nodes, const std::int6
   const StridedLanes lanes{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   for (std::int64_t n = blockIdx.x; n < n_nodes; n += gridDim.x) {
     T* acc = SMEM_ACC ? acc_s : out + n * dout;
-    if (SMEM_ACC) {
-      for (std::int64_t i = threadIdx.x; i < dout; i += blockDim.x) acc_s[i] = T(0);
-    }
+    // the row starts at zero (its output was not filled): the first edge's __syncthreads orders
+    // this before the sums; a node without edges keeps the zeros
+    for (std::int64_t i = threadIdx.x; i < dout; i += blockDim.x) acc[i] = T(0);
     for (std::int64_t k = ptr[n]; k < ptr[n + 1]; ++k) {
       const std::int64_t e = perm[k];
       __syncthreads();  // R of the previous edge consumed (and acc_s zeroed)
@@ -111,10 +111,16 @@ __global__ void edge_grads_kernel(Tables tab, std::int64_t n_edges, const std::i
   T* part;  // [dy][blockDim]: per-thread partial edge-attribute gradients
   const DescView d = load_tables<T>(tab, smem, &R, &part);
   const int tid = threadIdx.x, nt = blockDim.x;
+  // each (path, channel) slot of a gw row is stored once (a path without pairs stores zeros), and
+  // every gy element: the outputs need no fill where the paths tile the weights (weights_tiled),
+  // else the gw row is zeroed first and summed into
+  const bool tiled = weights_tiled(d, dw);
   for (std::int64_t e = blockIdx.x; e < n_edges; e += gridDim.x) {
     __syncthreads();
     if (GW) pair_coefs(d, y + e * dy, R, tid, nt);
     if (GY) for (int j = 0; j < dy; ++j) part[j * nt + tid] = T(0);
+    if (GW && !tiled)
+      for (std::int64_t i = tid; i < dw; i += nt) gw[e * dw + i] = T(0);
     __syncthreads();
     const T* xr = x + sender[e] * dx;
     const T* gr = g + receiver[e] * dg;
@@ -133,7 +139,12 @@ __global__ void edge_grads_kernel(Tables tab, std::int64_t n_edges, const std::i
               part[d.ent_j[t] * nt + tid] += T(d.ent_coef[t]) * v;
           }
         }
-        if (GW) gw[e * dw + woff + c] += accw;
+        if (GW) {
+          if (tiled)
+            gw[e * dw + woff + c] = accw;
+          else
+            gw[e * dw + woff + c] += accw;
+        }
       }
     }
     if (GY) {
@@ -141,7 +152,7 @@ __global__ void edge_grads_kernel(Tables tab, std::int64_t n_edges, const std::i
       for (int j = tid; j < dy; j += nt) {
         T s = T(0);
         for (int t = 0; t < nt; ++t) s += part[j * nt + t];
-        gy[e * dy + j] += s;
+        gy[e * dy + j] = s;
       }
     }
   }

@@ -47,6 +47,9 @@ void edge_grads_impl(const DescView& d, std::int64_t n_edges, const std::int64_t
                      const T* y, std::int64_t dy, const T* w, std::int64_t dw, T* gy, T* gw, int num_threads) {
   const std::int64_t n_chunks = (n_edges + kEdgeChunk - 1) / kEdgeChunk;
   num_threads = threads_for(n_edges * edge_work(d), num_threads);
+  // The first pair of a path stores its weight-gradient slots, the others add: every slot of a row
+  // is stored once the paths tile it (else the row is zeroed first). gy rows are zeroed here.
+  const bool tiled = weights_tiled(d, dw);
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1 && n_chunks > 1)
   {
     std::vector<T> R(std::max(1, d.n_pairs));
@@ -58,16 +61,24 @@ void edge_grads_impl(const DescView& d, std::int64_t n_edges, const std::int64_t
         const T* gr = g + receiver[e] * dg;
         const T* wr = w + e * dw;
         if (GW) pair_coefs(d, y + e * dy, R.data(), 0, 1);
+        if (GW && !tiled) std::fill(gw + e * dw, gw + (e + 1) * dw, T(0));
+        if (GY) std::fill(gy + e * dy, gy + (e + 1) * dy, T(0));
         for (int p = 0; p < d.n_paths; ++p) {
           const int C = d.path_mul[p];
           const T* CFM_RESTRICT wp = wr + d.path_woff[p];
-          for (int q = d.path_pair_start[p]; q < d.path_pair_start[p + 1]; ++q) {
+          const int q0 = d.path_pair_start[p], q1 = d.path_pair_start[p + 1];
+          if (GW && tiled && q0 == q1)  // a path without pairs: zeros in its slots
+            std::fill(gw + e * dw + d.path_woff[p], gw + e * dw + d.path_woff[p] + C, T(0));
+          for (int q = q0; q < q1; ++q) {
             const T* CFM_RESTRICT xi = xr + d.pair_in[q];
             const T* CFM_RESTRICT gk = gr + d.pair_out[q];
             if (GW) {
               T* CFM_RESTRICT gwp = gw + e * dw + d.path_woff[p];
               const T r = R[q];
-              for (int c = 0; c < C; ++c) gwp[c] += weight_grad_term(r, xi[c], gk[c]);
+              if (tiled && q == q0)
+                for (int c = 0; c < C; ++c) gwp[c] = weight_grad_term(r, xi[c], gk[c]);
+              else
+                for (int c = 0; c < C; ++c) gwp[c] += weight_grad_term(r, xi[c], gk[c]);
             }
             if (GY) {
               const T D = channel_dot3(xi, gk, wp, C);
@@ -94,6 +105,7 @@ void segment_accumulate(const DescView& d, std::int64_t n_nodes, const std::int6
 #pragma omp for schedule(dynamic, 4)
     for (std::int64_t n = 0; n < n_nodes; ++n) {
       T* acc = out + n * dout;
+      std::fill(acc, acc + dout, T(0));  // written whole (isolated nodes, gaps): no fill before
       for (std::int64_t k = ptr[n]; k < ptr[n + 1]; ++k) {
         const std::int64_t e = perm[k];
         pair_coefs(d, y + e * dy, R.data(), 0, 1);

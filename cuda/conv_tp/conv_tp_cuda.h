@@ -17,13 +17,15 @@ struct DeviceDescriptor {
   int max_mul = 1;
 };
 
-// dtype: 0 float32, 1 float64. `out` zero-initialised by the caller (on `stream`).
+// dtype: 0 float32, 1 float64. Every row n < n_nodes of `out` is written (zeroed in the kernel, then
+// summed): `out` may be uninitialised.
 void segment_accumulate(const DeviceDescriptor* d, int dtype, std::int64_t n_nodes, std::uintptr_t ptr,
                         std::uintptr_t perm, std::uintptr_t other, std::uintptr_t node_in, std::int64_t din,
                         std::uintptr_t y, std::int64_t dy, std::uintptr_t w, std::int64_t dw, std::uintptr_t out,
                         std::int64_t dout, std::uintptr_t stream);
 
-// gy / gw: 0 to skip; otherwise zero-initialised [n_edges, dy] / [n_edges, dw].
+// gy / gw: 0 to skip; otherwise [n_edges, dy] / [n_edges, dw], every element written (gw zeroed per
+// edge in the kernel where the paths do not tile the weights): they may be uninitialised.
 void edge_grads(const DeviceDescriptor* d, int dtype, std::int64_t n_edges, std::uintptr_t sender,
                 std::uintptr_t receiver, std::uintptr_t x, std::int64_t dx, std::uintptr_t g, std::int64_t dg,
                 std::uintptr_t y, std::int64_t dy, std::uintptr_t w, std::int64_t dw, std::uintptr_t gy,

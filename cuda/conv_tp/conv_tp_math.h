@@ -81,6 +81,19 @@ CFM_HD void message_accumulate(const DescView& d, const T* CFM_RESTRICT R, const
   }
 }
 
+// Whether the paths' weight slots tile a weight row [0, dw) in path order (woff[p] = the earlier
+// paths' channels): then the edge kernels store every element of a weight-gradient row (a path
+// without pairs stores zeros) and its output needs no zero fill. The descriptor builder lays the
+// weights out so (e3nn's flat layout); any other layout zeroes the row in the kernel first.
+CFM_HD bool weights_tiled(const DescView& d, long long dw) {
+  long long off = 0;
+  for (int p = 0; p < d.n_paths; ++p) {
+    if (d.path_woff[p] != off) return false;
+    off += d.path_mul[p];
+  }
+  return off == dw;
+}
+
 // Per-channel pieces of the per-edge gradients.
 template <typename T>
 CFM_HD T weight_grad_term(T r, T x, T g) { return r * (x * g); }

@@ -89,7 +89,11 @@ Tensor fwd(const Tensor& x, const Tensor& y, const Tensor& w, at::TensorList gra
            at::TensorList desc_t, at::IntArrayRef meta) {
   Tables t = unpack(kFwd, x, desc, meta);
   check_inputs(kFwd, x, y, w, graph, meta[0]);
-  Tensor out = at::zeros({graph[kRptr].size(0) - 1, meta[1]}, x.options());
+  // the kernels store every element of their outputs (conv_tp_host.h, conv_tp_cuda.h): no fill
+  // where they run; a graph without edges runs none and gets zeros
+  const bool runs = y.size(0) > 0;
+  Tensor out = runs ? at::empty({graph[kRptr].size(0) - 1, meta[1]}, x.options())
+                    : at::zeros({graph[kRptr].size(0) - 1, meta[1]}, x.options());
   if (y.size(0) > 0) segment<Runner>(t, x, y, w, graph[kRptr], graph[kRperm], graph[kSender], out);
   return out;
 }
@@ -104,9 +108,13 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g, const Tensor& x, const T
   check_same(kBwd, x, g, "g");
   TORCH_CHECK(g.dim() == 2 && g.size(0) == graph[kRptr].size(0) - 1 && g.size(1) == meta[1], kBwd,
               ": g must be [N, ", meta[1], "], got ", g.sizes());
-  Tensor gx = need_x ? at::zeros({graph[kSptr].size(0) - 1, meta[0]}, x.options()) : none_like(x);
-  Tensor gy = need_y ? at::zeros_like(y) : none_like(y);
-  Tensor gw = need_w ? at::zeros_like(w) : none_like(w);
+  // every element stored by the kernels (see fwd): uninitialised where they run, zeros where not
+  const bool runs = y.size(0) > 0;
+  Tensor gx = !need_x ? none_like(x)
+              : runs  ? at::empty({graph[kSptr].size(0) - 1, meta[0]}, x.options())
+                      : at::zeros({graph[kSptr].size(0) - 1, meta[0]}, x.options());
+  Tensor gy = need_y ? at::empty_like(y) : none_like(y);  // [E, *]: empty when no edge
+  Tensor gw = need_w ? at::empty_like(w) : none_like(w);
   if (y.size(0) == 0) return {gx, gy, gw};
   if (need_x) {
     std::vector<int64_t> meta_t{meta[1], meta[0], meta[2], meta[3], meta[4]};

@@ -50,7 +50,8 @@ struct BwdFn : Function<BwdFn> {
     if (ctx->needs_input_grad(0)) res[0] = call_bwd(a, x);  // d(g f'(x))/dg = f'(x)
     if (ctx->needs_input_grad(1)) {
       const Tensor s = at::sigmoid(x);
-      res[1] = a * g * s * (1 - s) * (2 + x * (1 - 2 * s));  // g f''(x)
+      // at::rsub(s, 1, k) = 1 - k s in one kernel (ATen's `1 - s` fills a tensor with 1 first)
+      res[1] = a * g * s * at::rsub(s, 1) * (2 + x * at::rsub(s, 1, 2));  // g f''(x)
     }
     return res;
   }

@@ -311,16 +311,158 @@ def test_the_epochs_data_set_is_made_once_per_size_and_found_again(tmp_path, cap
 def test_epoch_ratios_are_to_stock_and_cueq_of_the_same_run_and_none_without_them():
     """An H200 run had stock cut by its limit and printed ours as "1.00x" stock (its own time as
     the base): a ratio now needs the way it is to."""
-    rows = gpu_mace.epoch_rows({"stock": 8.0, "fused+binpack[triton]": 2.0, "cueq": 4.0})
+    rows = gpu_mace.epoch_rows(
+        {"stock": 8.0, "fused+binpack[triton]": 2.0, "cueq": 4.0, "cueq+binpack": 2.5}
+    )
     assert rows[2:] == [
-        "| stock | 8.00 | 1.00x | 2.00x |",
-        "| fused+binpack[triton] | 2.00 | 0.25x | 0.50x |",
-        "| cueq | 4.00 | 0.50x | 1.00x |",
+        "| stock | 8.00 | 1.00x | 2.00x | 3.20x |",
+        "| fused+binpack[triton] | 2.00 | 0.25x | 0.50x | 0.80x |",
+        "| cueq | 4.00 | 0.50x | 1.00x | 1.60x |",
+        "| cueq+binpack | 2.50 | 0.31x | 0.62x | 1.00x |",
     ]
+    assert gpu_mace.epoch_headline(rows) == {
+        "epoch vs stock, fused+binpack[triton]": "0.25x",
+        "epoch vs cueq, fused+binpack[triton]": "0.50x",
+        "epoch vs cueq+binpack, fused+binpack[triton]": "0.80x",
+    }
     cut = gpu_mace.epoch_rows(
         {"stock": "timed out after 40 s, see x", "fused+binpack[triton]": 2.81}
     )
     assert cut[2:] == [
-        "| stock | timed out after 40 s, see x | - | - |",
-        "| fused+binpack[triton] | 2.81 | - | - |",
+        "| stock | timed out after 40 s, see x | - | - | - |",
+        "| fused+binpack[triton] | 2.81 | - | - | - |",
     ]
+
+
+def test_epoch_ways_of_the_fair_table_each_run_what_they_name():
+    """stock and cuEquivariance with and without binpack's batches (kernels against kernels on the
+    same batches), the fused kernels with and without binpack, and binpack + fused + static with
+    compile=default (no capture); each label maps back to its way (for its time limit)."""
+    import torch
+
+    mpirun = ["mpirun", "-np", "1"]
+    ways = gpu_mace.epoch_commands(
+        list(gpu_mace.EPOCH_WAYS), ["triton"], torch.device("cuda"), mpirun
+    )
+    assert list(ways) == [
+        "stock",
+        "stock+binpack",
+        "cueq",
+        "cueq+binpack",
+        "fused+binpack[triton]",
+        "fused[triton]",
+        "fused+binpack+static+default[triton]",
+        "fused+binpack+static+capture[triton]",
+    ]
+    enabled = {
+        label: cmd[cmd.index("--enable") + 1] for label, cmd in ways.items() if "--enable" in cmd
+    }
+    assert enabled == {
+        "stock+binpack": "mace,binpack",
+        "cueq+binpack": "mace,binpack",
+        "fused+binpack[triton]": "mace,binpack,fused",
+        "fused[triton]": "mace,fused",
+        "fused+binpack+static+default[triton]": "mace,binpack,fused,static",
+        "fused+binpack+static+capture[triton]": "mace,binpack,fused,static",
+    }
+    assert ways["stock"] == ["mace_run_train"] and "cfm-run" not in ways["cueq"]
+    assert ways["cueq+binpack"][-2:] == ["mace_run_train", "--enable_cueq=True"]
+    assert ways["stock+binpack"][:3] == mpirun and ways["stock+binpack"][-1] == "mace_run_train"
+    assert "compile=default" in ways["fused+binpack+static+default[triton]"]
+    assert "compile=reduce-overhead" in ways["fused+binpack+static+capture[triton]"]
+    assert [gpu_mace.epoch_way(label) for label in ways] == list(gpu_mace.EPOCH_WAYS)
+
+
+def test_compile_rows_say_after_how_many_epochs_the_compile_is_repaid():
+    """first + (n - 1) later <= n uncompiled: (30 - 2) / (3 - 2) = 28 epochs; never where the
+    compiled epochs are no faster; "-" without an uncompiled run of the same backend."""
+    rows = gpu_mace.compile_rows(
+        {
+            "fused+binpack+static+default[triton]": [30.0, 2.0, 2.2, 1.8],
+            "fused+binpack+static+default[cuda]": [30.0, 4.0, None],
+            "fused+binpack+static+default": [30.0, 2.0],
+        },
+        {"fused+binpack[triton]": 3.0, "fused+binpack[cuda]": 3.0},
+    )
+    assert rows[2:] == [
+        "| fused+binpack+static+default[triton] | 4 | 30.00 | 2.00 | 3.00 | 28 epochs |",
+        "| fused+binpack+static+default[cuda] | 2 | 30.00 | 4.00 | 3.00 | never (no faster per "
+        "epoch) |",
+        "| fused+binpack+static+default | 2 | 30.00 | 2.00 | - | - |",
+    ]
+
+
+def test_static_epochs_below_two_stop_before_any_run():
+    with pytest.raises(SystemExit) as exc:
+        gpu_mace.main(["--device", "cpu", "--static-epochs", "1"])
+    assert exc.value.code == 2
+
+
+def test_epoch_smoke_run_on_cpu_times_the_fair_table_ways_and_the_compile(tmp_path):
+    """The new rows of the epoch table run on a CPU with tiny settings: stock with binpack's
+    batches, the kernels with mace's batches, binpack + fused + static with compile=default over
+    2 epochs (its compile table); cuEquivariance with binpack is named as not installed."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu_mace",
+            "--device",
+            "cpu",
+            "--quick",
+            "--no-steps",
+            "--epoch-ways",
+            "stock+binpack",
+            "cueq+binpack",
+            "fused-only",
+            "fused+static",
+            "--static-epochs",
+            "2",
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=ROOT,
+        timeout=1200,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rec = check_record(tmp_path / "out", "gpu_mace_epoch_quick", "benchmarks.gpu_mace")
+    epochs = {r[0]: r for r in rows_of(rec, "epoch")}
+    assert list(epochs) == [
+        "stock+binpack",
+        "cueq+binpack",
+        "fused",
+        "fused+binpack+static+default",
+    ], res.stdout[-3000:]
+    assert "not installed" in epochs["cueq+binpack"][1]
+    for way in ("stock+binpack", "fused", "fused+binpack+static+default"):
+        assert float(epochs[way][1]) > 0, (way, epochs[way])
+    (compiled,) = rows_of(rec, "compile")
+    assert compiled[0] == "fused+binpack+static+default" and str(compiled[1]) == "2"
+    assert float(compiled[2]) > 0 and float(compiled[3]) > 0
+    log = (tmp_path / "work" / "fused_binpack_static_default" / "train.log").read_text()
+    assert "compile" in log.lower()
+
+
+def test_fused_kernels_option_swaps_only_the_kernels_named():
+    """``--fused-kernels conv_tp`` (the step without another kernel): prepare swaps the conv TPs
+    and leaves the contractions stock; a misspelt name stops the run before any model."""
+    import torch
+
+    from cfm_plugins.ops.conv_tp import FusedConvTP
+    from cfm_plugins.ops.symmetric_contraction import FusedSymmetricContraction
+    from cfm_plugins.testing import mace_model
+
+    stock = mace_model()
+    cpu = torch.device("cpu")
+    for kernels, contraction in ((["conv_tp"], False), (None, True)):
+        model = gpu_mace.prepare("fused", stock, cpu, kernels)
+        kinds = {type(m) for m in model.modules()}
+        assert FusedConvTP in kinds and (FusedSymmetricContraction in kinds) == contraction
+    assert not any(isinstance(m, FusedConvTP) for m in stock.modules())  # a copy was patched
+    with pytest.raises(SystemExit, match="unknown fused kernel 'conv_tpp'"):
+        gpu_mace.main(["--device", "cpu", "--quick", "--fused-kernels", "conv_tpp"])

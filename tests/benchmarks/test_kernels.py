@@ -1,6 +1,6 @@
-"""benchmarks/kernels.py, kernels_symmetric_contraction.py and kernels_conv_tp.py: smoke runs of
-the CPU kernel benchmarks (one through ``benchmarks.kernels``, which passes its options on), each
-writing its record."""
+"""benchmarks/kernels.py, kernels_symmetric_contraction.py, kernels_conv_tp.py and
+kernels_skip_tp.py: smoke runs of the CPU kernel benchmarks (two through ``benchmarks.kernels``,
+which passes its options on), each writing its record."""
 
 from __future__ import annotations
 
@@ -47,3 +47,13 @@ def test_conv_tp_smoke_run_times_the_fused_kernel_against_e3nn_and_records_it(tm
     assert row[0] == 32 and row[2:4] == ["float32", "fwd"]
     assert row[4] > 0 and row[5] > 0 and row[6].endswith("x")  # e3nn, fused, their ratio
     assert any("benchmarks.gpu_kernels" in note for note in rec["notes"])
+
+
+def test_skip_tp_smoke_run_times_the_fused_kernel_against_e3nn_and_records_it(tmp_path):
+    res = _run("benchmarks.kernels", "skip_tp", "--quick", "--modes", "fwd", "--out", str(tmp_path))
+    assert "===== skip_tp =====" in res.stdout and "fused backend C++" in res.stdout
+    rec = check_record(tmp_path, "kernels_skip_tp_quick", "benchmarks.kernels_skip_tp")
+    rows = rows_of(rec, "modes")
+    assert [r[:4] for r in rows] == [[64, 89, "float32", "fwd"], [64, 2, "float32", "fwd"]]
+    assert all(r[4] > 0 and r[5] > 0 and r[6] == round(r[5] / r[4], 3) for r in rows)
+    assert any("no GPU has timed it" in note for note in rec["notes"])

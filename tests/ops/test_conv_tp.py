@@ -384,6 +384,34 @@ def test_torch_compile_forward_and_backward():
     assert all(rel_err(a, b) < 1e-12 for a, b in zip(g_got, g_ref))
 
 
+def test_torch_compile_double_backward_matches_eager():
+    """Force training as the static plugin compiles it (the forces taken inside the compiled
+    function, ``autograd.grad`` traced into the graph; then the gradient of a loss on them)
+    equals eager, around the channel-last reorderings too (``0e+1o`` in, l<=2 out: neither is the
+    identity). A custom autograd function whose backward applies itself again gave second
+    derivatives off by 5e-4 there: traced, the reorderings are plain ``index_select``."""
+    from cfm_plugins.static.forward import configure_dynamo
+
+    configure_dynamo()
+    tp = mace_tp("0e+1o", 2, 4)
+    fused = FusedConvTP.from_e3nn(tp)
+    assert not fused._identity_in and not fused._identity_out
+    ei = graph(7, 20, seed=13)
+
+    def forces(x, y, w):
+        energy = (fused(x, y, w, ei) ** 2).sum()
+        gx, gy = torch.autograd.grad(energy, (x, y), create_graph=True)
+        return energy, gx, gy
+
+    results = []
+    for fn in (forces, torch.compile(forces, backend="aot_eager", fullgraph=True)):
+        x, y, w = inputs(tp, 7, ei.shape[1], torch.float64, seed=14, requires_grad=True)
+        energy, gx, gy = fn(x, y, w)
+        results.append(torch.autograd.grad(energy + (gx**2).sum() + (gy**2).sum(), (x, y, w)))
+    for a, b in zip(*reversed(results)):
+        assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
+
+
 @needs_ext
 def test_opcheck_custom_ops():
     fused, ei, (x, y, w) = small_problem("2x0e+2x1o", 2)
@@ -515,3 +543,165 @@ def test_csr_cache_entry_dropped_with_its_edge_index():
     n = len(ctp._CSR_CACHE)
     del ei
     assert len(ctp._CSR_CACHE) == n - 1
+
+
+# ---- outputs without a zero fill: the kernels store every element (NaN-filled memory proves it)
+def _tp_with_targets(hidden: str, lmax: int, targets: str, channels: int = 3):
+    """A uvu conv TP as mace builds it, with only ``targets`` as output irreps: feature rows or
+    edge attributes no path reads are the gaps a kernel leaves in a gradient."""
+    irreps_in = o3.Irreps([(channels, ir) for _, ir in o3.Irreps(hidden)])
+    sh = o3.Irreps.spherical_harmonics(lmax)
+    target = o3.Irreps([(channels, ir) for _, ir in o3.Irreps(targets)])
+    mid, ins = tp_out_irreps_with_instructions(irreps_in, sh, target)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return o3.TensorProduct(
+            irreps_in, sh, mid, instructions=ins, shared_weights=False, internal_weights=False
+        )
+    finally:
+        torch.set_default_dtype(previous)
+
+
+GAP_CASES = {
+    "mace layer": lambda: mace_tp("0e+1o", 3, 4),
+    "feature rows no path reads": lambda: _tp_with_targets("0e+3o", 1, "0e+1o"),
+    "edge attributes no path reads": lambda: _tp_with_targets("0e+1o", 3, "0e+1o"),
+}
+
+
+def _device_param():
+    return pytest.mark.parametrize(
+        "device", ["cpu", pytest.param("cuda", marks=needs_cuda)], ids=["cpu", "cuda"]
+    )
+
+
+@pytest.fixture
+def cpp_kernels():
+    """The C++ kernels on every device (CUDA: the C++ CUDA kernels, not Triton), put back after."""
+    previous = _backend.gpu_backend()
+    _backend.set_gpu_backend("cuda")
+    yield
+    _backend.set_gpu_backend(previous)
+
+
+@needs_ext
+@_device_param()
+@pytest.mark.parametrize("case", list(GAP_CASES))
+def test_outputs_unfilled_are_stored_whole(case, device, nan_uninitialised, cpp_kernels):
+    """The operators allocate their outputs uninitialised (no zero fill). With every uninitialised
+    element NaN, the forward, each gradient subset of ``conv_tp_bwd`` and the double backward equal
+    e3nn's: no NaN, the rows of a node without incoming edges (forward) or outgoing ones (feature
+    gradient) zero, and the gaps (feature rows or edge attributes no path reads) zero."""
+    tp = GAP_CASES[case]()
+    assert "edge attributes" not in case or tp.irreps_out.lmax < tp.irreps_in2.lmax
+    fused = FusedConvTP.from_e3nn(tp).to(device)
+    tp = tp.to(device)
+    N = 8
+    ei = graph(N, 40, seed=21, isolated=(2, 5, 6))
+    ei = torch.cat([ei, torch.tensor([[5, 1], [0, 6]])], dim=1).to(device)  # 5 sends, 6 receives
+    g = torch.randn(N, tp.irreps_out.dim, dtype=torch.float64, device=device)
+    for need in [(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (0, 1, 1)]:
+        grads = []
+        for fn in (lambda x, y, w: reference(tp, x, y, w, ei), lambda x, y, w: fused(x, y, w, ei)):
+            xyw = [t.to(device) for t in inputs(tp, N, ei.shape[1], torch.float64, seed=22)]
+            wanted = [t.requires_grad_() for t, n in zip(xyw, need) if n]
+            out = fn(*xyw)
+            grads.append([out.detach(), *torch.autograd.grad((out * g).sum(), wanted)])
+        for a, b in zip(*reversed(grads)):
+            assert not a.isnan().any() and b.abs().max() > 0 and rel_err(a, b) < 1e-12
+        out = grads[1][0]
+        assert torch.all(out[[2, 5]] == 0)
+        if need[0]:
+            assert torch.all(grads[1][1][[2, 6]] == 0)
+    results = []
+    for fn in (lambda x, y, w: reference(tp, x, y, w, ei), lambda x, y, w: fused(x, y, w, ei)):
+        x, y, w = (
+            t.to(device).requires_grad_()
+            for t in inputs(tp, N, ei.shape[1], torch.float64, seed=23)
+        )
+        gx, gy, gw = torch.autograd.grad((fn(x, y, w) * g).sum(), (x, y, w), create_graph=True)
+        second = torch.autograd.grad((gx**2).sum() + (gy**2).sum() + (gw**2).sum(), (x, y, w))
+        results.append([gx.detach(), gy.detach(), gw.detach(), *second])
+    for a, b in zip(*reversed(results)):
+        assert not a.isnan().any() and rel_err(a, b) < 1e-10
+    x, y, w = (t.to(device) for t in inputs(tp, N, 0, torch.float64))
+    empty = torch.zeros(2, 0, dtype=torch.int64, device=device)
+    assert torch.all(fused(x, y, w, empty) == 0)  # no edge: no kernel runs, zeros
+
+
+@needs_ext
+@_device_param()
+def test_weight_gradient_of_a_layout_with_gaps_is_zero_in_the_gaps(
+    device, nan_uninitialised, cpp_kernels
+):
+    """Weights that the paths do not tile (slots between and after the paths' own; e3nn never lays
+    them out so, a hand-made descriptor does): the edge kernels zero such a row first, so the weight
+    gradient is the tiled layout's in the paths' slots and zero in the gaps, and the forward does
+    not read the gaps."""
+    tp = mace_tp("0e+1o", 2, 3)
+    fused = FusedConvTP.from_e3nn(tp).to(device)
+    d = fused.descriptor
+    gap = 2
+    woff = d.path_woff + gap * (1 + torch.arange(d.num_paths).numpy())
+    wide = d.weight_numel + gap * (d.num_paths + 1)
+    gapped = dataclasses.replace(d, path_woff=woff.astype(d.path_woff.dtype), weight_numel=wide)
+
+    def tables(desc):
+        ints, coef = desc.packed()
+        return [torch.as_tensor(ints, device=device), torch.as_tensor(coef, device=device)]
+
+    N, E = 6, 25
+    x, y, w = (t.to(device) for t in inputs(tp, N, E, torch.float64, seed=31))
+    xc, g_t, desc, desc_t, meta = op_args(fused, x, graph(N, E, seed=32).to(device))
+    slots = torch.cat([torch.arange(int(o), int(o) + int(m)) for o, m in zip(woff, d.path_mul)]).to(
+        device
+    )
+    w_wide = torch.full((E, wide), 1e300, dtype=torch.float64, device=device)  # gaps: never read
+    w_wide[:, slots] = w
+    g = torch.randn(N, meta[1], dtype=torch.float64, device=device)
+    ops = torch.ops.cfm
+    wide_tables = (tables(gapped), tables(gapped.transpose()))
+    out = ops.conv_tp_fwd(xc, y, w_wide, g_t, *wide_tables, meta)
+    assert rel_err(out, ops.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta)) < 1e-14
+    for need in [(False, False, True), (True, True, True)]:
+        got = ops.conv_tp_bwd(g, xc, y, w_wide, g_t, *wide_tables, meta, *need)
+        ref = ops.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, *need)
+        gw = got[2]
+        assert not gw.isnan().any() and rel_err(gw[:, slots], ref[2]) < 1e-14
+        gaps = torch.ones(wide, dtype=torch.bool, device=device)
+        gaps[slots] = False
+        assert torch.all(gw[:, gaps] == 0)
+        if need[0]:
+            assert rel_err(got[0], ref[0]) < 1e-14 and rel_err(got[1], ref[1]) < 1e-14
+
+
+@needs_ext
+def test_operators_fill_none_of_their_outputs():
+    """Forward, backward and double backward of force training run the C++ operators with no
+    zero fill of any output (each would be a pass over an [edges, weights] or [nodes, features]
+    tensor): no ``aten::fill_``/``aten::zero_`` under a ``cfm::conv_tp_*`` operator; and the
+    channel-last reorderings around them differentiate into gathers, not into index_select's
+    backward (a zero fill and a scatter)."""
+    fused, ei, (x, y, w) = small_problem("2x0e+2x1o", 2)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        gx, gy, gw = torch.autograd.grad(
+            (fused(x, y, w, ei) ** 2).sum(), (x, y, w), create_graph=True
+        )
+        torch.autograd.grad((gx**2).sum() + (gy**2).sum() + (gw**2).sum(), (x, y, w))
+
+    def under_operator(e):
+        while e is not None:
+            if e.name.startswith("cfm::conv_tp"):
+                return True
+            e = e.cpu_parent
+        return False
+
+    events = prof.events()
+    operators = {e.name for e in events if e.name.startswith("cfm::conv_tp")}
+    fills = [
+        e.name for e in events if e.name in ("aten::fill_", "aten::zero_") and under_operator(e)
+    ]
+    assert operators == {"cfm::conv_tp_fwd", "cfm::conv_tp_bwd"} and fills == []
+    assert not fused._identity_in and not fused._identity_out
+    assert not [e.name for e in events if "IndexSelectBackward" in e.name]

@@ -55,6 +55,28 @@ def test_gradcheck_to_the_third_derivative():
 
 
 @needs_ext
+def test_second_derivative_fills_no_tensor():
+    """The second derivative (force training's double backward through each radial-MLP SiLU) runs
+    no ``aten::fill_``: ``1 - s`` written as ATen's scalar-minus-tensor fills a [rows, width]
+    tensor with 1 first."""
+    x, w = _x(), _x(seed=1).detach()
+    (gx,) = torch.autograd.grad((torch.ops.cfm.silu(x) * w).sum(), x, create_graph=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.autograd.grad(gx, x, w)
+
+    def in_silu_node(e):
+        while e is not None:
+            if "cfm::silu" in e.name:
+                return True
+            e = e.cpu_parent
+        return False
+
+    events = prof.events()
+    assert any(in_silu_node(e) and e.name == "aten::sigmoid" for e in events)  # it ran
+    assert not [e.name for e in events if e.name == "aten::fill_" and in_silu_node(e)]
+
+
+@needs_ext
 def test_force_training_backward_keeps_the_gradient_only():
     """What the create_graph backward of one SiLU layer saves for the second backward: torch keeps
     four new [rows, width] tensors (sigmoid, 1 - s, ...), cfm::silu one (the incoming gradient)."""
@@ -84,7 +106,7 @@ def test_patch_swaps_the_radial_mlp_activations_and_unpatch_restores_e3nn_ones()
     stock_acts = [layer.act for b in model.interactions for layer in b.conv_tp_weights.children()]
     patched = copy.deepcopy(model)
     report = patch_model(patched)
-    assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2}
+    assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2, "skip_tp": 2}
     for block in patched.interactions:
         acts = [layer.act for layer in block.conv_tp_weights.children()]
         assert (

@@ -251,6 +251,43 @@ def test_cpp_kernels_skip_the_empty_chunks_of_a_traced_forward(dtype):
 
 
 @needs_ext
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_outputs_left_unfilled_are_stored_whole(dtype, tol, nan_uninitialised):
+    """The forward's output and the node gradients of both backward operators are allocated
+    uninitialised (every element stored by the kernels); the element-coefficient gradients are
+    sums into zeros (the chunks of one element add into its rows). With every uninitialised
+    element NaN,
+    on the padded chunk list too (empty chunks the kernels skip), no NaN comes out and the values
+    are those of the exact chunks."""
+    fused = FusedSymmetricContraction.from_mace(mace_module("0e+1o", 8, 3, 5, False).to(dtype))
+    fused._chunk = 4
+    x, idx, _ = inputs(23, 8, 5, dtype, seed=4)
+    idx[idx == 2] = 3  # an element of the table without nodes: not among the present ones
+    present, inv, counts = torch._unique2(idx, sorted=True, return_inverse=True, return_counts=True)
+    coeff = fused._fold(present, dtype).detach()
+    g = torch.Generator().manual_seed(3)
+    gout = torch.randn(23, fused.descriptor.out_dim, generator=g, dtype=dtype)
+    dx = torch.randn(x.shape, generator=g, dtype=dtype)
+    dc = torch.randn(coeff.shape, generator=g, dtype=dtype)
+    ops, meta = torch.ops.cfm, (fused._desc_tensors(), fused._meta)
+
+    def passes(groups):
+        return (
+            ops.symmetric_contraction_fwd(x, coeff, *groups, *meta),
+            *ops.symmetric_contraction_bwd(gout, x, coeff, *groups, *meta, True, True),
+            *ops.symmetric_contraction_bwd2(
+                gout, x, coeff, dx, dc, *groups, *meta, True, True, True
+            ),
+        )
+
+    exact = passes((inv, *fused._chunks(inv, counts, 23)))
+    padded = passes((inv, *fused._static_chunks(inv, counts, 23)))
+    for a, b in zip(padded, exact):
+        assert not a.isnan().any() and not b.isnan().any()
+        assert b.abs().max() > 0 and rel_err(a, b) < tol
+
+
+@needs_ext
 def test_torch_compile_small():
     sc = mace_module("0e+1o", 8, 3, 3, False)
     fused = FusedSymmetricContraction.from_mace(sc)

@@ -1,20 +1,23 @@
 """Triton kernels of the ``cfm::`` operators, generated from the descriptors (NVIDIA and AMD GPUs).
 
 Where this sits in the one kernel pattern (docs/architecture.md): the operators
-``cfm::symmetric_contraction_{fwd,bwd,bwd2}`` and ``cfm::conv_tp_{fwd,bwd}`` are declared once, in
-C++, with their Meta kernels and their C++ autograd. The Triton launchers here take exactly the
-operators' arguments and are registered as the operators' **CUDA kernels** in a Python process
-that runs them (:func:`register`, called by :func:`cfm_plugins.ops._backend.choose` when the
-GPU backend resolves to ``triton``; the chooser imports this package, never the other way): the
-schemas, fake kernels, autograd (forces, force training), torch.compile and the names a scripted
-or exported model calls stay one. A C++ host (LAMMPS, an
-AOTInductor runner) loads the C++ libraries and keeps the C++ CUDA kernels.
+``cfm::symmetric_contraction_{fwd,bwd,bwd2}``, ``cfm::conv_tp_{fwd,bwd}`` and
+``cfm::skip_tp_{fwd,bwd}`` are declared once, in C++, with their Meta kernels and their C++
+autograd. The Triton launchers here take exactly the operators' arguments and are registered as
+the operators' **CUDA kernels** in a Python process that runs them (:func:`register`, called by
+:func:`cfm_plugins.ops._backend.choose` when the GPU backend resolves to ``triton``; the chooser
+imports this package, never the other way): the schemas, fake kernels, autograd (forces, force
+training), torch.compile and the names a scripted or exported model calls stay one. A C++ host
+(LAMMPS, an AOTInductor runner) loads the C++ libraries and keeps the C++ CUDA kernels (the skip
+connection has none: e3nn's module runs there).
 
 - :mod:`.symmetric_contraction`: the monomial tree of the descriptor as straight-line tile code,
   forward, backward, double backward; weight gradients reduced per element (:mod:`._reduce`).
 - :mod:`.conv_tp`: the channelwise tensor product with its gather and scatter: a segmented,
   atomic-free sum over the edges of each receiver (forward) or sender (node-feature gradient,
   transposed tables), and a per-edge kernel for the edge-attribute and weight gradients.
+- :mod:`.skip_tp`: the skip connection (a per-element linear map), one ``tl.dot`` GEMM tile per
+  group of nodes of one element; the weight gradient per element, without atomics.
 - :mod:`.configs`: tile sizes (default per kernel and dtype, autotuning alternatives) and the
   launch settings (pinned tiles, autotuning, deterministic weight gradients) that
   :func:`cfm_plugins.ops.configure` sets.
@@ -47,6 +50,8 @@ OPERATORS = {
     "symmetric_contraction_bwd2": ("symmetric_contraction", "bwd2"),
     "conv_tp_fwd": ("conv_tp", "fwd"),
     "conv_tp_bwd": ("conv_tp", "bwd"),
+    "skip_tp_fwd": ("skip_tp", "fwd"),
+    "skip_tp_bwd": ("skip_tp", "bwd"),
 }
 
 _LIBS: dict[str, object] = {}
@@ -100,6 +105,8 @@ def register(dispatch_key: str = "CUDA") -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="(?s).*overrid.*previously registered kernel")
         for op, (module, fn) in OPERATORS.items():
+            if not hasattr(torch.ops.cfm, op):  # a library built before this operator existed
+                continue
             mod = importlib.import_module(f"cfm_plugins.ops.triton.{module}")
             lib.impl(op, getattr(mod, fn), dispatch_key)
     _LIBS[dispatch_key] = lib

@@ -96,7 +96,8 @@ _F32, _F64 = "float32", "float64"
 
 #: kernel -> dtype -> [default, alternatives...]. Kernels: ``sc_fwd``, ``sc_bwd``, ``sc_bwd2``
 #: (nodes x channels), ``tp_segment`` (edges of one node x channels), ``tp_edge`` (edges x
-# channels), : ``sc_reduce`` (rows: unused, block_c: flat width of the weight-gradient reduction).
+# channels), : ``sc_reduce`` (rows: unused, block_c: flat width of the weight-gradient reduction),
+# ``skip_apply`` (node components x channels), ``skip_wgrad`` (weight rows x channels).
 DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
     "sc_fwd": {
         _F32: [TileConfig(16, 32, 4), TileConfig(32, 32, 4), TileConfig(16, 64, 4)],
@@ -168,6 +169,17 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
         _F32: [TileConfig(1, 512, 4)],
         _F64: [TileConfig(1, 512, 8)],
     },  # f64 w4 spilled 24 B on sm_90
+    # the skip connection (ops/triton/skip_tp.py): skip_apply, rows (node components) x
+    # destination channels; skip_wgrad, weight rows (u) x channels (w). Untimed on a GPU: chosen
+    # for registers (no spills in the ahead-of-time check) and programs enough for 132 SMs.
+    "skip_apply": {
+        _F32: [TileConfig(32, 32, 4), TileConfig(64, 64, 4), TileConfig(64, 32, 4)],
+        _F64: [TileConfig(32, 32, 4), TileConfig(16, 32, 4), TileConfig(64, 32, 4)],
+    },
+    "skip_wgrad": {
+        _F32: [TileConfig(32, 32, 4), TileConfig(64, 64, 4), TileConfig(32, 64, 4)],
+        _F64: [TileConfig(32, 32, 4), TileConfig(16, 32, 4)],
+    },
 }
 
 #: Under the interpreter: one program covers as much as possible (rows up to 128, all channels
@@ -179,6 +191,8 @@ INTERPRETER: dict[str, TileConfig] = {
     "tp_segment": TileConfig(64, 128),
     "tp_edge": TileConfig(256, 128),
     "sc_reduce": TileConfig(1, 4096),
+    "skip_apply": TileConfig(64, 128),
+    "skip_wgrad": TileConfig(128, 128),
 }
 
 _OVERRIDE: dict[str, TileConfig] = {}

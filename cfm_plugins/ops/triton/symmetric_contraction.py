@@ -313,9 +313,12 @@ def _weight_grad(w: Writer, value: str, atomic: bool) -> None:
         w(f"tl.atomic_add(gcb + r * Cp, {tl_sum(value, 0)}, mask=cmask)")
     else:
         w("pp = gcb + r * Cp")
+        # `!= 0`: Triton 3.9's interpreter splats the scalar `again` as int32 and then refuses
+        # the mask ("mask has unsupported dtype"); compiled, the kernels are the same instructions
+        # (sm_90 and gfx942 assembly compared with Triton 3.7.1 and 3.9.0)
         w(
-            f"tl.store(pp, tl.load(pp, mask=cmask & again, other=0.0) + {tl_sum(value, 0)}, "
-            "mask=cmask)"
+            f"tl.store(pp, tl.load(pp, mask=(cmask & again) != 0, other=0.0) + "
+            f"{tl_sum(value, 0)}, mask=cmask)"
         )
 
 

@@ -175,3 +175,31 @@ def test_the_edge_kernels_compile_once_for_every_edge_count():
     assert (
         variants[0][3] == variants[1][3] == variants[2][3] and ".entry tp_edge_wy" in variants[0][3]
     )
+
+
+SKIP_SCRIPT = r"""
+import json
+from cfm_plugins.ops.triton import aot, skip_tp as tsk
+from cfm_plugins.ops.triton.configs import configs_for
+out = {}
+for kernel in tsk.KERNELS:
+    fn, (rows, cols), _ = tsk.kernel_function(kernel)
+    for dtype in ("float32", "float64"):
+        cfg = configs_for(kernel, dtype)[0]
+        for target in ("sm_90", "gfx942"):
+            blocks = dict(tsk.aot_constants(kernel, dtype, target))
+            blocks.update({rows: cfg.block_rows, cols: cfg.block_c})
+            r = aot.compile_kernel(fn, tsk.specimen(kernel, dtype), blocks, target, cfg.num_warps)
+            out[f"{kernel} {dtype} {target}"] = [r.registers, r.spill_bytes, r.error]
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_the_skip_connection_kernels_compile_without_spills_in_their_default_tiles():
+    """skip_apply and skip_wgrad (MACE-MP-medium's 128x0e+128x1o, 89 elements) for an NVIDIA and
+    an AMD target in both dtypes; float64 on AMD takes the rank-1 path (triton 3.7.1's float64
+    tl.dot fails to lower to MFMA on gfx942)."""
+    out = compiled_in_a_child(SKIP_SCRIPT)
+    assert len(out) == 8
+    for name, (registers, spills, error) in out.items():
+        assert error is None and registers > 0 and spills == 0, (name, error, spills)
