@@ -47,11 +47,15 @@ class EpochForwarder(Sampler):
         return self.num_samples
 
 
-def balanced_loader(loader_cls, dataset, role: str, session, scales=None, **loader_kwargs):
+def balanced_loader(
+    loader_cls, dataset, role: str, session, scales=None, guard=None, **loader_kwargs
+):
     """A ``loader_cls`` over ``dataset`` with the hooks' batch sampler, or None if none is offered.
 
     A training sampler that weighs the loss per sample is handed to ``scales`` (a
-    :class:`~.weighting.TrainingScales`), whose loader class tells the loss each batch's factors.
+    :class:`~.weighting.TrainingScales`), whose loader class tells the loss each batch's factors;
+    the training loader tells ``guard`` (a :class:`~.guard.HydraLossGuard`) the step of the plan of
+    each batch, so that a non-finite loss names its graphs.
     """
     hook, config, dist = session.hook, session.config, session.dist
     n = len(dataset)
@@ -82,6 +86,10 @@ def balanced_loader(loader_cls, dataset, role: str, session, scales=None, **load
     ):
         scales.sampler = batch_sampler
         loader_cls = scales.loader_class(loader_cls)
+    if guard is not None and role == "train":
+        from cfm_plugins_adapters.hydragnn.guard import tracked_loader_class
+
+        loader_cls = tracked_loader_class(loader_cls, guard)
     loader = loader_cls(dataset, batch_sampler=batch_sampler, **loader_kwargs)
     # DataLoader forbids assigning `sampler` after construction; HydraGNN calls set_epoch on it
     object.__setattr__(loader, "sampler", EpochForwarder(batch_sampler, n))
@@ -116,7 +124,7 @@ def unserved_arguments(args, kwargs) -> list[str]:
     return bad
 
 
-def make_create_dataloaders(stock_create, loader_cls, session, scales=None):
+def make_create_dataloaders(stock_create, loader_cls, session, scales=None, guard=None):
     """A drop-in for HydraGNN's ``create_dataloaders`` that uses the plugins' batch sampler."""
 
     def create_dataloaders(trainset, valset, testset, batch_size, *args, **kwargs):
@@ -154,7 +162,9 @@ def make_create_dataloaders(stock_create, loader_cls, session, scales=None):
             extra["num_workers"] = int(os.environ["HYDRAGNN_NUM_WORKERS"])
         loaders = []
         for role, dataset in zip(ROLES, (trainset, valset, testset)):
-            loaders.append(balanced_loader(loader_cls, dataset, role, session, scales, **extra))
+            loaders.append(
+                balanced_loader(loader_cls, dataset, role, session, scales, guard, **extra)
+            )
         if any(l is None for l in loaders):
             return stock_create(trainset, valset, testset, batch_size)
         return tuple(loaders)

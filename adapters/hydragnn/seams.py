@@ -18,13 +18,15 @@ HydraGNN function          what the replacement does
                            their layout are swapped, HydraGNN's MACE interaction blocks whole,
                            :mod:`.interaction`; or the plugin says once that the stack has
                            none); with binpack's ``loss_weighting=per_sample``: scales each
-                           head's loss per training batch (see :mod:`.weighting`); then
+                           head's loss per training batch (see :mod:`.weighting`); checks each
+                           training loss is finite (``nonfinite``, :mod:`.guard`); then
                            HydraGNN's DDP wrapping; with ``step_log`` or ``cost=auto``:
                            attaches the step timer (see :mod:`.steplog`). The source's
                            ``distributed_model_wrapper`` calls it too.
-``save_model``             binpack: HydraGNN's checkpoint (``logs/NAME/NAME.pk``), then the
-                           training sampler's resume state beside it (``NAME.cfm-binpack.json``:
-                           the ``cost=auto`` fits)
+``save_model``             every training loss not yet read is checked first (a non-finite one
+                           stops the run before the file, :mod:`.guard`); HydraGNN's checkpoint
+                           (``logs/NAME/NAME.pk``); binpack: then the training sampler's resume
+                           state beside it (``NAME.cfm-binpack.json``: the ``cost=auto`` fits)
 ``load_existing_model``    binpack: HydraGNN's ``Training.continue``/``startfrom``, then the saved
                            fits of the run continued from: HydraGNN 3.0 counts epochs from 0 again,
                            so the last fit plans from epoch 0 (no new calibration epoch)
@@ -83,7 +85,7 @@ def make_setup_ddp(stock, dist):
             return stock(*args, **kwargs)
         if not tdist.is_initialized():
             raise RuntimeError(
-                f"cfm-run set up {dist.world_size} MPI ranks but torch.distributed is not "
+                f"cfm-run set up {dist.world_size} ranks but torch.distributed is not "
                 "initialised: was the process group destroyed before HydraGNN's setup_ddp?"
             )
         log.info(
@@ -100,7 +102,7 @@ def make_setup_ddp(stock, dist):
     return setup_ddp
 
 
-def make_get_distributed_model(stock, session, tracer, scales=None):
+def make_get_distributed_model(stock, session, tracer, scales=None, guard=None):
     def get_distributed_model(model, *args, **kwargs):
         # fused: the kernel table finds MACE-style modules by their layout, whatever HydraGNN calls
         # them; a stack without any is reported once by the fused plugin, and trains with its own
@@ -108,6 +110,8 @@ def make_get_distributed_model(stock, session, tracer, scales=None):
         session.hook.cfm_patch_model(model=model, config=session.config)
         if scales is not None and scales.sampler is not None:
             scales.wrap_loss(model)
+        if guard is not None:  # after the weighting: the loss HydraGNN's backward takes
+            guard.wrap_loss(model)
         ddp = stock(model, *args, **kwargs)
         if tracer is not None and hasattr(ddp, "register_comm_hook"):
             tracer.attach(ddp)
@@ -120,11 +124,15 @@ def make_get_distributed_model(stock, session, tracer, scales=None):
 STATE_SUFFIX = ".cfm-binpack.json"
 
 
-def make_save_model(stock, session, files):
-    """HydraGNN's ``save_model(model, optimizer, name, path="./logs/")`` that also keeps the
-    training sampler's resume state beside the checkpoint (rank 0, when it changed)."""
+def make_save_model(stock, session, files, guard=None):
+    """HydraGNN's ``save_model(model, optimizer, name, path="./logs/")`` that first reads every
+    training loss not read yet (``guard``: a non-finite one stops the run before the file is
+    written) and also keeps the training sampler's resume state beside the checkpoint (rank 0,
+    when it changed)."""
 
     def save_model(model, optimizer, name, path="./logs/", *args, **kwargs):
+        if guard is not None:
+            guard.before_checkpoint()
         out = stock(model, optimizer, name, path, *args, **kwargs)
         if session.train_sampler is not None:
             keeper = files.setdefault(
@@ -195,24 +203,25 @@ def install(session) -> callable:
 
         # HydraGNN's MACE interaction blocks: product and scatter fused (see .interaction)
         register_form()
+    from cfm_plugins_adapters.hydragnn.guard import HydraLossGuard
     from cfm_plugins_adapters.hydragnn.weighting import TrainingScales
 
-    scales = (
-        TrainingScales()
-    )  # from the training loader to the loss, with loss_weighting=per_sample
+    # from the training loader to the loss, with loss_weighting=per_sample
+    scales = TrainingScales()
+    guard = HydraLossGuard(config, dist)  # non-finite training losses (binpack: named)
     replacement = {
         "setup_ddp": make_setup_ddp(stock["setup_ddp"], dist),
         "get_distributed_model": make_get_distributed_model(
-            stock["get_distributed_model"], session, tracer, scales
+            stock["get_distributed_model"], session, tracer, scales, guard
         ),
+        "save_model": make_save_model(stock["save_model"], session, {}, guard),
     }
     if config.is_enabled("binpack"):
         from cfm_plugins_adapters.hydragnn.loader import make_create_dataloaders
 
         replacement["create_dataloaders"] = make_create_dataloaders(
-            stock["create_dataloaders"], load_data.DataLoader, session, scales
+            stock["create_dataloaders"], load_data.DataLoader, session, scales, guard
         )
-        replacement["save_model"] = make_save_model(stock["save_model"], session, {})
         replacement["load_existing_model"] = make_load_existing_model(
             stock["load_existing_model"], session
         )
@@ -226,6 +235,7 @@ def install(session) -> callable:
     )
 
     def undo():
+        guard.close()
         for module, name, value in done:
             setattr(module, name, value)
         if tracer is not None:

@@ -87,6 +87,26 @@ def loss_scaled_loader_class(loader_cls):
     return LossScaledDataLoader
 
 
+def tracked_loader_class(loader_cls):
+    """A subclass of ``loader_cls`` (a training loader over an :class:`EpochAdvancing` batch
+    sampler) that records, as ``cfm_step``, the step of the plan of each batch it returns: the
+    k-th batch of a pass is step ``first_step + k`` of the sampler (prefetching workers run the
+    sampler ahead, the loader returns its batches in order). A non-finite loss names the structures
+    of that batch with it (:mod:`.guard`)."""
+
+    class TrackedDataLoader(loader_cls):
+        cfm_step = None
+
+        def __iter__(self):
+            sampler = getattr(self.batch_sampler, "batch_sampler", self.batch_sampler)
+            for k, batch in enumerate(super().__iter__()):
+                self.cfm_step = getattr(sampler, "first_step", 0) + k
+                yield batch
+
+    TrackedDataLoader.__name__ = loader_cls.__name__  # the loader it is, as mace's logs name it
+    return TrackedDataLoader
+
+
 class EpochAdvancing(BatchSamplerWrapper):
     """Wrap a batch sampler so each new pass over it is a new epoch, or the epoch mace names.
 
@@ -213,14 +233,18 @@ def batch_sampler_for(hook, dataset, sizes, config, dist, role, trainer):
     structure larger than the capacity) has the sampler's message say what helps, and this one
     say which loader and which file.
     """
+    from cfm_plugins.options import UsageError
+
     try:
         return hook.cfm_batch_sampler(
             dataset=dataset, sizes=sizes, config=config, dist=dist, role=role, trainer=trainer
         )
     except ValueError as err:
-        raise ValueError(
+        # the sampler's messages speak of its capacity: say which option sets it, where they do
+        hint = " (the capacity is --cfm-max-tokens)" if "capacity" in str(err) else ""
+        raise (UsageError if isinstance(err, UsageError) else ValueError)(
             f"mace_run_train's {role} loader, {LOADER_FILES[role]} with {len(dataset)} "
-            f"structure(s) on {dist.world_size} rank(s): {err} (the capacity is --cfm-max-tokens)"
+            f"structure(s) on {dist.world_size} rank(s): {err}{hint}"
         ) from err
 
 
@@ -243,6 +267,9 @@ def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0
     length,
     more than the model's cutoff)."""
     scaled_loader_cls = loss_scaled_loader_class(stock_loader_cls)
+    tracked = {
+        cls: tracked_loader_class(cls) for cls in (stock_loader_cls, scaled_loader_cls)
+    }  # training loaders: the step of each batch (a non-finite loss names its structures)
 
     def DataLoader(dataset, batch_size=1, shuffle=False, sampler=None, drop_last=False, **kwargs):
         hook, config, dist = session.hook, session.config, session.dist
@@ -292,12 +319,12 @@ def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0
         # the trainer's generator stays: each iteration's base seed is drawn from it, as in the
         # stock loader, not from torch's global generator, whose draws would change the model's
         # initialisation (mace iterates the training loader before it builds the model)
-        if getattr(batch_sampler, "loss_weighting", "stock") != "stock":
-            loader = scaled_loader_cls(
-                dataset=dataset, batch_sampler=wrapped, cfm_sampler=batch_sampler, **kwargs
-            )
-        else:
-            loader = stock_loader_cls(dataset=dataset, batch_sampler=wrapped, **kwargs)
+        scaled = getattr(batch_sampler, "loss_weighting", "stock") != "stock"
+        cls = scaled_loader_cls if scaled else stock_loader_cls
+        if role == "train":
+            cls = tracked[cls]
+        extra = {"cfm_sampler": batch_sampler} if scaled else {}
+        loader = cls(dataset=dataset, batch_sampler=wrapped, **extra, **kwargs)
         return pad_batches(loader, hook, batch_sampler, sizes, config, dist, role, pad_distance)
 
     return DataLoader

@@ -88,6 +88,23 @@ class LossWeighting(Callback):
         self.current = None
         self._wrapped = None
 
+    def setup(self, trainer, pl_module, stage):
+        """Tell binpack what the training module's loss allows, before Lightning makes the
+        training loader: a run restarted from a checkpoint (``ckpt_path``) builds its module with
+        ``load_from_checkpoint``, never through the config the adapter reads (``instantiate``), so
+        this is where such a run's loss is seen, and weighed as the first run's was."""
+        import dataclasses
+
+        from cfm_plugins_adapters.nequip import _STATE
+
+        session = _STATE.get("session")
+        if session is None or not hasattr(pl_module, "loss"):
+            return
+        loss, weightings = loss_weightings(pl_module)
+        session.trainer = dataclasses.replace(
+            session.trainer, loss=loss, loss_weightings=weightings
+        )
+
     def on_train_start(self, trainer, pl_module):
         self.sampler = training_sampler(trainer)
         if self.sampler is None or self._wrapped is pl_module.loss:

@@ -5,7 +5,10 @@ module, so it is read with ``torch.load(..., weights_only=False)``: unpickling r
 the file, so load only files you trust. :func:`load_mace_weights` is the safe alternative: it reads
 a state_dict (``torch.save(model.state_dict(), path)``) or a mace training checkpoint
 (``checkpoints/*.pt``, whose ``"model"`` entry is one) with ``torch.load(weights_only=True)``,
-which only rebuilds tensors and plain containers, into a model of the same architecture.
+which only rebuilds tensors and plain containers, into a model of the same architecture, in the
+weights' own dtype (a float64 state_dict loaded into a model built under torch's default float32
+would be rounded to float32 without a word: the architecture is built, or converted, in the
+weights' dtype first).
 mace is imported here only when a model is loaded (``import mace`` first also sets
 ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, which e3nn 0.4.4 needs on recent torch; an explicit
 ``weights_only=True`` still wins over it).
@@ -13,9 +16,11 @@ mace is imported here only when a model is loaded (``import mace`` first also se
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import glob
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -145,13 +150,51 @@ def weights_from(obj, source: str) -> dict:
     )
 
 
+def weights_dtype(weights: dict, source: str) -> torch.dtype | None:
+    """The floating-point dtype of a state_dict's tensors (None: it has none); a state_dict that
+    mixes two is a ValueError naming them."""
+    found = {v.dtype for v in weights.values() if v.is_floating_point()}
+    if len(found) > 1:
+        counts = {
+            str(d).replace("torch.", ""): sum(
+                v.is_floating_point() and v.dtype == d for v in weights.values()
+            )
+            for d in found
+        }
+        raise ValueError(
+            f"the weights in {source} mix floating-point dtypes ({counts} tensors): a MACE "
+            "state_dict has one; save it again from one model (model.state_dict())"
+        )
+    return found.pop() if found else None
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype | None):
+    """torch's default dtype set to ``dtype`` inside the block (None: unchanged)."""
+    previous = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def load_mace_weights(path, architecture, device: str = "cpu") -> torch.nn.Module:
     """A MACE model with the weights of ``path``, read with ``torch.load(weights_only=True)``.
 
     Args:
         path: a state_dict or a mace training checkpoint (see :data:`WEIGHTS_EXPECTED`).
         architecture: a MACE model of the same configuration (copied, not modified), or a
-            callable returning one: a state_dict holds numbers only, the modules come from here.
+            callable returning one (called with torch's default dtype set to the weights'):
+            a state_dict holds numbers only, the modules come from here. A model whose
+            parameters are of another dtype than the weights is converted to theirs before they
+            are loaded, with a ``UserWarning`` naming both (loading float64 weights into float32
+            parameters would round them).
         device: where the weights are loaded.
 
     A whole pickled model (a ``.model`` file) cannot be read this way; the error says how to
@@ -183,12 +226,27 @@ def load_mace_weights(path, architecture, device: str = "cpu") -> torch.nn.Modul
             "model of the same configuration (built with the training options, or loaded from a "
             "file you trust), for the weights to be loaded into"
         )
-    model = (
-        architecture()
-        if callable(architecture) and not isinstance(architecture, torch.nn.Module)
-        else copy.deepcopy(architecture)
-    )
+    wanted = weights_dtype(weights, source)
+    if callable(architecture) and not isinstance(architecture, torch.nn.Module):
+        with default_dtype(wanted):
+            model = architecture()
+    else:
+        model = copy.deepcopy(architecture)
     model = check_mace_model(model, "architecture")
+    built = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if wanted is not None and built is not None and built != wanted:
+        narrowing = torch.finfo(built).eps > torch.finfo(wanted).eps
+        rounded = f" (loaded into {_name(built)} parameters they would be rounded)"
+        warnings.warn(
+            f"the weights in {source} are {_name(wanted)} and the architecture's parameters "
+            f"{_name(built)}: the architecture is converted to {_name(wanted)} before the weights "
+            "are loaded, so that the model is the one the weights are"
+            + (rounded if narrowing else "")
+            + f"; build the architecture in {_name(wanted)} (torch.set_default_dtype, or pass a "
+            "callable, which is called in the weights' dtype) to load without converting",
+            stacklevel=2,
+        )
+        model = model.to(wanted)
     try:
         model.load_state_dict(weights, strict=True)
     except RuntimeError as exc:
