@@ -8,7 +8,8 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.cfm-installed
 SOURCES := pyproject.toml setup.py $(shell find cuda -name '*.cpp' -o -name '*.h' -o -name '*.cu' 2>/dev/null)
 TORCH_VERSION ?= 2.13.0
-# the triton torch 2.13's CUDA wheels pin (the [test] extra takes any >= 3.7); none where it has no wheels
+# the triton torch 2.13's CUDA wheels pin (2.14.1: 3.8.0, 2.15.0: 3.9.0; the [test] extra takes any
+# >= 3.7); none where it has no wheels
 TRITON_VERSION ?= 3.7.1
 TRITON_PIN := $(if $(filter Linux,$(shell uname -s)),triton==$(TRITON_VERSION))
 # HydraGNN 3.0 shares .venv with mace (no pin conflicts); --no-deps: its metadata asks for
@@ -34,7 +35,7 @@ $(STAMP): $(SOURCES)
 	@# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
 	$(PIP) install -q torch==$(TORCH_VERSION) $(TRITON_PIN)
 	@# --no-build-isolation: the C++ operators build against this torch (its C++ ABI is per release)
-	$(PIP) install -q --no-build-isolation -e '.[mace,hydragnn,mpi,test,plot,lint]'
+	$(PIP) install -q --no-build-isolation -e '.[mace,hydragnn,mpi,test,plot,plan,lint]'
 	$(PIP) install -q --no-deps HydraGNN==$(HYDRAGNN_VERSION)
 	@touch $@
 

@@ -1,6 +1,8 @@
-"""``cfm-run``: enable plugins, set up MPI ranks and torch.distributed, run a trainer in-process.
+"""``cfm-run``: enable plugins, set up the ranks and torch.distributed, run a trainer in-process.
 
     mpirun -np 2 cfm-run --enable mace,binpack,fused -- mace_run_train --name=x --train_file=...
+    srun -n 2 cfm-run --enable mace,binpack,fused -- mace_run_train ...
+    torchrun --nproc_per_node 2 $(which cfm-run) --enable mace,binpack,fused -- mace_run_train ...
     cfm-run --enable binpack -- python my_train.py --epochs 3
     cfm-run --list
 
@@ -8,8 +10,10 @@ The trainer command after ``--`` is a console script (e.g. ``mace_run_train``), 
 script.py ARGS`` or ``python -m module ARGS``; it runs in this process, after the plugins are
 enabled and the process group exists. ``--cfm-<key>=<value>`` options in the trainer command
 are taken out and become plugin options (names no installed plugin declares are refused). The
-adapter serving the trainer command is enabled by itself. A failure on one rank ends all ranks
-(MPI Abort) instead of leaving them waiting; a collective that times out names the stalled rank.
+adapter serving the trainer command is enabled by itself. The ranks come from the launcher
+(:mod:`cfm_plugins.launchers`). A failure on one rank ends all ranks (MPI Abort; under srun and
+torchrun through the rendezvous store) instead of leaving them waiting; a collective that times
+out names the stalled rank.
 Temporary files (the trainer's config without its ``cfm_plugins:`` key, one copy per job) are
 removed by the last rank to exit, also after a failure or a termination signal; where every rank
 was killed, by the next cfm-run (:mod:`cfm_plugins.tempcopy`).
@@ -23,12 +27,15 @@ import os
 import runpy
 import signal
 import sys
+import time
 import traceback
 from importlib.metadata import entry_points
 
 from cfm_plugins import __version__
 from cfm_plugins.config import build_config
+from cfm_plugins.launchers import rank_hint
 from cfm_plugins.manager import MissingAdapterError, UnknownPluginError, catalog, create_manager
+from cfm_plugins.options import UsageError
 from cfm_plugins.tempcopy import release as remove_temp_dirs
 
 log = logging.getLogger("cfm_plugins")
@@ -41,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cfm-run",
         description="Run a trainer with cfm-plugins enabled "
-        "(launch it under mpirun for several ranks).",
+        "(launch it under mpirun, srun or torchrun for several ranks).",
         epilog="Example: mpirun -np 2 cfm-run --enable mace,binpack,fused -- "
         "mace_run_train --config cfg.yaml",
     )
@@ -129,6 +136,18 @@ def resolve_command(command: list[str]):
             ]
         if not rest:
             raise ValueError("`python` needs a script: `-- python script.py ARGS`")
+        if rest[0].startswith("-c"):
+            raise ValueError(
+                "`python -c CODE` is not supported: cfm-run runs a trainer script or module "
+                "in this process, after the plugins are set up; write the code to a file and run "
+                "`-- python FILE.py ARGS`, or run a module with `-- python -m MODULE ARGS`"
+            )
+        if rest[0].startswith("-"):
+            raise ValueError(
+                f"`python {rest[0]}`: cfm-run runs `-- python script.py ARGS` or `-- python -m "
+                "MODULE ARGS` in this process and takes no other option of python's; set it "
+                "through its environment variable instead (e.g. PYTHONUNBUFFERED=1 for -u)"
+            )
         script = rest[0]
         if not os.path.isfile(script):
             raise FileNotFoundError(f"trainer script {script!r} does not exist")
@@ -216,7 +235,7 @@ def main(argv=None) -> int:
         parser.error(
             f"{given}={level!r}: expected one of {', '.join(l.lower() for l in LOG_LEVELS)}"
         )
-    rank_tag = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
+    rank_tag = rank_hint(os.environ)  # from the launcher's variables (mpirun, srun, torchrun)
     # our own logger only: trainers configure the root logger themselves
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"[cfm rank {rank_tag}] %(levelname)s %(message)s"))
@@ -224,7 +243,11 @@ def main(argv=None) -> int:
     log.setLevel(level.upper())
     log.propagate = False
     if args.list:
-        print_plugins()
+        try:
+            print_plugins()
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader stopped early (`cfm-run --list | head -3`): fine
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 0
     command = list(args.command)
     if command[:1] == ["--"]:
@@ -235,6 +258,22 @@ def main(argv=None) -> int:
         return _run(args, command, options, rank_tag)
     finally:
         remove_temp_dirs()
+
+
+#: seconds a rank other than 0 waits after a usage error that every rank found alike, before it
+#: exits: launchers (mpirun, torchrun) end the whole job when one process exits non-zero, so the
+#: exit that ends it is rank 0's, after it printed the error (the job ends as soon as rank 0 exits)
+ERROR_GRACE_S = 10.0
+
+
+def _usage_error(exc: BaseException, rank_tag: str) -> int:
+    """Print a usage error once (rank 0; every rank found it alike, before any rendezvous) and
+    return the exit status, 2."""
+    if rank_tag == "0":
+        print(f"cfm-run: error: {exc}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(ERROR_GRACE_S)
+    return 2
 
 
 def _run(args, command, options, rank_tag) -> int:
@@ -252,8 +291,10 @@ def _run(args, command, options, rank_tag) -> int:
         FileNotFoundError,
         ImportError,
     ) as exc:
-        print(f"cfm-run: error: {exc}", file=sys.stderr)
-        return 2
+        return _usage_error(exc, rank_tag)
+    if rank_tag == "0":
+        for warning in config.warnings:
+            log.warning("%s", warning)
 
     if args.device:
         config.option_sources["device"] = "cfm-run --device"
@@ -261,8 +302,8 @@ def _run(args, command, options, rank_tag) -> int:
 
     try:
         dist = pm.hook.cfm_init_distributed(config=config)
-    except SetupError as exc:  # every rank raises it alike: one says it
-        if rank_tag == "0":
+    except SetupError as exc:  # where every rank raises it alike, one says it
+        if rank_tag == "0" or not exc.alike:
             print(f"cfm-run: error: {exc}", file=sys.stderr)
         return 2
     config.dist = dist
@@ -273,9 +314,11 @@ def _run(args, command, options, rank_tag) -> int:
         dist.rank,
         dist.world_size,
     )
-    from cfm_plugins.distributed import abort_all, shutdown
+    from cfm_plugins.distributed import ABORT_CLEANUPS, abort_all, shutdown
 
-    code = 0
+    ABORT_CLEANUPS.append(remove_temp_dirs)  # a rank ended because another failed (srun, torchrun)
+
+    code = usage = 0
     undos: list = []
 
     def after_trainer(code: int) -> None:
@@ -292,6 +335,11 @@ def _run(args, command, options, rank_tag) -> int:
             run()
         except SystemExit as exc:
             code = _exit_code(exc)
+    except UsageError as exc:  # a setting to change, found once the trainer's arguments are read
+        code = usage = 2  # every rank finds it alike: rank 0 says it; no traceback, no abort
+        if dist.rank == 0:
+            print(f"cfm-run: error: {exc}", file=sys.stderr, flush=True)
+        after_trainer(code)
     except BaseException as exc:  # noqa: BLE001 - one rank's failure must end all ranks
         traceback.print_exc()
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
@@ -305,7 +353,7 @@ def _run(args, command, options, rank_tag) -> int:
             abort_all(dist, 1)
     else:
         after_trainer(code)
-    if code != 0 and dist.world_size > 1:
+    if code != 0 and dist.world_size > 1 and not usage:
         print(
             f"cfm-run: rank {dist.rank}: trainer exited with {code}; ending all ranks",
             file=sys.stderr,

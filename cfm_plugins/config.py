@@ -55,9 +55,21 @@ class Config:
         default_factory=dict
     )  # option -> where its value came from
     notes: list[str] = field(default_factory=list)  # which source overrode which, for the log
+    #: what the user should change or know, found at start (a misspelled ``cfm_plugins:`` key, an
+    #: option of a plugin that is not enabled, ...): cfm-run logs them once, as warnings
+    warnings: list[str] = field(default_factory=list)
     declared: dict = field(default_factory=dict)  # name -> cfm_plugins.options.DeclaredOption
     pm: object = None  # pluggy.PluginManager
     dist: object = None  # cfm_plugins.distributed.DistInfo
+    _said: set = field(default_factory=set, repr=False, compare=False)
+
+    def first_time(self, text: str) -> bool:
+        """Whether ``text`` is said for the first time in this run (a trainer that builds the same
+        loader twice, as mace builds its training loader, gets its log lines once)."""
+        if text in self._said:
+            return False
+        self._said.add(text)
+        return True
 
     def get(self, key: str, default=_MISSING, type=None):
         """Option ``key`` (dashes and underscores are the same), converted to its type.
@@ -219,12 +231,38 @@ def _point_hydra_to(argv: list[str], copy: Path) -> None:
             argv[loc[0]] = value
 
 
-def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
+#: how close (difflib's ratio) a top-level key of the trainer's config must be to ``cfm_plugins`` to
+#: be taken for a misspelling of it: ``cfm_plugin`` (0.95), ``cfm-plugins``, ``cfmplugins`` (0.95),
+#: ``cfm_plugns`` (0.95) are; ``plugins`` (0.78) or a trainer's own keys are not
+NEAR_KEY_RATIO = 0.8
+SECTION_KEY = "cfm_plugins"
+
+
+def near_section_keys(data: dict) -> list[str]:
+    """Top-level keys of a trainer's config that look like a misspelled ``cfm_plugins`` key."""
+    import difflib
+
+    out = []
+    for key in data:
+        if not isinstance(key, str) or key == SECTION_KEY:
+            continue
+        norm = normalize_key(key)
+        if (
+            norm == SECTION_KEY
+            or difflib.SequenceMatcher(None, norm, SECTION_KEY).ratio() >= NEAR_KEY_RATIO
+        ):
+            out.append(key)
+    return out
+
+
+def read_config_file_section(argv: list[str], rewrite: bool = True, warnings=None) -> dict:
     """Read (and strip) the ``cfm_plugins:`` key of the trainer's ``--config`` YAML (or of the
     Hydra config ``-cn NAME [-cp DIR]`` of trainers such as nequip-train).
 
     When the key is present and ``rewrite`` is true, a copy of the file without it is written to
-    a temporary directory and ``argv`` is changed in place to point to the copy.
+    a temporary directory and ``argv`` is changed in place to point to the copy. Where it is absent
+    and a top-level key looks like a misspelling of it (``cfm_plugin:``), a warning saying "did you
+    mean" is appended to ``warnings`` (a list): the trainer would run without the plugins.
     """
     loc = find_config_file(argv)
     hydra = None
@@ -241,9 +279,19 @@ def read_config_file_section(argv: list[str], rewrite: bool = True) -> dict:
             data = json.load(fh)
         else:
             data = yaml.safe_load(fh) or {}
-    if not isinstance(data, dict) or "cfm_plugins" not in data:
+    if not isinstance(data, dict):
         return {}
-    section = data.pop("cfm_plugins")
+    if SECTION_KEY not in data:
+        near = near_section_keys(data)
+        if near and warnings is not None:
+            keys = ", ".join(repr(k) for k in near)
+            warnings.append(
+                f"{path} has no {SECTION_KEY}: key but has {keys}: did you mean "
+                f"{SECTION_KEY!r}? That key is not read: it enables no plugin and sets no option "
+                f"(rename it to {SECTION_KEY}, or enable the plugins with cfm-run --enable)"
+            )
+        return {}
+    section = data.pop(SECTION_KEY)
     if isinstance(section, dict):
         section = {normalize_key(k): v for k, v in section.items()}
     else:
@@ -281,7 +329,8 @@ def build_config(cli_enable=None, cli_options=(), trainer_argv=None, environ=Non
     """Merge the sources into one :class:`Config` (``trainer_argv`` is modified in place)."""
     environ = os.environ if environ is None else environ
     trainer_argv = [] if trainer_argv is None else trainer_argv
-    file_section = read_config_file_section(trainer_argv)
+    warnings: list[str] = []
+    file_section = read_config_file_section(trainer_argv, warnings=warnings)
     file_label = f"the cfm_plugins: key of {file_section.pop('__file__', '--config')}"
     trainer_opts = pop_trainer_options(trainer_argv)
 
@@ -337,4 +386,5 @@ def build_config(cli_enable=None, cli_options=(), trainer_argv=None, environ=Non
         trainer_argv=trainer_argv,
         option_sources=sources,
         notes=notes,
+        warnings=warnings,
     )

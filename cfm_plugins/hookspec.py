@@ -113,13 +113,14 @@ def cfm_init_distributed(config: Config) -> DistInfo:
     """Set up the ranks and the torch.distributed process group.
 
     The built-in implementation (:mod:`cfm_plugins.plugins.core`, over
-    :func:`cfm_plugins.distributed.init_distributed`) uses MPI through mpi4py and a rendezvous
-    that rank 0 opens and broadcasts; it runs last, so a plugin may replace it (e.g. for a
-    scheduler of its own). ``firstresult``: the first plugin returning a value wins.
+    :func:`cfm_plugins.distributed.init_distributed`) takes the ranks from the launcher (mpirun
+    through mpi4py, srun's or torchrun's variables) and opens the rendezvous; it runs last, so a
+    plugin may replace it (e.g. for a scheduler of its own). ``firstresult``: the first plugin
+    returning a value wins.
 
     Args:
         config: the run's configuration (options ``device``, ``backend``, ``master_addr``,
-            ``rendezvous_interface``, ``collective_timeout``).
+            ``master_port``, ``rendezvous_interface``, ``collective_timeout``).
 
     Returns:
         A :class:`cfm_plugins.distributed.DistInfo` (rank, world size, device, ...).

@@ -107,6 +107,14 @@ class Catalog:
     def options(self) -> dict[str, DeclaredOption]:
         return collect(self.declarations())
 
+    def owners(self) -> dict[str, list[str]]:
+        """Every declared option and the plugins that declare it (several may, alike)."""
+        out: dict[str, list[str]] = {}
+        for plugin, options in self.declarations():
+            for opt in options or ():
+                out.setdefault(opt.name, []).append(plugin)
+        return out
+
     def adapters(self) -> list[str]:
         return sorted(impl.plugin_name for impl in self._impls("cfm_adapter_serves"))
 
@@ -172,6 +180,45 @@ def enable_serving_adapter(config: Config, cat: Catalog) -> None:
         )
 
 
+#: where an option set on the command line says it came from (config.build_config's labels)
+COMMAND_LINE_SOURCES = ("cfm-run -o", "cfm-run --device", "--cfm-")
+
+
+def check_options_enabled(config: Config, cat: Catalog) -> None:
+    """Options read only by plugins that are not enabled would be ignored without a word.
+
+    Set on the command line (``-o``, ``--cfm-...``) they are a usage error (``ValueError``); from
+    the environment or a config file's ``cfm_plugins:`` key, where they may serve other runs, a
+    warning in ``config.warnings``. Both name the plugin to enable.
+    """
+    owners = cat.owners()
+    unused: dict[tuple[str, ...], list[str]] = {}  # plugins -> options only they read
+    for key in config.options:
+        plugins = owners.get(key, [])
+        if not plugins or CORE in plugins or any(p in config.enabled for p in plugins):
+            continue
+        unused.setdefault(tuple(plugins), []).append(key)
+    errors = []
+    for plugins, keys in unused.items():
+        wheres = {config.option_sources.get(k, "") for k in keys}
+        cli = any(w.startswith(COMMAND_LINE_SOURCES) for w in wheres)
+        shown = ", ".join(f"{k}={config.options[k]!r}" for k in keys)
+        whose = " or ".join(plugins)
+        text = (
+            f"cfm-plugins option{'s' if len(keys) > 1 else ''} {shown} (from "
+            f"{'; '.join(sorted(w for w in wheres if w)) or 'the caller'}) "
+            f"{'are' if len(keys) > 1 else 'is'} read by the {whose} plugin, which is not "
+            f"enabled: enable it (--enable {','.join([*config.enabled, plugins[0]])})"
+        )
+        them = "them" if len(keys) > 1 else "it"
+        if cli:
+            errors.append(f"{text} or leave {them} out")
+        else:
+            config.warnings.append(f"{text}; this run ignores {them}")
+    if errors:
+        raise ValueError("; ".join(errors))
+
+
 _CURRENT: weakref.ref | None = None  # only for the deprecated get_active() shim
 
 
@@ -180,7 +227,8 @@ def create_manager(config: Config, cat: Catalog | None = None) -> pluggy.PluginM
 
     Raises :class:`UnknownPluginError` naming the unknown plugin and listing the known ones,
     :class:`MissingAdapterError` when enabled features have no adapter for the trainer command,
-    and ``ValueError`` for unknown option names or values of the wrong type.
+    and ``ValueError`` for unknown option names, values of the wrong type, and options given on
+    the command line for a plugin that is not enabled (:func:`check_options_enabled`).
     """
     global _CURRENT
     cat = cat or catalog()
@@ -199,6 +247,7 @@ def create_manager(config: Config, cat: Catalog | None = None) -> pluggy.PluginM
             )
     enable_serving_adapter(config, cat)
     config.check_options(cat.options())
+    check_options_enabled(config, cat)
 
     pm = _new_pm()
     for name in config.enabled:

@@ -22,6 +22,12 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+class UsageError(ValueError):
+    """A setting the user must change, found once the trainer's own arguments are read (e.g. a
+    loss weighting the trainer's loss cannot take): cfm-run prints it once, without a traceback,
+    and exits 2, as it does for the options it checks before the trainer starts."""
+
+
 @dataclass(frozen=True)
 class Option:
     """One option a plugin reads.

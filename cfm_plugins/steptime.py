@@ -11,7 +11,8 @@ all-reduce runs on gloo's threads): the rank's work, whatever else shares its co
 
 Hand-over. An adapter gives each timed step to the training loader's batch sampler with
 :func:`hand_over` (the ``record_step`` protocol of
-:func:`cfm_plugins.hookspec.cfm_needs_step_times`).
+:func:`cfm_plugins.hookspec.cfm_needs_step_times`; and ``record_time``, from which binpack reports
+the measured balance at the end of the run).
 
 Resume. :class:`SamplerStateFile` keeps ``batch_sampler.resume_state()`` in a JSON file beside the
 trainer's checkpoints (rank 0 writes it when it changes; every rank reads it on resume, as every
@@ -103,8 +104,14 @@ def batch_totals(batch) -> tuple[int, int, int]:
 
 
 def hand_over(sampler, atoms: int, edges: int, graphs: int, wall_s=None, cpu_s=None) -> None:
-    """Give one timed step to ``sampler`` if it wants step times (``record_step``)."""
-    if sampler is not None and getattr(sampler, "needs_step_times", False):
+    """Give one timed step to ``sampler``: its time for the measured balance (``record_time``,
+    binpack's samplers), and the step to a sampler that wants step times (``record_step``)."""
+    if sampler is None:
+        return
+    record_time = getattr(sampler, "record_time", None)
+    if record_time is not None:
+        record_time(wall_s=wall_s, cpu_s=cpu_s)
+    if getattr(sampler, "needs_step_times", False):
         sampler.record_step(atoms=atoms, edges=edges, graphs=graphs, wall_s=wall_s, cpu_s=cpu_s)
 
 

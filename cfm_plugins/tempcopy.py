@@ -34,6 +34,7 @@ JOB_VARIABLES = (
     ("PMIX_NAMESPACE",),
     ("OMPI_MCA_ess_base_jobid",),
     ("SLURM_JOB_ID", "SLURM_STEP_ID"),
+    ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"),  # torchrun: its store's address too
 )
 #: a folder without any rank marker is left alone this long (a rank may be between mkdir and marker)
 UNMARKED_GRACE_S = 600.0

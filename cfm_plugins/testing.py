@@ -3,9 +3,11 @@ MACE pieces.
 
 Nothing here is needed to use the plugins. It builds the ``mpirun`` command the project's own
 runs use (``mpirun -np N --oversubscribe``, plus ``--allow-run-as-root`` when running as root,
-which OpenMPI otherwise refuses) and a clean environment for a child job, so that a run started
-from inside another MPI job, a ``cfm-run`` or a shell with ``CFM_*`` options set is not steered by
-the caller's variables.
+which OpenMPI otherwise refuses) and the ``torchrun`` one, starts the tasks of an srun step
+without Slurm (processes with srun's variables: :func:`run_as_srun_tasks`), and makes a clean
+environment for a child job, so that a run started from inside another MPI job, a Slurm job, a
+torchrun, a ``cfm-run`` or a shell with ``CFM_*`` options set is not steered by the caller's
+variables.
 """
 
 from __future__ import annotations
@@ -13,17 +15,42 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 #: the folder of this Python's console scripts (``mpirun`` of the ``[mpi]`` extra, ``cfm-run``,
 # trainers)
 BIN = Path(sys.executable).parent
 
-#: variables of a surrounding MPI job, rendezvous or cfm-plugins run that a child job must not
-# inherit
-_INHERITED_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "MASTER_", "CFM_")
-_INHERITED_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK"}
+#: variables of a surrounding MPI job, Slurm job, torchrun, rendezvous or cfm-plugins run that a
+# child job must not inherit (each names launchers and ranks: cfm-run would take them for its own)
+_INHERITED_PREFIXES = (
+    "OMPI_",
+    "PMIX_",
+    "PMI_",
+    "MPI_LOCAL",
+    "MV2_",
+    "SLURM_",
+    "SLURMD_",
+    "TORCHELASTIC_",
+    "MASTER_",
+    "CFM_",
+)
+_INHERITED_NAMES = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+}
 
 
 def mpirun_path() -> str | None:
@@ -85,8 +112,8 @@ def demo_costs(parser, text: str, allowed=("atoms", "edges", "auto")) -> list[st
 
 
 def clean_env(**extra) -> dict[str, str]:
-    """``os.environ`` without MPI, rendezvous and ``CFM_*`` variables; one thread, unbuffered
-    output.
+    """``os.environ`` without MPI, Slurm, torchrun, rendezvous and ``CFM_*`` variables; one
+    thread, unbuffered output.
 
     This environment's console scripts come first on ``PATH``; ``extra`` (``NAME=value``) is
     added last, so it can set any of these again.
@@ -101,6 +128,91 @@ def clean_env(**extra) -> dict[str, str]:
     )
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def torchrun_command(nproc: int = 2) -> list[str]:
+    """``torchrun --standalone --nproc_per_node N``: the start of a command line (torch ships
+    torchrun; ``--standalone`` picks a free port for its rendezvous, so jobs beside each other do
+    not collide on torchrun's default 29500)."""
+    exe = BIN / "torchrun"
+    return [
+        str(exe) if exe.exists() else "torchrun",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+    ]
+
+
+def srun_env(rank: int, ntasks: int, job_id, step: int = 0, nodes=None, **extra) -> dict[str, str]:
+    """:func:`clean_env` plus the variables srun gives task ``rank`` of a job step of ``ntasks``
+    tasks, under Slurm's names: a test starts srun's tasks as ``subprocess.Popen``s, without
+    Slurm. ``nodes``: the step's host names (default this host alone), the tasks spread over them
+    in blocks as srun does by default. ``job_id`` and ``step`` name the step (cfm-run derives the
+    rendezvous port from them: tests beside each other use different ids)."""
+    nodes = list(nodes or [socket.gethostname()])
+    per_node = -(-ntasks // len(nodes))
+    node = rank // per_node
+    return clean_env(
+        SLURM_JOB_ID=job_id,
+        SLURM_JOBID=job_id,
+        SLURM_STEP_ID=step,
+        SLURM_STEPID=step,
+        SLURM_PROCID=rank,
+        SLURM_LOCALID=rank % per_node,
+        SLURM_NODEID=node,
+        SLURM_NTASKS=ntasks,
+        SLURM_NPROCS=ntasks,
+        SLURM_STEP_NUM_TASKS=ntasks,
+        SLURM_STEP_NUM_NODES=len(nodes),
+        SLURM_NNODES=len(nodes),
+        SLURM_STEP_NODELIST=",".join(nodes),
+        SLURM_JOB_NODELIST=",".join(nodes),
+        SLURMD_NODENAME=nodes[node],
+        **extra,
+    )
+
+
+def run_as_srun_tasks(
+    command: list[str],
+    ntasks: int = 2,
+    job_id=None,
+    step: int = 0,
+    ranks=None,
+    timeout: float = 300,
+    cwd=None,
+    nodes=None,
+    **extra,
+) -> list[tuple[int, str]]:
+    """Run ``command`` as the tasks ``ranks`` (default all) of an srun step of ``ntasks`` tasks
+    (on ``nodes``), each a process with :func:`srun_env`'s variables (``extra`` added), all at
+    once; returns each
+    task's ``(exit code, output)``. A task still running after ``timeout`` seconds is killed (exit
+    code -9)."""
+    job_id = os.getpid() if job_id is None else job_id
+    ranks = list(range(ntasks)) if ranks is None else list(ranks)
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [Path(tmp) / f"task{r}.txt" for r in ranks]
+        procs = []
+        for r, log in zip(ranks, logs):
+            with open(log, "w") as out:
+                procs.append(
+                    subprocess.Popen(
+                        command,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        env=srun_env(r, ntasks, job_id, step, nodes, **extra),
+                        cwd=cwd,
+                    )
+                )
+        deadline = time.monotonic() + timeout
+        codes = []
+        for proc in procs:
+            try:
+                codes.append(proc.wait(max(deadline - time.monotonic(), 0.1)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append(proc.wait())
+        return [(code, log.read_text()) for code, log in zip(codes, logs)]
 
 
 # ---------------------------------------------------------------------------- small MACE pieces

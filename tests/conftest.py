@@ -27,11 +27,12 @@ import pytest
 from tests.helpers import run_mpi
 
 # (path from the repository root, test name without its parameters, markers): fnmatch patterns.
-# mpi: real `mpirun -np 2` jobs; trainer: a real trainer runs (mace_run_train, nequip-train,
-# HydraGNN's training); compile: torch.compile, torch.export + AOTInductor, TorchScript export, a
-# C++ or Triton ahead-of-time compile; interpreter: a whole model through the Triton interpreter;
-# bench: a benchmark or maintainer tool run end to end; slow: over ~10 s on 2 cores otherwise;
-# fast: kept in `make test` whatever else it carries (the one short 2-rank MACE run).
+# mpi: real `mpirun -np 2` jobs (and 2-rank jobs of srun's tasks or torchrun); trainer: a real
+# trainer runs (mace_run_train, nequip-train, HydraGNN's training); compile: torch.compile,
+# torch.export + AOTInductor, TorchScript export, a C++ or Triton ahead-of-time compile;
+# interpreter: a whole model through the Triton interpreter; bench: a benchmark or maintainer tool
+# run end to end; slow: over ~10 s on 2 cores otherwise; fast: kept in `make test` whatever else it
+# carries (the one short 2-rank MACE run).
 COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # mace_run_train
     ("tests/adapters/mace/test_adapter.py", "*", ("trainer",)),
@@ -45,11 +46,15 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tests/adapters/mace/test_tiny_runs.py", "*_so_ranks_train_one_model", ("mpi",)),
     ("tests/adapters/mace/test_tiny_runs.py", "test_cost_auto_*", ("mpi",)),
     ("tests/adapters/mace/test_weighting.py", "*_on_two_ranks", ("mpi",)),
+    ("tests/adapters/mace/test_data_checks.py", "test_mace_run_train_*", ("trainer",)),
+    ("tests/adapters/mace/test_guard.py", "*", ("trainer",)),
+    ("tests/adapters/mace/test_guard.py", "test_mpirun_*", ("mpi",)),
     # HydraGNN's training (examples/hydragnn/train.py; from source: its MACE stack)
     ("tests/adapters/hydragnn/test_adapter.py", "test_hydragnn_uses_cfm_run_*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_adapter.py", "test_every_graph_once_*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_adapter.py", "test_reference_run_*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_adapter.py", "test_cost_auto_*", ("mpi", "trainer")),
+    ("tests/adapters/hydragnn/test_guard.py", "*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_adapter_mace.py", "*", ("mpi", "trainer")),
     # nequip-train (in .venv-nequip)
     ("tests/adapters/nequip/test_adapter.py", "test_nequip_*", ("mpi", "trainer")),
@@ -63,7 +68,11 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tests/adapters/nequip/test_adapter.py", "test_cost_auto_*", ("mpi", "trainer")),
     ("tests/adapters/nequip/test_adapter.py", "*_aotinductor_*", ("compile",)),
     ("tests/adapters/nequip/test_seams.py", "test_nequip_train_*", ("trainer",)),
+    ("tests/adapters/nequip/test_guard.py", "test_nequip_*", ("mpi", "trainer")),
+    ("tests/adapters/nequip/test_weighting_resume.py", "*", ("mpi", "trainer")),
     ("tests/datasets/test_nequip_config.py", "test_a_run_killed_*", ("trainer",)),
+    # cfm-plan against the shared 2-rank MACE run (made once for test_adapter.py too)
+    ("tests/plan/test_measured.py", "*", ("mpi", "trainer", "fast")),
     # mpirun of small programs (tests/scripts/, cfm-run itself)
     ("tests/sampler/test_batch_sampler_mpi.py", "*", ("mpi",)),
     ("tests/test_cli.py", "test_mpirun_*", ("mpi",)),
@@ -75,6 +84,16 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tests/test_distributed.py", "test_each_rank_takes_its_own_gpu_*", ("mpi",)),
     ("tests/test_distributed.py", "test_cuda_asked_for_where_no_rank_*", ("mpi",)),
     ("tests/test_distributed.py", "test_a_rendezvous_address_*", ("mpi",)),
+    ("tests/test_distributed.py", "test_two_ranks_on_one_gpu_*", ("mpi", "trainer")),
+    ("tests/test_distributed.py", "test_nccl_on_a_shared_gpu_*", ("mpi",)),
+    # several ranks started by srun (processes with its variables) or torchrun, and mpi4py
+    ("tests/test_launchers.py", "test_srun_tasks_*", ("mpi",)),
+    ("tests/test_launchers.py", "test_torchrun_workers_meet_*", ("mpi",)),
+    ("tests/test_launchers.py", "test_a_task_that_never_comes_*", ("mpi",)),
+    ("tests/test_launchers.py", "test_a_failure_on_one_srun_task_*", ("mpi",)),
+    ("tests/test_launchers.py", "test_an_mpi4py_that_does_not_see_*", ("mpi",)),
+    ("tests/test_launchers.py", "test_hydragnn_which_uses_mpi_*", ("mpi",)),
+    ("tests/test_launchers.py", "test_a_training_under_each_launcher_*", ("mpi", "trainer")),
     # compilers
     ("tests/*", "*torch_compile*", ("compile",)),
     ("tests/ops/test_export.py", "*_aoti_*", ("compile",)),
@@ -94,6 +113,7 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # long for other reasons
     ("tests/test_build.py", "test_build_jobs_*", ("slow",)),
     ("tests/ops/test_symmetric_contraction_mace.py", "*", ("slow",)),
+    ("tests/plan/test_readers.py", "test_mace_prepare_data_*", ("slow",)),
 )
 
 

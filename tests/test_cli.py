@@ -117,7 +117,7 @@ def _trainer_config(tmp_path):
     cfg = tmp_path / "train.yaml"
     cfg.write_text(
         yaml.safe_dump(
-            {"name": "x", "cfm_plugins": {"enable": ["mace", "binpack"], "cost": "edges"}}
+            {"name": "x", "cfm_plugins": {"enable": ["mace", "binpack", "static"], "cost": "edges"}}
         )
     )
     return cfg
@@ -133,7 +133,7 @@ def test_conflicts_are_logged_and_temporary_files_removed_on_every_rank(tmp_path
         "--device",
         "cpu",
         "--enable",
-        "mace,fused",
+        "mace,binpack,fused",
         "-o",
         "cost=atoms",
         "--",
@@ -146,9 +146,8 @@ def test_conflicts_are_logged_and_temporary_files_removed_on_every_rank(tmp_path
     assert (out.returncode != 0) == fail, out.stdout[-3000:]
     assert list(tmp.glob("cfm_plugins_*")) == [], [str(p) for p in tmp.rglob("*")]
     assert re.search(
-        r"plugins from cfm-run --enable \(mace, fused\) override the cfm_plugins: key of "
-        r"\S+train.yaml "
-        r"\(enable\) \(mace, binpack\): binpack not enabled",
+        r"plugins from cfm-run --enable \(mace, binpack, fused\) override the cfm_plugins: key "
+        r"of \S+train.yaml \(enable\) \(mace, binpack, static\): static not enabled",
         out.stdout,
     ), out.stdout[-3000:]
     assert (
@@ -239,9 +238,73 @@ def test_a_negative_collective_timeout_ends_every_rank_at_start():
         timeout=120,
     )
     assert out.returncode != 0
-    # every rank refuses it before MPI joins them; the first to exit ends the job, so under load
-    # the other may be killed before it prints its own copy of the message
-    assert out.stdout.count("cfm-run: error: cfm-plugins option collective_timeout='-5'") >= 1, (
+    # every rank refuses it before MPI joins them; rank 0 says it, once (it was said once per rank)
+    assert out.stdout.count("cfm-run: error: cfm-plugins option collective_timeout='-5'") == 1, (
         out.stdout[-3000:]
     )
     assert "TCPStore" not in out.stdout and "RESULT" not in out.stdout  # before any rendezvous
+
+
+# --- messages at start --------------------------------------------------------------------------
+
+
+def test_an_option_of_a_plugin_not_enabled_stops_at_start_naming_the_plugin():
+    out = run(
+        "--enable",
+        "mace,binpack,fused",
+        "-o",
+        "static_shapes=true",
+        "-o",
+        "compile=default",
+        "--",
+        "mace_run_train",
+        "--name=x",
+    )
+    assert out.returncode == 2, out.stdout[-3000:]
+    error = [l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")]
+    assert len(error) == 1 and "--enable mace,binpack,fused,static" in error[0], out.stdout
+    assert "Traceback" not in out.stdout
+
+
+def test_a_misspelled_cfm_plugins_key_is_warned_at_start(tmp_path):
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "x", "cfm_plugin": {"enable": ["mace"]}}))
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nassert sys.argv[1:3] == ['--config', sys.argv[2]]\n")
+    out = run("--", "python", str(script), "--config", str(cfg))
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert re.search(
+        r"\[cfm rank 0\] WARNING \S+train.yaml has no cfm_plugins: key but has 'cfm_plugin': "
+        r"did you mean 'cfm_plugins'\?",
+        out.stdout,
+    ), out.stdout[-3000:]
+
+
+def test_python_dash_c_is_refused_saying_what_to_do():
+    """It said "trainer script '-c' does not exist"."""
+    out = run("--enable", "mace", "--", "python", "-c", "print(1)")
+    assert out.returncode == 2, out.stdout[-3000:]
+    assert "`python -c CODE` is not supported" in out.stdout
+    assert "`-- python FILE.py ARGS`" in out.stdout and "does not exist" not in out.stdout
+
+
+def test_the_list_into_a_pipe_closed_early_ends_quietly():
+    """`cfm-run --list | head -3` ended with a BrokenPipeError traceback and exit 1. Here the reader
+    is gone before cfm-run writes (the read end closed), so every write meets the broken pipe."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run(
+            [CFM_RUN, "--list"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env=clean_env(),
+            cwd=ROOT,
+        )
+    finally:
+        os.close(write)
+    assert out.returncode == 0 and out.stderr == "", out.stderr

@@ -174,3 +174,40 @@ def test_temporary_config_copies_are_removed():
     assert copy.is_file() and copy.parent.parent.name.startswith("cfm_plugins_job_")
     release()
     assert not copy.parent.parent.exists()
+
+
+@pytest.mark.parametrize(
+    "form", ["mace --config YAML", "HydraGNN JSON", "nequip-train -cn NAME", "dashes"]
+)
+def test_a_misspelled_cfm_plugins_key_gets_a_did_you_mean_warning(tmp_path, form):
+    """`cfm_plugin:` in the trainer's config trained without the plugins, rc 0, with no word."""
+    import json
+
+    data = {"NeuralNetwork": {}, "cfm_plugin": {"enable": ["binpack"]}}
+    if form == "HydraGNN JSON":
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(data))
+        argv = ["python", "train.py", str(path)]
+    else:
+        if form == "dashes":
+            data = {"name": "x", "CFM-Plugins": ["binpack"]}
+        path = tmp_path / "train.yaml"
+        path.write_text(yaml.safe_dump(data))
+        argv = (
+            ["nequip-train", "-cp", str(tmp_path), "-cn", "train"]
+            if form.startswith("nequip")
+            else ["mace_run_train", "--config", str(path)]
+        )
+    c = build_config(None, [], list(argv), environ={})
+    assert c.enabled == [] and len(c.warnings) == 1, c.warnings
+    key = "CFM-Plugins" if form == "dashes" else "cfm_plugin"
+    assert f"has no cfm_plugins: key but has '{key}': did you mean 'cfm_plugins'?" in c.warnings[0]
+    assert str(path) in c.warnings[0]
+
+
+def test_keys_not_close_to_cfm_plugins_say_nothing(tmp_path):
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "plugins": 1, "cfm": 2, "model": "MACE"}))
+    assert (
+        build_config(None, [], ["mace_run_train", "--config", str(path)], environ={}).warnings == []
+    )

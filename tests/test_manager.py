@@ -124,3 +124,49 @@ def test_fused_refuses_the_trainers_own_kernel_swaps_through_the_trainer_setting
     )
     with pytest.raises(ValueError, match="enable_cueq/enable_oeq replace the same modules"):
         pm.hook.cfm_trainer_settings(config=config, trainer=TrainerSettings(kernel_swaps=("cueq",)))
+
+
+# --- options of plugins that are not enabled ------------------------------------------------------
+
+MACE_ARGV = ["mace_run_train", "--name=x"]
+
+
+def test_an_option_of_a_plugin_not_enabled_on_the_command_line_is_an_error_naming_the_plugin():
+    """`--enable mace,binpack,fused -o static_shapes=true -o compile=default` trained eagerly and
+    unpadded without a word: the static plugin that reads them was not enabled."""
+    from cfm_plugins.config import build_config
+
+    for options, trainer in (
+        (["static_shapes=true", "compile=default"], []),
+        ([], ["--cfm-compile=default"]),
+    ):
+        config = build_config("mace,binpack,fused", options, [*MACE_ARGV, *trainer], environ={})
+        with pytest.raises(ValueError) as err:
+            create_manager(config)
+        msg = str(err.value)
+        assert "read by the static plugin, which is not enabled" in msg, msg
+        assert "--enable mace,binpack,fused,static" in msg and "compile='default'" in msg, msg
+        assert ("cfm-run -o" if options else "--cfm-compile in the trainer command") in msg, msg
+
+
+def test_an_option_of_a_plugin_not_enabled_from_the_environment_or_a_file_is_a_warning(tmp_path):
+    from cfm_plugins.config import build_config
+
+    config = build_config("mace,binpack", [], list(MACE_ARGV), environ={"CFM_COMPILE": "default"})
+    create_manager(config)
+    assert len(config.warnings) == 1 and (
+        "compile='default' (from the environment (CFM_COMPILE)) is read by the static plugin, "
+        "which is not enabled: enable it (--enable mace,binpack,static); this run ignores it"
+        in config.warnings[0]
+    ), config.warnings
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("name: x\ncfm_plugins:\n  enable: [mace, binpack, fused]\n  fused_tiles: ''\n")
+    config = build_config("mace,binpack", [], [*MACE_ARGV, "--config", str(cfg)], environ={})
+    create_manager(config)
+    assert "read by the fused plugin, which is not enabled" in " ".join(config.warnings)
+    # options of enabled plugins and of the core say nothing
+    config = build_config(
+        "mace,binpack", ["max_tokens=50", "collective_timeout=60"], list(MACE_ARGV), environ={}
+    )
+    create_manager(config)
+    assert config.warnings == []

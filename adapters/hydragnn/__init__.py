@@ -68,6 +68,12 @@ def cfm_before_trainer(config, dist, argv):
             argv[:2],
         )
         return None
+    from cfm_plugins.distributed import mpi_world_mismatch
+    from cfm_plugins.options import UsageError
+
+    mismatch = mpi_world_mismatch(dist)  # HydraGNN reduces with mpi4py's COMM_WORLD itself
+    if mismatch:
+        raise UsageError(f"HydraGNN uses MPI itself (mpi4py's COMM_WORLD): {mismatch}")
     from cfm_plugins.manager import Session
     from cfm_plugins.options import TrainerSettings
     from cfm_plugins_adapters.hydragnn import seams
@@ -79,6 +85,9 @@ def cfm_before_trainer(config, dist, argv):
     trainer = TrainerSettings(
         loss=f"HydraGNN loss_function_type {loss}", loss_weightings=loss_weightings(loss)
     )
+    # the features check what they can serve before HydraGNN reads any data (binpack: its loss
+    # weighting against this loss; a usage error is said once, exit 2)
+    config.pm.hook.cfm_trainer_settings(config=config, trainer=trainer)
     return seams.install(Session(config, trainer))  # cfm-run calls this undo after the trainer
 
 

@@ -20,6 +20,18 @@ name in run_train      what the replacement does
                        stock model file
 =====================  =========================================================================
 
+Two more names in run_train check the data before training: ``get_dataset_from_xyz`` (calls
+mace's, then checks the labels of every structure read, :func:`.data_checks.check_labels`: a NaN
+in the training file stops the run) and ``load_dataset_for_path`` (at its first call, when mace's
+atomic number table is final, checks the elements of every file,
+:func:`.data_checks.check_elements`; it also ties the training AtomicData to their file and
+index). In ``mace.data.utils`` (where ``load_from_xyz`` reads the ASE files), the name ``ase``
+becomes a stand-in whose ``io.read`` numbers the frames it reads, and ``config_from_atoms_list``
+gives each configuration its file and index (:class:`.data_checks.Sources`).
+``mace.tools.train.take_step`` and ``train_one_epoch`` are wrapped to check every training step's
+loss (:class:`.guard.MaceLossGuard`: stop, naming the batch's structures, or binpack's
+``nonfinite=skip``).
+
 With the option ``step_log=PATH``, or when a feature needs step times (binpack's ``cost=auto``),
 ``mace.tools.train.take_step`` is wrapped to time each step (see :mod:`.steplog`). With binpack,
 ``mace.tools.train.train_one_epoch`` is wrapped to tell the training sampler which epoch mace
@@ -77,7 +89,15 @@ def install(config) -> callable:
 
     saved = {
         name: getattr(rt, name)
-        for name in ("init_distributed", "torch_geometric", "configure_model", "DDP", "deepcopy")
+        for name in (
+            "init_distributed",
+            "torch_geometric",
+            "configure_model",
+            "DDP",
+            "deepcopy",
+            "get_dataset_from_xyz",
+            "load_dataset_for_path",
+        )
     }
     stock_init, stock_tg, stock_configure, stock_ddp = (
         saved["init_distributed"],
@@ -90,10 +110,12 @@ def install(config) -> callable:
     static = bool(hook.cfm_static_forward.get_hookimpls())
     r_max = []  # mace's --r_max, once parsed: pad edges are twice as long
     resume = {}  # the sampler state file beside mace's checkpoints, known once mace's arguments are
+    parsed = {}  # mace's parsed arguments, once init_distributed has them
 
     def init_distributed(args):
         state.trainer = trainer_settings(args)
         r_max.append(float(args.r_max))
+        parsed["args"] = args
         resume["file"] = SamplerStateFile(
             os.path.join(args.checkpoints_dir, f"{args.name}_run-{args.seed}{STATE_SUFFIX}"),
             dist.rank,
@@ -108,7 +130,7 @@ def install(config) -> callable:
             )
         if not args.distributed:
             log.info(
-                "%d MPI ranks: turning on mace's --distributed (each rank trains on its share)",
+                "%d ranks: turning on mace's --distributed (each rank trains on its share)",
                 dist.world_size,
             )
             args.distributed = True
@@ -151,6 +173,70 @@ def install(config) -> callable:
         saved_take_step = mace_train.take_step
         mace_train.take_step = recorder.wrap_take_step(saved_take_step)
 
+    # the data: structures numbered by file, labels and elements checked before training
+    import mace.data.utils as mace_data_utils
+
+    from cfm_plugins_adapters.mace import data_checks
+    from cfm_plugins_adapters.mace.guard import MaceLossGuard
+
+    sources = data_checks.Sources()
+    saved_utils = {
+        name: getattr(mace_data_utils, name) for name in ("ase", "config_from_atoms_list")
+    }
+    mace_data_utils.ase = sources.ase_proxy(saved_utils["ase"])
+    mace_data_utils.config_from_atoms_list = sources.wrap_configs(
+        saved_utils["config_from_atoms_list"]
+    )
+    heads = []  # (collections, files) of every head, as mace loaded them
+    stock_get_dataset, stock_load_dataset = (
+        saved["get_dataset_from_xyz"],
+        saved["load_dataset_for_path"],
+    )
+
+    def get_dataset_from_xyz(*args, **kwargs):
+        collections, atomic_energies = stock_get_dataset(*args, **kwargs)
+
+        def names(key):
+            paths = kwargs.get(key)
+            paths = [paths] if isinstance(paths, str) else list(paths or [])
+            return ", ".join(str(p) for p in paths) or None
+
+        files = {
+            "train": names("train_path") or "the training file",
+            "valid": names("valid_path") or f"the validation split of {names('train_path')}",
+            "test": names("test_path") or "the test file",
+        }
+        data_checks.check_labels(collections, files, atomic_energies)
+        heads.append((collections, files))
+        return collections, atomic_energies
+
+    def load_dataset_for_path(*args, **kwargs):
+        if not parsed.get(
+            "elements checked"
+        ):  # the first call: mace's atomic number table is final
+            parsed["elements checked"] = True
+            z_table = kwargs.get("z_table", args[2] if len(args) > 2 else None)
+            margs = parsed.get("args")
+            if z_table is not None:
+                data_checks.check_elements(
+                    heads,
+                    z_table.zs,
+                    getattr(margs, "test_dir", None),
+                    bool(getattr(margs, "multi_processed_test", False)),
+                )
+        out = stock_load_dataset(*args, **kwargs)
+        sources.register_dataset(out, kwargs.get("collection"))
+        return out
+
+    # non-finite training losses: stop (naming the batch's structures) or skip (binpack)
+    import importlib
+
+    mace_train_module = importlib.import_module("mace.tools.train")
+    loss_guard = MaceLossGuard(config, dist, sources)
+    guarded = {name: getattr(mace_train_module, name) for name in ("take_step", "train_one_epoch")}
+    mace_train_module.take_step = loss_guard.wrap_take_step(guarded["take_step"])
+    mace_train_module.train_one_epoch = loss_guard.wrap_train_one_epoch(guarded["train_one_epoch"])
+
     def configure_model(*args, **kwargs):
         if not static:
             model, output_args = stock_configure(*args, **kwargs)
@@ -189,10 +275,18 @@ def install(config) -> callable:
         configure_model=configure_model,
         DDP=DDP,
         deepcopy=deepcopy,
+        get_dataset_from_xyz=get_dataset_from_xyz,
+        load_dataset_for_path=load_dataset_for_path,
     ).items():
         setattr(rt, name, value)
 
     def undo():
+        for name, value in guarded.items():  # wrapped last: undone first
+            setattr(mace_train_module, name, value)
+        for name, value in saved_utils.items():
+            setattr(mace_data_utils, name, value)
+        loss_guard.report()
+        sources.clear()
         for name, value in saved.items():
             setattr(rt, name, value)
         if recorder is not None:

@@ -21,9 +21,13 @@ object built               what the replacement does
                            ``cost=auto``): the callback :class:`.steplog.StepLog`; binpack: the
                            callbacks :class:`.callbacks.BinPackState` (the sampler's resume state
                            in Lightning's checkpoints) and :class:`.weighting.LossWeighting` (acts
-                           only under ``loss_weighting=per_sample``)
+                           only under ``loss_weighting=per_sample``); always: the callback
+                           :class:`.guard.NonFiniteLoss` (a non-finite training loss stops the
+                           run before a checkpoint is written, or binpack's ``nonfinite=skip``)
 the training module        binpack: what its loss allows (``TrainerSettings.loss_weightings``,
-                           :func:`.weighting.loss_weightings`), read before the loaders are made
+                           :func:`.weighting.loss_weightings`), read before the loaders are made;
+                           a module restored from a checkpoint (``ckpt_path``) is read at the
+                           Trainer's setup (``LossWeighting.setup``), before its loaders too
 =========================  =====================================================================
 
 ``NequIPDataModule.get_statistics`` is wrapped so that NequIP's dataset statistics (energy
@@ -118,7 +122,8 @@ def trainer_config(cfg: dict, config, dist) -> dict:
     which a spawned child does not have. A single rank with neither runs stock and may spawn.
     """
     cfg = copy.deepcopy(cfg)
-    callbacks = []
+    # a non-finite training loss stops the run before a checkpoint is written with it
+    callbacks = [{"_target_": "cfm_plugins_adapters.nequip.guard.NonFiniteLoss"}]
     spawning = _spawning_strategy(cfg.get("strategy"))
     ours = [name for name in ("binpack", "fused") if config.is_enabled(name)]
     if spawning and (dist.world_size > 1 or ours):

@@ -1,7 +1,7 @@
 """binpack: balanced bin-packing batches (Algorithm 1 of the MACE paper) on every rank.
 
 Its options (``max_tokens``, ``cost``, ``cost_a``, ``cost_b``, ``calibrate_steps``,
-``recalibrate_every``, ``oversize``, ``seed``, ``loss_weighting``) are declared in
+``recalibrate_every``, ``oversize``, ``seed``, ``loss_weighting``, ``nonfinite``) are declared in
 :func:`cfm_declare_options` (``cfm-run --list`` shows them). The default capacity is the trainer's
 batch size times the mean graph cost, so an epoch has about as many steps as with the trainer's own
 batches, at least the largest graph; on GPUs it is clamped to the paper's section 5.5 range
@@ -33,12 +33,17 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 
 import numpy as np
 
+from cfm_plugins.distributed import reduce_op
 from cfm_plugins.hookspec import hookimpl
 
 log = logging.getLogger("cfm_plugins.binpack")
+
+#: the training samplers this process made, for the balance reported at the end of the run
+_TRAINING: weakref.WeakSet = weakref.WeakSet()
 
 GPU_TOKEN_RANGE = {"float32": (800, 4000), "float64": (400, 2000)}
 
@@ -56,6 +61,7 @@ def default_capacity(
 
 @hookimpl
 def cfm_declare_options():
+    from cfm_plugins.nonfinite import MODES as NONFINITE_MODES
     from cfm_plugins.options import Option
     from cfm_plugins.sampler.packing import OVERSIZE_POLICIES
     from cfm_plugins.sampler.weighting import LOSS_WEIGHTINGS
@@ -127,6 +133,15 @@ def cfm_declare_options():
             "per-batch means, unchanged); evaluation is never reweighted",
             LOSS_WEIGHTINGS,
         ),
+        Option(
+            "nonfinite",
+            str,
+            "error",
+            "a training step whose loss is NaN or infinite: error (stop before any checkpoint is "
+            "written, naming the structures of the batch) or skip (no optimizer step on any rank "
+            "for it, the skipped steps named at the end; one host sync per step)",
+            NONFINITE_MODES,
+        ),
     ]
 
 
@@ -182,15 +197,11 @@ def global_stats(costs: np.ndarray, dist) -> tuple[float, float]:
     n, total, peak = (
         dist.comm.allreduce(len(costs)),
         dist.comm.allreduce(float(np.sum(costs))),
-        dist.comm.allreduce(float(np.max(costs)) if len(costs) else 0.0, op=_mpi_max()),
+        dist.comm.allreduce(
+            float(np.max(costs)) if len(costs) else 0.0, op=reduce_op(dist.comm, "MAX")
+        ),
     )
     return total / max(n, 1), peak
-
-
-def _mpi_max():
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 @hookimpl
@@ -275,16 +286,18 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
                 f"{initial_cost_label(config)}: "
                 "evaluation loaders keep the initial cost under cost=auto"
             )
-    log.info(
-        "binpack %s: %d steps on each of %d ranks, capacity %g (%s)",
-        role,
-        len(sampler),
-        dist.world_size,
-        capacity,
-        cost,
+    from cfm_plugins.sampler.report import count
+
+    said = (
+        f"binpack {role}: {count(len(sampler), 'step')} on each of "
+        f"{count(dist.world_size, 'rank')}, capacity {capacity:g} ({cost})"
     )
-    if role == "train" and dist.rank == 0:
-        log_weight_spread(sampler)
+    if config.first_time(said):  # mace builds its training loader twice
+        log.info("%s", said)
+    if role == "train":
+        _TRAINING.add(sampler)
+        if dist.rank == 0 and config.first_time("binpack weight spread"):
+            log_weight_spread(sampler)
     if sampler.repeated:
         log.warning(
             "binpack %s: %d sample(s) do not give each of %d ranks a batch at every step: %d of "
@@ -310,6 +323,8 @@ def training_loss_weighting(config, trainer) -> str:
     adapter cannot apply is an error; the default (``per_sample``) falls back to ``stock``, said
     in one log line: a loss that has no per-sample weights to scale (mace's Huber loss, a trainer
     whose adapter offers none) trains as the trainer defines it."""
+    from cfm_plugins.options import UsageError
+
     wanted = config.get("loss_weighting")
     if wanted in trainer.loss_weightings:
         return wanted
@@ -320,9 +335,122 @@ def training_loss_weighting(config, trainer) -> str:
         f"{', '.join(trainer.loss_weightings)})"
     )
     if "loss_weighting" in config.options:
-        raise ValueError(f"{why}: set loss_weighting=stock or change the loss")
-    log.info("%s: using loss_weighting=stock", why)
+        where = config.option_sources.get("loss_weighting")
+        raise UsageError(
+            f"{why}: set loss_weighting=stock or change the loss"
+            + (f" (loss_weighting from {where})" if where else "")
+        )
+    if config.first_time(why):
+        log.info("%s: using loss_weighting=stock", why)
     return "stock"
+
+
+@hookimpl
+def cfm_trainer_settings(config, trainer):
+    """Check the loss weighting against the trainer's loss as soon as the adapter knows the loss,
+    before any data is read (a ``UsageError``: cfm-run says it and exits 2)."""
+    if trainer.loss is not None:
+        training_loss_weighting(config, trainer)
+
+
+@hookimpl
+def cfm_after_trainer(config, dist, exit_code):
+    if exit_code == 0 and dist is not None and dist.world_size > 1:
+        log_balance(list(_TRAINING), config, dist)
+    _TRAINING.clear()
+
+
+def log_balance(samplers, config, dist) -> None:
+    """At the end of a run of several ranks, rank 0 logs the balance of the training batches: the
+    planned load imbalance factor (in the cost's units) and, where the adapter timed the steps
+    (option ``step_log``, or ``cost=auto``), the measured one, over every rank's compute times
+    (a few collectives, on every rank alike: call it on every rank)."""
+    from cfm_plugins.sampler.autocost import WARMUP_STEPS
+    from cfm_plugins.sampler.report import count
+
+    iterated = [s for s in samplers if s.planned_lif()[1]]
+    # mace builds its training loader twice: the one that trained has the timed steps, or the
+    # most epochs
+    sampler = max(
+        iterated, key=lambda s: (len(s.step_times()), len(s.planned_lif()[1])), default=None
+    )
+    times = sampler.step_times()[WARMUP_STEPS:] if sampler is not None else np.zeros((0, 2))
+    measured = measured_lif(times, dist, step_clock(dist))
+    if dist.rank != 0 or sampler is None:
+        return
+    timed = sampler.timed_epochs  # the epochs trained; without timing every pass of the loader
+    planned, by_epoch = sampler.planned_lif(timed or None)
+    passes = count(len(by_epoch), "epoch") if timed else f"{count(len(by_epoch), 'pass')} over it"
+    unit = "epoch" if timed else "pass"
+    span = (
+        ""
+        if len(by_epoch) < 2
+        else f" in every {unit}"
+        if f"{min(by_epoch):.3f}" == f"{max(by_epoch):.3f}"
+        else f" ({min(by_epoch):.3f} to {max(by_epoch):.3f} by {unit})"
+    )
+    if measured is None:
+        measure = (
+            "measured: not gathered (the ranks have no MPI communicator)"
+            if dist.comm is None
+            else "measured: the steps were not timed (option step_log=PATH times them, as "
+            "cost=auto does)"
+            if len(sampler.step_times()) == 0
+            else f"measured: no step timed on every rank past the first {WARMUP_STEPS}"
+        )
+    else:
+        lif, steps, clock = measured
+        measure = (
+            f"measured LIF {lif:.3f} from the compute times of {count(steps, 'step')} x "
+            f"{count(dist.world_size, 'rank')} ({'thread CPU' if clock == 'cpu' else 'wall-clock'}"
+            f" time; the first {WARMUP_STEPS} steps of the run left out as warm-up)"
+        )
+    cost = config.get("cost")
+    units = (
+        "the units of the costs packed with (initial, then fitted: cost=auto)"
+        if cost == "auto"
+        else initial_cost_label(config)
+        if cost == "linear"
+        else cost
+    )
+    log.info(
+        "binpack balance of the training batches (%s): planned LIF %.3f in %s%s; %s",
+        passes,
+        planned,
+        units,
+        span,
+        measure,
+    )
+
+
+def measured_lif(times, dist, clock: str):
+    """``(LIF, steps, clock)`` of every rank's timed steps (``times``: this rank's ``(steps, 2)``
+    wall and CPU seconds, -1 where not taken), or None where no step is timed on every rank.
+    ``clock`` is preferred, the other one used where a rank lacks it. Collective: every rank calls
+    it, with its own times."""
+    comm = dist.comm
+    if comm is None:
+        return None
+    n = comm.allreduce(len(times), op=reduce_op(comm, "MIN"))
+    if n == 0:
+        return None
+    mine = np.ascontiguousarray(times[:n], dtype=np.float64)
+    if hasattr(comm, "Allreduce"):  # mpi4py: element-wise, in buffers
+        from mpi4py import MPI
+
+        most, total, least = (np.empty_like(mine) for _ in range(3))
+        comm.Allreduce(mine, most, op=MPI.MAX)
+        comm.Allreduce(mine, total, op=MPI.SUM)
+        comm.Allreduce(mine, least, op=MPI.MIN)
+    else:  # ranks started without MPI (the rendezvous store's communicator)
+        every = np.stack(comm.allgather(mine))
+        most, total, least = every.max(axis=0), every.sum(axis=0), every.min(axis=0)
+    for c in (clock, "wall" if clock == "cpu" else "cpu"):
+        col = 0 if c == "wall" else 1
+        if np.all(least[:, col] >= 0):
+            mean = total[:, col].sum() / dist.world_size
+            return (float(most[:, col].sum() / mean) if mean > 0 else float("nan"), n, c)
+    return None
 
 
 def log_weight_spread(sampler) -> None:

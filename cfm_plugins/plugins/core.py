@@ -29,15 +29,26 @@ def cfm_declare_options():
             "backend",
             str,
             None,
-            "torch.distributed backend (default: nccl on cuda, gloo on cpu)",
+            "torch.distributed backend (default: nccl on cuda, gloo on cpu and where ranks "
+            "share a GPU: nccl refuses two ranks on one GPU)",
             ("gloo", "nccl", "mpi"),
         ),
         Option(
             "master_addr",
             str,
             None,
-            "address of rank 0's host for the rendezvous (default: 127.0.0.1 on "
-            "one node, else the address of rendezvous_interface)",
+            "address of the rendezvous host (rank 0's; under srun the first node's) (default: "
+            "127.0.0.1 on one node, else the address of rendezvous_interface; under srun the "
+            "first node of the step; under torchrun torchrun's own)",
+        ),
+        Option(
+            "master_port",
+            int,
+            None,
+            "TCP port of the rendezvous (default: MASTER_PORT, else under mpirun a free port, "
+            "under srun the step's reserved port or one derived from the job and step ids, "
+            "under torchrun torchrun's own)",
+            positive=True,
         ),
         Option(
             "rendezvous_interface",
@@ -65,6 +76,16 @@ def cfm_declare_options():
             "load imbalance factor",
         ),
     ]
+
+
+@hookimpl
+def cfm_configure(config):
+    port = config.get("master_port")
+    if port is not None and port > 65535:
+        raise ValueError(
+            f"cfm-plugins option master_port={config.options.get('master_port')!r}: not a TCP port "
+            "(1-65535)"
+        )
 
 
 @hookimpl(trylast=True)

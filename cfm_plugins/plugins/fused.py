@@ -37,9 +37,10 @@ def cfm_declare_options():
             "fused_kernels",
             str,
             AUTO,
-            "comma list of the kernels to swap in: symmetric_contraction, conv_tp (or a "
-            "registered one); auto: every kernel the model has a module for (a kernel named "
-            "here that the model lacks is reported with a warning)",
+            "comma list of the kernels to swap in: symmetric_contraction, conv_tp, skip_tp (or "
+            "a registered one); auto: every kernel the model has a module for (a kernel named "
+            "here that the model lacks is reported with a warning; skip_tp runs its GPU kernel "
+            "only when named, since no GPU has timed it)",
         ),
         Option(
             "fused_backend",
@@ -99,10 +100,12 @@ def refuse_other_kernels(
         remedy: what the message tells the user to do.
 
     Raises:
-        ValueError: both are asked for.
+        UsageError: both are asked for (a ValueError: cfm-run prints it once and exits 2).
     """
+    from cfm_plugins.options import UsageError
+
     if (kernels is None or kernels) and (enable_cueq or enable_oeq):
-        raise ValueError(
+        raise UsageError(
             "the fused kernels and mace's enable_cueq/enable_oeq replace the same modules: "
             f"{remedy}"
         )
@@ -151,7 +154,24 @@ def cfm_configure(config):
     kernels_option(config)
     from cfm_plugins.ops import configure
 
-    configure(**launch_settings(config))  # once, before ranks and trainer exist (same process)
+    settings = launch_settings(config)
+    configure(**settings)  # once, before ranks and trainer exist (same process)
+    if settings["backend"] != "auto" and run_device(config) == "cpu":
+        config.warnings.append(
+            f"fused_backend={settings['backend']}: this run is on the CPU, where the fused "
+            "operators run their C++ CPU kernels; the option chooses the kernels of CUDA tensors "
+            "(GPU runs) and changes nothing here"
+        )
+
+
+def run_device(config) -> str:
+    """``cpu`` or ``cuda``: the ``device`` option, ``auto`` resolved as the ranks resolve it."""
+    device = config.get("device") or "auto"
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 @hookimpl

@@ -29,6 +29,13 @@ _FORWARDS: weakref.WeakSet = (
     weakref.WeakSet()
 )  # the StaticForwards this process installed, for the summary
 
+#: padding above which the log warns, as a fraction of the real atoms / of the real edges. Atoms:
+#: the plugin's even bins pad at most 3 % of the atoms on 2 ranks for every set measured
+#: (docs/benchmarks.md, "Padding"), and compiling gained 1.16-1.35x over eager on CPUs: padding a
+#: tenth of the atoms (a tenth more work per step) takes most of the smaller gain. Edges: even bins
+#: still pad 8-19 % of the edges on 2 ranks where compiling gained, so the edge limit is higher.
+PAD_WARN = {"atoms": 0.10, "edges": 0.25}
+
 
 @hookimpl
 def cfm_declare_options():
@@ -136,6 +143,7 @@ def global_sizes(sizes, dist) -> tuple[np.ndarray, np.ndarray]:
 
 @hookimpl
 def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
+    from cfm_plugins.sampler.report import count
     from cfm_plugins.static.budget import BudgetTracker, budget_of_plans, padding_overhead
 
     if not config.get("static_shapes"):
@@ -159,14 +167,47 @@ def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
     plans = [sampler.packing_of_epoch(e) for e in range(epochs)]
     headroom = config.get("budget_headroom")
     budget = budget_of_plans(plans, sampler.costs, atoms, edges, sampler.capacity, headroom)
-    log.info(
-        "static shapes (%s): every batch padded to %s (pad over the first %d epoch plan(s): %s)",
-        role,
-        budget,
-        epochs,
-        padding_overhead(plans, atoms, edges, budget),
+    pad = padding_overhead(plans, atoms, edges, budget)
+    said = (
+        f"static shapes ({role}): every batch padded to {budget} (pad over the first "
+        f"{count(epochs, 'epoch plan')}: {pad})"
     )
+    # the same on every rank, and mace builds its training loader twice: said once
+    if getattr(dist, "rank", 0) == 0 and config.first_time(said):
+        log.info("%s", said)
+        warn_padding(pad, role, dist, config)
     return BudgetTracker(budget, headroom, role)
+
+
+def warn_padding(pad, role, dist, config) -> None:
+    """Warn where the padding of a loader's batches is above :data:`PAD_WARN`, saying what lowers
+    it."""
+    over = [
+        f"{100 * getattr(pad, k):.0f}% of the {k}"
+        for k in ("atoms", "edges")
+        if getattr(pad, k) > PAD_WARN[k]
+    ]
+    if not over:
+        return
+    ranks = getattr(dist, "world_size", 1)
+    fewer = f" or fewer ranks (now {ranks})" if ranks > 1 else ""
+    cpu = (
+        "; on CPUs leaving static off may be faster (where bins held about one structure, the "
+        "padding cost more than compiling gained)"
+        if resolve_device(config) == "cpu"
+        else ""
+    )
+    log.warning(
+        "static shapes (%s): the padding is %s (warned above %d%% of the atoms or %d%% of the "
+        "edges): the bins hold few structures each, so the largest set the budget of every "
+        "batch. A larger max_tokens (more structures per batch)%s lowers it%s",
+        role,
+        " and ".join(over),
+        round(100 * PAD_WARN["atoms"]),
+        round(100 * PAD_WARN["edges"]),
+        fewer,
+        cpu,
+    )
 
 
 @hookimpl

@@ -68,6 +68,9 @@ CLOCKS = ("cpu", "wall")
 STATE_VERSION = 1
 #: how :func:`fit_step_times` picks among the candidate models
 SELECT_RULES = ("best", "most", "fewest")
+#: the first steps a process runs pay one-off costs (allocation, lazy initialisation, DDP's
+#: buckets): neither fitted nor counted in the measured balance
+WARMUP_STEPS = 3
 #: a step whose time is off the fit by more than this many robust standard deviations is left out
 OUTLIER_CUTOFF = 4.0
 #: a fitted cost never falls below this fraction of the mean cost (a graph whose counts the fit
@@ -204,6 +207,24 @@ def outlier_steps(times, atoms, edges, graphs, cutoff: float = OUTLIER_CUTOFF) -
     return flagged
 
 
+def too_few_steps(steps: int, ranks: int, folds: int = 5) -> bool:
+    """Whether ``steps`` timed steps of ``ranks`` ranks are too few for :func:`fit_step_times`:
+    it needs 4 steps, and in each cross-validation fold as many training records as its largest
+    model has coefficients (4: a constant and three counts), so one rank needs 5 steps."""
+    if steps < 4:
+        return True
+    k = min(max(folds, 2), steps)
+    return (steps - -(-steps // k)) * ranks < 4
+
+
+def min_fit_steps(ranks: int, folds: int = 5) -> int:
+    """The fewest timed steps :func:`fit_step_times` fits on ``ranks`` ranks."""
+    steps = 4
+    while too_few_steps(steps, ranks, folds):
+        steps += 1
+    return steps
+
+
 def fit_step_times(
     times,
     atoms,
@@ -235,10 +256,11 @@ def fit_step_times(
             f"fit_step_times needs four (steps, ranks) arrays of one shape, got "
             f"{t.shape}, {na.shape}, {ne.shape}, {ng.shape}"
         )
-    if t.shape[0] < 4:
+    if too_few_steps(t.shape[0], t.shape[1], folds):
         raise ValueError(
-            f"fit_step_times needs at least 4 timed steps, got {t.shape[0]}: calibrate on more "
-            "steps (calibrate_steps, or a larger data set / smaller max_tokens)"
+            f"fit_step_times needs at least {min_fit_steps(t.shape[1], folds)} timed steps on "
+            f"{t.shape[1]} rank(s), got {t.shape[0]}: calibrate on more steps (calibrate_steps, "
+            "or a larger data set / smaller max_tokens)"
         )
     if not np.all(np.isfinite(t)):
         raise ValueError("fit_step_times: the step times hold NaN or inf")
@@ -371,6 +393,21 @@ def align_records(parts: list[list[StepRecord]], clock: str):
     return mat[f"{use}_s"], mat["atoms"], mat["edges"], mat["graphs"], use
 
 
+def only_warmup(parts: list[list[StepRecord]]) -> bool:
+    """Whether every rank has records and every step they share holds a warm-up record: nothing
+    to fit yet, though later steps will be (not "no common step")."""
+    if not parts or any(not p for p in parts):
+        return False
+    shared = 0
+    for e in sorted({r.epoch for p in parts for r in p}):
+        per_rank = [[r for r in p if r.epoch == e] for p in parts]
+        for i in range(min(len(x) for x in per_rank)):
+            if not any(x[i].warmup for x in per_rank):
+                return False
+            shared += 1
+    return shared > 0
+
+
 # --------------------------------------------------------------------------------------------
 # The schedule and memory of one run
 
@@ -430,7 +467,7 @@ class CostCalibration:
     calibrate_steps: int = 0
     recalibrate_every: int = 0
     clock: str = "cpu"
-    warmup_steps: int = 3
+    warmup_steps: int = WARMUP_STEPS
     levels: tuple = CALIBRATION_LEVELS
     history: list[Calibration] = field(default_factory=list)
     records: list[StepRecord] = field(default_factory=list)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+from array import array
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -27,12 +28,15 @@ from .autocost import (
     data_digest,
     fit_step_times,
     fitted_costs,
+    min_fit_steps,
+    only_warmup,
     predicted_lif,
+    too_few_steps,
 )
 from .bins import Packing, check_capacity, check_world_size, packing_from_bins, validate_costs
 from .even_dims import pack_even_dims
 from .packing import pack, pack_even, pack_levels
-from .report import load_imbalance_factor
+from .report import count, load_imbalance_factor
 from .weighting import LossScale, check_loss_weighting, check_reduction, per_sample_scales
 
 log = logging.getLogger("cfm_plugins.sampler")
@@ -200,12 +204,22 @@ class BinPackBatchSampler(Sampler):
         self._scales: dict = {}  # (plan key, reduction) -> per-bin scales
         self.epoch = 0
         self._resume = 0  # batches to skip at the next __iter__ (set by load_state_dict)
+        self.first_step = 0  # the step the current (or next) pass starts at
         self._yielded = 0  # batches yielded in the current epoch
         self._plan: Packing | None = None
         self._plan_key = None
         self._dropped: tuple[int, int] = (0, 0)
         self._verified_key = None
         self._cost_version = 0  # bumped when the costs change (cost=auto), part of the plan's key
+        #: epoch -> (sum over steps of the largest bin cost, of the mean bin cost, steps) of the
+        #: plans iterated: the planned balance (:meth:`planned_lif`)
+        self._planned: dict[int, tuple[float, float, int]] = {}
+        #: this rank's timed training steps (:meth:`record_time`): wall, CPU seconds, -1 if not
+        #: taken
+        self._times = array("d")
+        #: the epochs that had timed steps: the ones trained (a trainer may also iterate the
+        #: training loader to evaluate, untimed)
+        self.timed_epochs: set[int] = set()
         self.plan()  # errors (oversize, too many ranks) surface at construction
 
     def _global(self, values, local_indices, check: bool = True) -> np.ndarray:
@@ -350,18 +364,64 @@ class BinPackBatchSampler(Sampler):
         self._verify(plan)
         start, self._resume = self._resume, 0
         epoch = self.epoch
+        sc = plan.step_costs(self.costs, self.world_size)
+        self._planned[epoch] = (float(sc.max(axis=1).sum()), float(sc.mean(axis=1).sum()), len(sc))
         self._yielded = start
+        self.first_step = start
         self._yielded_bins.clear()  # a new pass: scales left from an abandoned one are stale
         weighted = self.loss_weighting != "stock"
         for s in range(start, plan.num_steps(self.world_size)):
             b = s * self.world_size + self.rank
-            batch = plan[b]
-            if self.shuffle:
-                batch = np.random.default_rng((self.seed, epoch, s, self.rank)).permutation(batch)
+            batch = self._rank_batch(plan, s, epoch)
             self._yielded = s + 1
             if weighted:
                 self._yielded_bins.append((self._plan_key, b))
             yield batch.tolist()
+
+    def _rank_batch(self, plan: Packing, step: int, epoch: int) -> np.ndarray:
+        batch = plan[step * self.world_size + self.rank]
+        if self.shuffle:
+            batch = np.random.default_rng((self.seed, epoch, step, self.rank)).permutation(batch)
+        return batch
+
+    def batch_at(self, step: int) -> list[int]:
+        """The dataset indices of this rank's batch at ``step`` of the current epoch, in the order
+        :meth:`__iter__` yields them (an adapter names the structures of a batch with them: the
+        k-th batch a pass returns is step ``first_step + k``)."""
+        plan = self.plan()
+        steps = plan.num_steps(self.world_size)
+        if not 0 <= int(step) < steps:
+            raise IndexError(f"step {step} is not in 0..{steps - 1} of epoch {self.epoch}")
+        return self._rank_batch(plan, int(step), self.epoch).tolist()
+
+    # -- the balance achieved -------------------------------------------------------------------
+    def planned_lif(self, epochs=None) -> tuple[float, list[float]]:
+        """The load imbalance factor of the plans iterated so far (of ``epochs`` only, if given),
+        in the units of the costs they were packed with (over all their steps), and that of each
+        epoch's plan (epoch order); NaN before any iteration."""
+        parts = [self._planned[e] for e in sorted(self._planned) if epochs is None or e in epochs]
+        if not parts:
+            return float("nan"), []
+        total = sum(p[1] for p in parts)
+        overall = sum(p[0] for p in parts) / total if total > 0 else float("nan")
+        return overall, [p[0] / p[1] if p[1] > 0 else float("nan") for p in parts]
+
+    def record_time(self, wall_s: float | None = None, cpu_s: float | None = None) -> None:
+        """One timed training step of this rank (its compute time, wall-clock and/or thread CPU
+        seconds), for the measured balance (:meth:`step_times`); adapters hand every timed step
+        over (:func:`cfm_plugins.steptime.hand_over`)."""
+        self._times.extend(
+            (
+                -1.0 if wall_s is None else float(wall_s),
+                -1.0 if cpu_s is None else float(cpu_s),
+            )
+        )
+        self.timed_epochs.add(self.epoch)
+
+    def step_times(self) -> np.ndarray:
+        """This rank's timed training steps as a ``(steps, 2)`` array of wall and CPU seconds
+        (-1 where the adapter could not take that clock), in the order they ran."""
+        return np.frombuffer(self._times, dtype=np.float64).reshape(-1, 2).copy()
 
     # -- loss weighting ------------------------------------------------------------------------
     def loss_scales(self, reduction: str = "step") -> np.ndarray:
@@ -702,15 +762,15 @@ class AutoCostBatchSampler(BinPackBatchSampler):
             cands = ", ".join(f"{'+'.join(t)} {e * 1e3:.3g} ms" for t, e in f.cv_table[:4])
             clock = "thread CPU time" if f.clock == "cpu" else "wall-clock time"
             log.info(
-                "binpack cost=auto from epoch %d: step time = %s (%s of forward+backward, %d "
-                "steps x %d ranks%s, R^2 %.3f; model %s chosen by cross-validated error of the "
+                "binpack cost=auto from epoch %d: step time = %s (%s of forward+backward, %s "
+                "x %s%s, R^2 %.3f; model %s chosen by cross-validated error of the "
                 "per-step max over ranks: %s); LIF measured in the calibration %.3f (the fit "
                 "predicts %.3f there), predicted for the new plan %.3f; capacity %g",
                 epoch,
                 f.formula(),
                 clock,
-                f.steps,
-                f.ranks,
+                count(f.steps, "step"),
+                count(f.ranks, "rank"),
                 f", {f.outliers} outlying step(s) left out" if f.outliers else "",
                 f.r2,
                 "+".join(f.terms) or "(none)",
@@ -736,6 +796,17 @@ class AutoCostBatchSampler(BinPackBatchSampler):
                 )
             return ("more", None)
         aligned = align_records(parts, self.calibration.clock)
+        if aligned is None and only_warmup(parts):
+            steps = max(len(p) for p in parts)
+            log.info(
+                "binpack cost=auto: the %s timed so far on each rank %s warm-up (the first %d "
+                "steps of a process pay one-off costs and are not fitted); timing the next epoch "
+                "too",
+                count(steps, "step"),
+                "is" if steps == 1 else "are",
+                self.calibration.warmup_steps,
+            )
+            return ("more", None)
         if aligned is None:
             log.warning(
                 "binpack cost=auto: the ranks share no timed step; keeping %s",
@@ -743,17 +814,22 @@ class AutoCostBatchSampler(BinPackBatchSampler):
             )
             return ("none", "the ranks share no timed step")
         times, atoms, edges, graphs, clock = aligned
-        if len(times) < 4:
+        if too_few_steps(*times.shape):
+            needed = min_fit_steps(times.shape[1])
             if first:
                 log.info(
-                    "binpack cost=auto: %d timed steps are too few to fit; timing the next epoch "
-                    "too",
-                    len(times),
+                    "binpack cost=auto: %s %s too few to fit (%d needed, past the warm-up); "
+                    "timing the next epoch too",
+                    count(len(times), "timed step"),
+                    "is" if len(times) == 1 else "are",
+                    needed,
                 )
                 return ("more", None)
             log.info(
-                "binpack cost=auto: %d timed steps are too few to refit; keeping the last fit",
-                len(times),
+                "binpack cost=auto: %s %s too few to refit (%d needed); keeping the last fit",
+                count(len(times), "timed step"),
+                "is" if len(times) == 1 else "are",
+                needed,
             )
             return ("none", "too few steps")
         fit = fit_step_times(times, atoms, edges, graphs, clock=clock)

@@ -19,8 +19,16 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .bins import Packing, packing_from_bins
+from .bins import Packing, offsets_from_counts, packing_from_bins
 from .packing import lower_bound_bins, round_up
+
+
+def count(n: int, noun: str) -> str:
+    """``"1 step"``, ``"2 steps"``, ``"2 passes"``: a count and its noun, in the plural where it is
+    not 1."""
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {noun}" + ("es" if noun.endswith(("s", "x")) else "s")
 
 
 def load_imbalance_factor(per_step) -> float:
@@ -142,7 +150,8 @@ def fixed_count_batches(rank_indices, batch_size: int, drop_last: bool = False) 
 
     Args:
         rank_indices: one sequence of dataset indices per rank, in the order the rank's sampler
-            yields them (``list(sampler)`` after ``sampler.set_epoch(epoch)``).
+            yields them (``list(sampler)`` after ``sampler.set_epoch(epoch)``); a 2-D array
+            (``(ranks, length)``, equal lengths) is cut without a Python loop over batches.
         batch_size: graphs per batch (the trainer's ``batch_size``).
         drop_last: drop each rank's last batch when it holds fewer than ``batch_size`` graphs
             (the loader's ``drop_last``).
@@ -158,6 +167,8 @@ def fixed_count_batches(rank_indices, batch_size: int, drop_last: bool = False) 
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if not len(rank_indices):
         raise ValueError("rank_indices is empty: give one index sequence per rank")
+    if isinstance(rank_indices, np.ndarray) and rank_indices.ndim == 2:
+        return _fixed_count_equal(rank_indices, int(batch_size), drop_last)
     per_rank = []
     for idx in rank_indices:
         idx = [int(i) for i in idx]
@@ -173,6 +184,20 @@ def fixed_count_batches(rank_indices, batch_size: int, drop_last: bool = False) 
         )
     bins = [b for step in zip(*per_rank) for b in step]
     return packing_from_bins(bins, len(per_rank))
+
+
+def _fixed_count_equal(orders: np.ndarray, batch_size: int, drop_last: bool) -> Packing:
+    """:func:`fixed_count_batches` of equally long orders (a ``(ranks, length)`` array, what a
+    ``DistributedSampler`` gives every rank), without a Python loop over batches: the same plan."""
+    w, length = orders.shape
+    full, rest = divmod(length, batch_size)
+    parts = [orders[:, : full * batch_size].reshape(w, full, batch_size).transpose(1, 0, 2)]
+    counts = [np.full(full * w, batch_size, dtype=np.int64)]
+    if rest and not drop_last:
+        parts.append(orders[:, full * batch_size :])
+        counts.append(np.full(w, rest, dtype=np.int64))
+    indices = np.concatenate([p.reshape(-1) for p in parts]).astype(np.int64)
+    return Packing(indices, offsets_from_counts(np.concatenate(counts)), world_size=w)
 
 
 def draw_batches(

@@ -94,7 +94,7 @@ def train(
         )
     losses = [float(x) for x in re.findall(r"Epoch: \d+, Train Loss: ([0-9.eE+-]+)", res.stdout)]
     cap = re.search(
-        r"binpack train: \d+ steps on each of \d+ ranks, capacity ([0-9.]+)", res.stdout
+        r"binpack train: \d+ steps? on each of \d+ ranks, capacity ([0-9.]+)", res.stdout
     )
     return {
         "wall_s": wall,

@@ -1,6 +1,7 @@
 """Short ``mace_run_train`` runs of a real, unmodified mace-torch for the plugins (helpers of the
 tests in ``tests/adapters/mace/``): a tiny CuNi set with EMT labels, mace's command-line arguments
-for it, its epoch losses, and the 2-rank run that several test modules read."""
+for it, its epoch losses, the 2-rank run that several test modules read, and the launcher runs
+(one tiny run under mpirun, torchrun and srun's variables) with their comparison."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import fcntl
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
 
-from tests.helpers import BIN, run_mpi
+from cfm_plugins.testing import run_as_srun_tasks, torchrun_command
+from tests.helpers import BIN, ROOT, clean_env, run_mpi
 
 CFM_RUN = str(BIN / "cfm-run")
 MACE_RUN_TRAIN = str(BIN / "mace_run_train")
@@ -150,3 +153,136 @@ def binpack_fused_run(tmp_path_factory) -> tuple[Path, int, str]:
             done.write_text(json.dumps({"returncode": out.returncode, "stdout": out.stdout}))
         run = json.loads(done.read_text())
     return folder, run["returncode"], run["stdout"]
+
+
+# ------------------------------------------------------------------ one run, several launchers
+# The launcher tests (tests/test_launchers.py) and the GPU test of ranks sharing a GPU
+# (tests/test_distributed.py) train one tiny float64 model on 2 ranks under each launcher and
+# compare with the mpirun run: the same plan (the capacity pinned: its default depends on the
+# device), the same seeds, so the same losses, weights and batches.
+
+LAUNCH_MODEL = ["--hidden_irreps=8x0e+8x1o", "--max_L=1", "--correlation=2", "--num_interactions=1"]
+LAUNCH_OPTIONS = ["--enable", "mace,binpack,fused", "-o", "max_tokens=100"]
+LAUNCHERS = ("mpirun", "torchrun", "srun")
+
+
+def launch_args(folder: Path, device: str = "cpu") -> list[str]:
+    """mace_run_train's arguments of the launcher runs: the tiny model, 2 epochs, float64."""
+    drop = ("--hidden_irreps", "--max_L", "--correlation", "--num_interactions")
+    args = [a for a in mace_args(folder, "launch", epochs=2) if not a.startswith(drop)]
+    return [f"--device={device}" if a == "--device=cpu" else a for a in args] + LAUNCH_MODEL
+
+
+def launched_run(
+    tmp_path_factory, launcher: str = "mpirun", device: str = "cpu", options=(), env=None
+) -> tuple[Path, int, str]:
+    """``cfm-run --enable mace,binpack,fused -o max_tokens=100 [options] -- mace_run_train`` on 2
+    ranks started by ``launcher`` (mpirun; torchrun; srun: two processes with srun's variables)
+    with the tiny model on ``device``, its step logs in ``FOLDER/steps``: ``(FOLDER, exit code,
+    output)``, run once per test session and name (as :func:`binpack_fused_run`). ``env``: extra
+    variables of the ranks (``{"CUDA_VISIBLE_DEVICES": "0"}``)."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+    env = dict(env or {})
+    name = "_".join(
+        ["launch", launcher, device]
+        + [o.replace("=", "-") for o in options if o != "-o"]
+        + [f"{k}-{v}" for k, v in sorted(env.items())]
+    )
+
+    def run(folder: Path) -> tuple[int, str]:
+        make_tiny_set(folder, n_train=12, n_valid=4)
+        cfm = [CFM_RUN, *LAUNCH_OPTIONS, *options, "--"]
+        trainer = ["mace_run_train", *launch_args(folder, device), f"--cfm-step-log={folder}/steps"]
+        if launcher == "mpirun":
+            out = run_mpi(cfm + trainer, timeout=600, env=clean_env(**env))
+            return out.returncode, out.stdout
+        if launcher == "torchrun":
+            out = subprocess.run(
+                [*torchrun_command(2), *cfm, *trainer],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=600,
+                env=clean_env(**env),
+                cwd=ROOT,
+            )
+            return out.returncode, out.stdout
+        tasks = run_as_srun_tasks(
+            cfm + trainer, 2, step=LAUNCHERS.index(launcher), timeout=600, **env
+        )
+        return max(abs(code) for code, _ in tasks), "".join(text for _, text in tasks)
+
+    return _shared_run(tmp_path_factory, name, run)
+
+
+def _shared_run(tmp_path_factory, name: str, run) -> tuple[Path, int, str]:
+    """``run(FOLDER) -> (exit code, output)`` once per test session (the first worker to ask runs
+    it, the others wait on a lock in the folder they share); ``(FOLDER, exit code, output)``."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / name
+    with _locked(base / f"{name}.lock"):
+        done = folder / "run.json"
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            code, output = run(folder)
+            done.write_text(json.dumps({"returncode": code, "stdout": output}))
+        result = json.loads(done.read_text())
+    return folder, result["returncode"], result["stdout"]
+
+
+def step_records(folder: Path, ranks: int = 2) -> dict[int, list[dict]]:
+    """Each rank's step log (``--cfm-step-log=FOLDER/steps``): its records in order."""
+    return {
+        r: [json.loads(line) for line in (folder / f"steps.rank{r}.jsonl").read_text().splitlines()]
+        for r in range(ranks)
+    }
+
+
+def _rel(a, b) -> float:
+    import torch
+
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    if a.numel() == 0:
+        return 0.0
+    scale = max(float(a.abs().max()), float(b.abs().max()), 1e-300)
+    return float((a - b).abs().max()) / scale
+
+
+def run_differences(ref: tuple[Path, str], other: tuple[Path, str], rel: float = 0.0) -> list[str]:
+    """How the run ``other`` differs from ``ref`` (each ``(FOLDER, output)`` of
+    :func:`launched_run`): the epoch losses of the log, the final model's weights (relative to
+    each tensor's largest entry), and each rank's steps (the same graphs, atoms and edges at every
+    step; the loss within ``rel``). Empty when they agree. ``rel=0``: bit for bit."""
+    import torch
+
+    diffs = []
+    losses = epoch_losses(ref[1]), epoch_losses(other[1])
+    if not losses[0] or len(losses[0]) != len(losses[1]):
+        diffs.append(f"epoch losses {losses[0]} against {losses[1]}")
+    elif _rel(*losses) > max(rel, 1e-8):  # the log prints 8 decimals
+        diffs.append(f"epoch losses {losses[0]} against {losses[1]} (relative {_rel(*losses):.2e})")
+    models = [
+        torch.load(folder / "launch.model", map_location="cpu", weights_only=False).state_dict()
+        for folder, _ in (ref, other)
+    ]
+    if set(models[0]) != set(models[1]):
+        diffs.append(f"weights: keys differ ({sorted(set(models[0]) ^ set(models[1]))})")
+    for key in sorted(set(models[0]) & set(models[1])):
+        a, b = models[0][key], models[1][key]
+        if a.shape != b.shape or (rel == 0 and not torch.equal(a, b)) or _rel(a, b) > rel:
+            diffs.append(f"weight {key}: relative {_rel(a, b):.2e} (shape {tuple(a.shape)})")
+    steps = step_records(ref[0]), step_records(other[0])
+    for r in steps[0]:
+        sizes = [
+            [(s["epoch"], s["graphs"], s["atoms"], s["edges"]) for s in run[r]] for run in steps
+        ]
+        if sizes[0] != sizes[1]:
+            diffs.append(f"rank {r}'s steps: {sizes[0]} against {sizes[1]}")
+            continue
+        step_losses = [[s["loss"] for s in run[r]] for run in steps]
+        if _rel(*step_losses) > rel:
+            diffs.append(f"rank {r}'s step losses: relative {_rel(*step_losses):.2e}")
+    return diffs

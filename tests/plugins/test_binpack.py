@@ -123,3 +123,91 @@ def test_the_log_says_how_unequal_the_trainers_own_means_are(caplog):
     caplog.set_level(logging.INFO, logger="cfm_plugins.binpack")
     sampler({}, LINEAR)
     assert "binpack loss_weighting=" in caplog.text and "graphs up to" in caplog.text
+
+
+def test_a_loss_that_cannot_be_reweighted_is_refused_once_the_loss_is_known_without_the_capacity():
+    """`-o loss_weighting=per_sample` with `--loss=huber` was refused after the data was read
+    (18 s, a traceback) with "(the capacity is --cfm-max-tokens)" appended: now as soon as the
+    adapter hands the trainer's settings over (before any data), a usage error cfm-run says once
+    (exit 2)."""
+    from cfm_plugins.options import UsageError
+
+    config = Config(
+        enabled=["binpack"],
+        options={"loss_weighting": "per_sample"},
+        option_sources={"loss_weighting": "cfm-run -o"},
+    )
+    pm = create_manager(config)
+    pm.hook.cfm_trainer_settings(config=config, trainer=LINEAR)
+    with pytest.raises(UsageError) as err:
+        pm.hook.cfm_trainer_settings(config=config, trainer=HUBER)
+    assert "mace_run_train --loss huber cannot be reweighted per sample" in str(err.value)
+    assert "(loss_weighting from cfm-run -o)" in str(err.value)
+    assert "capacity" not in str(err.value)
+    pm.hook.cfm_trainer_settings(config=config, trainer=TrainerSettings())  # loss not known yet
+
+
+def test_the_capacity_hint_of_mace_is_added_only_to_messages_about_the_capacity():
+    from cfm_plugins.options import UsageError
+    from cfm_plugins_adapters.mace.loader import batch_sampler_for
+
+    class Refusing:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def cfm_batch_sampler(self, **kwargs):
+            raise self.exc
+
+    dist = DistInfo(rank=0, world_size=2)
+    for exc, hint in (
+        (ValueError("sample 3 has cost 90 > capacity 50"), True),
+        (UsageError("binpack loss_weighting=per_sample: ... huber cannot be reweighted"), False),
+    ):
+        with pytest.raises(ValueError) as err:
+            batch_sampler_for(Refusing(exc), [0] * 5, None, None, dist, "train", LINEAR)
+        assert type(err.value) is type(exc)
+        assert ("(the capacity is --cfm-max-tokens)" in str(err.value)) == hint, str(err.value)
+        assert "the training set (--train_file) with 5 structure(s)" in str(err.value)
+
+
+def test_one_step_is_said_in_the_singular(caplog):
+    caplog.set_level(logging.INFO, logger="cfm_plugins.binpack")
+    config = Config(enabled=["binpack"], options={"max_tokens": "1000"})
+    pm = create_manager(config)
+    for _ in range(2):  # mace builds its training loader twice: said once
+        pm.hook.cfm_batch_sampler(
+            dataset=None,
+            sizes=GraphSizes(np.full(4, 9)),
+            config=config,
+            dist=DistInfo(rank=0, world_size=2),
+            role="train",
+            trainer=TrainerSettings(seed=0),
+        )
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("binpack train")]
+    assert said == ["binpack train: 1 step on each of 2 ranks, capacity 1000 (atoms)"], said
+
+
+def test_the_planned_balance_of_every_epoch_and_the_step_times_are_kept_for_the_end():
+    s = sampler({"max_tokens": "400"}, LINEAR)
+    assert np.isnan(s.planned_lif()[0]) and s.step_times().shape == (0, 2)
+    want = []
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        for _ in s:
+            s.record_time(wall_s=0.5, cpu_s=None)
+        want.append(lif_of(s.plan().step_costs(s.costs, 2)))
+    overall, by_epoch = s.planned_lif()
+    np.testing.assert_allclose(by_epoch, want, rtol=1e-12)
+    steps = [s.packing_of_epoch(e).step_costs(s.costs, 2) for e in range(3)]
+    assert overall == pytest.approx(lif_of(np.concatenate(steps)), rel=1e-12)
+    assert s.timed_epochs == {0, 1, 2}
+    assert s.planned_lif({1}) == (pytest.approx(want[1], rel=1e-12), [want[1]])
+    times = s.step_times()
+    assert times.shape == (sum(len(x) for x in steps), 2)
+    assert np.all(times[:, 0] == 0.5) and np.all(times[:, 1] == -1)  # the CPU clock not taken
+
+
+def lif_of(step_costs) -> float:
+    from cfm_plugins.sampler import load_imbalance_factor
+
+    return load_imbalance_factor(step_costs)

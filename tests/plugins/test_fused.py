@@ -117,6 +117,20 @@ def test_the_options_are_the_kernels_settings_once_started(settings_kept):
     assert configs.pins() == {("tp_edge", "float64"): configs.TileConfig(4, 32, 4, defer=True)}
 
 
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_a_gpu_backend_asked_for_on_a_cpu_run_is_said_once_at_start(settings_kept, backend):
+    """`-o fused_backend=triton` on a CPU run was ignored without a word."""
+    config = fused_config(fused_backend=backend, device="cpu")
+    assert len(config.warnings) == 1, config.warnings
+    assert (
+        f"fused_backend={backend}: this run is on the CPU, where the fused operators run their "
+        "C++ CPU kernels; the option chooses the kernels of CUDA tensors" in config.warnings[0]
+    )
+    assert fused_config(fused_backend="auto", device="cpu").warnings == []
+    if not torch.cuda.is_available():  # device auto resolves to the CPU here
+        assert len(fused_config(fused_backend=backend).warnings) == 1
+
+
 def test_auto_refuses_the_trainers_own_kernel_swaps_too():
     config = fused_config()
     with pytest.raises(ValueError, match="enable_cueq/enable_oeq replace the same modules"):
@@ -142,12 +156,14 @@ class ConvOnly(torch.nn.Module):
 
 def test_auto_swaps_every_kernel_a_mace_model_has(caplog):
     report, warned = patch(fused_config(), tiny_mace("MACE", BLOCKS[0], BLOCKS[1]), caplog)
-    assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2} and warned == []
+    assert report.counts == {"symmetric_contraction": 2, "conv_tp": 2, "skip_tp": 2}
+    assert warned == []
 
 
 def test_auto_on_a_model_without_a_symmetric_contraction_warns_nothing(caplog):
     report, warned = patch(fused_config(), ConvOnly(), caplog)
-    assert report.counts == {"symmetric_contraction": 0, "conv_tp": 1} and warned == []
+    assert report.counts == {"symmetric_contraction": 0, "conv_tp": 1, "skip_tp": 0}
+    assert warned == []
     assert "swapped in ConvOnly: conv_tp: 1 (conv_tp)\n" in caplog.text  # the kernel it has
     caplog.clear()  # a kernel named that the model lacks is still said
     named = fused_config(fused_kernels="symmetric_contraction,conv_tp")

@@ -76,3 +76,59 @@ def test_bins_packed_by_edges_give_a_tight_edge_budget_and_cover_the_atoms():
         budget.edges <= max(p.capacity for p in plans) + 64
     )  # the dealt capacity, rounded up to 64 edges
     assert padding_overhead(plans, atoms, edges, budget).edges <= 0.03
+
+
+def small_diverse_set(n: int = 24, seed: int = 0):
+    """n structures of 4 to 140 atoms, about 12 edges per atom (a small, size-diverse set)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    atoms = np.concatenate([[4, 140], rng.integers(4, 141, n - 2)])
+    return atoms, atoms * rng.integers(8, 16, n)
+
+
+def budget_of(atoms, edges, options, world_size=2, batch_size=3):
+    config = Config(enabled=["binpack", "static"], options={"device": "cpu", **options})
+    pm = create_manager(config)
+    dist = DistInfo(rank=0, world_size=world_size)
+    sizes = GraphSizes(atoms, edges)
+    sampler = pm.hook.cfm_batch_sampler(
+        dataset=None,
+        sizes=sizes,
+        config=config,
+        dist=dist,
+        role="train",
+        trainer=TrainerSettings(batch_size=batch_size, seed=0),
+    )
+    for _ in range(2):  # mace builds its training loader twice: said once
+        tracker = pm.hook.cfm_batch_budget(
+            batch_sampler=sampler, sizes=sizes, config=config, dist=dist, role="train"
+        )
+    return tracker, sampler
+
+
+def test_heavy_padding_is_a_warning_saying_what_lowers_it(caplog):
+    """24 structures of 4-140 atoms, batch size 3, 2 ranks: every batch padded to the largest
+    structure, a third of the atoms padding, which was said only as an INFO line."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="cfm_plugins")
+    atoms, edges = small_diverse_set()
+    tracker, sampler = budget_of(atoms, edges, {})
+    plans = [sampler.packing_of_epoch(e) for e in range(3)]
+    pad = padding_overhead(plans, atoms, edges, tracker.budget)
+    assert pad.atoms > 0.10
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert sum("static shapes (train): every batch padded to" in m for m in infos) == 1, infos
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, warned
+    assert f"the padding is {100 * pad.atoms:.0f}% of the atoms" in warned[0], warned
+    for remedy in ("A larger max_tokens", "or fewer ranks (now 2)", "leaving static off"):
+        assert remedy in warned[0], warned
+    # more structures per batch: the padding falls under the limit and nothing is warned
+    caplog.clear()
+    tracker, sampler = budget_of(atoms, edges, {"max_tokens": str(12 * atoms.max())})
+    plans = [sampler.packing_of_epoch(e) for e in range(3)]
+    pad = padding_overhead(plans, atoms, edges, tracker.budget)
+    assert pad.atoms <= 0.10 and pad.edges <= 0.25, pad
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -311,3 +311,20 @@ def test_state_round_trip_resume_filters_and_continued_runs(tmp_path):
     assert [(c.from_epoch, c.fit) for c in continued.history] == [(0, fit2)]
     assert not CostCalibration().load_state(state, "another set", epoch=3)
     assert not CostCalibration().load_state({**state, "version": 99}, "abc", epoch=3)
+
+
+def test_the_fewest_steps_a_fit_takes_keep_every_fold_solvable():
+    """Four steps of one rank left 3 records to fit 4 coefficients in a cross-validation fold, and
+    the fit raised inside the trainer's epoch loop; on one rank it needs 5, on two 4."""
+    from cfm_plugins.sampler.autocost import min_fit_steps, too_few_steps
+
+    assert (min_fit_steps(1), min_fit_steps(2), min_fit_steps(8)) == (5, 4, 4)
+    rng = np.random.default_rng(0)
+    for ranks in (1, 2):
+        steps = min_fit_steps(ranks)
+        assert too_few_steps(steps - 1, ranks) and not too_few_steps(steps, ranks)
+        atoms, edges, graphs = (rng.integers(lo, hi, (steps, ranks)) for lo, hi in ((9, 99),) * 3)
+        fit = fit_step_times(1e-3 + 1e-5 * atoms + 1e-6 * edges, atoms, edges, graphs)
+        assert fit.steps == steps
+        with pytest.raises(ValueError, match=f"needs at least {steps} timed steps on {ranks}"):
+            fit_step_times(np.ones((steps - 1, ranks)), *(x[1:] for x in (atoms, edges, graphs)))

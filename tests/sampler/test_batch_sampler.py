@@ -448,3 +448,63 @@ def test_the_options_choose_the_packer():
     joint = pack_even_dims(atoms, dims, cap, 2, 5, repeat=True)
     assert s.plan().checksum() == joint.checksum() != even.checksum() and joint.limits is not None
     assert [sorted(b) for b in s] == [sorted(b.tolist()) for b in joint.rank_bins(1)]
+
+
+def test_auto_cost_with_one_step_an_epoch_waits_out_the_warmup_then_fits(caplog):
+    """One step per rank per epoch (6 structures on 2 ranks, as with NequIP's small example): every
+    step of the first epoch is a warm-up step (the first 3 of a process). The sampler gave up after
+    epoch 0 ("the ranks share no timed step"); it now says why it waits, times the next epochs and
+    fits once it has the steps a fit needs."""
+    from cfm_plugins.sampler import AutoCostBatchSampler, CostCalibration
+
+    rng = np.random.default_rng(5)
+    atoms = rng.integers(3, 40, 6)
+    edges = atoms * rng.choice([4, 12, 24], 6)
+    s = AutoCostBatchSampler(
+        atoms,
+        edges,
+        atoms.astype(float),
+        float(atoms.sum()),
+        rank=0,
+        world_size=2,  # without comm: this rank's records only, as on one rank
+        calibration=CostCalibration(),
+    )
+    labels = []
+    with caplog.at_level(logging.INFO, logger="cfm_plugins"):
+        for epoch in range(9):
+            s.set_epoch(epoch)
+            labels.append(s.cost_label)
+            assert len(s) == 1
+            time_epoch(s, atoms, edges)
+    assert "share no timed step" not in caplog.text and s.calibration.collecting is False
+    assert caplog.text.count("timed so far on each rank is warm-up") == 1, caplog.text
+    assert caplog.text.count("timed so far on each rank are warm-up") == 2, caplog.text
+    assert "4 timed steps are too few to fit (5 needed, past the warm-up)" in caplog.text
+    # epochs 3-7 give the 5 steps one rank's fit needs: the plans use it from epoch 8
+    assert labels == ["initial"] * 8 + ["auto-1"], labels
+    assert s.calibrations[0].fit.steps == 5
+
+
+def test_batch_at_is_the_batch_the_pass_yields_at_that_step():
+    """An adapter names the structures of the batch being trained with ``batch_at(first_step +
+    k)``: on every rank, shuffled or not, from the start of an epoch or a resumed one."""
+    rng = np.random.default_rng(3)
+    costs = rng.integers(5, 60, size=80).astype(float)
+    for shuffle in (True, False):
+        samplers = [
+            BinPackBatchSampler(costs, 150, rank=r, world_size=2, seed=4, shuffle=shuffle)
+            for r in range(2)
+        ]
+        for s in samplers:
+            for epoch in (0, 3):
+                s.set_epoch(epoch)
+                batches = list(s)
+                assert s.first_step == 0
+                assert [s.batch_at(k) for k in range(len(batches))] == batches
+        s = samplers[1]
+        state = s.state_dict(batches_consumed=2)
+        s.load_state_dict(state)
+        rest = list(s)
+        assert s.first_step == 2 and [s.batch_at(2 + k) for k in range(len(rest))] == rest
+        with pytest.raises(IndexError, match="is not in 0.."):
+            s.batch_at(len(s))

@@ -64,6 +64,14 @@ def test_plot_batches_writes_png(tmp_path):
     assert len(data) > 10_000
 
 
+@pytest.mark.parametrize("length,batch,drop_last", [(10, 3, False), (10, 3, True), (9, 3, False)])
+def test_fixed_count_batches_of_an_array_are_those_of_lists(length, batch, drop_last):
+    orders = np.random.default_rng(length).permutation(4 * length).reshape(4, length)
+    fast = fixed_count_batches(orders, batch, drop_last=drop_last)
+    slow = fixed_count_batches([list(o) for o in orders], batch, drop_last=drop_last)
+    assert fast.checksum() == slow.checksum() and fast.world_size == 4
+
+
 def test_fixed_count_batches_cut_each_ranks_order_into_batches():
     """A stock loader's batches: rank r's step s is batch s of rank r's sampler order."""
     p = fixed_count_batches([[5, 1, 7, 3, 0], [2, 4, 6, 8, 9]], 2)
@@ -147,3 +155,14 @@ def test_lif_of_the_epochs_after_the_calibration():
     assert [[r["t"] for r in rank] for rank in later] == [[2.0, 2.0], [2.0, 1.0]]
     assert math.isclose(load_imbalance(later, "t"), (2 + 2) / (2 + 1.5))
     assert math.isclose(load_imbalance(ranks, "t"), (3 + 2 + 2) / (2 + 2 + 1.5))
+
+
+def test_counts_are_said_in_the_singular_or_the_plural():
+    from cfm_plugins.sampler.report import count
+
+    assert [count(1, "step"), count(2, "step"), count(0, "epoch"), count(3, "pass")] == [
+        "1 step",
+        "2 steps",
+        "0 epochs",
+        "3 passes",
+    ]

@@ -133,6 +133,85 @@ def test_fused_first_step_loss_equals_stock(data):
     assert abs(first - ref) <= 1e-8 * abs(ref), (first, ref)
 
 
+def test_mpirun_binpack_fused_run_logs_the_planned_and_measured_balance(binpack_fused):
+    """The balance was reported only for cost=auto. Every run of several ranks ends with one line:
+    the LIF of the plans in the cost's units and the LIF of the timed steps, which the step logs
+    give too (the first 3 steps of each rank left out as warm-up)."""
+    from cfm_plugins.sampler import load_imbalance_factor
+    from cfm_plugins.steplog import read_step_logs
+
+    data, returncode, stdout = binpack_fused
+    assert returncode == 0, stdout[-4000:]
+    lines = re.findall(
+        r"\[cfm rank (\d)\] INFO binpack balance of the training batches \(2 epochs\): planned "
+        r"LIF ([0-9.]+) in atoms[^;]*; measured LIF ([0-9.]+) from the compute times of (\d+) "
+        r"steps x 2 ranks \((thread CPU|wall-clock) time;",
+        stdout,
+    )
+    assert len(lines) == 1 and lines[0][0] == "0", stdout[-4000:]
+    _, planned, measured, steps, clock = lines[0]
+    ranks = read_step_logs(str(data / "steps_both"))
+    atoms = np.array([[r["atoms"] for r in rank] for rank in ranks]).T
+    assert float(planned) == pytest.approx(load_imbalance_factor(atoms), abs=6e-4)
+    field = "compute_cpu_s" if clock == "thread CPU" else "compute_s"
+    times = np.array([[r[field] for r in rank] for rank in ranks]).T[3:]
+    assert int(steps) == len(times)
+    assert float(measured) == pytest.approx(load_imbalance_factor(times), abs=6e-4)
+
+
+def test_mpirun_a_loss_weighting_the_loss_cannot_take_stops_before_the_data_said_once(data):
+    """`loss_weighting=per_sample` with `--loss=huber` was refused after the data was read, as a
+    traceback on every rank with "(the capacity is --cfm-max-tokens)" appended."""
+    out = run_mpi(
+        [
+            CFM_RUN,
+            "--enable",
+            "mace,binpack",
+            "-o",
+            "loss_weighting=per_sample",
+            "--",
+            "mace_run_train",
+            *mace_args(data, "huber", epochs=1),
+            "--loss=huber",
+        ],
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stdout[-4000:]
+    errors = [l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")]
+    assert len(errors) == 1, out.stdout[-4000:]
+    assert "mace_run_train --loss huber cannot be reweighted per sample" in errors[0]
+    assert "capacity" not in errors[0] and "Traceback" not in out.stdout
+    assert "binpack train:" not in out.stdout  # before any loader was made
+
+
+def test_fused_with_maces_own_kernel_swap_is_a_usage_error_said_once(data):
+    """`--enable mace,fused` with mace's `--enable_cueq True` was refused with a traceback."""
+    out = subprocess.run(
+        [
+            CFM_RUN,
+            "--enable",
+            "mace,fused",
+            "--",
+            "mace_run_train",
+            *mace_args(data, "cueq", epochs=1),
+            "--enable_cueq=True",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+    )
+    said = out.stdout + out.stderr
+    assert out.returncode == 2, said[-4000:]
+    errors = [l for l in said.splitlines() if l.startswith("cfm-run: error:")]
+    assert len(errors) == 1, said[-4000:]
+    said_once = errors[0]
+    assert (
+        "the fused kernels and mace's enable_cueq/enable_oeq replace the same modules" in said_once
+    )
+    assert "Traceback" not in said
+
+
 def test_structure_larger_than_the_token_budget_is_a_clear_error_on_every_rank(data):
     out = run_mpi(
         [

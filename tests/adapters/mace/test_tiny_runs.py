@@ -33,7 +33,7 @@ def test_mpirun_validation_set_smaller_than_the_ranks_completes(tmp_path):
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout[-4000:]
-    assert out.stdout.count("binpack valid: 1 steps on each of 2 ranks") == 2, out.stdout[-4000:]
+    assert out.stdout.count("binpack valid: 1 step on each of 2 ranks") == 2, out.stdout[-4000:]
     assert "every rank evaluates all of them" in out.stdout
     for label in ("Initial", "Epoch 0"):
         loss = re.search(rf"{label}: head: Default, loss=\s*([0-9.eE+-]+|nan)", out.stdout)
