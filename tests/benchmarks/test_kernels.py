@@ -55,5 +55,9 @@ def test_skip_tp_smoke_run_times_the_fused_kernel_against_e3nn_and_records_it(tm
     rec = check_record(tmp_path, "kernels_skip_tp_quick", "benchmarks.kernels_skip_tp")
     rows = rows_of(rec, "modes")
     assert [r[:4] for r in rows] == [[64, 89, "float32", "fwd"], [64, 2, "float32", "fwd"]]
-    assert all(r[4] > 0 and r[5] > 0 and r[6] == round(r[5] / r[4], 3) for r in rows)
+    for r in rows:  # the ratio is of the unrounded times: within the rounding of the shown ones
+        e3nn, fused, ratio = r[4], r[5], r[6]
+        assert e3nn > 0 and fused > 0, r
+        low, high = (fused - 0.005) / (e3nn + 0.05), (fused + 0.005) / max(e3nn - 0.05, 1e-9)
+        assert low - 5e-4 <= ratio <= high + 5e-4, r
     assert any("no GPU has timed it" in note for note in rec["notes"])
