@@ -8,9 +8,9 @@ rattled CuNi cells: energy + forces, a loss on both, ``backward()``). Each way (
 ``cueq``, ``fused`` with the kernel backend of ``--backend``) runs ``--warmup`` steps, then one
 step under ``torch.profiler`` with ``profile_memory=True``. Per way it prints:
 
-- the step's wall time, the summed device time of its kernels, how many kernels it launched and
+- the step's wall time, the summed GPU time of its kernels, how many kernels it launched and
   the busy fraction (kernel time / wall: well below 1 means the host, not the GPU, sets the pace);
-- the ``--top`` kernels by device time (name, launches, ms, share of the kernel time);
+- the ``--top`` kernels by GPU time (name, launches, ms, share of the kernel time);
 - the ``--top`` operators by the memory they allocate themselves (``self_*_memory_usage``), which
   says what a higher peak is made of;
 - the peak memory of the step (``torch.cuda.max_memory_allocated``).
@@ -366,7 +366,7 @@ def _created_near(numbered, seq: int):
 
 
 def attribute_events(events, cuda: bool) -> dict:
-    """Per row of :data:`MODULE_ROWS`: time (microseconds; on CUDA the kernels' device time, on
+    """Per row of :data:`MODULE_ROWS`: time (microseconds; on CUDA the kernels' GPU time, on
     the CPU the operators' self CPU time), launches (CUDA kernels, memsets and copies; on the CPU
     leaf operators that compute), elementwise launches, fills, and per phase (0 forward, 1 backward
     of forward nodes, 2 backward of nodes the first backward made) the time, and the top
@@ -552,7 +552,7 @@ def by_module_report(args, argv) -> int:
     if cuda:
         _backend.set_gpu_backend(args.backend)
     unit = (
-        "device time of the kernels each module's operators launched (forward and backward), and "
+        "GPU time of the kernels each module's operators launched (forward and backward), and "
         "the launches (kernels, memsets, copies)"
         if cuda
         else "self CPU time of the operators each module ran (forward and backward), and the "

@@ -24,6 +24,34 @@ class SharesE3nnModule:
     F64_BUFFERS: tuple[str, ...] = ()
     DERIVED: tuple[str, ...] = ()
 
+    def _share_state_of(self, tp: torch.nn.Module) -> None:
+        """Take ``tp``'s parameters, buffers and compiled submodules as this module's own (the same
+        state_dict; e3nn's compiled code is the stock path) and keep ``tp`` beside them (not a
+        submodule: the state_dict keys stay e3nn's; :meth:`to_e3nn` hands it back)."""
+        for name, p in tp._parameters.items():
+            self.register_parameter(name, p)
+        for name, buf in tp._buffers.items():
+            self.register_buffer(name, buf, persistent=name not in tp._non_persistent_buffers_set)
+        for name, mod in tp._modules.items():
+            self.add_module(name, mod)
+        self.__dict__["_e3nn_tp"] = tp
+
+    def _register_descriptor(self, prefix: str, desc, device) -> None:
+        """The descriptor ``desc`` and its transpose as the operators take them: buffers
+        ``{prefix}_ints[_t]`` (int32) and ``{prefix}_coef[_t]`` (float64), not in the state_dict."""
+        for suffix, d in (("", desc), ("_t", desc.transpose())):
+            ints, coef = d.packed()
+            self.register_buffer(
+                f"{prefix}_ints{suffix}",
+                torch.as_tensor(ints, dtype=torch.int32, device=device),
+                persistent=False,
+            )
+            self.register_buffer(
+                f"{prefix}_coef{suffix}",
+                torch.as_tensor(coef, dtype=torch.float64, device=device),
+                persistent=False,
+            )
+
     def to_e3nn(self) -> torch.nn.Module:
         """The original e3nn module, holding this module's current parameters, buffers and
         submodules."""

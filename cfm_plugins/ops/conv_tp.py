@@ -218,14 +218,7 @@ class FusedConvTP(SharesE3nnModule, torch.nn.Module):
         self._in2_dim = tp.irreps_in2.dim
         self.descriptor = desc
         self.paths = paths
-        # the e3nn module's state (buffers and compiled submodules) is shared: identical state_dict
-        for name, buf in tp._buffers.items():
-            self.register_buffer(name, buf, persistent=name not in tp._non_persistent_buffers_set)
-        for name, mod in tp._modules.items():
-            self.add_module(name, mod)
-        self.__dict__["_e3nn_tp"] = (
-            tp  # not a submodule: keeps state_dict keys, restored by to_e3nn()
-        )
+        self._share_state_of(tp)  # buffers and compiled submodules (no weights: they are inputs)
         perm_in = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_in1])
         perm_out = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_out])
         self._identity_in = bool((perm_in == np.arange(len(perm_in))).all())
@@ -240,18 +233,7 @@ class FusedConvTP(SharesE3nnModule, torch.nn.Module):
             "_cl_perm_out_inv", torch.as_tensor(np.argsort(perm_out), **i64), persistent=False
         )
         # the descriptor as the operators take it (conv_tp_ops.h): tables, transposed tables, sizes
-        for suffix, d in (("", desc), ("_t", desc.transpose())):
-            ints, coef = d.packed()
-            self.register_buffer(
-                f"_tp_ints{suffix}",
-                torch.as_tensor(ints, dtype=torch.int32, device=device),
-                persistent=False,
-            )
-            self.register_buffer(
-                f"_tp_coef{suffix}",
-                torch.as_tensor(coef, dtype=torch.float64, device=device),
-                persistent=False,
-            )
+        self._register_descriptor("_tp", desc, device)
         self._tp_meta: list[int] = desc.meta()
         self.__dict__["_torch_tabs"] = {}
 

@@ -152,27 +152,8 @@ class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
         self.num_elements = desc.num_elements
         self._in1_dim = int(tp.irreps_in1.dim)
         self._in2_dim = int(tp.irreps_in2.dim)
-        # the e3nn module's state is shared (weight, output_mask, compiled submodules): the same
-        # state_dict, and its compiled code is the stock path
-        for name, p in tp._parameters.items():
-            self.register_parameter(name, p)
-        for name, buf in tp._buffers.items():
-            self.register_buffer(name, buf, persistent=name not in tp._non_persistent_buffers_set)
-        for name, mod in tp._modules.items():
-            self.add_module(name, mod)
-        self.__dict__["_e3nn_tp"] = tp  # not a submodule: keeps state_dict keys, see to_e3nn()
-        for suffix, d in (("", desc), ("_t", desc.transpose())):
-            ints, coef = d.packed()
-            self.register_buffer(
-                f"_sk_ints{suffix}",
-                torch.as_tensor(ints, dtype=torch.int32, device=device),
-                persistent=False,
-            )
-            self.register_buffer(
-                f"_sk_coef{suffix}",
-                torch.as_tensor(coef, dtype=torch.float64, device=device),
-                persistent=False,
-            )
+        self._share_state_of(tp)  # weight, output_mask, compiled submodules
+        self._register_descriptor("_sk", desc, device)
         self._sk_meta: list[int] = desc.meta()
         self.gpu_kernels = False
         self._stock_only = False  # set once a second input turned out not to be a one-hot

@@ -11,11 +11,12 @@ assert dist.is_initialized(), "cfm-run did not create a process group"
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([rank + 1.0])
 dist.all_reduce(t)
-print(
+# one write per line: ranks that share a stdout (torchrun's) must not split each other's lines
+sys.stdout.write(
     f"RESULT rank={rank} world={world} sum={t.item():g} backend={dist.get_backend()} "
-    f"master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} argv={sys.argv[1:]}",
-    flush=True,
+    f"master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} argv={sys.argv[1:]}\n"
 )
+sys.stdout.flush()
 if "--fail-on-rank-1" in sys.argv and rank == 1:
     raise RuntimeError("deliberate failure on rank 1")
 if "--fail-on-rank-1" in sys.argv:
