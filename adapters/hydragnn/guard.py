@@ -76,13 +76,15 @@ class HydraLossGuard:
         self.epoch = -1  # HydraGNN's epoch: counted where training losses follow others
         self.steps = 0  # training losses in the current epoch
         self.training = False  # the last loss was a training batch's
-        self.pending = collections.deque()  # (host copy, CUDA event, epoch, step, names)
+        self.pending = collections.deque()  # (host copy, CUDA event, epoch, step)
         self.skip_next = False  # drop the gradients at the next optimizer step
         self._hook = None
 
     # -- where a step is ------------------------------------------------------------------------
-    def structures(self) -> str | None:
-        sampler, step = self.sampler, self.step
+    def structures(self, step=None) -> str | None:
+        """The graphs of this rank's batch at ``step`` of the plan (default: the batch under way),
+        named; None without binpack's plan."""
+        sampler, step = self.sampler, self.step if step is None else step
         if sampler is None or step is None or not hasattr(sampler, "batch_at"):
             return None
         try:
@@ -137,11 +139,11 @@ class HydraLossGuard:
         host.copy_(total.detach().reshape(()), non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        self.pending.append((host, event, epoch, step, self.structures()))
+        self.pending.append((host, event, epoch, step))  # named only if it is not finite
 
     def _poll(self, block: bool) -> None:
         while self.pending:
-            host, event, epoch, step, names = self.pending[0]
+            host, event, epoch, step = self.pending[0]
             if not block and not event.query():
                 return
             event.synchronize()
@@ -149,7 +151,7 @@ class HydraLossGuard:
             value = float(host)
             if not LossGuard.finite(value):
                 self.pending.clear()
-                self.guard.stop(value, epoch, step, names)
+                self.guard.stop(value, epoch, step, self.structures(step))
 
     def _skipping(self, total, tasks):
         import torch
