@@ -11,7 +11,8 @@ index, :func:`dataset_source`). The guard raises :class:`NonFiniteLossError` (``
 default) or counts the step as skipped (``skip``: the adapter then makes no optimizer step) and
 says at the end which steps were skipped (:meth:`LossGuard.summary`).
 
-Pure Python (no torch): the adapters do the tensor work.
+The module imports no torch; :func:`agree_not_finite` (the ``skip`` mode's one host
+synchronisation) imports it when called.
 """
 
 from __future__ import annotations
@@ -85,6 +86,20 @@ def name_structures(
         parts.append(f"{unknown} structure(s) of {what} whose file is not known")
     text = "; ".join(parts) or "no structure"
     return text + (f" ({order})" if by_file else "")
+
+
+def agree_not_finite(loss, world_size: int) -> tuple[bool, bool]:
+    """``(this rank's loss is not finite, some rank's is)`` for a training ``loss`` tensor: one
+    all-reduce of a flag over torch.distributed's ranks (where there are several) and one copy to
+    the host, so that every rank skips the same steps."""
+    import torch
+
+    local = (~torch.isfinite(loss.detach()).all()).reshape(1).to(torch.float32)
+    shared = local.clone()
+    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(shared, op=torch.distributed.ReduceOp.MAX)
+    own, anyone = (v > 0 for v in torch.cat([local, shared]).tolist())
+    return own, anyone
 
 
 @dataclass

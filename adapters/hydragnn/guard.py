@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import logging
 
-from cfm_plugins.nonfinite import LossGuard, name_structures
+from cfm_plugins.nonfinite import LossGuard, agree_not_finite, name_structures
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 
@@ -48,11 +48,10 @@ def tracked_loader_class(loader_cls, guard: HydraLossGuard):
 
     class TrackedDataLoader(loader_cls):
         def __iter__(self):
-            sampler = self.batch_sampler
+            sampler = guard.sampler = self.batch_sampler
             try:
                 for k, batch in enumerate(super().__iter__()):
                     guard.step = getattr(sampler, "first_step", 0) + k
-                    guard.sampler = sampler
                     yield batch
             finally:
                 guard.step = None
@@ -154,13 +153,7 @@ class HydraLossGuard:
                 self.guard.stop(value, epoch, step, self.structures(step))
 
     def _skipping(self, total, tasks):
-        import torch
-
-        local = (~torch.isfinite(total.detach()).all()).reshape(1).to(torch.float32)
-        shared = local.clone()
-        if self.world_size > 1 and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(shared, op=torch.distributed.ReduceOp.MAX)
-        own, anyone = (v > 0 for v in torch.cat([local, shared]).tolist())  # the one sync
+        own, anyone = agree_not_finite(total, self.world_size)  # the one sync
         if not anyone:
             self.guard.passed()
             return total, tasks

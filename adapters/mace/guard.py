@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 
-from cfm_plugins.nonfinite import LossGuard, dataset_source, name_structures
+from cfm_plugins.nonfinite import LossGuard, agree_not_finite, dataset_source, name_structures
 
 log = logging.getLogger("cfm_plugins.mace")
 
@@ -113,22 +113,13 @@ class MaceLossGuard:
         return take_step
 
     def _skipping(self, stock, args, kwargs):
-        import torch
-
         loss_fn = kwargs["loss_fn"]
         state = {"skip": False, "own": False, "value": float("nan")}
         world = self.world_size
 
-        def distributed() -> bool:
-            return torch.distributed.is_available() and torch.distributed.is_initialized()
-
         def guarded_loss_fn(*a, **k):
             loss = loss_fn(*a, **k)
-            local = (~torch.isfinite(loss.detach()).all()).reshape(1).to(torch.float32)
-            shared = local.clone()
-            if world > 1 and distributed():
-                torch.distributed.all_reduce(shared, op=torch.distributed.ReduceOp.MAX)
-            own, anyone = (v > 0 for v in torch.cat([local, shared]).tolist())  # the one sync
+            own, anyone = agree_not_finite(loss, world)  # the one sync
             if anyone:
                 state.update(skip=True, own=own, value=float(loss.detach()))
             return loss

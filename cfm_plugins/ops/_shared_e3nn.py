@@ -13,6 +13,15 @@ from collections import OrderedDict
 import torch
 
 
+def module_device(module: torch.nn.Module) -> torch.device:
+    """Where a module's tensors live (its first parameter or buffer; CPU for none)."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
 class SharesE3nnModule:
     """Mixin (before ``torch.nn.Module``) for a module sharing the state of ``_e3nn_tp``.
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from cfm_plugins.ops import _backend
-from cfm_plugins.ops._shared_e3nn import SharesE3nnModule
+from cfm_plugins.ops._shared_e3nn import SharesE3nnModule, module_device
 from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors import conv_tp as _desc
 from cfm_plugins.ops.kernel_types import Form, Kernel
@@ -177,18 +177,6 @@ class _ColumnPermutation(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # The module.
 # ----------------------------------------------------------------------------------------------
-#: float64 descriptor buffers: they follow a device move but never a dtype cast (see _apply)
-
-
-def _module_device(module: torch.nn.Module) -> torch.device:
-    """Where a module's tensors live (its first parameter or buffer; CPU for none)."""
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
-    return torch.device("cpu")
-
-
 class FusedConvTP(SharesE3nnModule, torch.nn.Module):
     """e3nn uvu ``TensorProduct`` + ``scatter_sum`` as one fused op (see module docstring).
 
@@ -206,7 +194,7 @@ class FusedConvTP(SharesE3nnModule, torch.nn.Module):
     def __init__(self, tp: torch.nn.Module, device: torch.device | None = None):
         super().__init__()
         desc, paths = _desc.from_e3nn(tp)
-        device = torch.device(device) if device is not None else _module_device(tp)
+        device = torch.device(device) if device is not None else module_device(tp)
         self.irreps_in1 = tp.irreps_in1
         self.irreps_in2 = tp.irreps_in2
         self.irreps_out = tp.irreps_out
@@ -452,7 +440,7 @@ def _make_for_block(tp, block, attr) -> FusedConvTP:
             "conv_tp (another kernel swap?)"
         )
     # on the block's device: patching a model already on a GPU keeps everything there
-    return FusedConvTP.from_e3nn(tp, device=_module_device(block))
+    return FusedConvTP.from_e3nn(tp, device=module_device(block))
 
 
 def _install_in_block(block, attr, fused) -> None:

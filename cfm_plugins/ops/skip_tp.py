@@ -43,7 +43,7 @@ import logging
 import torch
 
 from cfm_plugins.ops import _backend, _debug
-from cfm_plugins.ops._shared_e3nn import SharesE3nnModule
+from cfm_plugins.ops._shared_e3nn import SharesE3nnModule, module_device
 from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors import skip_tp as _desc
 from cfm_plugins.ops.kernel_types import Form, Kernel
@@ -114,14 +114,6 @@ def _declared() -> bool:
     return _DECLARED[0]
 
 
-def _module_device(module: torch.nn.Module) -> torch.device:
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
-    return torch.device("cpu")
-
-
 class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
     """e3nn's ``FullyConnectedTensorProduct(irreps_in, Ex0e, irreps_out)`` with internal weights,
     for a one-hot second input, as a per-element linear map (see the module docstring).
@@ -140,7 +132,7 @@ class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
         desc = _desc.from_e3nn(tp)  # a ValueError saying why, for a module it does not describe
         # asked here, never first inside a compiled graph (its answer, cached, would recompile it)
         _declared(), _debug.force_torch(), _debug.check_one_hot()
-        device = torch.device(device) if device is not None else _module_device(tp)
+        device = torch.device(device) if device is not None else module_device(tp)
         self.irreps_in1 = tp.irreps_in1
         self.irreps_in2 = tp.irreps_in2
         self.irreps_out = tp.irreps_out
@@ -345,7 +337,7 @@ def _self_check(tp: torch.nn.Module, fused: FusedSkipTP) -> None:
 
 
 def _make(tp, parent, attr) -> FusedSkipTP:
-    fused = FusedSkipTP.from_e3nn(tp, device=_module_device(tp))
+    fused = FusedSkipTP.from_e3nn(tp, device=module_device(tp))
     _self_check(tp, fused)
     return fused
 
