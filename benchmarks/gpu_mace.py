@@ -162,6 +162,16 @@ def _has_cueq() -> bool:
     return importlib.util.find_spec("cuequivariance_torch") is not None
 
 
+def check_kernel_options(fused_kernels, kernels_also) -> None:
+    """A ValueError naming a misspelt kernel of ``--fused-kernels`` (None: auto) or of a comma
+    list of ``--kernels-also``, before any model is built."""
+    from cfm_plugins.ops.kernel_table import check_kernels
+
+    check_kernels(fused_kernels or (), "--fused-kernels")
+    for value in kernels_also:
+        check_kernels(value.split(","), f"--kernels-also {value}")
+
+
 def prepare(way: str, stock, device, kernels=None):
     """The model for ``way``, or the reason it cannot run here (a string); the fused way swaps
     the kernels named in ``kernels`` (default: every registered kernel)."""
@@ -504,7 +514,8 @@ def epoch_table(args, device) -> tuple[list[str], list[str]]:
             results[label] = "cuequivariance-torch not installed: pip install 'cfm-plugins[bench]'"
             print(epoch_rows(results)[-1], flush=True)
             continue
-        epochs = args.static_epochs if epoch_way(label) == "fused+static" else 2
+        static = epoch_way(label) == "fused+static"
+        epochs = args.static_epochs if static else 2
         run = out / label.replace("+", "_").replace("[", "_").replace("]", "")
         run.mkdir(parents=True, exist_ok=True)
         full = cmd + common + [f"--max_num_epochs={epochs}", f"--name={run.name}"]
@@ -519,7 +530,7 @@ def epoch_table(args, device) -> tuple[list[str], list[str]]:
             why = f"timed out after {timeouts[label]:g} s" if rc is None else f"failed (rc {rc})"
             seconds = f"{why}, see {run / 'train.log'}"
         results[label] = seconds
-        if epoch_way(label) == "fused+static":
+        if static:
             compiled[label] = [epoch_seconds(text, e) for e in range(epochs)]
         print(epoch_rows(results)[-1], flush=True)  # its row so far (stock runs first)
     return epoch_rows(results), compile_rows(compiled, results) if compiled else []
@@ -630,10 +641,7 @@ def epoch_way(label: str) -> str:
     """The way of :data:`EPOCH_WAYS` an epoch row's label belongs to (labels drop the backend
     tag: ``fused+binpack[triton]`` -> ``fused``)."""
     base = label.split("[")[0]
-    for way, fused_label in _FUSED_LABELS.items():
-        if base == fused_label:
-            return way
-    return base
+    return {fused: way for way, fused in _FUSED_LABELS.items()}.get(base, base)
 
 
 def epoch_commands(ways, backends, device, mpirun, kernels=None) -> dict[str, list[str]]:
@@ -809,12 +817,8 @@ def main(argv=None) -> int:
     import torch
 
     check_tiles(args.tiles_also)
-    from cfm_plugins.ops.kernel_table import check_kernels
-
     try:  # checked before any model is built
-        check_kernels(args.fused_kernels or (), "--fused-kernels")
-        for value in args.kernels_also:
-            check_kernels(value.split(","), f"--kernels-also {value}")
+        check_kernel_options(args.fused_kernels, args.kernels_also)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     device = torch.device(args.device)

@@ -32,6 +32,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -46,6 +47,7 @@ from benchmarks.record import (  # noqa: E402
     command_line,
     markdown_table,
     picture_path,
+    read_record,
     write_record,
 )
 from benchmarks.workload import PAPER_MIX, paper_mix  # noqa: E402
@@ -81,9 +83,9 @@ VOLUME = {
 
 
 def step_fit(path=GPU_RECORD, way="fused[triton]", dtype="float64"):
-    """``(c0, a, points)``: the least-squares line ``t = c0 + a*atoms`` (seconds) through the
-    train-step times of ``way`` in ``dtype`` of a GPU step record."""
-    rec = json.loads(Path(path).read_text())
+    """``(c0, a, points, record)``: the least-squares line ``t = c0 + a*atoms`` (seconds) through
+    the train-step times of ``way`` in ``dtype`` of a GPU step record."""
+    rec = read_record(path)
     (tab,) = [t for t in rec["tables"] if t["name"] == "step"]
     col = {c: i for i, c in enumerate(tab["columns"])}
     pts = [
@@ -257,6 +259,7 @@ def main(argv=None) -> int:
     draw_picture(seven, png, n)
     one = run_plan(sizes, (740,), tmp / "one.json", timing)
     huge = run_plan(sizes, HUGE, tmp / "huge.json", ["--seeds", "2"])
+    shutil.rmtree(tmp)  # kept only where a run failed (its log is there)
     head = (
         "| ranks | steps stock / binpack | LIF stock [min..max] / binpack | largest batch (atoms) "
         "stock / binpack | epoch (min) stock / binpack | speedup | efficiency stock / binpack | "

@@ -442,12 +442,10 @@ def init_distributed(config=None) -> DistInfo:
     except launchers.LauncherError as exc:
         raise SetupError(f"the launcher's variables cannot be read: {exc}") from exc
     if launch.uses_mpi:
-        dist = _init_mpi(launch, get, timeout_s, config)
-    elif launch.uses_store:
-        dist = _init_with_store(launch, get, timeout_s, config)
-    else:
-        dist = _init_one(launch, get, timeout_s, config)
-    return dist
+        return _init_mpi(launch, get, timeout_s, config)
+    if launch.uses_store:
+        return _init_with_store(launch, get, timeout_s, config)
+    return _init_one(launch, get, timeout_s, config)
 
 
 def _log_launch(launch: launchers.Launch, rank: int) -> None:
@@ -703,7 +701,7 @@ def _open_store(launch, addr, port, hosting, who, timeout_s):
                 f"{str(exc).splitlines()[0] if str(exc) else ''})",
                 alike=False,
             ) from exc
-    return raw, tdist.PrefixStore(f"cfm/{launch.job}/", raw)
+    return tdist.PrefixStore(f"cfm/{launch.job}/", raw)  # it keeps ``raw`` alive
 
 
 def _check_in(store, launch, timeout_s) -> list[str]:
@@ -766,7 +764,7 @@ def _init_with_store(launch, get, timeout_s, config) -> DistInfo:
     rank, world = launch.rank, launch.world_size
     _log_launch(launch, rank)
     addr, port, hosting, who, iface = _store_endpoint(launch, get)
-    raw, store = _open_store(launch, addr, port, hosting, who, timeout_s)
+    store = _open_store(launch, addr, port, hosting, who, timeout_s)
     hosts = _check_in(store, launch, timeout_s)
     me = hosts[rank]
     local_size = launch.local_size or sum(h == me for h in hosts)
@@ -807,7 +805,6 @@ def _init_with_store(launch, get, timeout_s, config) -> DistInfo:
         timeout_s,
         launch.launcher,
     )
-    comm.raw_store = raw
     timeout = datetime.timedelta(seconds=timeout_s)
     comm.use_group(  # objects travel over gloo (CPU), whatever the backend of the tensors
         tdist.group.WORLD if backend == "gloo" else tdist.new_group(backend="gloo", timeout=timeout)
@@ -870,7 +867,6 @@ class StoreComm:
     def __init__(self, store, rank: int, size: int, timeout_s: float, hosting: bool = False):
         self.store, self.rank, self.size, self.timeout_s = store, rank, size, timeout_s
         self.hosting = hosting
-        self.raw_store = None
         self.group = None  # a gloo process group, once the process group exists
         self._seq = 0
 

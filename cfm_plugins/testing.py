@@ -185,9 +185,8 @@ def run_as_srun_tasks(
 ) -> list[tuple[int, str]]:
     """Run ``command`` as the tasks ``ranks`` (default all) of an srun step of ``ntasks`` tasks
     (on ``nodes``), each a process with :func:`srun_env`'s variables (``extra`` added), all at
-    once; returns each
-    task's ``(exit code, output)``. A task still running after ``timeout`` seconds is killed (exit
-    code -9)."""
+    once; returns each task's ``(exit code, output)``. A task still running after ``timeout``
+    seconds is killed (exit code -9)."""
     job_id = os.getpid() if job_id is None else job_id
     ranks = list(range(ntasks)) if ranks is None else list(ranks)
     with tempfile.TemporaryDirectory() as tmp:

@@ -330,9 +330,10 @@ def test_values_from_the_store_cannot_run_code():
 # --------------------------------------------------------------------- real launches, one process
 
 
-def _cfm_run(*args, env, timeout=120):
+def _cfm_run(*args, env, timeout=120, launcher=()):
+    """``cfm-run --device cpu ARGS`` (after ``launcher``'s command, e.g. torchrun's), its output."""
     return subprocess.run(
-        [CFM_RUN, "--device", "cpu", *args],
+        [*launcher, CFM_RUN, "--device", "cpu", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -418,14 +419,8 @@ def test_srun_tasks_on_two_nodes_meet_at_the_first():
 
 
 def test_torchrun_workers_meet_in_one_process_group():
-    out = subprocess.run(
-        [*torchrun_command(2), CFM_RUN, "--device", "cpu", "--", "python", ALLREDUCE, "--flag"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=120,
-        env=clean_env(),
-        cwd=ROOT,
+    out = _cfm_run(
+        "--", "python", ALLREDUCE, "--flag", env=clean_env(), launcher=torchrun_command(2)
     )
     assert out.returncode == 0, out.stdout[-3000:]
     results = [l for l in out.stdout.splitlines() if l.startswith("RESULT")]
@@ -470,15 +465,14 @@ def test_hydragnn_which_uses_mpi_itself_is_refused_under_torchrun(tmp_path):
     its reductions would cover one rank: a usage error at start, said once, before any data."""
     script = tmp_path / "train.py"
     script.write_text("import hydragnn\nraise SystemExit('the trainer must not start')\n")
-    out = subprocess.run(
-        [*torchrun_command(2), CFM_RUN, "--device", "cpu", "--enable", "hydragnn"]
-        + ["--", "python", str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=120,
+    out = _cfm_run(
+        "--enable",
+        "hydragnn",
+        "--",
+        "python",
+        str(script),
         env=clean_env(),
-        cwd=ROOT,
+        launcher=torchrun_command(2),
     )
     assert out.returncode != 0
     errors = [l for l in out.stdout.splitlines() if l.startswith("cfm-run: error:")]

@@ -43,6 +43,7 @@ from pathlib import Path
 from benchmarks.gpu_kernels import kernel_events
 from benchmarks.gpu_mace import (
     build_model,
+    check_kernel_options,
     device_name,
     out_of_memory,
     prepare,
@@ -277,15 +278,10 @@ _FILLS = frozenset({"aten::fill_", "aten::zero_"})
 def module_group(path: str) -> str:
     """The row of :data:`MODULE_ROWS` of a MACE submodule, by its path in the model (``""`` the
     model itself): ``interactions.1.conv_tp`` -> "conv TP", ``products.0.linear`` -> "product"."""
-    parts = path.split(".") if path else []
-    if not parts:
-        return "model (other)"
+    parts = path.split(".")
     if parts[0] == "interactions":
-        return (
-            _INTERACTION_PARTS.get(parts[2], "interaction (other)")
-            if len(parts) > 2
-            else ("interaction (other)")
-        )
+        part = parts[2] if len(parts) > 2 else None
+        return _INTERACTION_PARTS.get(part, "interaction (other)")
     return _TOP_PARTS.get(parts[0], "model (other)")
 
 
@@ -330,11 +326,8 @@ class ModuleRanges:
             try:
                 self.handles.append(module.register_forward_pre_hook(pre(path)))
                 self.handles.append(module.register_forward_hook(post, always_call=True))
-            except (
-                RuntimeError,
-                AttributeError,
-            ):  # a ScriptModule takes no hooks: its parent's row
-                continue
+            except (RuntimeError, AttributeError):
+                continue  # a ScriptModule takes no hooks: its parent's row
         return self
 
     def __exit__(self, *exc):
@@ -640,12 +633,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.hidden, args.atoms, args.warmup = "8x0e+8x1o", [32], 1
-    from cfm_plugins.ops.kernel_table import check_kernels
-
     try:  # before any model is built: a misspelt kernel would stop the run after other ways ran
-        check_kernels(args.fused_kernels or (), "--fused-kernels")
-        for value in args.kernels_also:
-            check_kernels(value.split(","), f"--kernels-also {value}")
+        check_kernel_options(args.fused_kernels, args.kernels_also)
     except ValueError as exc:
         p.error(str(exc))
     if args.kernels_also and not args.by_module:

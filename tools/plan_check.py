@@ -60,7 +60,7 @@ def compare(
     costs, capacity, _ = packing_costs(prep.atoms, prep.edges, opts)
     epochs = sorted({r.get("epoch", 0) for r in ranks_logged[0]})
     out = {"epochs": {}, "batches_equal": True, "edges_compared": False}
-    planned_t, measured = [], []
+    planned_t = []
     steps_logged = []
     for e in epochs:
         logged = [[r for r in rank if r.get("epoch", 0) == e] for rank in ranks_logged]
@@ -100,8 +100,8 @@ def compare(
             for x in (prep.atoms, edges, np.ones(len(prep.atoms)))
         ]
         fit = fit_step_times(times, *counts, outlier_cutoff=None)
-        sigma = float(np.std(times / fit.predict(*counts) - 1.0, ddof=1))
         planned = fit.predict(*counts)
+        sigma = float(np.std(times / planned - 1.0, ddof=1))
         measured = load_imbalance_factor(times)
         out.update(
             lif_planned=load_imbalance_factor(planned),

@@ -214,32 +214,24 @@ def jobs(targets, quick: bool, kernels=None) -> list[Job]:
     return result
 
 
-class _PlainFunctions:
-    """A plain kernel module's functions by kernel name (``skip_apply`` -> its function)."""
-
-    def __init__(self, mod):
-        self.mod = mod
-
-    def __getattr__(self, kernel):
-        return self.mod.kernel_function(kernel)[0]
-
-
 def run_job(job: Job):
     from cfm_plugins.ops.triton import _codegen, aot
 
-    if job.module.startswith("plain:"):  # an ordinary kernel file (no descriptor in it)
-        mod = importlib.import_module(f"cfm_plugins.ops.triton.{job.module[6:]}")
-        mod = _PlainFunctions(mod)
+    if job.module.startswith("plain:"):  # an ordinary kernel file: its function by kernel name
+        plain = importlib.import_module(f"cfm_plugins.ops.triton.{job.module[6:]}")
+        fn = plain.kernel_function(job.function)[0]
     elif job.module:
-        mod = _codegen.load_source(job.module, job.source)
+        fn = getattr(_codegen.load_source(job.module, job.source), job.function)
     else:  # the weight-gradient reduction's own file
-        from cfm_plugins.ops.triton import _reduce as mod
+        from cfm_plugins.ops.triton import _reduce
+
+        fn = getattr(_reduce, job.function)
     rows_name, cols_name = job.block_names
     blocks = {cols_name: job.config.block_c, **dict(job.constants)}
     if rows_name:
         blocks[rows_name] = job.config.block_rows
     return aot.compile_kernel(
-        getattr(mod, job.function),
+        fn,
         dict(job.specimen),
         blocks,
         job.target,

@@ -69,13 +69,12 @@ def cfm_before_trainer(config, dist, argv):
         )
         return None
     from cfm_plugins.distributed import mpi_world_mismatch
-    from cfm_plugins.options import UsageError
+    from cfm_plugins.options import TrainerSettings, UsageError
 
     mismatch = mpi_world_mismatch(dist)  # HydraGNN reduces with mpi4py's COMM_WORLD itself
     if mismatch:
         raise UsageError(f"HydraGNN uses MPI itself (mpi4py's COMM_WORLD): {mismatch}")
     from cfm_plugins.manager import Session
-    from cfm_plugins.options import TrainerSettings
     from cfm_plugins_adapters.hydragnn import seams
     from cfm_plugins_adapters.hydragnn.weighting import loss_from_config, loss_weightings
 

@@ -157,14 +157,12 @@ def install(config) -> callable:
         else stock_tg
     )
 
+    import importlib
+
+    # the module (mace.tools.train is also a function): the step timer and the loss guard wrap it
+    mace_train = importlib.import_module("mace.tools.train")
     recorder = None
     if config.get("step_log") or wants_step_times(config):
-        import importlib
-
-        mace_train = importlib.import_module(
-            "mace.tools.train"
-        )  # the module (mace.tools.train is also a function)
-
         from cfm_plugins_adapters.mace.steplog import StepRecorder
 
         recorder = StepRecorder(
@@ -211,9 +209,8 @@ def install(config) -> callable:
         return collections, atomic_energies
 
     def load_dataset_for_path(*args, **kwargs):
-        if not parsed.get(
-            "elements checked"
-        ):  # the first call: mace's atomic number table is final
+        # the first call: mace's atomic number table is final
+        if not parsed.get("elements checked"):
             parsed["elements checked"] = True
             z_table = kwargs.get("z_table", args[2] if len(args) > 2 else None)
             margs = parsed.get("args")
@@ -229,13 +226,10 @@ def install(config) -> callable:
         return out
 
     # non-finite training losses: stop (naming the batch's structures) or skip (binpack)
-    import importlib
-
-    mace_train_module = importlib.import_module("mace.tools.train")
     loss_guard = MaceLossGuard(config, dist, sources)
-    guarded = {name: getattr(mace_train_module, name) for name in ("take_step", "train_one_epoch")}
-    mace_train_module.take_step = loss_guard.wrap_take_step(guarded["take_step"])
-    mace_train_module.train_one_epoch = loss_guard.wrap_train_one_epoch(guarded["train_one_epoch"])
+    guarded = {name: getattr(mace_train, name) for name in ("take_step", "train_one_epoch")}
+    mace_train.take_step = loss_guard.wrap_take_step(guarded["take_step"])
+    mace_train.train_one_epoch = loss_guard.wrap_train_one_epoch(guarded["train_one_epoch"])
 
     def configure_model(*args, **kwargs):
         if not static:
@@ -282,7 +276,7 @@ def install(config) -> callable:
 
     def undo():
         for name, value in guarded.items():  # wrapped last: undone first
-            setattr(mace_train_module, name, value)
+            setattr(mace_train, name, value)
         for name, value in saved_utils.items():
             setattr(mace_data_utils, name, value)
         loss_guard.report()

@@ -157,8 +157,8 @@ class NonFiniteLoss(lightning.Callback):
         shared = local[:1].clone()
         if trainer.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.all_reduce(shared, op=torch.distributed.ReduceOp.MAX)
-        (_, own), (anyone,) = local.tolist(), shared.tolist()  # the one host sync of skip
-        own, anyone = own > 0, anyone > 0
+        # the one host sync of skip
+        own, anyone = (v > 0 for v in torch.cat([local[1:], shared]).tolist())
         if not anyone:
             self.guard.passed()
             return

@@ -156,9 +156,7 @@ def weights_dtype(weights: dict, source: str) -> torch.dtype | None:
     found = {v.dtype for v in weights.values() if v.is_floating_point()}
     if len(found) > 1:
         counts = {
-            str(d).replace("torch.", ""): sum(
-                v.is_floating_point() and v.dtype == d for v in weights.values()
-            )
+            _name(d): sum(v.is_floating_point() and v.dtype == d for v in weights.values())
             for d in found
         }
         raise ValueError(

@@ -58,8 +58,6 @@ _backend.declare_operators()
 #: the attribute names of MACE's skip connections (``skip_tp_full`` in models before mace 0.3)
 SKIP_ATTRS = ("skip_tp", "skip_tp_full")
 
-#: float64 descriptor buffers: they follow a device move but never a dtype cast (see _apply)
-
 _GROUPS_CACHE = TensorCache(8)
 _ONE_HOT_CACHE = TensorCache(8)
 _GPU_NOTED: list[bool] = [False]

@@ -455,14 +455,14 @@ def run(args) -> dict:
     from .predict import allreduce_seconds, gradient_bytes
 
     p = prepare(args)
-    atoms, edges, edges_arr, opts = p.atoms, p.edges, p.edges, p.opts
+    atoms, edges, opts = p.atoms, p.edges, p.opts
     model, model_source, fabric, files = p.model, p.model_source, p.fabric, p.files
     excluded, excluded_text, read_s = p.excluded, p.excluded_text, p.read_s
     nbytes = gradient_bytes(args.params, args.dtype) if args.params else 0
     allreduce = (lambda w: allreduce_seconds(nbytes, w, fabric)) if model is not None else None
     t1 = time.perf_counter()
     try:
-        planned = make_plan(atoms, edges_arr, args.ranks, opts, model, allreduce)
+        planned = make_plan(atoms, edges, args.ranks, opts, model, allreduce)
     except ValueError as exc:  # what the sampler refuses (a structure over the capacity)
         raise Usage(f"--max-tokens/--oversize: {exc}") from None
     plan_s = time.perf_counter() - t1
@@ -568,10 +568,7 @@ def main(argv=None) -> int:
         plan = run(args)
     except Usage as exc:
         parser.error(str(exc))
-    except DataError as exc:
-        print(f"cfm-plan: error: {exc}", file=sys.stderr)
-        return 1
-    except RuntimeError as exc:  # no neighbour counter
+    except (DataError, RuntimeError) as exc:  # RuntimeError: no neighbour counter
         print(f"cfm-plan: error: {exc}", file=sys.stderr)
         return 1
     from . import report

@@ -153,25 +153,16 @@ def launch_settings(config) -> dict:
 def cfm_configure(config):
     kernels_option(config)
     from cfm_plugins.ops import configure
+    from cfm_plugins.plugins.static import resolve_device
 
     settings = launch_settings(config)
     configure(**settings)  # once, before ranks and trainer exist (same process)
-    if settings["backend"] != "auto" and run_device(config) == "cpu":
+    if settings["backend"] != "auto" and resolve_device(config) == "cpu":
         config.warnings.append(
             f"fused_backend={settings['backend']}: this run is on the CPU, where the fused "
             "operators run their C++ CPU kernels; the option chooses the kernels of CUDA tensors "
             "(GPU runs) and changes nothing here"
         )
-
-
-def run_device(config) -> str:
-    """``cpu`` or ``cuda``: the ``device`` option, ``auto`` resolved as the ranks resolve it."""
-    device = config.get("device") or "auto"
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 @hookimpl

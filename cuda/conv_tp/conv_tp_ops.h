@@ -94,7 +94,7 @@ Tensor fwd(const Tensor& x, const Tensor& y, const Tensor& w, at::TensorList gra
   const bool runs = y.size(0) > 0;
   Tensor out = runs ? at::empty({graph[kRptr].size(0) - 1, meta[1]}, x.options())
                     : at::zeros({graph[kRptr].size(0) - 1, meta[1]}, x.options());
-  if (y.size(0) > 0) segment<Runner>(t, x, y, w, graph[kRptr], graph[kRperm], graph[kSender], out);
+  if (runs) segment<Runner>(t, x, y, w, graph[kRptr], graph[kRperm], graph[kSender], out);
   return out;
 }
 
@@ -115,7 +115,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g, const Tensor& x, const T
                       : at::zeros({graph[kSptr].size(0) - 1, meta[0]}, x.options());
   Tensor gy = need_y ? at::empty_like(y) : none_like(y);  // [E, *]: empty when no edge
   Tensor gw = need_w ? at::empty_like(w) : none_like(w);
-  if (y.size(0) == 0) return {gx, gy, gw};
+  if (!runs) return {gx, gy, gw};
   if (need_x) {
     std::vector<int64_t> meta_t{meta[1], meta[0], meta[2], meta[3], meta[4]};
     Tables tt = unpack(kBwd, x, desc_t, meta_t);

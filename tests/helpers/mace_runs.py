@@ -112,6 +112,23 @@ def tiny_args(folder: Path, name: str, epochs: int, batch_size: int = 4) -> list
     ] + TINY_MODEL
 
 
+def run_tiny(
+    folder: Path, enable: str, options=(), extra=(), epochs: int = 1
+) -> subprocess.CompletedProcess:
+    """One process: ``cfm-run --enable ENABLE OPTIONS -- mace_run_train`` with :func:`tiny_args`
+    (and ``extra``) in ``folder``; its output (stdout and stderr) in ``.stdout``."""
+    return subprocess.run(
+        [CFM_RUN, "--enable", enable, *options, "--", "mace_run_train"]
+        + [*tiny_args(folder, "x", epochs), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(),
+        timeout=600,
+        cwd=folder,
+    )
+
+
 @contextlib.contextmanager
 def _locked(path: Path):
     with open(path, "w") as handle:

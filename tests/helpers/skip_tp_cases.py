@@ -1,6 +1,7 @@
 """Skip connections built as mace builds them (``mace.modules.wrapper_ops.
 FullyConnectedTensorProduct`` of node features with the ``Ex0e`` one-hot of the elements), their
-inputs, and MACE's training pattern through one of them: what the skip-connection tests share."""
+inputs, the operators' static arguments, and MACE's training pattern through one of them: what the
+skip-connection tests share."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import mace  # noqa: F401  (before e3nn)
 import torch
 from e3nn import o3
 from mace.modules.wrapper_ops import FullyConnectedTensorProduct
+
+from cfm_plugins.ops.skip_tp import element_groups
 
 #: (node features, output) irreps of the forms mace 0.3.16 builds: a residual block's (node
 #: features -> hidden), the first layer's (embedding scalars -> hidden), a non-residual block's
@@ -48,6 +51,13 @@ def node_inputs(tp, nodes: int, dtype=torch.float64, seed: int = 1, absent=(1,))
     idx[: min(3, nodes)] = allowed[0]
     x = torch.randn(nodes, tp.irreps_in1.dim, generator=gen, dtype=torch.float64).to(dtype)
     return x, torch.nn.functional.one_hot(idx, E).to(dtype)
+
+
+def op_args(fused, y: torch.Tensor):
+    """The static arguments of the ``cfm::skip_tp_*`` operators for a fused module and a one-hot
+    ``y``: ``(order, elem_ptr, desc, desc_t, meta)``."""
+    order, elem_ptr = element_groups(y, fused.num_elements)
+    return order, elem_ptr, fused._desc_tensors(), fused._desc_t_tensors(), fused._sk_meta
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

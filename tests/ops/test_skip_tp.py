@@ -17,11 +17,12 @@ from e3nn import o3
 
 from cfm_plugins.ops import _backend
 from cfm_plugins.ops import skip_tp as sk
-from cfm_plugins.ops.skip_tp import FusedSkipTP, element_groups
+from cfm_plugins.ops.skip_tp import FusedSkipTP
 from tests.helpers.skip_tp_cases import (
     FORMS,
     mace_skip_tp,
     node_inputs,
+    op_args,
     rel_err,
     training_pattern,
 )
@@ -30,11 +31,6 @@ needs_ext = pytest.mark.skipif(
     _backend.choose(torch.device("cpu")) != "cpu" or not hasattr(torch.ops.cfm, "skip_tp_fwd"),
     reason="compiled CPU kernel not built",
 )
-
-
-def op_args(fused: FusedSkipTP, y: torch.Tensor):
-    order, elem_ptr = element_groups(y, fused.num_elements)
-    return order, elem_ptr, fused._desc_tensors(), fused._desc_t_tensors(), fused._sk_meta
 
 
 @needs_ext

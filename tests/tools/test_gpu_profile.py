@@ -9,26 +9,11 @@ import sys
 from tests.helpers import ROOT, clean_env
 
 
-def test_profile_smoke_run_on_cpu_shows_the_fused_operators_only_in_the_fused_step(tmp_path):
-    out = tmp_path / "profile.md"
+def _profile(out, *options: str) -> None:
+    """``python -m tools.gpu_profile --device cpu --quick OPTIONS --out OUT``, which succeeds."""
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tools.gpu_profile",
-            "--device",
-            "cpu",
-            "--quick",
-            "--dtypes",
-            "float64",
-            "--ways",
-            "stock",
-            "fused",
-            "--top",
-            "40",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-m", "tools.gpu_profile", "--device", "cpu", "--quick", *options]
+        + ["--out", str(out)],
         capture_output=True,
         text=True,
         env=clean_env(),
@@ -36,6 +21,11 @@ def test_profile_smoke_run_on_cpu_shows_the_fused_operators_only_in_the_fused_st
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_profile_smoke_run_on_cpu_shows_the_fused_operators_only_in_the_fused_step(tmp_path):
+    out = tmp_path / "profile.md"
+    _profile(out, "--dtypes", "float64", "--ways", "stock", "fused", "--top", "40")
     sections = dict(part.split("\n", 1) for part in out.read_text().split("### ")[1:])
     stock = next(v for k, v in sections.items() if k.endswith(": stock"))
     fused = next(v for k, v in sections.items() if k.endswith(": fused"))
@@ -95,33 +85,8 @@ def test_by_module_smoke_run_on_cpu_has_every_row_and_our_operators_in_their_mod
     100 %, the fused way's cfm:: operators in the conv TP, product and skip connection rows only,
     none in stock's step, cuEquivariance named as not run, every backward function placed."""
     out = tmp_path / "by_module.md"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tools.gpu_profile",
-            "--device",
-            "cpu",
-            "--quick",
-            "--by-module",
-            "--dtypes",
-            "float64",
-            "--ways",
-            "stock",
-            "cueq",
-            "fused",
-            "--top",
-            "30",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
+    ways = ["--ways", "stock", "cueq", "fused"]
+    _profile(out, "--by-module", "--dtypes", "float64", *ways, "--top", "30")
     from tools.gpu_profile import MODULE_ROWS
 
     text = out.read_text()

@@ -123,10 +123,10 @@ def prepare(desc, desc_t, meta, dtype_name: str = "float32") -> None:
     the first parse is a device-to-host copy, and a table made inside a CUDA graph's warm-up would
     live in its memory pool)."""
     device = desc[0].device
-    for tables in (_TABLES.get(desc, meta), _TABLES_T.get(desc_t, meta)):
+    t = _TABLES.get(desc, meta)
+    for tables in (t, _TABLES_T.get(desc_t, meta)):
         cfg = pick("skip_apply", dtype_name, 0, fit=_apply_fit(tables))
         tables.apply_jobs(max(16, cfg.block_c), device)
-    t = _TABLES.get(desc, meta)
     cfg = pick("skip_wgrad", dtype_name, 0, fit=_wgrad_fit(t))
     t.wgrad_jobs(max(16, cfg.block_rows), max(16, cfg.block_c), device)
 
@@ -363,10 +363,9 @@ def _check(op: str, x, w, order, elem_ptr, desc, desc_t, meta) -> None:
 
 
 def _apply(t: SkipTables, desc, order, elem_ptr, src, w, dst) -> None:
-    """dst = the per-element map of src with the tables ``t`` (every element of dst written)."""
+    """dst = the per-element map of src with the tables ``t`` (every element of dst written; the
+    callers launch it for nodes only)."""
     n = src.shape[0]
-    if n == 0:
-        return
     E = t.num_elements
     slots = n // TILE_NODES + E
     ints = desc[0]

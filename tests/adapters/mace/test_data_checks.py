@@ -5,26 +5,11 @@ mace_run_train runs that stop at start."""
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 from ase.io import read, write
 
-from tests.helpers import clean_env
-from tests.helpers.mace_runs import CFM_RUN, make_tiny_set, tiny_args
-
-
-def run_mace(folder, *extra, enable="mace"):
-    return subprocess.run(
-        [CFM_RUN, "--enable", enable, "--", "mace_run_train", *tiny_args(folder, "x", 1), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=clean_env(),
-        timeout=600,
-        cwd=folder,
-    )
+from tests.helpers.mace_runs import make_tiny_set, run_tiny
 
 
 def test_structures_are_numbered_by_their_place_in_the_file(tmp_path, monkeypatch):
@@ -85,7 +70,7 @@ def test_mace_run_train_stops_at_start_on_a_nan_force_naming_file_and_index(tmp_
     valid[2].info["REF_energy"] = np.inf
     write(tmp_path / "valid.xyz", valid)
 
-    out = run_mace(tmp_path)
+    out = run_tiny(tmp_path, "mace")
     assert out.returncode != 0, out.stdout[-3000:]
     train, vfile = tmp_path / "train.xyz", tmp_path / "valid.xyz"
     bad = f"1 training structure(s) hold values that are not finite: structure 5 of {train}: "
@@ -107,7 +92,7 @@ def test_mace_run_train_stops_at_start_on_an_element_the_model_does_not_know(tmp
     test[1].set_chemical_symbols(symbols)
     write(tmp_path / "test.xyz", test)
 
-    out = run_mace(tmp_path, f"--test_file={tmp_path / 'test.xyz'}")
+    out = run_tiny(tmp_path, "mace", extra=[f"--test_file={tmp_path / 'test.xyz'}"])
     assert out.returncode != 0, out.stdout[-3000:]
     assert f"structure 1 of {tmp_path / 'test.xyz'}: Au (Z=79)" in out.stdout, out.stdout[-3000:]
     assert "its atomic numbers are Ni (28), Cu (29)" in out.stdout

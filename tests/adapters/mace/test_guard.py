@@ -5,14 +5,13 @@ model's values for it are NaN). mace alone trains on to a NaN model and exits 0.
 from __future__ import annotations
 
 import re
-import subprocess
 
 import numpy as np
 import torch
 from ase.io import read, write
 
-from tests.helpers import clean_env, run_mpi
-from tests.helpers.mace_runs import CFM_RUN, make_tiny_set, tiny_args
+from tests.helpers import run_mpi
+from tests.helpers.mace_runs import CFM_RUN, make_tiny_set, run_tiny, tiny_args
 
 BAD = 5  # the structure of train.xyz (counted from 0) with two atoms on one site
 
@@ -30,21 +29,9 @@ def named(text: str, folder) -> list[list[int]]:
     return [[int(i) for i in m.split(", ")] for m in re.findall(pattern, text)]
 
 
-def run_one_rank(folder, enable, *options):
-    return subprocess.run(
-        [CFM_RUN, "--enable", enable, *options, "--", "mace_run_train", *tiny_args(folder, "x", 2)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=clean_env(),
-        timeout=600,
-        cwd=folder,
-    )
-
-
 def test_binpack_stops_at_the_first_non_finite_loss_naming_the_structures_of_its_batch(tmp_path):
     make_set(tmp_path, n_train=8)
-    out = run_one_rank(tmp_path, "mace,binpack")
+    out = run_tiny(tmp_path, "mace,binpack", epochs=2)
     assert out.returncode != 0, out.stdout[-3000:]
     assert "NonFiniteLossError: the training loss of mace_run_train is nan at epoch 0" in out.stdout
     batches = named(out.stdout.split("NonFiniteLossError:", 1)[1], tmp_path)
@@ -58,7 +45,7 @@ def test_binpack_stops_at_the_first_non_finite_loss_naming_the_structures_of_its
 
 def test_the_trainers_own_batches_stop_too_and_say_how_to_have_them_named(tmp_path):
     make_set(tmp_path, n_train=8)
-    out = run_one_rank(tmp_path, "mace")
+    out = run_tiny(tmp_path, "mace", epochs=2)
     assert out.returncode != 0, out.stdout[-3000:]
     assert "the training loss of mace_run_train is nan at epoch 0, step" in out.stdout
     assert "not known with the trainer's own batches" in out.stdout, out.stdout[-3000:]

@@ -11,19 +11,20 @@ import mace  # noqa: F401  (before e3nn)
 import pytest
 import torch
 
-from cfm_plugins.ops.skip_tp import FusedSkipTP, element_groups
+from cfm_plugins.ops.skip_tp import FusedSkipTP
 from cfm_plugins.ops.triton import skip_tp as tsk
 from cfm_plugins.ops.triton.configs import TileConfig, override
-from tests.helpers.skip_tp_cases import mace_skip_tp, node_inputs, rel_err, training_pattern
+from tests.helpers.skip_tp_cases import (
+    mace_skip_tp,
+    node_inputs,
+    op_args,
+    rel_err,
+    training_pattern,
+)
 
 pytestmark = pytest.mark.usefixtures("triton_cpu")
 
 F32_TOL = 2e-5  # tl.dot in IEEE precision: float32 round-off of the sums only
-
-
-def op_args(fused, y):
-    order, elem_ptr = element_groups(y, fused.num_elements)
-    return order, elem_ptr, fused._desc_tensors(), fused._desc_t_tensors(), fused._sk_meta
 
 
 @pytest.mark.parametrize(
