@@ -16,6 +16,9 @@ test name, never on the test functions: ``make test`` runs the tests that carry 
 those marked ``fast``), ``make test-all`` runs everything. A new test that runs ``mpirun``, a
 trainer, a compiler, the Triton interpreter over a whole model or a benchmark end to end gets its
 row here (or matches one).
+
+A test stuck in compiled code, where pytest-timeout cannot stop it, ends its worker process
+(``faulthandler_timeout``, pyproject.toml) and runs once more: ``tests/helpers/stuck_tests.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,13 @@ from fnmatch import fnmatchcase
 import pytest
 
 from tests.helpers import run_mpi
+
+# a test stuck where Python cannot run: its worker ended, the test run once more (see the module)
+from tests.helpers.stuck_tests import (  # noqa: F401  (hooks: pytest finds them by name here)
+    pytest_handlecrashitem,
+    pytest_report_teststatus,
+    pytest_terminal_summary,
+)
 
 # (path from the repository root, test name without its parameters, markers): fnmatch patterns.
 # mpi: real `mpirun -np 2` jobs (and 2-rank jobs of srun's tasks or torchrun); trainer: a real

@@ -1,0 +1,44 @@
+"""What the suite does with a test that never ends (a pytest plugin, loaded by tests/conftest.py).
+
+Two time limits, both set in pyproject.toml: ``timeout`` (pytest-timeout) fails a test that runs too
+long with its traceback, where Python can still run; ``faulthandler_timeout`` with
+``faulthandler_exit_on_timeout`` writes every thread's traceback and ends the worker process a
+minute later, where it cannot: a test stuck in compiled code holding the GIL (a kernel, a
+collective) never returns to Python, so pytest-timeout's signal never fires and, without the second
+limit, one such test held up the whole run until CI's own limit ended it, saying nothing.
+
+pytest-xdist then starts a new worker and, under ``--dist loadfile``, gives it the unfinished tests
+of that file again, the stuck one among them. The first worker ended in a run is reported as a
+``rerun`` (an ``R``, and a line at the end naming the test), not a failure: the test runs once
+more. A second one fails, and with ``--max-worker-restart=1`` (pyproject.toml) ends the run, so a
+test stuck every time costs two time limits, not one per worker xdist would otherwise start.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+ENDED: list[str] = []  # the tests whose worker was ended, in order (controller process)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    ENDED.append(crashitem)
+    if len(ENDED) == 1:
+        report.outcome = "rerun"
+        report.longrepr = f"{report.longrepr}: it runs once more on a new worker"
+
+
+def pytest_report_teststatus(report, config):
+    if report.outcome == "rerun":
+        return "rerun", "R", ("RERUN", {"yellow": True})
+    return None
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not ENDED:
+        return
+    terminalreporter.section("tests whose worker was ended (stuck past faulthandler_timeout)")
+    for i, test in enumerate(ENDED):
+        verdict = "ran once more on a new worker" if i == 0 else "failed"
+        terminalreporter.line(f"{test}: {verdict} (its threads' tracebacks are above)")

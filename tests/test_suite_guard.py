@@ -1,0 +1,74 @@
+"""The suite's guard against a test that never ends (``tests/helpers/stuck_tests.py``, the limits
+in pyproject.toml), on a generated test file run as ``make test`` runs the suite (pytest-xdist,
+``--dist loadfile``, this repository's pytest settings), the two time limits shortened: a test
+stuck in compiled code while holding the GIL, where pytest-timeout's signal never reaches Python,
+ends its worker with every thread's traceback; the run goes on, runs it once more, and a second
+stuck test fails and ends the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+STUCK = """
+import ctypes
+import os
+import pathlib
+
+
+def test_before():
+    pass
+
+
+def test_stuck_holding_the_gil():
+    marker = pathlib.Path(os.environ["STUCK_MARKER"])
+    if os.environ["STUCK_MODE"] == "always" or not marker.exists():
+        marker.write_text("stuck")
+        mutex = ctypes.create_string_buffer(64)  # a zeroed glibc mutex: unlocked
+        libc = ctypes.PyDLL(None)  # PyDLL keeps the GIL, as a kernel or a collective may
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)  # never returns; a signal cannot reach Python
+
+
+def test_after():
+    pass
+"""
+
+
+def run_stuck(tmp_path, mode: str) -> subprocess.CompletedProcess:
+    (tmp_path / "test_stuck.py").write_text(STUCK)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml")]
+        + ["--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-p", "tests.helpers.stuck_tests"]
+        + ["-n", "2", "--dist", "loadfile", "-o", "timeout=1", "-o", "faulthandler_timeout=3"]
+        + [str(tmp_path / "test_stuck.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,  # the point: the run ends
+        cwd=ROOT,
+        env={**os.environ, "STUCK_MARKER": str(tmp_path / "marker"), "STUCK_MODE": mode},
+    )
+
+
+def test_a_test_stuck_once_ends_its_worker_says_where_and_passes_when_run_again(tmp_path):
+    res = run_stuck(tmp_path, "once")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    # faulthandler's tracebacks, from the worker's standard error: the test's own line among them
+    assert res.stderr.count("Timeout (0:00:03)!") == 1, res.stderr[-3000:]
+    assert 'test_stuck.py", line 18 in test_stuck_holding_the_gil' in res.stderr
+    assert "replacing crashed worker" in res.stdout
+    assert "3 passed, 1 rerun" in res.stdout, res.stdout[-3000:]
+    assert "test_stuck.py::test_stuck_holding_the_gil: ran once more on a new worker" in res.stdout
+
+
+def test_a_test_stuck_every_time_fails_and_ends_the_run_after_its_second_worker(tmp_path):
+    res = run_stuck(tmp_path, "always")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stderr.count("Timeout (0:00:03)!") == 2, res.stderr[-3000:]
+    assert "maximum crashed workers reached: 1" in res.stdout
+    assert "crashed while running 'test_stuck.py::test_stuck_holding_the_gil'" in res.stdout
+    assert "1 failed, 1 passed, 1 rerun" in res.stdout, res.stdout[-3000:]
+    assert "test_stuck.py::test_stuck_holding_the_gil: failed" in res.stdout
