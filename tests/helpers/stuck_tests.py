@@ -10,8 +10,8 @@ limit, one such test held up the whole run until CI's own limit ended it, saying
 pytest-xdist then starts a new worker and, under ``--dist loadfile``, gives it the unfinished tests
 of that file again, the stuck one among them. The first worker ended in a run is reported as a
 ``rerun`` (an ``R``, and a line at the end naming the test), not a failure: the test runs once
-more. A second one fails, and with ``--max-worker-restart=1`` (pyproject.toml) ends the run, so a
-test stuck every time costs two time limits, not one per worker xdist would otherwise start.
+more. A second one fails, and with ``--max-worker-restart=1`` (the Makefile's PYTEST_ARGS) ends
+the run, so a test stuck every time costs two time limits, not one per worker xdist would start.
 """
 
 from __future__ import annotations
@@ -35,10 +35,15 @@ def pytest_report_teststatus(report, config):
     return None
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
     if not ENDED:
         return
     terminalreporter.section("tests whose worker was ended (stuck past faulthandler_timeout)")
     for i, test in enumerate(ENDED):
         verdict = "ran once more on a new worker" if i == 0 else "failed"
         terminalreporter.line(f"{test}: {verdict} (its threads' tracebacks are above)")
+    limit = config.getoption("maxworkerrestart", None)
+    if limit is not None and len(ENDED) > int(limit):  # xdist says so only without -q
+        terminalreporter.line(
+            f"the run stopped there (--max-worker-restart={limit}): the tests after it did not run"
+        )
