@@ -31,8 +31,10 @@ from tests.helpers import run_mpi
 
 # a test stuck where Python cannot run: its worker ended, the test run once more (see the module)
 from tests.helpers.stuck_tests import (  # noqa: F401  (hooks: pytest finds them by name here)
+    pytest_configure,
     pytest_handlecrashitem,
     pytest_report_teststatus,
+    pytest_runtest_logstart,
     pytest_terminal_summary,
 )
 

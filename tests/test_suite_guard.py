@@ -3,7 +3,8 @@ in pyproject.toml), on a generated test file run as ``make test`` runs the suite
 PYTEST_ARGS, this repository's pytest settings), the two time limits shortened: a test
 stuck in compiled code while holding the GIL, where pytest-timeout's signal never reaches Python,
 ends its worker with every thread's traceback; the run goes on, runs it once more, and a second
-stuck test fails and ends the run."""
+stuck test fails and ends the run. A test that crashes its worker fails, and is not run again as a
+stuck one is."""
 
 from __future__ import annotations
 
@@ -27,17 +28,22 @@ def test_before():
 
 def test_stuck_holding_the_gil():
     marker = pathlib.Path(os.environ["STUCK_MARKER"])
+    if os.environ["STUCK_MODE"] == "crash":
+        os.abort()  # a crash, not a stuck test
     if os.environ["STUCK_MODE"] == "always" or not marker.exists():
         marker.write_text("stuck")
         mutex = ctypes.create_string_buffer(64)  # a zeroed glibc mutex: unlocked
         libc = ctypes.PyDLL(None)  # PyDLL keeps the GIL, as a kernel or a collective may
         libc.pthread_mutex_lock(mutex)
-        libc.pthread_mutex_lock(mutex)  # never returns; a signal cannot reach Python
+        libc.pthread_mutex_lock(mutex)  # never returns; a signal cannot reach Python (STUCK_LINE)
 
 
 def test_after():
     pass
 """
+
+
+STUCK_LINE = 1 + next(i for i, line in enumerate(STUCK.splitlines()) if "(STUCK_LINE)" in line)
 
 
 def make_pytest_args() -> list[str]:
@@ -65,10 +71,13 @@ def test_a_test_stuck_once_ends_its_worker_says_where_and_passes_when_run_again(
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     # faulthandler's tracebacks, from the worker's standard error: the test's own line among them
     assert res.stderr.count("Timeout (0:00:03)!") == 1, res.stderr[-3000:]
-    assert 'test_stuck.py", line 18 in test_stuck_holding_the_gil' in res.stderr
+    assert f'test_stuck.py", line {STUCK_LINE} in test_stuck_holding_the_gil' in res.stderr
     assert re.search(r"\[gw\d+\] node down: Not properly terminated", res.stdout), res.stdout
     assert "3 passed, 1 rerun" in res.stdout, res.stdout[-3000:]
-    assert "test_stuck.py::test_stuck_holding_the_gil: ran once more on a new worker" in res.stdout
+    assert (
+        "test_stuck.py::test_stuck_holding_the_gil: stuck past faulthandler_timeout, ran once more"
+        " on a new worker" in res.stdout
+    )
 
 
 def test_a_test_stuck_every_time_fails_and_ends_the_run_after_its_second_worker(tmp_path):
@@ -78,8 +87,19 @@ def test_a_test_stuck_every_time_fails_and_ends_the_run_after_its_second_worker(
     assert "crashed while running 'test_stuck.py::test_stuck_holding_the_gil'" in res.stdout
     # test_after never ran: the run stopped at the second worker ended, and says so
     assert "1 failed, 1 passed, 1 rerun" in res.stdout, res.stdout[-3000:]
-    assert "test_stuck.py::test_stuck_holding_the_gil: failed" in res.stdout
+    assert "test_stuck.py::test_stuck_holding_the_gil: stuck past faulthandler_timeout, failed" in (
+        res.stdout
+    )
     assert (
         "the run stopped there (--max-worker-restart=1): the tests after it did not run"
         in res.stdout
     )
+
+
+def test_a_test_that_crashes_its_worker_fails_and_is_not_taken_for_a_stuck_one(tmp_path):
+    res = run_stuck(tmp_path, "crash")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "Timeout (" not in res.stderr and "rerun" not in res.stdout, res.stdout[-3000:]
+    assert "crashed while running 'test_stuck.py::test_stuck_holding_the_gil'" in res.stdout
+    assert "test_stuck.py::test_stuck_holding_the_gil: its worker crashed: failed" in res.stdout
+    assert "stuck past" not in res.stdout

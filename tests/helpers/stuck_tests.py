@@ -12,19 +12,37 @@ of that file again, the stuck one among them. The first worker ended in a run is
 ``rerun`` (an ``R``, and a line at the end naming the test), not a failure: the test runs once
 more. A second one fails, and with ``--max-worker-restart=1`` (the Makefile's PYTEST_ARGS) ends
 the run, so a test stuck every time costs two time limits, not one per worker xdist would start.
+A worker that dies sooner (a crash: a segfault, an abort) fails its test, as xdist does (xdist gives
+it out again with the rest of its file, and a second crash ends the run).
 """
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-ENDED: list[str] = []  # the tests whose worker was ended, in order (controller process)
+# what the controller process knows: faulthandler_timeout, when each test started on its worker,
+# and the tests whose worker died, in order, each with whether it ran past that limit
+LIMIT = [0.0]
+STARTED: dict[str, float] = {}
+DIED: list[tuple[str, bool]] = []
+
+
+def pytest_configure(config):
+    LIMIT[0] = float(config.getini("faulthandler_timeout") or 0)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    STARTED[nodeid] = time.monotonic()
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem, report, sched):
-    ENDED.append(crashitem)
-    if len(ENDED) == 1:
+    ran = time.monotonic() - STARTED.get(crashitem, time.monotonic())
+    stuck = bool(LIMIT[0]) and ran >= 0.9 * LIMIT[0]  # 0.9: the controller hears of a start late
+    DIED.append((crashitem, stuck))
+    if stuck and len(DIED) == 1:
         report.outcome = "rerun"
         report.longrepr = f"{report.longrepr}: it runs once more on a new worker"
 
@@ -36,14 +54,18 @@ def pytest_report_teststatus(report, config):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    if not ENDED:
+    if not DIED:
         return
-    terminalreporter.section("tests whose worker was ended (stuck past faulthandler_timeout)")
-    for i, test in enumerate(ENDED):
+    terminalreporter.section("tests whose worker died")
+    for i, (test, stuck) in enumerate(DIED):
+        if not stuck:
+            terminalreporter.line(f"{test}: its worker crashed: failed")
+            continue
         verdict = "ran once more on a new worker" if i == 0 else "failed"
-        terminalreporter.line(f"{test}: {verdict} (its threads' tracebacks are above)")
+        where = "its threads' tracebacks are above"
+        terminalreporter.line(f"{test}: stuck past faulthandler_timeout, {verdict} ({where})")
     limit = config.getoption("maxworkerrestart", None)
-    if limit is not None and len(ENDED) > int(limit):  # xdist says so only without -q
+    if limit is not None and len(DIED) > int(limit):  # xdist says so only without -q
         terminalreporter.line(
             f"the run stopped there (--max-worker-restart={limit}): the tests after it did not run"
         )
