@@ -29,15 +29,6 @@ import pytest
 
 from tests.helpers import run_mpi
 
-# a test stuck where Python cannot run: its worker ended, the test run once more (see the module)
-from tests.helpers.stuck_tests import (  # noqa: F401  (hooks: pytest finds them by name here)
-    pytest_configure,
-    pytest_handlecrashitem,
-    pytest_report_teststatus,
-    pytest_runtest_logstart,
-    pytest_terminal_summary,
-)
-
 # (path from the repository root, test name without its parameters, markers): fnmatch patterns.
 # mpi: real `mpirun -np 2` jobs (and 2-rank jobs of srun's tasks or torchrun); trainer: a real
 # trainer runs (mace_run_train, nequip-train, HydraGNN's training); compile: torch.compile,
@@ -137,6 +128,11 @@ def cost_markers(path: str, name: str) -> set[str]:
         if fnmatchcase(path, path_glob) and fnmatchcase(name, name_glob)
         for marker in markers
     }
+
+
+def pytest_configure(config):
+    # a test stuck where Python cannot run: its worker ended, the test run once more (the module)
+    config.pluginmanager.import_plugin("tests.helpers.stuck_tests")
 
 
 def pytest_collection_modifyitems(config, items):

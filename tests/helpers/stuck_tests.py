@@ -1,4 +1,4 @@
-"""What the suite does with a test that never ends (a pytest plugin, loaded by tests/conftest.py).
+"""What the suite does with a test that never ends (a pytest plugin, tests/conftest.py loads it).
 
 Two time limits, both set in pyproject.toml: ``timeout`` (pytest-timeout) fails a test that runs too
 long with its traceback, where Python can still run; ``faulthandler_timeout`` with
