@@ -16,9 +16,6 @@ test name, never on the test functions: ``make test`` runs the tests that carry 
 those marked ``fast``), ``make test-all`` runs everything. A new test that runs ``mpirun``, a
 trainer, a compiler, the Triton interpreter over a whole model or a benchmark end to end gets its
 row here (or matches one).
-
-A test stuck in compiled code, where pytest-timeout cannot stop it, ends its worker process
-(``faulthandler_timeout``, pyproject.toml) and runs once more: ``tests/helpers/stuck_tests.py``.
 """
 
 from __future__ import annotations
