@@ -297,16 +297,22 @@ def sections(template: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class HeadlineRow:
-    """One row of README's table: the figure in ``column`` of the rows of table ``table`` of
-    ``benchmarks/results/<record>.json`` that match ``ways[way]`` (column -> cell text); a way
-    of None was not measured."""
+    """One row of README's table: the figure in ``column`` of the rows of table ``table`` that
+    match ``ways[way]`` (column -> cell text; a way of None was not measured), in each of the
+    records ``record`` names (``benchmarks/results/<name>.json``; one name or a tuple of the
+    runs of the same workload on the same device). Several runs show as a range; a ratio is
+    taken within each run, never across runs."""
 
     what: str
-    record: str
+    record: str | tuple[str, ...]
     table: str
     column: str
     unit: str
     ways: dict
+
+    @property
+    def records(self) -> tuple[str, ...]:
+        return (self.record,) if isinstance(self.record, str) else tuple(self.record)
 
 
 HEADLINE = (
@@ -325,7 +331,7 @@ HEADLINE = (
     *(
         HeadlineRow(
             f"MACE train step, 4000 atoms, {dtype}",
-            "gpu_mace_step-h200-all-backends",
+            ("gpu_mace_step-h200-all-backends", "gpu_mace_step-h200"),
             "step",
             "train ms",
             "ms",
@@ -349,23 +355,15 @@ HEADLINE = (
             "ours": {"dtype": "float64", "atoms": "2048", "way": "fused[triton]"},
         },
     ),
-    HeadlineRow(
-        "`mace_run_train` epoch, 300 structures, float32",
-        "gpu_mace_epoch-h100",
-        "epoch",
-        "epoch 2 (train + validation) s",
-        "s",
-        {
-            "stock": {"way": "stock"},
-            "cuEquivariance": {"way": "cueq"},
-            "ours": {"way": "fused+binpack[triton]"},
-        },
-    ),
 )
 
+WAYS = ("stock", "cuEquivariance", "ours")
 
-def _figure(rec: dict, spec: HeadlineRow, way: str) -> str | None:
-    where = f"README headline '{spec.what}': benchmarks/results/{spec.record}.json"
+
+def _figure(rec: dict, spec: HeadlineRow, way: str, name: str) -> str | None:
+    """The cell of ``way`` in record ``name``; None where the way was not measured or (a record
+    of several) that run has no such row."""
+    where = f"README headline '{spec.what}': benchmarks/results/{name}.json"
     match = spec.ways[way]
     if match is None:
         return None
@@ -379,9 +377,57 @@ def _figure(rec: dict, spec: HeadlineRow, way: str) -> str | None:
     rows = [
         r for r in tables[0]["rows"] if all(str(r[columns.index(c)]) == v for c, v in match.items())
     ]
+    if len(rows) == 0 and len(spec.records) > 1:
+        return None
     if len(rows) != 1:
         raise RecordError(f"{where}: {len(rows)} rows of table '{spec.table}' match {match}")
     return cell(rows[0][columns.index(spec.column)])
+
+
+def _span(values: list[float], fmt: str) -> str:
+    low, high = min(values), max(values)
+    return (
+        fmt.format(low)
+        if fmt.format(low) == fmt.format(high)
+        else f"{fmt.format(low)}-{fmt.format(high)}"
+    )
+
+
+def headline_cells(records: dict[str, dict], spec: HeadlineRow) -> dict[str, str]:
+    """The stock, cuEquivariance and ours cells of one row. A figure is bold only where it is the
+    fastest of its row in every run; ours carries its ratios to the others, run by run."""
+    for name in spec.records:
+        if name not in records:
+            raise RecordError(
+                f"README headline '{spec.what}': no record benchmarks/results/{name}.json"
+            )
+    runs = [
+        {w: _figure(records[n], spec, w, n) for w in WAYS} for n in spec.records
+    ]  # one dict per run: way -> cell text or None
+    runs = [r for r in runs if r["ours"] is not None]
+    if not runs:
+        raise RecordError(f"README headline '{spec.what}': no run measured ours")
+    numbers = [{w: _number(v) for w, v in r.items() if v is not None} for r in runs]
+    fastest = {min(n, key=n.get) if len(n) > 1 else None for n in numbers}
+    bold = fastest.pop() if len(fastest) == 1 else None
+    cells = {}
+    for way in WAYS:
+        texts = [r[way] for r in runs if r[way] is not None]
+        if not texts:
+            cells[way] = "-"
+            continue
+        values = [_number(t) for t in texts]
+        text = texts[0] if len(set(texts)) == 1 else f"{min(values):g}-{max(values):g}"
+        text = f"{text} {spec.unit}"
+        cells[way] = f"**{text}**" if way == bold else text
+    ratios = []
+    for way, label in (("stock", "stock"), ("cuEquivariance", "cuEq.")):
+        both = [n["ours"] / n[way] for n in numbers if way in n]
+        if both:
+            ratios.append(f"{_span(both, '{:.2f}')}x {label}")
+    if ratios:
+        cells["ours"] += f" ({', '.join(ratios)})"
+    return cells
 
 
 def render_headline(
@@ -390,37 +436,26 @@ def render_headline(
     page: str = "docs/benchmarks.md",
     specs: tuple[HeadlineRow, ...] = HEADLINE,
 ) -> str:
-    """README's headline table (``specs``), each row's ratios taken within its record."""
+    """README's headline table (``specs``), each row's ratios taken within its records."""
     where = sections(template)
     rows = []
     for spec in specs:
-        if spec.record not in records:
-            raise RecordError(
-                f"README headline '{spec.what}': no record benchmarks/results/{spec.record}.json"
-            )
-        rec = records[spec.record]
-        fig = {way: _figure(rec, spec, way) for way in ("stock", "cuEquivariance", "ours")}
-        ours = f"**{fig['ours']} {spec.unit}**"
-        ratios = [
-            f"{_number(fig['ours']) / _number(fig[way]):.2f}x {label}"
-            for way, label in (("stock", "stock"), ("cuEquivariance", "cuEq."))
-            if fig[way] is not None
-        ]
+        cells = headline_cells(records, spec)
+        first = records[spec.records[0]]
         rows.append(
             [
-                f"[{spec.what}]({page}#{where.get(spec.record, '')})",
-                short_device(rec["device"]),
-                f"{fig['stock']} {spec.unit}" if fig["stock"] else "-",
-                f"{fig['cuEquivariance']} {spec.unit}" if fig["cuEquivariance"] else "-",
-                f"{ours} ({', '.join(ratios)})",
+                f"[{spec.what}]({page}#{where.get(spec.records[0], '')})",
+                short_device(first["device"]),
+                *(cells[w] for w in WAYS),
             ]
         )
     lines = markdown_table(["measured", "device", "stock", "cuEquivariance", "cfm-plugins"], rows)
     lines += [
         "",
         "cfm-plugins: binpack + fused (on GPUs the fused kernels' Triton backend); in brackets its "
-        "time over stock's and cuEquivariance's in the same run. All results with their commands, "
-        f"versions and dates: [{page}]({page}).",
+        "time over stock's and cuEquivariance's in the same run; a range where runs differ; bold: "
+        "the fastest of the row in every run. All results with their commands, versions and "
+        f"dates: [{page}]({page}).",
     ]
     return "\n".join(lines)
 

@@ -6,17 +6,13 @@
     cfm-run --enable binpack -- python my_train.py --epochs 3
     cfm-run --list
 
-The trainer command after ``--`` is a console script (e.g. ``mace_run_train``), ``python
-script.py ARGS`` or ``python -m module ARGS``; it runs in this process, after the plugins are
-enabled and the process group exists. ``--cfm-<key>=<value>`` options in the trainer command
-are taken out and become plugin options (names no installed plugin declares are refused). The
-adapter serving the trainer command is enabled by itself. The ranks come from the launcher
-(:mod:`cfm_plugins.launchers`). A failure on one rank ends all ranks (MPI Abort; under srun and
-torchrun through the rendezvous store) instead of leaving them waiting; a collective that times
-out names the stalled rank.
-Temporary files (the trainer's config without its ``cfm_plugins:`` key, one copy per job) are
-removed by the last rank to exit, also after a failure or a termination signal; where every rank
-was killed, by the next cfm-run (:mod:`cfm_plugins.tempcopy`).
+The trainer command after ``--`` (a console script, ``python script.py ARGS`` or ``python -m
+module ARGS``) runs in this process, after the plugins are enabled (the adapter serving it by
+itself) and the process group exists; its ``--cfm-<key>=<value>`` options become plugin options.
+The ranks come from the launcher (:mod:`cfm_plugins.launchers`). A failure on one rank ends all
+ranks instead of leaving them waiting; a collective that times out names the stalled rank.
+Temporary files are removed by the last rank to exit, or by the next cfm-run
+(:mod:`cfm_plugins.tempcopy`).
 """
 
 from __future__ import annotations
@@ -105,8 +101,8 @@ def print_plugins(out=sys.stdout) -> None:
         if info.name in cat.broken:
             print(f"    cannot be loaded: {cat.broken[info.name]}", file=out)
     print(
-        "\noptions (--cfm-<name>=V in the trainer command, CFM_<NAME>=V, -o name=V, or the "
-        "cfm_plugins: key):",
+        "\noptions (highest precedence first: -o name=V on cfm-run, --cfm-<name>=V in the trainer "
+        "command, CFM_<NAME>=V in the environment, the cfm_plugins: key of the trainer's config):",
         file=out,
     )
     for name, decl in cat.options().items():

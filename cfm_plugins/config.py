@@ -1,24 +1,18 @@
 """One typed configuration from the places a user can enable plugins and set options.
 
-Sources, highest precedence first:
+Sources, highest precedence first (:func:`build_config` merges them):
 
 1. the command line of ``cfm-run``: ``--enable binpack,fused``, ``--device`` and ``-o key=value``;
 2. ``--cfm-<key>=<value>`` options left in the trainer's own command (removed before it runs);
 3. the environment: ``CFM_PLUGINS=binpack,fused`` and ``CFM_<KEY>=<value>`` for options
-   (e.g. ``CFM_MAX_TOKENS=3072``). ``CFM_PLUGINS_*`` (build switches) and ``CFM_LOG_LEVEL`` are
-   reserved and are not options;
-4. a ``cfm_plugins:`` key in the YAML file given to the trainer as ``--config FILE`` (or in the
-   JSON file given as an argument, ``python train.py config.json``, as HydraGNN's scripts take it,
-   or the Hydra config ``-cn NAME [-cp DIR]`` of nequip-train): either a
-   list/comma string of names, or a mapping ``{enable: [...], <option>: <value>, ...}``. The
-   key is removed from a temporary copy of the file before the trainer reads it (trainers reject
-   unknown keys); one copy per job, removed when the last rank exits, also after a failure or a
-   kill (:mod:`cfm_plugins.tempcopy`).
+   (``CFM_PLUGINS_*`` build switches and ``CFM_LOG_LEVEL`` are reserved, not options);
+4. a ``cfm_plugins:`` key in the trainer's config file (``--config`` YAML, a JSON argument, or a
+   Hydra config; :func:`read_config_file_section`): names, or ``{enable: [...], <option>: ...}``.
 
 The first source that names plugins decides which are enabled; options merge, higher precedence
-winning. Where one source overrides another, :attr:`Config.notes` says which won and what it
-replaced (cfm-run logs these). Option names are checked against what the installed plugins
-declare (:meth:`Config.check_options`): an unknown name is an error suggesting the closest one.
+winning. :attr:`Config.notes` says which source won where one overrides another (cfm-run logs
+these). Option names are checked against what the installed plugins declare
+(:meth:`Config.check_options`): an unknown name is an error suggesting the closest one.
 """
 
 from __future__ import annotations
@@ -257,12 +251,17 @@ def near_section_keys(data: dict) -> list[str]:
 
 def read_config_file_section(argv: list[str], rewrite: bool = True, warnings=None) -> dict:
     """Read (and strip) the ``cfm_plugins:`` key of the trainer's ``--config`` YAML (or of the
-    Hydra config ``-cn NAME [-cp DIR]`` of trainers such as nequip-train).
+    JSON file given as an argument, ``python train.py config.json``, as HydraGNN's scripts take
+    it, or of the Hydra config ``-cn NAME [-cp DIR]`` of trainers such as nequip-train). The key
+    holds a list/comma string of plugin names, or a mapping ``{enable: [...], <option>: <value>,
+    ...}``.
 
     When the key is present and ``rewrite`` is true, a copy of the file without it is written to
     a temporary directory and ``argv`` is changed in place to point to the copy. Where it is absent
     and a top-level key looks like a misspelling of it (``cfm_plugin:``), a warning saying "did you
     mean" is appended to ``warnings`` (a list): the trainer would run without the plugins.
+    Trainers reject unknown keys, hence the copy: one copy per job, removed when the last rank
+    exits, also after a failure or a kill (:mod:`cfm_plugins.tempcopy`).
     """
     loc = find_config_file(argv)
     hydra = None

@@ -1,54 +1,16 @@
 """The ranks: who they are (from the launcher), and the torch.distributed rendezvous done for the
 trainer.
 
-The launcher that started this process (``mpirun``, ``srun``, ``torchrun``, or none) is found by
-:func:`cfm_plugins.launchers.detect` (the rule when several launchers' variables are present is
-there), and logged once at start.
-
-- **mpirun**: every rank learns its rank, world size and node-local rank from MPI (mpi4py). Rank 0
-  opens the rendezvous (a ``TCPStore`` on a socket it binds itself) and broadcasts its address.
-- **srun**: ranks from Slurm's variables (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``,
-  ``SLURM_LOCALID``); the first task on the step's first node opens the rendezvous, on the
-  loopback address when the step runs on one node, else on the first node's address, at a port
-  every task derives from the job and step ids (:func:`cfm_plugins.launchers.slurm_port`;
-  options ``master_addr``/``master_port`` override both).
-- **torchrun**: ranks from its variables; the rendezvous is torchrun's own store
-  (``MASTER_ADDR``/``MASTER_PORT``).
-
-Without MPI the ranks agree through the rendezvous store: :class:`StoreComm` offers what the
-plugins ask of an mpi4py communicator (``allgather``, ``allreduce``, ``bcast``, ``Barrier``,
-``Abort``), so ``dist.comm`` is a communicator whichever launcher started the ranks. Every rank
-checks in at the rendezvous; where one never comes (the launcher's variables say two ranks but one
-process started), the others stop after ``collective_timeout`` seconds naming the missing ranks.
-A process whose launcher's variables say "one of several tasks" but which ends up alone stops
-with an error (:func:`cfm_plugins.launchers.lone_process_error`): two processes never each train
-alone over the same files. Then every rank joins the process group (gloo on CPU, nccl on GPU). The
-torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``) are exported so trainers that read them keep working.
-
-Where the rendezvous listens (it has no authentication, so it must not listen where it need not):
-
-- all ranks on one node: ``127.0.0.1`` only, and gloo's own connections stay on the loopback
-  interface (``GLOO_SOCKET_IFNAME=lo`` unless you set it); under mpirun, Open MPI's TCP transport,
-  which would listen on every interface, is not started (:func:`keep_mpi_off_the_network`);
-- several nodes: only the address of the chosen interface (option ``rendezvous_interface``,
-  e.g. ``ib0``; default: the interface of the default route; under srun the first node's address
-  as the nodes resolve its name), and gloo/nccl use that interface too
-  (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` unless you set them). The option
-  ``master_addr`` (or ``MASTER_ADDR``) names an address of the rendezvous host instead.
-
-The options this module reads (``device``, ``backend``, ``rendezvous_interface``, ...) and the
-default :func:`~cfm_plugins.hookspec.cfm_init_distributed` are the core plugin's
-(:mod:`cfm_plugins.plugins.core`); this module implements no hook.
-
-A collective that waits longer than ``collective_timeout`` seconds (default 300) fails; cfm-run
-then names the rank(s) that never reached it (see :func:`stalled_ranks`) and ends every rank.
-
-With ``device=cuda`` each rank takes the GPU of its node-local rank (``cuda:<local_rank % GPUs>``)
-and the nccl backend; where ranks share a GPU (more ranks than GPUs on a node), nccl refuses to
-run, so the backend is gloo (a warning names the ranks; ``backend=nccl`` there is an error at
-start). Where some rank's torch sees no GPU, every rank raises the same :class:`SetupError`
-(naming those ranks, their hosts and the cause) before the process group.
+:func:`init_distributed` finds the launcher (``mpirun``, ``srun``, ``torchrun`` or none, by
+:func:`cfm_plugins.launchers.detect`), opens or joins the rendezvous, joins the process group
+(gloo on CPU and where ranks share a GPU, nccl on GPUs) and exports the torchrun-style variables
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) for trainers that
+read them. Without MPI, :class:`StoreComm` gives the plugins an mpi4py-like communicator over the
+rendezvous store, so ``dist.comm`` is one whichever launcher started the ranks. The rendezvous
+has no authentication and listens only where it must (docs/ranks.md). A collective that waits
+longer than ``collective_timeout`` seconds fails, and :func:`stalled_ranks` names the ranks that
+never reached it. The options read here (``device``, ``backend``, ``rendezvous_interface``, ...)
+are declared by the core plugin (:mod:`cfm_plugins.plugins.core`); this module implements no hook.
 """
 
 from __future__ import annotations
@@ -432,7 +394,40 @@ def _device_source(config) -> str | None:
 
 def init_distributed(config=None) -> DistInfo:
     """The ranks from the launcher (:func:`cfm_plugins.launchers.detect`) and a torch.distributed
-    process group for them (idempotent)."""
+    process group for them (idempotent). The launcher is logged once at start.
+
+    - **mpirun**: every rank learns its rank, world size and node-local rank from MPI (mpi4py).
+      Rank 0 opens the rendezvous (a ``TCPStore`` on a socket it binds itself) and broadcasts its
+      address.
+    - **srun**: ranks from Slurm's variables (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``,
+      ``SLURM_LOCALID``); the first task on the step's first node opens the rendezvous, on the
+      loopback address when the step runs on one node, else on the first node's address, at a
+      port every task derives from the job and step ids (:func:`cfm_plugins.launchers.slurm_port`;
+      options ``master_addr``/``master_port`` override both).
+    - **torchrun**: ranks from its variables; the rendezvous is torchrun's own store
+      (``MASTER_ADDR``/``MASTER_PORT``).
+
+    Every rank checks in at the rendezvous; where one never comes (the launcher's variables say
+    two ranks but one process started), the others stop after ``collective_timeout`` seconds
+    naming the missing ranks. A process whose launcher's variables say "one of several tasks" but
+    which ends up alone stops with an error (:func:`cfm_plugins.launchers.lone_process_error`):
+    two processes never each train alone over the same files.
+
+    Where the rendezvous listens: with all ranks on one node, ``127.0.0.1`` only, and gloo's own
+    connections stay on the loopback interface (``GLOO_SOCKET_IFNAME=lo`` unless set); under
+    mpirun, Open MPI's TCP transport, which would listen on every interface, is not started
+    (:func:`keep_mpi_off_the_network`). Across nodes, only the address of the chosen interface
+    (option ``rendezvous_interface``, e.g. ``ib0``; default: the interface of the default route;
+    under srun the first node's address as the nodes resolve its name), and gloo/nccl use that
+    interface too (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` unless set). The option
+    ``master_addr`` (or ``MASTER_ADDR``) names an address of the rendezvous host instead.
+
+    With ``device=cuda`` each rank takes the GPU of its node-local rank (``cuda:<local_rank %
+    GPUs>``) and the nccl backend; where ranks share a GPU, nccl refuses to run, so the backend is
+    gloo (a warning names the ranks; ``backend=nccl`` there is an error at start,
+    :func:`_choose_backend`). Where some rank's torch sees no GPU, every rank raises the same
+    :class:`SetupError` (naming those ranks, their hosts and the cause) before the process group.
+    A collective's timeout defaults to 300 s; cfm-run then ends every rank."""
     get = config.get if config is not None else (lambda k, d=None, t=None: d)
     timeout_s = get("collective_timeout", DEFAULT_TIMEOUT_S, float)
     if not 0 < timeout_s < math.inf:  # cfm-run checked it at start; this guards direct callers

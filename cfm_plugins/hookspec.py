@@ -1,24 +1,18 @@
 """The hook specifications: the contract between cfm-plugins' core, its features and adapters.
 
-Every plugin (a feature such as ``binpack`` or ``fused``, or a trainer adapter such as ``mace``)
-is a module or object registered under the entry-point group ``cfm_plugins`` that implements some
-of these hooks with :data:`hookimpl`. A plugin that does not care about a hook does not implement
-it. The hooks are grouped by the phase of a run in which they are called:
+A plugin (a feature such as ``binpack``, or a trainer adapter such as ``mace``) is registered under
+the entry-point group ``cfm_plugins`` and implements the hooks it needs with :data:`hookimpl`:
 
-1. **Start-up** (in ``cfm-run``, before any rank talks to another): :func:`cfm_declare_options`,
+1. **Start-up** (``cfm-run``, before any rank talks to another): :func:`cfm_declare_options`,
    :func:`cfm_adapter_serves`, :func:`cfm_needs_adapter`, :func:`cfm_configure`.
 2. **Ranks**: :func:`cfm_init_distributed`.
 3. **Trainer run** (every rank): :func:`cfm_before_trainer`, :func:`cfm_trainer_settings`,
    :func:`cfm_after_trainer`.
-4. **Data** (called by adapters when the trainer builds its loaders): :func:`cfm_graph_sizes`,
+4. **Data** (adapters, when the trainer builds its loaders): :func:`cfm_graph_sizes`,
    :func:`cfm_needs_edges`, :func:`cfm_needs_step_times`, :func:`cfm_batch_sampler`,
    :func:`cfm_batch_budget`.
-5. **Model** (called by adapters around model construction and saving): :func:`cfm_patch_model`,
+5. **Model** (adapters, around building and saving it): :func:`cfm_patch_model`,
    :func:`cfm_static_forward`, :func:`cfm_unpatch_model`.
-
-Every hook that gets ``config`` can reach the others through ``config.pm.hook``: the
-configuration carries the plugin manager, there is no process-wide session.
-``firstresult`` hooks stop at the first plugin returning something other than ``None``.
 """
 
 from __future__ import annotations
@@ -37,6 +31,9 @@ if TYPE_CHECKING:  # the types of the hook arguments, for readers and type check
 
 PROJECT = "cfm_plugins"
 
+# A plugin is a module or object. Every hook that gets ``config`` can reach the others through
+# ``config.pm.hook``: the configuration carries the plugin manager, there is no process-wide
+# session. ``firstresult`` hooks stop at the first plugin returning something other than ``None``.
 hookspec = pluggy.HookspecMarker(PROJECT)
 #: Decorate a plugin's hook implementations with this.
 hookimpl = pluggy.HookimplMarker(PROJECT)

@@ -13,9 +13,11 @@ at start. The innermost launcher, the one that started this very process, wins:
    ``MV2_COMM_WORLD_SIZE``. Inside a Slurm allocation mpirun starts its daemons with srun (one task
    per node), so its ranks also carry that srun step's variables: they describe the daemons, and
    are ignored.
-3. **srun**: a task of a Slurm job step of more than one task (``SLURM_STEP_ID`` a step number,
-   ``SLURM_STEP_NUM_TASKS`` > 1, rank ``SLURM_PROCID``, node-local rank ``SLURM_LOCALID``). srun's
-   MPI plugins (``--mpi=pmix``, ``pmi2``, Cray's) add PMI/PMIx variables: srun still decides.
+3. **srun**: a task of a Slurm job step of more than one task (``SLURM_STEP_ID`` or
+   ``SLURM_STEPID`` a step number, ``SLURM_STEP_NUM_TASKS`` or else ``SLURM_NTASKS`` > 1, rank
+   ``SLURM_PROCID``, node-local rank ``SLURM_LOCALID``; the line cfm-run logs names the variables
+   it read). srun's MPI plugins (``--mpi=pmix``, ``pmi2``, Cray's) add PMI/PMIx variables: srun
+   still decides.
    A Slurm batch script (the batch step) and an ``salloc`` shell are no task of a step (no
    ``SLURM_STEP_ID``, or one of Slurm's special step ids): ``SLURM_NTASKS`` there is the
    allocation's, and a plain ``cfm-run`` runs one rank.
@@ -190,8 +192,21 @@ def slurm_step_tasks(environ=os.environ) -> int | None:
     """The task count of the srun step this process belongs to (None: not an srun task)."""
     if slurm_step(environ) is None:
         return None
-    tasks = int_variable(environ, "SLURM_STEP_NUM_TASKS", 1)
-    return tasks if tasks is not None else int_variable(environ, "SLURM_NTASKS", 1)
+    return int_variable(environ, slurm_names(environ)[1], 1)
+
+
+def slurm_names(environ=os.environ) -> tuple[str, str]:
+    """The names of the variables that give this srun task's step id and its step's task count:
+    ``SLURM_STEP_ID`` (else the older ``SLURM_STEPID``) and ``SLURM_STEP_NUM_TASKS`` (else
+    ``SLURM_NTASKS``, which srun sets to the step's count too), so that messages name what was
+    read."""
+    step = "SLURM_STEP_ID" if "SLURM_STEP_ID" in environ else "SLURM_STEPID"
+    tasks = (
+        "SLURM_STEP_NUM_TASKS"
+        if environ.get("SLURM_STEP_NUM_TASKS", "").strip()
+        else "SLURM_NTASKS"
+    )
+    return step, tasks
 
 
 def _mpirun_variables(environ) -> tuple[str, str, str | None, str | None] | None:
@@ -207,14 +222,14 @@ def detect(environ=os.environ) -> Launch:
     Raises :class:`LauncherError` when the chosen launcher's variables cannot be read."""
     ignored: list[str] = []
     step, step_tasks = slurm_step(environ), slurm_step_tasks(environ)
+    step_var, tasks_var = slurm_names(environ)
     torchrun = "TORCHELASTIC_RUN_ID" in environ and "RANK" in environ and "WORLD_SIZE" in environ
     mpirun = _mpirun_variables(environ)
 
     if torchrun:
         if step_tasks and step_tasks > 1:
             ignored.append(
-                f"an srun step of {step_tasks} tasks (SLURM_STEP_ID={step}): the torchruns it "
-                "started"
+                f"an srun step of {step_tasks} tasks ({step_var}={step}): the torchruns it started"
             )
         if mpirun:
             ignored.append(f"{mpirun[0]}={environ[mpirun[0]]} (the launcher of torchrun)")
@@ -223,7 +238,7 @@ def detect(environ=os.environ) -> Launch:
         size_var, rank_var, local_var, local_size_var = mpirun
         if step_tasks:
             ignored.append(
-                f"SLURM_STEP_ID={step} with {step_tasks} task(s): mpirun's daemons, started by srun"
+                f"{step_var}={step} with {step_tasks} task(s): mpirun's daemons, started by srun"
             )
         world = int_variable(environ, size_var, 1)
         rank = int_variable(environ, rank_var)
@@ -246,14 +261,14 @@ def detect(environ=os.environ) -> Launch:
     if any(k in environ for k in MPI_VARIABLES):
         name = next(k for k in MPI_VARIABLES if k in environ)
         if step_tasks == 1:
-            ignored.append(f"SLURM_STEP_ID={step} with 1 task")
+            ignored.append(f"{step_var}={step} with 1 task")
         return Launch(MPI, ((name, environ[name]),), job=environ.get("PMIX_NAMESPACE", ""))
     if "RANK" in environ and "WORLD_SIZE" in environ:
         return _torch_env(environ, ENV, ignored)
     if step_tasks == 1:
         return Launch(
             NONE,
-            (("SLURM_STEP_ID", step), ("SLURM_STEP_NUM_TASKS", "1")),
+            ((step_var, step), (tasks_var, "1")),
             rank=0,
             world_size=1,
         )
@@ -312,18 +327,22 @@ def _torch_env(environ, launcher: str, ignored: list[str]) -> Launch:
 
 
 def _srun(environ, step: str, tasks: int, ignored: list[str]) -> Launch:
+    step_var, tasks_var = slurm_names(environ)
     rank = int_variable(environ, "SLURM_PROCID")
     if rank is None:
         raise LauncherError(
-            f"SLURM_STEP_ID={step} and SLURM_STEP_NUM_TASKS={tasks} are set but SLURM_PROCID is "
+            f"{step_var}={step} and {tasks_var}={tasks} are set but SLURM_PROCID is "
             "not: this process cannot tell its rank"
         )
-    _check_rank(rank, tasks, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
+    _check_rank(rank, tasks, "SLURM_PROCID", tasks_var)
     node_var = "SLURM_STEP_NODELIST" if environ.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
     nodes = tuple(expand_hostlist(environ.get(node_var, "")))
+    # the step's node count: SLURM_STEP_NUM_NODES, else the hosts of the node list read
+    nodes_said = ("SLURM_STEP_NUM_NODES", environ.get("SLURM_STEP_NUM_NODES", ""))
     num_nodes = int_variable(environ, "SLURM_STEP_NUM_NODES", 1)
     if num_nodes is None:
         num_nodes = len(nodes) if nodes else None
+        nodes_said = (node_var, environ.get(node_var, ""))
     node_rank = int_variable(environ, "SLURM_NODEID")
     if nodes and node_rank is not None and node_rank >= len(nodes):
         raise LauncherError(
@@ -342,12 +361,12 @@ def _srun(environ, step: str, tasks: int, ignored: list[str]) -> Launch:
     job_id = environ.get("SLURM_JOB_ID", "")
     evidence = [
         ("SLURM_JOB_ID", job_id),
-        ("SLURM_STEP_ID", step),
-        ("SLURM_STEP_NUM_TASKS", str(tasks)),
+        (step_var, step),
+        (tasks_var, str(tasks)),
         ("SLURM_PROCID", str(rank)),
     ]
     if num_nodes is not None:
-        evidence.append(("SLURM_STEP_NUM_NODES", str(num_nodes)))
+        evidence.append(nodes_said)
     return Launch(
         SRUN,
         tuple(evidence),
@@ -408,8 +427,9 @@ def lone_process_error(launch: Launch, world_size: int, environ=os.environ) -> s
     if launch.launcher != MPIRUN:
         tasks = slurm_step_tasks(environ)
         if tasks and tasks > 1:
+            task = environ.get("SLURM_PROCID", "?")
             claims.append(
-                f"SLURM_STEP_NUM_TASKS={tasks} (task {environ.get('SLURM_PROCID', '?')} of srun "
+                f"{slurm_names(environ)[1]}={tasks} (task {task} of srun "
                 f"step {environ.get('SLURM_JOB_ID', '?')}.{slurm_step(environ)})"
             )
     for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"):

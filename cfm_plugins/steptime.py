@@ -1,22 +1,14 @@
 """What adapters share to time training steps and keep a sampler's resume state (``cost=auto``,
 ``step_log``).
 
-Timing. A synchronous data-parallel step waits for its slowest rank inside backward (DDP's
-gradient all-reduce), so the wall time of a whole step is the same on every rank whatever the
-imbalance. The compute of one rank is its forward plus its backward up to the moment its last
-gradient bucket is handed to the all-reduce (:meth:`StepTimer.attach` registers a DDP
-communication hook that marks it); or the CPU time of the training thread, which on CPU runs the
-forward and backward itself and uses none while it waits for the other ranks (the gloo
-all-reduce runs on gloo's threads): the rank's work, whatever else shares its cores.
-
-Hand-over. An adapter gives each timed step to the training loader's batch sampler with
-:func:`hand_over` (the ``record_step`` protocol of
-:func:`cfm_plugins.hookspec.cfm_needs_step_times`; and ``record_time``, from which binpack reports
-the measured balance at the end of the run).
-
-Resume. :class:`SamplerStateFile` keeps ``batch_sampler.resume_state()`` in a JSON file beside the
-trainer's checkpoints (rank 0 writes it when it changes; every rank reads it on resume, as every
-rank reads the trainer's checkpoint), for trainers whose checkpoints hold no sampler state.
+- :class:`StepTimer` times one rank's *compute* of a step (the wall time of a whole synchronous
+  step is the same on every rank, whatever the imbalance): forward plus backward up to the last
+  gradient bucket handed to DDP's all-reduce, and the training thread's CPU time.
+- :func:`hand_over` gives each timed step to the training loader's batch sampler (the
+  ``record_step`` protocol of :func:`cfm_plugins.hookspec.cfm_needs_step_times`, and
+  ``record_time``, from which binpack reports the measured balance at the end of the run).
+- :class:`SamplerStateFile` keeps ``batch_sampler.resume_state()`` in a JSON file beside the
+  trainer's checkpoints, for trainers whose checkpoints hold no sampler state.
 """
 
 from __future__ import annotations
@@ -28,7 +20,15 @@ log = logging.getLogger("cfm_plugins")
 
 
 class StepTimer:
-    """Wall and thread CPU time of one step's compute on this rank: :meth:`start`, :meth:`stop`."""
+    """Wall and thread CPU time of one step's compute on this rank: :meth:`start`, :meth:`stop`.
+
+    A synchronous data-parallel step waits for its slowest rank inside backward (DDP's gradient
+    all-reduce), so the wall time of a whole step is the same on every rank whatever the
+    imbalance. The compute of one rank is its forward plus its backward up to the moment its last
+    gradient bucket is handed to the all-reduce (:meth:`attach` registers a DDP communication hook
+    that marks it); or the CPU time of the training thread, which on CPU runs the forward and
+    backward itself and uses none while it waits for the other ranks (the gloo all-reduce runs on
+    gloo's threads): the rank's work, whatever else shares its cores."""
 
     def __init__(self):
         self._t0 = self._c0 = None
@@ -125,7 +125,9 @@ def wants_step_times(config) -> bool:
 
 
 class SamplerStateFile:
-    """A training sampler's resume state in a JSON file beside the trainer's checkpoints."""
+    """A training sampler's resume state in a JSON file beside the trainer's checkpoints (rank 0
+    writes it when it changes; every rank reads it on resume, as every rank reads the trainer's
+    checkpoint)."""
 
     def __init__(self, path, rank: int):
         self.path = str(path)

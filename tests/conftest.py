@@ -46,7 +46,9 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tests/adapters/mace/test_tiny_runs.py", "*_so_ranks_train_one_model", ("mpi",)),
     ("tests/adapters/mace/test_tiny_runs.py", "test_cost_auto_*", ("mpi",)),
     ("tests/adapters/mace/test_weighting.py", "*_on_two_ranks", ("mpi",)),
+    ("tests/adapters/mace/test_workflows.py", "*", ("mpi", "trainer")),
     ("tests/adapters/mace/test_data_checks.py", "test_mace_run_train_*", ("trainer",)),
+    ("tests/adapters/mace/test_data_checks.py", "test_mace_run_train_mpirun_*", ("mpi",)),
     ("tests/adapters/mace/test_guard.py", "*", ("trainer",)),
     ("tests/adapters/mace/test_guard.py", "test_mpirun_*", ("mpi",)),
     # HydraGNN's training (examples/hydragnn/train.py; from source: its MACE stack)
@@ -54,6 +56,7 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tests/adapters/hydragnn/test_adapter.py", "test_every_graph_once_*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_adapter.py", "test_reference_run_*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_adapter.py", "test_cost_auto_*", ("mpi", "trainer")),
+    ("tests/adapters/hydragnn/test_adapter.py", "test_the_example_trains_*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_guard.py", "*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_adapter_mace.py", "*", ("mpi", "trainer")),
     # nequip-train (in .venv-nequip)
@@ -110,6 +113,7 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         for name in ("*smoke_run*", "*tile_sweep*", "test_kernels_time_*")
     ),
     ("tests/tools/test_triton_host.py", "*", ("bench",)),
+    ("tests/benchmarks/test_startup.py", "*", ("mpi", "trainer")),
     # long for other reasons
     ("tests/test_build.py", "test_build_jobs_*", ("slow",)),
     ("tests/ops/test_symmetric_contraction_mace.py", "*", ("slow",)),

@@ -111,6 +111,44 @@ def test_an_srun_task_gets_its_rank_world_and_first_node():
     assert detect(one_node).single_node is True
 
 
+def test_the_srun_line_names_the_variables_it_read():
+    """Where srun's task carries Slurm's older names only (``SLURM_STEPID``, ``SLURM_NTASKS``, no
+    ``SLURM_STEP_NUM_*``), the line cfm-run logs, its errors and the lone-process message name
+    those, never a variable that is not set."""
+    older = {
+        k: v
+        for k, v in SRUN_TASK.items()
+        if k not in ("SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES")
+    }
+    older["SLURM_STEPID"] = older.pop("SLURM_STEP_ID")
+    launch = detect(older)
+    assert (launch.launcher, launch.rank, launch.world_size, launch.node_rank) == ("srun", 1, 2, 1)
+    assert launch.describe() == (
+        "srun (SLURM_JOB_ID=4242, SLURM_STEPID=0, SLURM_NTASKS=2, SLURM_PROCID=1, "
+        "SLURM_STEP_NODELIST=gpu[07-08])"
+    )
+    assert "SLURM_STEP_NUM" not in launch.describe() and "SLURM_STEP_ID" not in launch.describe()
+    with pytest.raises(LauncherError, match=r"SLURM_PROCID=2 is not below SLURM_NTASKS=2"):
+        detect(dict(older, SLURM_PROCID="2"))
+    no_rank = {k: v for k, v in older.items() if k != "SLURM_PROCID"}
+    with pytest.raises(LauncherError, match=r"SLURM_STEPID=0 and SLURM_NTASKS=2 are set"):
+        detect(no_rank)
+    alone = dict(older, **dict(TORCHRUN_WORKER, RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1"))
+    assert "SLURM_NTASKS=2 (task 1 of srun step 4242.0)" in lone_process_error(
+        detect(alone), 1, alone
+    )
+    # the job's node list when the step's is not set either
+    job_nodes = {k: v for k, v in older.items() if k != "SLURM_STEP_NODELIST"}
+    assert detect(job_nodes).describe().endswith("SLURM_JOB_NODELIST=gpu[07-08,11])")
+    # srun's own names, as srun_env sets them, where they are set
+    assert detect(SRUN_TASK).describe() == (
+        "srun (SLURM_JOB_ID=4242, SLURM_STEP_ID=0, SLURM_STEP_NUM_TASKS=2, SLURM_PROCID=1, "
+        "SLURM_STEP_NUM_NODES=2)"
+    )
+    one_task = dict(older, SLURM_NTASKS="1", SLURM_PROCID="0")
+    assert detect(one_task).describe() == "none (SLURM_STEPID=0, SLURM_NTASKS=1)"
+
+
 def test_a_torchrun_worker_gets_its_rank_world_and_torchruns_store():
     launch = detect(TORCHRUN_WORKER)
     assert (launch.launcher, launch.rank, launch.world_size) == ("torchrun", 3, 8)

@@ -4,22 +4,10 @@ HydraGNN's ``train`` calls ``model.module.loss(pred, data.y, head_index)`` once 
 batch, then ``loss.backward()`` and ``opt.step()``; it never reads the loss on the host during the
 epoch (it sums it on the device). Each rank's loss is its own; DDP averages the gradients, so one
 rank's NaN reaches every rank's weights at the optimizer step. :class:`HydraLossGuard` wraps the
-model's ``loss`` (installed by the ``get_distributed_model`` seam, after the loss weighting):
-
-- ``nonfinite=error`` (the default, and the only mode without binpack): on CPU the loss is read
-  at once (reading a CPU tensor waits for nothing) and a non-finite one raises
-  :class:`~cfm_plugins.nonfinite.NonFiniteLossError` before ``backward``. On a GPU it is copied to
-  the host without waiting (pinned memory, a CUDA event) and read when the GPU got there (at the
-  next training losses), so the check adds no synchronisation; every loss not yet read is read
-  before HydraGNN writes a checkpoint (the ``save_model`` seam: the error comes before the file)
-  and when a pass over the training loader ends. The weights of those few steps are NaN in memory
-  only.
-- ``nonfinite=skip`` (binpack): the loss is read at once (one host synchronisation per step), the
-  ranks agree on it (one all-reduce of a flag) and, where any rank's loss is not finite, every
-  rank drops its gradients just before the optimizer steps (torch's global optimizer step
-  pre-hook, ``grad = None``: Adam and the other torch optimizers then change no weight and no
-  moment). The loss handed back to HydraGNN in that step is 0 (its "Train Loss" averages it with
-  the others; the step's graphs still count in its mean). Skipped steps are named at the end.
+model's ``loss`` (installed by the ``get_distributed_model`` seam, after the loss weighting): with
+``nonfinite=error`` (the default, and the only mode without binpack) a non-finite loss raises
+:class:`~cfm_plugins.nonfinite.NonFiniteLossError` before HydraGNN writes a checkpoint; with
+``nonfinite=skip`` (binpack) every rank drops that step's gradients. The class says how.
 
 With binpack, the training loader records which step of the plan each batch is
 (:func:`tracked_loader_class`), and the sampler's plan gives that batch's graphs: they are named
@@ -63,7 +51,23 @@ def tracked_loader_class(loader_cls, guard: HydraLossGuard):
 
 class HydraLossGuard:
     """The seam of :mod:`cfm_plugins.nonfinite` in HydraGNN's training loop (see the module
-    doc)."""
+    doc).
+
+    - ``nonfinite=error``: on CPU the loss is read at once (reading a CPU tensor waits for
+      nothing) and a non-finite one raises :class:`~cfm_plugins.nonfinite.NonFiniteLossError`
+      before ``backward``. On a GPU it is copied to the host without waiting (pinned memory, a
+      CUDA event) and read when the GPU got there (at the next training losses), so the check
+      adds no synchronisation; every loss not yet read is read before HydraGNN writes a
+      checkpoint (the ``save_model`` seam: the error comes before the file) and when a pass over
+      the training loader ends. The weights of those few steps are NaN in memory only.
+    - ``nonfinite=skip``: the loss is read at once (one host synchronisation per step), the ranks
+      agree on it (one all-reduce of a flag) and, where any rank's loss is not finite, every rank
+      drops its gradients just before the optimizer steps (torch's global optimizer step
+      pre-hook, ``grad = None``: Adam and the other torch optimizers then change no weight and no
+      moment). The loss handed back to HydraGNN in that step is 0 (its "Train Loss" averages it
+      with the others; the step's graphs still count in its mean). Skipped steps are named at the
+      end.
+    """
 
     def __init__(self, config, dist):
         binpack = config.is_enabled("binpack")
@@ -99,7 +103,7 @@ class HydraLossGuard:
 
     # -- the loss --------------------------------------------------------------------------------
     def wrap_loss(self, model) -> None:
-        """Check ``model.loss`` of every training batch (see the module doc)."""
+        """Check ``model.loss`` of every training batch (see the class docstring)."""
         stock = model.loss
         guard = self
 

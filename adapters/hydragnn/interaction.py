@@ -2,23 +2,14 @@
 
 HydraGNN's MACE stack (its source: ``hydragnn/utils/model/mace_utils/modules/blocks.py``) builds
 every message in ``RealAgnosticAttResidualInteractionBlock.forward``: it gathers the senders'
-features, calls the e3nn uvu ``conv_tp`` on them in e3nn's form (one row per edge) and sums the
-per-edge messages into the receivers with torch_scatter. The block has no ``conv_fusion`` seam
-as mace-torch's blocks have, so the kernel table's generic uvu form can swap the product alone:
-the per-edge messages and their gradients stay (``[edges, 336]`` float64 tensors per layer at
-hidden_dim 16: gathered, zeroed, added and scattered at every step).
-
-:func:`form` (kernel ``conv_tp``; :func:`register_form` puts it first, the adapter does when
-``fused`` is enabled) swaps the whole block for a :class:`FusedInteractionBlock`: the same
-submodules, parameters and attributes (the state_dict is unchanged), ``conv_tp`` a
-:class:`~cfm_plugins.ops.FusedConvTP` called with the edge index, so gather, product and scatter
-are one kernel and no per-edge message exists. Its ``forward`` is ours, written from the block's
-interface and what it computes (a skip connection, the up/down linears, the per-edge weights from
-the edge features and both ends' down-projected features, the product summed into receivers,
-the output linear over ``avg_num_neighbors``, the reshape). Since it re-states HydraGNN's forward,
-the form checks, once per block class, that it gives the stock block's outputs on a small random
-graph; a HydraGNN whose block computes something else keeps the generic form (the product alone
-fused), with a warning.
+features, calls the e3nn uvu ``conv_tp`` on them (one row per edge) and sums the per-edge messages
+into the receivers with torch_scatter. The block has no ``conv_fusion`` seam as mace-torch's
+blocks have, so the kernel table's generic uvu form could swap the product alone, and the per-edge
+messages and their gradients would stay (``[edges, 336]`` float64 tensors per layer at hidden_dim
+16). :func:`form` (kernel ``conv_tp``; :func:`register_form` puts it first, the adapter does when
+``fused`` is enabled) swaps the whole block for a :class:`FusedInteractionBlock` (the same
+submodules and state_dict), so gather, product and scatter are one kernel and no per-edge message
+exists. A HydraGNN whose block computes something else keeps the generic form, with a warning.
 """
 
 from __future__ import annotations
@@ -60,7 +51,17 @@ ATTRIBUTES = (
 class FusedInteractionBlock(torch.nn.Module):
     """HydraGNN's MACE interaction block, sharing the stock block's modules, with the product and
     the scatter fused. ``forward(node_feats, node_attrs, edge_attrs, edge_feats, edge_index)`` ->
-    ``(messages [nodes, channels, (lmax + 1)**2], skip connection)``, as the stock block."""
+    ``(messages [nodes, channels, (lmax + 1)**2], skip connection)``, as the stock block.
+
+    The same submodules, parameters and attributes as the stock block (the state_dict is
+    unchanged); ``conv_tp`` is a :class:`~cfm_plugins.ops.FusedConvTP` called with the edge index.
+    Its ``forward`` is ours, written from the block's interface and what it computes (a skip
+    connection, the up/down linears, the per-edge weights from the edge features and both ends'
+    down-projected features, the product summed into receivers, the output linear over
+    ``avg_num_neighbors``, the reshape). Since it re-states HydraGNN's forward, :func:`form`
+    checks, once per block class, that it gives the stock block's outputs on a small random
+    graph; a block that does not keeps the generic form (the product alone fused), with a
+    warning."""
 
     def __init__(self, block: torch.nn.Module):
         from cfm_plugins.ops.conv_tp import FusedConvTP

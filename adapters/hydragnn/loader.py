@@ -31,7 +31,14 @@ ROLES = ("train", "valid", "test")
 
 class EpochForwarder(Sampler):
     """Stands in for ``loader.sampler``: iterates every index (as the sequential sampler it
-    replaces) and forwards ``set_epoch`` to the loader's batch sampler."""
+    replaces) and forwards ``set_epoch`` to the loader's batch sampler.
+
+    HydraGNN calls ``set_epoch`` on the three loaders on every rank at every epoch: there the
+    batch sampler checks its plan across ranks (and makes a due ``cost=auto`` fit), collectives
+    every rank reaches alike. Iterating a loader calls none: HydraGNN's ``update_config``
+    (``check_if_graph_size_variable_dist``) reads the loaders until the first batch whose node
+    count differs, so a rank may stop in the training loader while another goes on into the
+    validation loader."""
 
     def __init__(self, batch_sampler, num_samples: int):
         self.batch_sampler = batch_sampler

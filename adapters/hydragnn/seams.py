@@ -1,39 +1,14 @@
 """Where cfm-plugins meets HydraGNN (3.0 from PyPI, or its source with the MACE stack) without
 forking it.
 
-A HydraGNN training script (HydraGNN's examples, ``hydragnn.run_training``) calls three HydraGNN
-functions that decide what this adapter changes. Each is replaced in every ``hydragnn`` module
-that holds it (3.0's ``hydragnn.utils`` and the source's ``hydragnn.utils.distributed`` package
-re-export them by value), for this run only:
-
-=========================  =====================================================================
-HydraGNN function          what the replacement does
-=========================  =====================================================================
-``setup_ddp``              returns the ranks cfm-run set up (MPI ranks, torch.distributed
-                           rendezvous): HydraGNN's own would re-point ``MASTER_ADDR``/``PORT``
-                           at 127.0.0.1:8889 and read the scheduler's variables
-``create_dataloaders``     train/validation/test loaders over the ``cfm_batch_sampler``
-                           (binpack) with costs from the PyG graphs (see :mod:`.loader`)
-``get_distributed_model``  ``cfm_patch_model`` (with ``fused``: MACE-style modules found by
-                           their layout are swapped, HydraGNN's MACE interaction blocks whole,
-                           :mod:`.interaction`; or the plugin says once that the stack has
-                           none); with binpack's ``loss_weighting=per_sample``: scales each
-                           head's loss per training batch (see :mod:`.weighting`); checks each
-                           training loss is finite (``nonfinite``, :mod:`.guard`); then
-                           HydraGNN's DDP wrapping; with ``step_log`` or ``cost=auto``:
-                           attaches the step timer (see :mod:`.steplog`). The source's
-                           ``distributed_model_wrapper`` calls it too.
-``save_model``             every training loss not yet read is checked first (a non-finite one
-                           stops the run before the file, :mod:`.guard`); HydraGNN's checkpoint
-                           (``logs/NAME/NAME.pk``); binpack: then the training sampler's resume
-                           state beside it (``NAME.cfm-binpack.json``: the ``cost=auto`` fits)
-``load_existing_model``    binpack: HydraGNN's ``Training.continue``/``startfrom``, then the saved
-                           fits of the run continued from: HydraGNN 3.0 counts epochs from 0 again,
-                           so the last fit plans from epoch 0 (no new calibration epoch)
-=========================  =====================================================================
-
-With ``step_log=PATH`` or ``cost=auto`` a :class:`~.steplog.StepTracer` joins HydraGNN's tracer
-list. :func:`install` puts everything in place and returns an undo callable.
+A HydraGNN training script (HydraGNN's examples, ``hydragnn.run_training``) calls the HydraGNN
+functions this adapter replaces: ``setup_ddp`` (the ranks cfm-run set up), ``create_dataloaders``
+(binpack loaders), ``get_distributed_model`` (patching, loss weighting, the non-finite loss
+check, the step timer), ``save_model`` and ``load_existing_model`` (the sampler's resume state).
+Each is replaced in every ``hydragnn`` module that holds it (3.0's ``hydragnn.utils`` and the
+source's ``hydragnn.utils.distributed`` package re-export them by value), for this run only.
+:func:`install` says what each replacement does, puts everything in place and returns an undo
+callable.
 """
 
 from __future__ import annotations
@@ -173,7 +148,28 @@ def state_path(path: str, name: str) -> str:
 
 
 def install(session) -> callable:
-    """Replace the seams in the hydragnn modules; return a function that restores them."""
+    """Replace the seams in the hydragnn modules; return a function that restores them.
+
+    - ``setup_ddp``: returns the ranks cfm-run set up (MPI ranks, torch.distributed rendezvous):
+      HydraGNN's own would re-point ``MASTER_ADDR``/``PORT`` at 127.0.0.1:8889 and read the
+      scheduler's variables;
+    - ``create_dataloaders``: train/validation/test loaders over the ``cfm_batch_sampler``
+      (binpack) with costs from the PyG graphs (see :mod:`.loader`);
+    - ``get_distributed_model``: ``cfm_patch_model`` (with ``fused``: MACE-style modules found by
+      their layout are swapped, HydraGNN's MACE interaction blocks whole, :mod:`.interaction`; or
+      the plugin says once that the stack has none); with binpack's
+      ``loss_weighting=per_sample``: scales each head's loss per training batch (see
+      :mod:`.weighting`); checks each training loss is finite (``nonfinite``, :mod:`.guard`);
+      then HydraGNN's DDP wrapping; with ``step_log=PATH`` or ``cost=auto``: a
+      :class:`~.steplog.StepTracer` joins HydraGNN's tracer list (see :mod:`.steplog`). The
+      source's ``distributed_model_wrapper`` calls it too;
+    - ``save_model``: every training loss not yet read is checked first (a non-finite one stops
+      the run before the file, :mod:`.guard`); HydraGNN's checkpoint (``logs/NAME/NAME.pk``);
+      binpack: then the training sampler's resume state beside it (``NAME.cfm-binpack.json``: the
+      ``cost=auto`` fits);
+    - ``load_existing_model``: binpack: HydraGNN's ``Training.continue``/``startfrom``, then the
+      saved fits of the run continued from: HydraGNN 3.0 counts epochs from 0 again, so the last
+      fit plans from epoch 0 (no new calibration epoch)."""
     import hydragnn  # noqa: F401  (loads every module that re-exports the seams)
     import hydragnn.preprocess.load_data as load_data
     import hydragnn.utils.distributed as hdist

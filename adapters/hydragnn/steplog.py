@@ -2,31 +2,15 @@
 ``step_log=PATH``, and ``cost=auto``).
 
 HydraGNN's ``train`` loop marks every step with its tracer (``hydragnn.utils.tracer`` in 3.0,
-``hydragnn.utils.profiling_and_tracing.tracer`` in its source):
-``tr.start("forward")`` / ``tr.stop("forward")`` around data transfer, model and loss,
-``"backward"`` around ``loss.backward()`` and ``"opt_step"`` around the optimizer step, and
-enables the tracer only while it trains. :class:`StepTracer` is one more tracer in HydraGNN's
-tracer list: it records those regions per step, hands each step's compute time (below) with the
-batch's atoms, edges and graphs to the training sampler when that wants step times
+``hydragnn.utils.profiling_and_tracing.tracer`` in its source): ``"forward"`` around data
+transfer, model and loss, ``"backward"`` around ``loss.backward()`` and ``"opt_step"`` around the
+optimizer step, enabled only while it trains. :class:`StepTracer` is one more tracer in that list:
+it records those regions per step, hands each step's compute time (``compute_s``: from the start
+of ``forward`` to the last gradient bucket handed to DDP's all-reduce, without the wait for other
+ranks) with the batch's atoms, edges and graphs to the training sampler when that wants step times
 (``cost=auto``), and with ``step_log`` writes one JSON line per step to ``PATH.rank<r>.jsonl``.
-
-The ``backward`` region of a rank includes DDP's gradient all-reduce, where a rank that finished
-early waits for the slowest: those times are equal on all ranks whatever the imbalance. The
-HydraGNN paper measures load imbalance without synchronisation waits, so the tracer also times
-the backward *compute*: from the start of ``backward`` to the moment the last gradient bucket is
-handed to the all-reduce (a DDP communication hook, :meth:`StepTracer.attach`). The compute time
-of a step (``compute_s``) runs from the start of ``forward`` to that moment
-(:class:`cfm_plugins.steptime.StepTimer`).
-
-Each region is also timed in CPU time of the training thread (``*_cpu_s``, and ``compute_cpu_s``
-from the start of ``forward`` to the end of ``backward``; CPU autograd runs on the calling thread
-and a rank blocked in a collective uses none): the work of a rank, unaffected by other processes
-sharing its cores. On a dedicated node the two agree; on a shared machine the
-wall-clock figures carry the other processes' noise and the CPU figures do not.
-
-:func:`cfm_plugins.steplog.load_imbalance`: LIF = sum over steps of (max over ranks) / sum over
-steps of (mean over ranks), the per-step form of the paper's T_max / T_avg (synchronous training
-waits at every step).
+Each region is also timed in CPU time of the training thread (``*_cpu_s``). The load imbalance
+factor of a log: :func:`cfm_plugins.steplog.load_imbalance`.
 """
 
 from __future__ import annotations
@@ -42,6 +26,23 @@ class StepTracer:
 
     ``path``: the step log (None: no file); ``session``: where the training sampler is
     (``session.train_sampler``, given the step times when it wants them).
+
+    The ``backward`` region of a rank includes DDP's gradient all-reduce, where a rank that
+    finished early waits for the slowest: those times are equal on all ranks whatever the
+    imbalance. The HydraGNN paper measures load imbalance without synchronisation waits, so the
+    tracer also times the backward *compute*: from the start of ``backward`` to the moment the
+    last gradient bucket is handed to the all-reduce (a DDP communication hook, :meth:`attach`).
+    The compute time of a step (``compute_s``) runs from the start of ``forward`` to that moment
+    (:class:`cfm_plugins.steptime.StepTimer`).
+
+    Each region is also timed in CPU time of the training thread (``*_cpu_s``, and
+    ``compute_cpu_s`` from the start of ``forward`` to the end of ``backward``; CPU autograd runs
+    on the calling thread and a rank blocked in a collective uses none): the work of a rank,
+    unaffected by other processes sharing its cores. On a dedicated node the two agree; on a
+    shared machine the wall-clock figures carry the other processes' noise and the CPU figures do
+    not. :func:`cfm_plugins.steplog.load_imbalance`: LIF = sum over steps of (max over ranks) /
+    sum over steps of (mean over ranks), the per-step form of the paper's T_max / T_avg
+    (synchronous training waits at every step).
     """
 
     REGIONS = ("forward", "backward", "opt_step", "dataload")

@@ -5,15 +5,10 @@ head's task weight: with ``mse`` or ``mae`` a mean over the batch's graphs (a ``
 its nodes (a ``node`` head); DDP then averages the gradients over the ranks (reduction ``"batch"``
 of :mod:`cfm_plugins.sampler.weighting`). Its batches carry no per-sample weights, so the seam is
 the loss itself: each head's term is multiplied by the batch's graph or atom factor, which is
-exact because the factor is the same for every element of the batch.
-
-- :class:`TrainingScales` carries the factor of the training batch under way from the loader
-  (a subclass of the PyG DataLoader that sets it as it yields each batch, and clears it when the
-  pass ends) to the loss (:meth:`TrainingScales.wrap_loss`, installed by the
-  ``get_distributed_model`` seam on the model HydraGNN calls ``model.module.loss`` on).
-- The loss keeps the value HydraGNN computes (its "Train Loss" stays its own definition); only
-  the gradient is scaled. In ``eval()`` mode, or with no training batch under way (validation,
-  test), the loss is HydraGNN's own.
+exact because the factor is the same for every element of the batch. :class:`TrainingScales`
+carries the factor from the loader to the loss. Only the gradient is scaled: the loss keeps the
+value HydraGNN computes (its "Train Loss" stays its own definition), and in ``eval()`` mode, or
+with no training batch under way (validation, test), the loss is HydraGNN's own.
 """
 
 from __future__ import annotations
@@ -54,7 +49,11 @@ def loss_weightings(loss: str | None) -> tuple[str, ...]:
 
 class TrainingScales:
     """The loss factors of the training batch HydraGNN is working on (``None``: no training
-    batch)."""
+    batch).
+
+    Set by the loader (a subclass of the PyG DataLoader that sets it as it yields each batch, and
+    clears it when the pass ends) and read by the loss (:meth:`wrap_loss`, installed by the
+    ``get_distributed_model`` seam on the model HydraGNN calls ``model.module.loss`` on)."""
 
     def __init__(self):
         self.sampler = None  # the training batch sampler, when it weighs per sample

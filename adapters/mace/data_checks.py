@@ -16,6 +16,9 @@
   (the test files and ``--test_dir``'s HDF5 files included) with an element outside the table stops
   the run at start, naming the file, the structures and the element, instead of after training with
   numpy's ``79 is not in list`` and no final model.
+- HDF5 and LMDB data (read lazily by mace) are checked the same way where their sizes are read
+  (:mod:`.sizes`, each rank its share, the ranks agreeing on what was found): :func:`lazy_findings`
+  gives the message, :class:`DataCheckError` stops every rank alike.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import logging
 import os
 
 import numpy as np
+
+from cfm_plugins.options import UsageError
 
 log = logging.getLogger("cfm_plugins.mace")
 
@@ -243,16 +248,63 @@ def check_elements(heads, zs, test_dir: str | None = None, multi_processed: bool
         for name in sorted(os.listdir(test_dir)):
             if name.endswith("_test.h5"):
                 found += hdf5_unknown_elements(os.path.join(test_dir, name), known)
-    if not found:
-        return
+    if found:
+        raise ValueError(unknown_elements_message(found, known))
+
+
+def unknown_elements_message(found: list[tuple[tuple, list[int]]], known) -> str:
+    """The error for ``found`` (``[(source, [atomic numbers]), ...]``) against the table
+    ``known``."""
     table = ", ".join(f"{_symbol(z)} ({z})" for z in sorted(known))
     missing = sorted({z for _, zs_ in found for z in zs_})
     named = [(src, ", ".join(f"{_symbol(z)} (Z={z})" for z in zs_)) for src, zs_ in found]
-    raise ValueError(
+    return (
         f"mace_run_train: {len(found)} structure(s) hold elements the model does not know (its "
         f"atomic numbers are {table}: --atomic_numbers, else the elements of the training and "
         f"validation sets): {_listing(named)}. mace would fail on them after training, with no "
         f"final model. Remove these structures from their file, or add "
         f"{', '.join(str(z) for z in missing)} to --atomic_numbers (with an E0 for each in --E0s; "
         "the model has no training data for them)"
+    )
+
+
+# ------------------------------------------------------------------------- HDF5 and LMDB data
+class DataCheckError(UsageError):
+    """Data that cannot be trained on, found where every rank reads its share of the sizes (HDF5
+    and LMDB): the ranks gather what each found, so each raises this alike and cfm-run says it
+    once (rank 0), without a traceback, and exits 2."""
+
+
+#: what a role's non-finite labels do: (raise?, the set named, what turns NaN)
+_ROLES = {
+    "train": (True, "training", ""),
+    "valid": (False, "validation", "the validation metrics, and mace's choice of the best epoch"),
+    "test": (False, "test", "the test metrics"),
+}
+
+
+def lazy_findings(role: str, labels, elements, known) -> str | None:
+    """What the sizes pass found in HDF5/LMDB data of ``role`` (train, valid, test), as
+    ``("error", message)`` (unknown ``elements``, or non-finite ``labels`` of training data),
+    ``("warning", message)`` (non-finite labels of validation or test data) or None (nothing).
+    ``labels``: ``[(source, "energy not finite"), ...]``; ``elements``: ``[(source, [atomic
+    numbers]), ...]``; a source is ``(file, index in it)``."""
+    if elements:
+        return ("error", unknown_elements_message(sorted(elements), known))
+    if not labels:
+        return None
+    fatal, what, then = _ROLES.get(role, _ROLES["test"])
+    labels = sorted(labels)
+    if fatal:
+        return (
+            "error",
+            f"mace_run_train: {len(labels)} training structure(s) hold values that are not "
+            f"finite: {_listing(labels)}. mace computes its statistics (E0s, the model's scale "
+            "and shift) from every training label, so the model would be NaN before its first "
+            "step: fix or remove these structures",
+        )
+    return (
+        "warning",
+        f"mace_run_train: {len(labels)} {what} structure(s) hold values that are not finite (the "
+        f"model trains, but {then} will be NaN): {_listing(labels)}",
     )

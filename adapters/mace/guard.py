@@ -3,24 +3,11 @@
 ``mace.tools.train.train_one_epoch`` calls ``take_step`` (looked up in its module at call time)
 once per training batch, with keyword arguments; ``take_step`` runs forward, ``loss_fn``,
 backward, gradient clipping, ``optimizer.step()`` and ``ema.update()``, then brings the loss to
-the host (``to_numpy``) for its log. :class:`MaceLossGuard` wraps both functions:
-
-- ``nonfinite=error`` (the default, and the only mode without binpack): the loss mace brought to
-  the host is checked after ``take_step`` returns, so the check adds no synchronisation. A
-  non-finite loss raises :class:`~cfm_plugins.nonfinite.NonFiniteLossError` inside the epoch,
-  before mace validates and writes the epoch's checkpoint (checkpoints and the ``.model`` are
-  written only at epoch ends and after training). The weights of that step are NaN in memory
-  only; cfm-run ends every rank (the other ranks wait in the next step's collectives). mace's loss
-  is each rank's own (``reduce_loss`` shares only the element counts), so the rank whose batch
-  gave it is the one that names it.
-- ``nonfinite=skip`` (binpack): the check must come before ``optimizer.step()``: ``loss_fn`` is
-  wrapped to test its result (one host synchronisation per step) and, on several ranks, to agree
-  on it (one all-reduce of a flag), so every rank skips the same steps. In a skipped step the
-  backward pass runs as usual (DDP reduces the gradients, NaN, once; mace's next step clears
-  them), and ``optimizer.step()`` and ``ema.update()`` are not called: the weights, the
-  optimizer's moments and the EMA are left as they were. The batches of the other ranks in that
-  step are not trained on either (counted). An epoch's worth of consecutive skipped steps is an
-  error: nothing is being learnt.
+the host for its log. :class:`MaceLossGuard` wraps both functions: with ``nonfinite=error`` (the
+default, and the only mode without binpack) a non-finite loss raises
+:class:`~cfm_plugins.nonfinite.NonFiniteLossError` before mace writes the epoch's checkpoint, at
+no extra synchronisation; with ``nonfinite=skip`` (binpack) every rank skips the optimizer and
+EMA update of that step. The class says how each mode works.
 
 With binpack, the training loader records which step of the plan each batch it returns is
 (``cfm_step``, :func:`.loader.tracked_loader_class`); its sampler gives that batch's dataset
@@ -58,7 +45,25 @@ class _Held:
 
 
 class MaceLossGuard:
-    """The seam of :mod:`cfm_plugins.nonfinite` in mace's training loop (see the module doc)."""
+    """The seam of :mod:`cfm_plugins.nonfinite` in mace's training loop (see the module doc).
+
+    - ``nonfinite=error``: the loss mace brought to the host (``to_numpy``) is checked after
+      ``take_step`` returns, so the check adds no synchronisation. A non-finite loss raises
+      :class:`~cfm_plugins.nonfinite.NonFiniteLossError` inside the epoch, before mace validates
+      and writes the epoch's checkpoint (checkpoints and the ``.model`` are written only at epoch
+      ends and after training). The weights of that step are NaN in memory only; cfm-run ends
+      every rank (the other ranks wait in the next step's collectives). mace's loss is each
+      rank's own (``reduce_loss`` shares only the element counts), so the rank whose batch gave
+      it is the one that names it.
+    - ``nonfinite=skip``: the check must come before ``optimizer.step()``: ``loss_fn`` is wrapped
+      to test its result (one host synchronisation per step) and, on several ranks, to agree on
+      it (one all-reduce of a flag), so every rank skips the same steps. In a skipped step the
+      backward pass runs as usual (DDP reduces the gradients, NaN, once; mace's next step clears
+      them), and ``optimizer.step()`` and ``ema.update()`` are not called: the weights, the
+      optimizer's moments and the EMA are left as they were. The batches of the other ranks in
+      that step are not trained on either (counted). An epoch's worth of consecutive skipped
+      steps is an error: nothing is being learnt.
+    """
 
     def __init__(self, config, dist, sources=None):
         binpack = config.is_enabled("binpack")

@@ -18,14 +18,25 @@ name in run_train      what the replacement does
 ``DDP``                DistributedDataParallel with ``device_ids=None`` for CPU models
 ``deepcopy``           the copy mace pickles as ``.model`` is un-patched (``cfm_unpatch_model``): a
                        stock model file
+``get_loss_fn``        calls mace's; with binpack, refuses a loss not linear in the per-sample
+                       weights where the training loader scales them
 =====================  =========================================================================
+
+The loss the plugins are told of (``cfm_trainer_settings``) is ``--loss`` when mace's arguments
+are parsed, then, before the first loader is built, the loss mace builds (multihead fine-tuning
+switches it to ``universal``): binpack decides its loss weighting on that one. With binpack,
+``MACELoss`` in ``mace.tools.train`` (the metric ``evaluate`` makes) becomes one whose ``loss`` is
+the mean over structures, whatever the batches and ranks
+(:func:`.loader.structure_mean_metric_class`).
 
 Two more names in run_train check the data before training: ``get_dataset_from_xyz`` (calls
 mace's, then checks the labels of every structure read, :func:`.data_checks.check_labels`: a NaN
 in the training file stops the run) and ``load_dataset_for_path`` (at its first call, when mace's
 atomic number table is final, checks the elements of every file,
 :func:`.data_checks.check_elements`; it also ties the training AtomicData to their file and
-index). In ``mace.data.utils`` (where ``load_from_xyz`` reads the ASE files), the name ``ase``
+index, and tells each HDF5/LMDB dataset which loader it feeds, the ranks and the sizes cache's
+folders, :func:`.sizes.tag`: their data is checked where binpack reads their sizes). In
+``mace.data.utils`` (where ``load_from_xyz`` reads the ASE files), the name ``ase``
 becomes a stand-in whose ``io.read`` numbers the frames it reads, and ``config_from_atoms_list``
 gives each configuration its file and index (:class:`.data_checks.Sources`).
 ``mace.tools.train.take_step`` and ``train_one_epoch`` are wrapped to check every training step's
@@ -47,6 +58,7 @@ batches (``cfm_batch_budget``) and the model is built without e3nn's TorchScript
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import types
@@ -63,21 +75,55 @@ STATE_SUFFIX = ".cfm-binpack.json"
 log = logging.getLogger("cfm_plugins.mace")
 
 
-def trainer_settings(args) -> TrainerSettings:
-    """What the plugins need to know of mace_run_train's parsed arguments."""
+def trainer_settings(args, given_loss=None) -> TrainerSettings:
+    """What the plugins need to know of mace_run_train's parsed arguments.
+
+    ``args.loss`` is the loss mace builds once it has made its own changes (multihead
+    fine-tuning switches it to ``universal``); ``given_loss``: the ``--loss`` of the command line,
+    named in the messages where mace changed it."""
     from cfm_plugins_adapters.mace.loader import LINEAR_WEIGHT_LOSSES
 
     swaps = tuple(name for name in ("cueq", "oeq") if getattr(args, f"enable_{name}", False))
     loss = getattr(args, "loss", None)
+    label = f"mace_run_train --loss {loss}"
+    if given_loss is not None and given_loss != loss:
+        multihead = getattr(args, "multiheads_finetuning", False)
+        why = " for --multiheads_finetuning" if multihead else ""
+        label = f"mace_run_train's {loss} loss (mace's choice{why}, over --loss {given_loss})"
     return TrainerSettings(
         batch_size=args.batch_size,
         seed=args.seed,
         dtype=args.default_dtype,
         device=args.device,
         kernel_swaps=swaps,
-        loss=f"mace_run_train --loss {loss}",
+        loss=label,
         loss_weightings=("stock", "per_sample") if loss in LINEAR_WEIGHT_LOSSES else ("stock",),
     )
+
+
+#: the classes of mace's loss modules that are linear in the per-configuration weights (those
+#: ``mace.tools.scripts_utils.get_loss_fn`` builds for :data:`.loader.LINEAR_WEIGHT_LOSSES`)
+LINEAR_LOSS_CLASSES = (
+    "WeightedEnergyForcesLoss",
+    "WeightedForcesLoss",
+    "WeightedEnergyForcesStressLoss",
+    "WeightedEnergyForcesVirialsLoss",
+)
+
+
+def check_built_loss(loss_fn, weightings) -> None:
+    """Refuse a loss module built after the training loader scales per-sample weights
+    (``weightings``: the loss weighting of every training loader built) that is not linear in
+    them: its training would be weighted by factors the loss does not read linearly."""
+    from cfm_plugins.options import UsageError
+
+    name = type(loss_fn).__name__
+    if "per_sample" in weightings and name not in LINEAR_LOSS_CLASSES:
+        raise UsageError(
+            f"binpack loss_weighting=per_sample: mace_run_train built a {name} after its training "
+            "loader was made to scale per-sample weights, and that loss is not linear in them: "
+            "set loss_weighting=stock"
+        )
 
 
 def install(config) -> callable:
@@ -97,6 +143,7 @@ def install(config) -> callable:
             "deepcopy",
             "get_dataset_from_xyz",
             "load_dataset_for_path",
+            "get_loss_fn",
         )
     }
     stock_init, stock_tg, stock_configure, stock_ddp = (
@@ -114,6 +161,7 @@ def install(config) -> callable:
 
     def init_distributed(args):
         state.trainer = trainer_settings(args)
+        parsed["loss"] = getattr(args, "loss", None)
         r_max.append(float(args.r_max))
         parsed["args"] = args
         resume["file"] = SamplerStateFile(
@@ -149,13 +197,49 @@ def install(config) -> callable:
             stock_tg.dataloader.DataLoader, state, pad_distance=lambda: 2.0 * max(r_max[-1], 1.0)
         )
         undo_epochs = follow_mace_epochs(state, lambda: resume.get("file"))
+
+    def settle_loss():
+        """Once mace has made its own changes to ``args.loss`` (it does before building any loader
+        or loss), give the features the loss it builds (binpack checks its loss weighting again:
+        an explicit per_sample on a loss it cannot scale is an error, the default falls back)."""
+        args = parsed.get("args")
+        if args is None or parsed.get("loss settled") == getattr(args, "loss", None):
+            return
+        parsed["loss settled"] = getattr(args, "loss", None)
+        settled = trainer_settings(args, parsed.get("loss"))
+        if (settled.loss_weightings, settled.loss) != (
+            state.trainer.loss_weightings,
+            state.trainer.loss,
+        ):
+            state.trainer = dataclasses.replace(
+                state.trainer, loss=settled.loss, loss_weightings=settled.loss_weightings
+            )
+            hook.cfm_trainer_settings(config=config, trainer=state.trainer)
+
+    def DataLoader(*args, **kwargs):
+        settle_loss()
+        return loader_factory(*args, **kwargs)
+
     tg = (
         types.SimpleNamespace(
-            dataloader=types.SimpleNamespace(DataLoader=loader_factory), __wrapped__=stock_tg
+            dataloader=types.SimpleNamespace(DataLoader=DataLoader), __wrapped__=stock_tg
         )
         if loader_factory
         else stock_tg
     )
+    undo_metric = None
+    if loader_factory is not None:  # binpack: the validation loss does not depend on its batches
+        from cfm_plugins_adapters.mace.loader import use_structure_mean_loss
+
+        undo_metric = use_structure_mean_loss()
+    stock_get_loss_fn = saved["get_loss_fn"]
+
+    def get_loss_fn(*args, **kwargs):
+        settle_loss()
+        loss_fn = stock_get_loss_fn(*args, **kwargs)
+        if loader_factory is not None:
+            check_built_loss(loss_fn, loader_factory.training_weightings)
+        return loss_fn
 
     import importlib
 
@@ -223,6 +307,23 @@ def install(config) -> callable:
                 )
         out = stock_load_dataset(*args, **kwargs)
         sources.register_dataset(out, kwargs.get("collection"))
+        # HDF5/LMDB data: checked where the loaders read its sizes (which loader, the ranks, the
+        # sizes cache's folders)
+        from cfm_plugins_adapters.mace import sizes as mace_sizes
+
+        path = kwargs.get("file_path", args[0] if args else None)
+        head = kwargs.get("head_config")
+        role = next(
+            (
+                r
+                for r, key in (("train", "train_file"), ("valid", "valid_file"))
+                if path in (getattr(head, key, None) or [])
+            ),
+            "test",
+        )
+        margs = parsed.get("args")
+        dirs = mace_sizes.cache_dirs(getattr(margs, "work_dir", None))
+        mace_sizes.tag(out, role, dist, dirs)
         return out
 
     # non-finite training losses: stop (naming the batch's structures) or skip (binpack)
@@ -271,6 +372,7 @@ def install(config) -> callable:
         deepcopy=deepcopy,
         get_dataset_from_xyz=get_dataset_from_xyz,
         load_dataset_for_path=load_dataset_for_path,
+        get_loss_fn=get_loss_fn,
     ).items():
         setattr(rt, name, value)
 
@@ -287,5 +389,7 @@ def install(config) -> callable:
             mace_train.take_step = saved_take_step
         if undo_epochs is not None:
             undo_epochs()
+        if undo_metric is not None:
+            undo_metric()
 
     return undo

@@ -2,25 +2,12 @@
 
 :class:`NonFiniteLoss` is a Lightning callback the adapter adds to every nequip-train Trainer.
 Lightning hands it each training step's loss (``on_before_backward``) before the gradients are
-made and the optimizer steps (``on_before_optimizer_step``):
-
-- ``nonfinite=error`` (the default, and the only mode without binpack): a non-finite loss raises
-  :class:`~cfm_plugins.nonfinite.NonFiniteLossError`. On CPU the loss is read at once (reading a
-  CPU tensor waits for nothing); on a GPU it is copied to the host without waiting
-  (``non_blocking`` into pinned memory, with a CUDA event) and read once the GPU got there (at the
-  next steps), so the check adds no synchronisation; every loss not yet read is read before any
-  checkpoint is written (``on_save_checkpoint``: the error then comes before the file is) and at
-  the end of every epoch.
-- nequip's training loss is the mean over all ranks (``dist_sync_on_step``), so every rank sees
-  the same non-finite value. To tell which rank's batch made it, the training loss
-  (``MetricsManager.forward``) is wrapped to test, on each rank and without waiting, the
-  predictions and labels of the fields in the loss (``isfinite``, a few reductions per step); that
-  flag is read only with a non-finite loss. The rank whose batch gave it names the structures and
-  the fields; the other ranks say their batch was finite.
-- ``nonfinite=skip`` (binpack): the loss is read before the optimizer step (one host sync per
-  step), the ranks agree on it (one all-reduce of a flag) and, where the loss is not finite,
-  every rank drops its gradients (``grad = None``): the optimizer then changes no weight
-  and no moment. Skipped steps are named at the end.
+made and the optimizer steps (``on_before_optimizer_step``). With ``nonfinite=error`` (the
+default, and the only mode without binpack) a non-finite loss raises
+:class:`~cfm_plugins.nonfinite.NonFiniteLossError` before any checkpoint is written, without an
+extra synchronisation on a GPU; with ``nonfinite=skip`` (binpack) every rank drops that step's
+gradients. nequip's loss is the mean over all ranks, so the rank whose batch made it non-finite
+is found by a per-rank check of the loss's fields. The class says how each part works.
 
 With binpack, a batch's structures are named from the sampler's plan (``batch_at``) and the
 dataset's file (``ASEDataset.file_path``, through nequip's subsets).
@@ -39,7 +26,26 @@ log = logging.getLogger("cfm_plugins.nequip")
 
 
 class NonFiniteLoss(lightning.Callback):
-    """Stops at (or skips) a training step whose loss is NaN or infinite (see the module doc)."""
+    """Stops at (or skips) a training step whose loss is NaN or infinite (see the module doc).
+
+    - ``nonfinite=error``: a non-finite loss raises
+      :class:`~cfm_plugins.nonfinite.NonFiniteLossError`. On CPU the loss is read at once
+      (reading a CPU tensor waits for nothing); on a GPU it is copied to the host without waiting
+      (``non_blocking`` into pinned memory, with a CUDA event) and read once the GPU got there
+      (at the next steps), so the check adds no synchronisation; every loss not yet read is read
+      before any checkpoint is written (``on_save_checkpoint``: the error then comes before the
+      file is) and at the end of every epoch.
+    - nequip's training loss is the mean over all ranks (``dist_sync_on_step``), so every rank
+      sees the same non-finite value. To tell which rank's batch made it, the training loss
+      (``MetricsManager.forward``) is wrapped to test, on each rank and without waiting, the
+      predictions and labels of the fields in the loss (``isfinite``, a few reductions per step);
+      that flag is read only with a non-finite loss. The rank whose batch gave it names the
+      structures and the fields; the other ranks say their batch was finite.
+    - ``nonfinite=skip``: the loss is read before the optimizer step (one host sync per step),
+      the ranks agree on it (one all-reduce of a flag) and, where the loss is not finite, every
+      rank drops its gradients (``grad = None``): the optimizer then changes no weight and no
+      moment. Skipped steps are named at the end.
+    """
 
     def __init__(self):
         self.guard = None

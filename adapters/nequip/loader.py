@@ -108,7 +108,10 @@ class LightningBatchSampler(BatchSamplerWrapper):
 
     Lightning (2.6) calls ``set_epoch`` on ``loader.sampler`` and on
     ``loader.batch_sampler.sampler``, never on the batch sampler itself; without this wrapper every
-    epoch would repeat the plan of epoch 0.
+    epoch would repeat the plan of epoch 0. Lightning makes those calls on every rank (training
+    and evaluation loops alike): there the sampler checks its plan across ranks and makes a due
+    ``cost=auto`` fit (collectives); iterating calls none (a sanity check or a loader read on
+    some ranks only cannot block).
     """
 
     def __init__(self, batch_sampler):

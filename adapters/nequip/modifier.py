@@ -5,16 +5,11 @@ an e3nn "uvu" ``TensorProduct`` on ``x[edge_src]`` with per-edge weights, then a
 ``edge_dst``. NequIP swaps that module for faster ones through *model modifiers*
 (``enable_OpenEquivariance``, ``enable_CuEquivariance``: GPU only). ``enable_CFMFused`` is one
 more modifier of the same class, registered by :mod:`.extension` when nequip is imported, that
-swaps in :class:`CFMFusedTensorProductScatter`, which calls
-:class:`cfm_plugins.ops.FusedConvTP` (compiled C++ on CPU, CUDA sources for GPUs) without forming
-per-edge messages.
-
-The swap keeps the state_dict: the new module's ``tp`` is a ``FusedConvTP`` that shares the e3nn
-module's buffers and compiled submodules (exactly the keys and values of the stock ``tp``), so a
-checkpoint loads with or without the modifier, and :func:`unfuse` gives the stock module back.
-All of a model's ``TensorProductScatter`` modules are swapped or none is (nequip refuses models
-that mix two subclasses carrying the same modifier), so a model we cannot fuse runs stock, with a
-warning saying why.
+swaps in ``CFMFusedTensorProductScatter`` (:func:`fused_class`), which calls
+:class:`cfm_plugins.ops.FusedConvTP` without forming per-edge messages. The swap keeps the
+state_dict (a checkpoint loads with or without the modifier), and :func:`unfuse` gives the stock
+module back. All of a model's ``TensorProductScatter`` modules are swapped or none is
+(:func:`fuse`).
 """
 
 from __future__ import annotations
@@ -76,7 +71,9 @@ _EDGE_INDEX = _EdgeIndexCache()
 
 def fused_class():
     """The fused subclass of nequip's ``TensorProductScatter`` (built on first use, so that
-    importing this module does not import nequip)."""
+    importing this module does not import nequip). Its ``tp`` is a ``FusedConvTP`` that shares
+    the e3nn module's buffers and compiled submodules (exactly the keys and values of the stock
+    ``tp``), so the state_dict is unchanged."""
     global _FUSED_CLS
     if _FUSED_CLS is None:
         from nequip.nn._tp_scatter_base import TensorProductScatter
@@ -163,7 +160,8 @@ def register_form() -> None:
 def fuse(model: torch.nn.Module) -> int:
     """Swap every ``TensorProductScatter`` of ``model`` (in place) for the fused one, with the
     kernel table. Returns the number swapped: 0 (with a warning saying why) when the model has
-    none, or when one of them cannot be fused (then none is: the model runs stock)."""
+    none, or when one of them cannot be fused (then none is: the model runs stock). All or none,
+    because nequip refuses models that mix two subclasses carrying the same modifier."""
     from cfm_plugins.ops.patching import patch_model
 
     register_form()

@@ -2,39 +2,14 @@
 
 ``nequip.scripts.train.main`` builds everything through the name ``instantiate`` it imported from
 ``hydra.utils`` into its own module, so replacing that name *in that module* changes only the
-objects ``nequip-train`` builds, after it recorded its (stock) config in the checkpoint:
-
-=========================  =====================================================================
-object built               what the replacement does
-=========================  =====================================================================
-``NequIPDataModule``       binpack: every stock ``torch.utils.data.DataLoader`` of the train/val/
-                           test/predict loaders becomes :func:`.loader.BinPackDataLoader`
-``lightning.Trainer``      several ranks: ``strategy: ddp`` (unless set), ``devices``/``num_nodes``
-                           from the MPI ranks, ``accelerator: cpu`` on CPU; binpack:
-                           ``use_distributed_sampler: false`` (our sampler already shards;
-                           a user's ``true`` is logged as replaced); a strategy that spawns
-                           processes (``ddp_spawn``) is refused;
-                           fused: the callback :class:`.callbacks.FuseOnSetup`, which fuses the
-                           LightningModule's ``TensorProductScatter`` in place at every setup
-                           (fresh runs, ``ckpt_path`` restarts, val/test runs); the state_dict
-                           is unchanged; step_log (or a feature that needs step times, binpack's
-                           ``cost=auto``): the callback :class:`.steplog.StepLog`; binpack: the
-                           callbacks :class:`.callbacks.BinPackState` (the sampler's resume state
-                           in Lightning's checkpoints) and :class:`.weighting.LossWeighting` (acts
-                           only under ``loss_weighting=per_sample``); always: the callback
-                           :class:`.guard.NonFiniteLoss` (a non-finite training loss stops the
-                           run before a checkpoint is written, or binpack's ``nonfinite=skip``)
-the training module        binpack: what its loss allows (``TrainerSettings.loss_weightings``,
-                           :func:`.weighting.loss_weightings`), read before the loaders are made;
-                           a module restored from a checkpoint (``ckpt_path``) is read at the
-                           Trainer's setup (``LossWeighting.setup``), before its loaders too
-=========================  =====================================================================
+objects ``nequip-train`` builds, after it recorded its (stock) config in the checkpoint: the
+``NequIPDataModule`` (binpack loaders), the ``lightning.Trainer`` (ranks, strategy, the adapter's
+callbacks) and the training module (what its loss allows). :func:`install` lists what each
+replacement does, puts them in place and returns an undo callable; nothing else is changed.
 
 ``NequIPDataModule.get_statistics`` is wrapped so that NequIP's dataset statistics (energy
 shifts, scales, average neighbours) see the whole training set on every rank, as stock.
 Lightning reuses the process group cfm-run created (``torch.distributed.is_initialized()``).
-
-:func:`install` puts these in place and returns an undo callable; nothing else is changed.
 """
 
 from __future__ import annotations
@@ -182,7 +157,30 @@ def _is_datamodule(target) -> bool:
 
 
 def install(session) -> callable:
-    """Replace ``instantiate`` in ``nequip.scripts.train`` and wrap the statistics pass."""
+    """Replace ``instantiate`` in ``nequip.scripts.train`` and wrap the statistics pass.
+
+    What the replacement does, per object built:
+
+    - ``NequIPDataModule``: binpack: every stock ``torch.utils.data.DataLoader`` of the train/val/
+      test/predict loaders becomes :func:`.loader.BinPackDataLoader`;
+    - ``lightning.Trainer``: several ranks: ``strategy: ddp`` (unless set), ``devices``/
+      ``num_nodes`` from the MPI ranks, ``accelerator: cpu`` on CPU; a strategy that spawns
+      processes (``ddp_spawn``) is refused. binpack: ``use_distributed_sampler: false`` (our
+      sampler already shards; a user's ``true`` is logged as replaced), and the callbacks
+      :class:`.callbacks.BinPackState` (the sampler's resume state in Lightning's checkpoints)
+      and :class:`.weighting.LossWeighting` (acts only under ``loss_weighting=per_sample``).
+      fused: the callback :class:`.callbacks.FuseOnSetup`, which fuses the LightningModule's
+      ``TensorProductScatter`` in place at every setup (fresh runs, ``ckpt_path`` restarts,
+      val/test runs; the state_dict is unchanged). step_log (or a feature that needs step times,
+      binpack's ``cost=auto``): the callback :class:`.steplog.StepLog`. Always: the callback
+      :class:`.guard.NonFiniteLoss` (a non-finite training loss stops the run before a
+      checkpoint is written, or binpack's ``nonfinite=skip``);
+    - the training module: binpack: what its loss allows (``TrainerSettings.loss_weightings``,
+      :func:`.weighting.loss_weightings`), read before the loaders are made; a module restored
+      from a checkpoint (``ckpt_path``) is read at the Trainer's setup (``LossWeighting.setup``),
+      before its loaders too.
+
+    Returns a callable that undoes it all."""
     import nequip.scripts.train as nt
     from nequip.data.datamodule import NequIPDataModule
 

@@ -5,17 +5,11 @@ callback).
 (:class:`cfm_plugins.steptime.StepTimer`: wall time to DDP's last gradient bucket, and the training
 thread's CPU time) and hands it with the batch's atoms, edges and graphs to the training sampler
 when that wants step times (``cost=auto``). With a ``path``, for every training and validation
-batch it writes one JSON line to ``PATH.rank<R>.jsonl``: stage, epoch, step, graphs, atoms, the
-reference total energies of the batch's structures (they identify the structures: a test checks
-every structure is used once per epoch), the time of the model's forward (energy and forces:
-compute only, before DDP's gradient all-reduce makes the ranks wait for each other), the step's
-wall time, and for training steps ``compute_s``/``compute_cpu_s``.
+batch it writes one JSON line to ``PATH.rank<R>.jsonl`` (the class lists the fields);
 :func:`cfm_plugins.steplog.load_imbalance` turns those into the load imbalance factor (LIF)
-``sum_steps max_rank / sum_steps mean_rank``.
-
-Under ``cfm-run`` the adapter adds it to the Trainer's callbacks when ``step_log`` is set or a
-feature needs step times; in a config: ``{_target_: cfm_plugins_adapters.nequip.steplog.StepLog,
-path: PATH}``.
+``sum_steps max_rank / sum_steps mean_rank``. Under ``cfm-run`` the adapter adds it to the
+Trainer's callbacks when ``step_log`` is set or a feature needs step times; in a config:
+``{_target_: cfm_plugins_adapters.nequip.steplog.StepLog, path: PATH}``.
 """
 
 from __future__ import annotations
@@ -36,7 +30,13 @@ def _session():
 
 class StepLog(lightning.Callback):
     """Times every training step; hands it to the training sampler (``cost=auto``) and, with a
-    ``path``, writes the step log (training and validation batches)."""
+    ``path``, writes the step log (training and validation batches).
+
+    Each line: stage, epoch, step, graphs, atoms, the reference total energies of the batch's
+    structures (they identify the structures: a test checks every structure is used once per
+    epoch), the time of the model's forward (energy and forces: compute only, before DDP's
+    gradient all-reduce makes the ranks wait for each other), the step's wall time, and for
+    training steps ``compute_s``/``compute_cpu_s``."""
 
     def __init__(self, path: str | None = None):
         super().__init__()

@@ -7,15 +7,8 @@ together, and ``training_step`` multiplies by the world size to cancel DDP's ave
 ``"step"`` of :mod:`cfm_plugins.sampler.weighting`, as in mace). nequip batches carry no
 per-sample weights, so the seam is the loss: each metric's term of the weighted sum is multiplied
 by the step's graph factor (graph fields) or atom factor (node fields), exact because the factor
-is the same for every element of the step.
-
-- :func:`loss_weightings` says whether a training module's loss can be reweighted: every metric
-  in the weighted sum must be a plain mean (``MeanSquaredError``, ``MeanAbsoluteError``) of a
-  graph or node field, not ``per_type`` (those average per-type means, a weighting of their own).
-- :class:`LossWeighting`, a Lightning callback the adapter adds to the Trainer under binpack: with
-  a per-sample training sampler it takes each batch's factors at ``on_train_batch_start`` (in the
-  order the DataLoader yields them) and scales the weighted sum's gradient; the value nequip logs
-  stays its own. Validation uses nequip's ``val_metrics``, never touched.
+is the same for every element of the step. :func:`loss_weightings` says whether a training
+module's loss allows it; :class:`LossWeighting` (a Lightning callback) applies it.
 """
 
 from __future__ import annotations
@@ -61,7 +54,11 @@ def loss_terms(manager) -> tuple[dict[str, str], str | None]:
 
 
 def loss_weightings(module) -> tuple[str, tuple[str, ...]]:
-    """``(description, weightings)`` of a nequip training module's loss, for ``TrainerSettings``."""
+    """``(description, weightings)`` of a nequip training module's loss, for ``TrainerSettings``.
+
+    The loss can be reweighted where every metric in the weighted sum is a plain mean
+    (``MeanSquaredError``, ``MeanAbsoluteError``) of a graph or node field, not ``per_type``
+    (those average per-type means, a weighting of their own)."""
     manager = getattr(module, "loss", None)
     if manager is None or not hasattr(manager, "entries"):
         return "nequip-train's loss", ("stock",)
@@ -81,7 +78,12 @@ def training_sampler(trainer):
 
 
 class LossWeighting(Callback):
-    """Scales each training step's loss terms by the binpack sampler's factors (see module doc)."""
+    """Scales each training step's loss terms by the binpack sampler's factors (see module doc).
+
+    The adapter adds it to the Trainer under binpack. With a per-sample training sampler it takes
+    each batch's factors at ``on_train_batch_start`` (in the order the DataLoader yields them) and
+    scales the weighted sum's gradient; the value nequip logs stays its own. Validation uses
+    nequip's ``val_metrics``, never touched."""
 
     def __init__(self):
         self.sampler = None

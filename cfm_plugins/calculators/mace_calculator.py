@@ -1,25 +1,18 @@
 """``CFMCalculator``: mace's ASE calculator with the fused cfm-plugins kernels swapped in.
 
-It is :class:`mace.calculators.MACECalculator` (same arguments, same data conversion, neighbour
-lists, committee and unit handling, same results), with six differences:
+It is :class:`mace.calculators.MACECalculator` (same arguments, data conversion, neighbour lists,
+committee and unit handling, same results), except that:
 
-- models are loaded by :mod:`cfm_plugins.calculators.loading` (clear errors for a missing file, a
-  checkpoint or state_dict, some other module, a CUDA device without CUDA);
-- after mace has moved them to ``device`` and converted them to ``default_dtype``, each model is
-  patched in place with :func:`cfm_plugins.ops.patching.patch_model` (``kernels=`` chooses what to
-  fuse; ``fused=False`` keeps the stock modules, to compare);
+- models are loaded by :mod:`cfm_plugins.calculators.loading` (clear errors) and, once mace has
+  moved and converted them, patched in place by :func:`cfm_plugins.ops.patching.patch_model`
+  (``kernels=`` chooses what to fuse; ``fused=False`` keeps the stock modules, to compare);
 - :meth:`CFMCalculator.get_properties_batch` evaluates many structures in one model call;
-- a structure the model cannot evaluate (an element it was not trained on, a NaN position, a
-  zero or flat periodic cell, no atoms) is a ``ValueError`` naming the atoms
-  (:mod:`cfm_plugins.calculators.atoms_checks`);
-- ``skin=`` keeps the neighbour list between MD steps (:mod:`cfm_plugins.calculators.mace_graph`;
-  by default on a CUDA device);
-- ``static_shapes=True`` pads every evaluation to a budget of atoms and edges that grows in steps
-  (each re-budget logged), and ``compile=`` compiles the model's forward with forces once per budget
-  (:mod:`cfm_plugins.static`): in MD the edge count changes every step, the shape does not.
-
-This module imports mace; ``cfm_plugins.calculators`` imports it only when ``CFMCalculator`` is
-first used.
+- a structure the model cannot evaluate (an unknown element, a NaN position, a zero or flat
+  periodic cell, no atoms) is a ``ValueError`` naming the atoms (:mod:`.atoms_checks`);
+- ``skin=`` keeps the neighbour list between MD steps (:mod:`.mace_graph`; default on CUDA);
+- ``static_shapes=True`` pads every evaluation to a budget that grows in steps (each logged), and
+  ``compile=`` compiles the forward with forces once per budget (:mod:`cfm_plugins.static`).
+This module imports mace; ``cfm_plugins.calculators`` imports it when ``CFMCalculator`` is used.
 """
 
 from __future__ import annotations
@@ -249,9 +242,8 @@ class CFMCalculator(MACECalculator):
         if compile == "off" and str(device).startswith("cuda") and self.kernels:
             log.info(
                 "CFMCalculator: for long MD on a GPU, compile='reduce-overhead' captures the step "
-                "in CUDA graphs (an H100 took 59 instead of 126 ms per step at 4000 atoms, "
-                "float32); it compiles once per padded size first (57 s before the first step at "
-                "4000 atoms on an H200, repaid after about 900 steps; docs/inference.md)"
+                "in CUDA graphs; it compiles once per padded size first, about a minute before "
+                "the first step, so it pays on long runs only (docs/inference.md)"
             )
         if compile != "off" or self.static_shapes:
             from cfm_plugins.static import mace as static_mace

@@ -1,27 +1,14 @@
 """A size-diverse set of molecules and metal clusters (3 to 300 atoms) with EMT labels, as PyG
 graphs.
 
-What HydraGNN trains on in its own examples is a list of ``torch_geometric.data.Data`` graphs
-(node features ``x``, positions ``pos``, a radius graph ``edge_index``, graph targets ``y``).
-This module makes such a list with ASE alone (no download):
-
-- small molecules of the G2 set made only of H, C, N, O (3 to ~20 atoms, ``ase.build.molecule``);
-- metal clusters of Cu, Ni, Ag, Au, Pd, Pt or a random binary mix: icosahedra, octahedra and
-  random spherical cuts of fcc bulk, 13 to ``max_atoms`` atoms, sizes drawn log-uniformly so
-  that small and large graphs are both common (the spread the HydraGNN paper blames for its
-  load imbalance).
-
-Every structure is rattled and labelled with ASE's EMT calculator (it has parameters for H, C,
-N, O and these metals). Targets: the EMT energy per atom (graph head, eV/atom); with
-``forces=True`` (an interatomic potential, HydraGNN's ``enable_interatomic_potential``) the
-total energy (``energy`` and ``y``, eV) and the EMT forces (``forces``, eV/A) instead. Node
-features: the atomic number. Edges: every neighbour within ``radius`` (ASE's neighbour list), at
-most ``max_neighbours`` nearest per atom, as HydraGNN's ``RadiusGraph`` does; edges are computed
-here because PyG's ``radius_graph`` needs torch-cluster, which has no wheels for every torch.
-
-Deterministic for a seed. Needs ASE, torch and torch_geometric (the ``[hydragnn]`` extra). The
-command line, which writes the list with ``torch.save`` and prints a size summary, is
-``examples/hydragnn/make_dataset.py``::
+:func:`make_dataset` makes, with ASE alone (no download), the list of
+``torch_geometric.data.Data`` graphs HydraGNN's examples train on: small H/C/N/O molecules of
+the G2 set and Cu, Ni, Ag, Au, Pd, Pt or binary clusters of 13 to ``max_atoms`` atoms, sizes
+log-uniform (the spread the HydraGNN paper blames for its load imbalance)
+(:func:`make_structures`), rattled and labelled with ASE's EMT calculator (:func:`to_graph`:
+targets, node features, edges). Deterministic for a seed. Needs ASE, torch and torch_geometric
+(the ``[hydragnn]`` extra). The command line, which writes the list with ``torch.save`` and
+prints a size summary, is ``examples/hydragnn/make_dataset.py``::
 
     python examples/hydragnn/make_dataset.py --out examples/hydragnn/dataset/clusters.pt -n 400
 """
@@ -102,9 +89,16 @@ def _edges(atoms, radius: float, max_neighbours: int) -> np.ndarray:
 
 
 def to_graph(atoms, radius: float, max_neighbours: int, forces: bool = False):
-    """One PyG graph with the EMT energy per atom as its target, or (``forces``) with the total
-    energy and the forces, the fields HydraGNN's interatomic-potential loss reads (``energy``,
-    ``forces``; ``y`` is the total energy too)."""
+    """One PyG graph with the EMT energy per atom as its target (graph head, eV/atom), or
+    (``forces``: an interatomic potential, HydraGNN's ``enable_interatomic_potential``) with the
+    total energy and the forces, the fields HydraGNN's interatomic-potential loss reads
+    (``energy``, eV, ``forces``, eV/A; ``y`` is the total energy too).
+
+    Node features: the atomic number (``x``), positions ``pos``. Edges (``edge_index``): every
+    neighbour within ``radius`` (ASE's neighbour list), at most ``max_neighbours`` nearest per
+    atom, as HydraGNN's ``RadiusGraph`` does; computed here because PyG's ``radius_graph`` needs
+    torch-cluster, which has no wheels for every torch. EMT has parameters for H, C, N, O and
+    the metals used."""
     import torch
     from ase.calculators.emt import EMT
     from torch_geometric.data import Data
@@ -130,7 +124,12 @@ def to_graph(atoms, radius: float, max_neighbours: int, forces: bool = False):
 def make_structures(
     n: int, seed: int = 0, min_atoms: int = 3, max_atoms: int = 300, molecule_share: float = 0.3
 ) -> list:
-    """``n`` rattled structures: about ``molecule_share`` molecules, the rest metal clusters."""
+    """``n`` rattled structures: about ``molecule_share`` molecules, the rest metal clusters.
+
+    Molecules: the G2 set's made only of H, C, N, O (3 to ~20 atoms, ``ase.build.molecule``).
+    Clusters of Cu, Ni, Ag, Au, Pd, Pt or a random binary mix: icosahedra, octahedra and random
+    spherical cuts of fcc bulk, 13 to ``max_atoms`` atoms, sizes drawn log-uniformly so that
+    small and large graphs are both common."""
     from ase.build import molecule
 
     rng = np.random.default_rng(seed)

@@ -1,26 +1,18 @@
 """A size-diverse CuNi training set with real EMT labels, in the extended XYZ form mace_run_train
 reads.
 
-Structures (all rattled, random Cu/Ni composition):
-
-- bulk fcc cells of 4 to ``max_atoms`` atoms: repeats of the cubic (4-atom) and the primitive
-  (1-atom) cell, lattice constant from Vegard's law with a random strain (volume and shear);
-- (111) and (100) surface slabs with vacuum (periodic in x and y only);
-- clusters (not periodic): icosahedra, cuboctahedra, octahedra and random spherical cuts of bulk.
-
-Labels are ASE's EMT energies, forces and (bulk only) stress, written under the keys that
-mace-torch 0.3.16 reads by default: ``REF_energy`` (info), ``REF_forces`` (arrays) and
-``REF_stress`` (info, Voigt order, eV/A^3). mace rewrites the plain names
-``energy``/``forces``/``stress`` (unsafe with ASE >= 3.23), so we never use them. The training file
+Structures (all rattled, random Cu/Ni composition, :func:`make_structure`): bulk fcc cells of 4
+to ``max_atoms`` atoms, (111) and (100) surface slabs with vacuum, and clusters. Labels
+(:func:`label`) are ASE's EMT energies, forces and (bulk only) stress under the keys mace-torch
+0.3.16 reads by default (``REF_energy``, ``REF_forces``, ``REF_stress``). The training file
 starts with one ``config_type=IsolatedAtom`` entry per element, from which ``--E0s=isolated`` (or
 the default E0s extraction) takes the atomic reference energies.
 
 :func:`make_dataset` writes ``train.xyz``, ``valid.xyz``, ``test.xyz`` and ``cell512.xyz`` (a
-512-atom CuNi cell for MD timings, :func:`make_cell512`) into a folder; :func:`make_structures`
-returns labelled ``Atoms``. Deterministic for a seed. Needs ASE (the ``[mace]``, ``[nequip]`` or
-``[test]`` extra). The command line is ``examples/make_dataset.py``::
-
-    python examples/make_dataset.py --out DIR --n-train 200 --n-valid 20 --seed 0 [--max-atoms 500]
+512-atom cell for MD timings, :func:`make_cell512`); :func:`make_structures` returns labelled
+``Atoms``. Deterministic for a seed. Needs ASE (the ``[mace]``, ``[nequip]`` or ``[test]``
+extra). Command line: ``python examples/make_dataset.py --out DIR --n-train 200 --n-valid 20
+--seed 0 [--max-atoms 500]``.
 """
 
 from __future__ import annotations
@@ -190,7 +182,11 @@ def make_cell512(seed: int = 0) -> Atoms:
 
 # ----------------------------------------------------------------------------- labels and sets
 def label(atoms: Atoms, with_stress: bool | None = None) -> Atoms:
-    """Store EMT energy, forces (and stress, default: when fully periodic) under the REF_ keys."""
+    """Store EMT energy, forces (and stress, default: when fully periodic) under the REF_ keys.
+
+    The keys are those mace-torch 0.3.16 reads by default: ``REF_energy`` (info), ``REF_forces``
+    (arrays) and ``REF_stress`` (info, Voigt order, eV/A^3). mace rewrites the plain names
+    ``energy``/``forces``/``stress`` (unsafe with ASE >= 3.23), so they are never used."""
     if with_stress is None:
         with_stress = bool(atoms.pbc.all())
     atoms.calc = EMT()
@@ -208,7 +204,13 @@ MIN_ATOMS = 4
 
 
 def make_structure(rng: np.random.Generator, max_atoms: int = 500) -> Atoms:
-    """One random, labelled structure of a random kind (see :data:`KIND_WEIGHTS`)."""
+    """One random, labelled structure of a random kind (see :data:`KIND_WEIGHTS`).
+
+    - bulk fcc cells of 4 to ``max_atoms`` atoms: repeats of the cubic (4-atom) and the primitive
+      (1-atom) cell, lattice constant from Vegard's law with a random strain (volume and shear);
+    - (111) and (100) surface slabs with vacuum (periodic in x and y only);
+    - clusters (not periodic): icosahedra, cuboctahedra, octahedra and random spherical cuts of
+      bulk."""
     kinds, weights = zip(*KIND_WEIGHTS.items())
     kind = kinds[int(rng.choice(len(kinds), p=np.array(weights) / sum(weights)))]
     if kind == "bulk_cubic":

@@ -7,19 +7,12 @@ tensors on a device. Where a library is missing (not built, built against anothe
 debug switch ``CFM_PLUGINS_FORCE_TORCH=1``) the modules run their pure-torch evaluation of the same
 descriptor; the first time that happens for a device kind, one warning says why and how to build.
 
-On CUDA tensors the operators' kernels are the Triton kernels generated from the descriptors
-(:mod:`cfm_plugins.ops.triton`, registered as the operators' CUDA kernels, so the modules, autograd
-and compiled graphs do not change) or the C++ CUDA ones. ``auto`` (the default) takes Triton where
-it imports (torch's CUDA and ROCm wheels bring it) and the C++ CUDA kernels otherwise: measured on
-an H100, the Triton kernels made the MACE-MP-medium-like train step 2.6-3.1x faster than the C++
-CUDA ones and a ``mace_run_train`` epoch 2.9x faster (docs/benchmarks.md). ``cuda`` and ``triton``
-ask for one of them, with :func:`set_gpu_backend` (the ``fused`` plugin's ``fused_backend`` option
-and :func:`cfm_plugins.ops.configure` call it). Asking for one where it cannot run is an error,
-never a silent fallback.
-
-:func:`prepare_kernels` does, before a model is compiled or captured, what the first launch of each
-fused module would do inside the step (register the Triton kernels, copy the descriptors to the
-host, keep device tables): a CUDA graph must not own such allocations nor make such copies.
+On CUDA tensors the operators' kernels are the Triton kernels (:mod:`cfm_plugins.ops.triton`,
+registered as the operators' CUDA kernels) or the C++ CUDA ones. ``auto`` (the default) takes
+Triton where it imports (torch's CUDA and ROCm wheels bring it; the faster: docs/gpu.md), else the
+C++ CUDA kernels; ``cuda`` and ``triton`` ask for one (:func:`set_gpu_backend`, option
+``fused_backend``), and asking for one where it cannot run is an error, never a silent fallback.
+:func:`prepare_kernels` does before a model is compiled or captured what a first launch would.
 """
 
 from __future__ import annotations
@@ -134,7 +127,8 @@ def prepare_kernels(model: torch.nn.Module) -> int:
     """Call ``prepare_kernels()`` of every fused module of ``model`` (the static path does it before
     compiling or capturing the step): choose and register their kernels for the device of their
     buffers and build the tables a first launch would (a device-to-host copy of the descriptors,
-    device tables kept for later launches), outside the compiled region. The number of modules."""
+    device tables kept for later launches), outside the compiled region: a CUDA graph must not
+    own such allocations nor make such copies. The number of modules."""
     n = 0
     with torch.no_grad():
         for module in model.modules():
@@ -159,15 +153,13 @@ def _triton_on_cuda() -> None:
 
 def _first_use_note() -> str:
     """What a first run on a GPU pays: Triton compiles each kernel at its first launch and keeps it
-    in its cache, which later runs (and other ranks) load. Measured on an H200
-    (docs/benchmarks.md)."""
+    in its cache, which later runs (and other ranks) load (docs/gpu.md)."""
     from triton import knobs
 
     return (
         f"each compiles at its first launch, and is kept in Triton's cache ({knobs.cache.dir}; "
-        "TRITON_CACHE_DIR moves it, e.g. to a shared file system for a cluster's nodes): on an "
-        "H200 the first validation pass of a two-layer MACE took 16.8 s with nothing cached, "
-        "4.2 s with the kernels cached"
+        "TRITON_CACHE_DIR moves it, e.g. to a shared file system for a cluster's nodes; what a "
+        "first run pays: docs/gpu.md)"
     )
 
 

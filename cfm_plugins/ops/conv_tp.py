@@ -2,28 +2,17 @@
 
 ``FusedConvTP.from_e3nn(tp)`` wraps a built e3nn ``TensorProduct`` with "uvu" instructions and
 per-edge weights (as ``mace.modules.irreps_tools.tp_out_irreps_with_instructions`` builds it) as a
-module called ``m(node_feats, edge_attrs, tp_weights, edge_index)`` that returns, without ever
-forming per-edge messages, ::
+module called ``m(node_feats, edge_attrs, tp_weights, edge_index)`` that returns
+``scatter_sum(tp(node_feats[sender], edge_attrs, tp_weights), receiver, dim_size=num_nodes)``
+(``sender, receiver = edge_index``) without ever forming per-edge messages. Called with three
+arguments it returns e3nn's per-edge output. It keeps e3nn's attributes and exactly the e3nn
+module's state_dict (its buffers and compiled submodules are shared, not copied). The math is
+the descriptor's (:mod:`cfm_plugins.ops.descriptors.conv_tp`); the kernels are the torch operators
+``cfm::conv_tp_fwd`` and ``cfm::conv_tp_bwd`` (:class:`FusedConvTP` says more).
 
-    scatter_sum(tp(node_feats[sender], edge_attrs, tp_weights), receiver, dim_size=num_nodes)
-
-(``sender, receiver = edge_index``). Called with three arguments it returns e3nn's per-edge output.
-It keeps e3nn's attributes (irreps_in1/irreps_in2/irreps_out, instructions, weight_numel) and
-exactly the e3nn module's state_dict (its buffers and compiled submodules are shared, not copied).
-
-The math lives in ``descriptors/conv_tp.py``; the kernels in ``cuda/conv_tp``. Two torch operators
-declared in C++ (``cuda/conv_tp/conv_tp_ops*.cpp``) carry them: ``cfm::conv_tp_fwd`` and
-``cfm::conv_tp_bwd``, with CPU, CUDA and Meta kernels and a C++ autograd whose backward of
-``conv_tp_bwd`` is written with both operators again (the form is trilinear), so double (and higher)
-backward, gradcheck/gradgradcheck, torch.compile, TorchScript and torch.export see ordinary
-operators. The descriptor tables are module buffers (they follow ``.to()``). Without the compiled
-library a pure-torch implementation of the same tables runs (index_add based; autograd does the
-derivatives); :mod:`cfm_plugins.ops._backend` chooses.
-
-:data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`,
-which finds it by name): the ``conv_tp`` of MACE interaction blocks (their ``conv_fusion`` seam
-selects the fused call form), then any other uvu tensor product with per-edge weights, whatever its
-class.
+:data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`):
+the ``conv_tp`` of MACE interaction blocks (their ``conv_fusion`` seam selects the fused call
+form), then any other uvu tensor product with per-edge weights, whatever its class.
 """
 
 import inspect
@@ -179,6 +168,16 @@ class _ColumnPermutation(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 class FusedConvTP(SharesE3nnModule, torch.nn.Module):
     """e3nn uvu ``TensorProduct`` + ``scatter_sum`` as one fused op (see module docstring).
+
+    It keeps e3nn's attributes (irreps_in1/irreps_in2/irreps_out, instructions, weight_numel).
+    The kernels (``cuda/conv_tp``) are two torch operators declared in C++
+    (``cuda/conv_tp/conv_tp_ops*.cpp``), ``cfm::conv_tp_fwd`` and ``cfm::conv_tp_bwd``, with CPU,
+    CUDA and Meta kernels and a C++ autograd whose backward of ``conv_tp_bwd`` is written with
+    both operators again (the form is trilinear), so double (and higher) backward,
+    gradcheck/gradgradcheck, torch.compile, TorchScript and torch.export see ordinary operators.
+    The descriptor tables are module buffers (they follow ``.to()``). Without the compiled
+    library a pure-torch implementation of the same tables runs (index_add based; autograd does
+    the derivatives); :mod:`cfm_plugins.ops._backend` chooses.
 
     ``forward(node_feats, edge_attrs, tp_weights, edge_index)`` -> ``[num_nodes, irreps_out.dim]``
     receiver sums; ``forward(x1, x2, weights)`` -> e3nn's per-row product (no scatter).

@@ -5,16 +5,11 @@ A MACE interaction block computes its conv TP's per-edge weights with an e3nn ``
 (``conv_tp_weights``: three SiLU layers of [edges, 64]) whose activation is
 ``normalize2mom(silu)``: ``silu(x) * cst``. In force training torch differentiates SiLU's backward
 as a chain of elementwise ops and keeps four of their outputs per layer for the second backward.
-:class:`LeanSiLU` computes the same ``silu(x) * cst`` through the ``cfm::silu`` operator
-(``cuda/silu/silu_ops.cpp``), whose backward is one operator keeping only (grad, x): the values are
-torch's own silu kernels, the first derivative matches torch's to round-off, and the train step's
-memory peak loses those tensors (docs/benchmarks.md, ``tools/memory_peak.py``).
-
-It is not a kernel of its own in the kernel table: the ``conv_tp`` kernel's MACE-block form swaps
-the block's radial-MLP activations when it fuses the block (:func:`swap_radial_silu`) and puts
-e3nn's modules back when it restores it (:func:`restore_radial_silu`). Without the compiled
-library (or with ``CFM_PLUGINS_FORCE_TORCH=1``) it calls ``torch.nn.functional.silu``, as stock
-does.
+:class:`LeanSiLU` computes the same ``silu(x) * cst`` through the ``cfm::silu`` operator, whose
+backward keeps only (grad, x), so the train step's memory peak loses those tensors. It is not a
+kernel of the kernel table: the ``conv_tp`` kernel's MACE-block form swaps the block's
+radial-MLP activations when it fuses the block (:func:`swap_radial_silu`) and puts e3nn's modules
+back when it restores it (:func:`restore_radial_silu`).
 """
 
 import torch
@@ -35,7 +30,13 @@ def is_normalized_silu(m) -> bool:
 
 class LeanSiLU(torch.nn.Module):
     """``silu(x) * cst`` like the e3nn ``normalize2mom(silu)`` it replaces, through
-    ``cfm::silu``."""
+    ``cfm::silu``.
+
+    The operator (``cuda/silu/silu_ops.cpp``) has a backward that is one operator keeping only
+    (grad, x): the values are torch's own silu kernels, the first derivative matches torch's to
+    round-off, and the train step's memory peak loses the tensors torch's chain keeps
+    (docs/benchmarks.md, ``tools/memory_peak.py``). Without the compiled library (or with
+    ``CFM_PLUGINS_FORCE_TORCH=1``) it calls ``torch.nn.functional.silu``, as stock does."""
 
     cst: float
     scaled: bool

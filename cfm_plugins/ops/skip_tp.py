@@ -1,39 +1,18 @@
 """Fused skip connection: e3nn's ``FullyConnectedTensorProduct`` of node features with the one-hot
 of the element, evaluated as the per-element linear map it is.
 
-MACE's interaction blocks hold ``skip_tp = FullyConnectedTensorProduct(irreps, Ex0e, irreps_out)``
-and call it with ``node_attrs``, the one-hot of each node's element among the ``E`` of the model's
-table (89 for the foundation models). e3nn evaluates it as a dense tensor product over all ``E``
-one-hot components, ``E`` times the work needed; here each node's features are multiplied by its
-own element's weight block only (:mod:`cfm_plugins.ops.descriptors.skip_tp`), the nodes grouped by
-element so that a block is read once per tile of nodes. ``FusedSkipTP.from_e3nn(tp)`` shares the
-e3nn module's weight, buffer and compiled submodules (the state_dict is unchanged) and is called
-as e3nn's is, ``m(node_feats, node_attrs)``.
-
-Two torch operators declared in C++ (``cuda/skip_tp/skip_tp_ops*.cpp``) carry the kernels:
-``cfm::skip_tp_fwd`` and ``cfm::skip_tp_bwd`` (node-feature and weight gradients), with CPU (OpenMP)
-and Meta kernels and a C++ autograd that writes every derivative with the same two operators (the
-map is bilinear in features and weights), so force training's double backward, gradcheck,
-torch.compile, torch.export and TorchScript see ordinary operators. On CUDA tensors the operators'
-kernels are Triton's (:mod:`cfm_plugins.ops.triton.skip_tp`); there is no C++ CUDA kernel.
-
-Where the stock module runs instead (exact, e3nn's own code):
-
-- the second input is not a one-hot. It is checked once, at a module's first eager call (one
-  device-to-host copy, shared by the modules of a model through a cache on the tensor): MACE builds
-  ``node_attrs`` from atomic numbers, a one-hot by construction, and the check does not cost a wait
-  for the device in every step. A module that finds another input says so once and runs e3nn's
-  code from then on; the debug switch ``CFM_PLUGINS_CHECK_ONE_HOT=1`` checks every call;
-- the second input requires a gradient (its gradient is the dense product's);
-- CUDA tensors, unless the kernel was named (``fused_kernels=...,skip_tp``; not under ``auto``:
-  no GPU has timed the Triton kernel) and the GPU backend is Triton; a scripted model on CUDA
-  always (a C++ host has no CUDA kernel of these operators);
-- the compiled library is missing (or ``CFM_PLUGINS_FORCE_TORCH=1``).
+MACE's interaction blocks call ``skip_tp = FullyConnectedTensorProduct(irreps, Ex0e, irreps_out)``
+with ``node_attrs``, the one-hot of each node's element among the ``E`` of the model's table (89
+for the foundation models); e3nn's dense product does ``E`` times the work needed. Here each
+node's features are multiplied by its own element's weight block only
+(:mod:`cfm_plugins.ops.descriptors.skip_tp`). ``FusedSkipTP.from_e3nn(tp)`` shares the e3nn
+module's weight, buffer and compiled submodules (the state_dict is unchanged) and is called as
+e3nn's is, ``m(node_feats, node_attrs)``. The kernels are the torch operators ``cfm::skip_tp_fwd``
+and ``cfm::skip_tp_bwd`` (C++: CPU and Meta kernels, C++ autograd; on CUDA tensors Triton's,
+:mod:`cfm_plugins.ops.triton.skip_tp`); where e3nn's module runs instead: :class:`FusedSkipTP`.
 
 :data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`):
-the ``skip_tp`` of MACE's interaction blocks (``RealAgnosticInteractionBlock``,
-``RealAgnosticResidualInteractionBlock`` and their ``Density`` variants; older models called it
-``skip_tp_full``), recognised by its layout.
+MACE's interaction blocks' ``skip_tp`` (older models: ``skip_tp_full``), recognised by its layout.
 """
 
 from __future__ import annotations
@@ -119,7 +98,30 @@ class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
     ``forward(node_feats, node_attrs)`` -> ``[nodes, irreps_out.dim]``, e3nn's output. Every
     tensor it owns is a buffer created on ``device`` (default: where ``tp`` lives), so it follows
     ``.to()``; ``forward`` is TorchScript-compatible. ``gpu_kernels``: run the Triton kernel on
-    CUDA tensors (off: e3nn's module runs there; see the module docstring).
+    CUDA tensors (off: e3nn's module runs there).
+
+    The nodes are grouped by element so that a weight block is read once per tile of nodes. The
+    operators (``cuda/skip_tp/skip_tp_ops*.cpp``) have CPU (OpenMP) and Meta kernels and a C++
+    autograd that writes every derivative with the same two operators (the map is bilinear in
+    features and weights), so force training's double backward, gradcheck, torch.compile,
+    torch.export and TorchScript see ordinary operators; there is no C++ CUDA kernel.
+
+    Where the stock module runs instead (exact, e3nn's own code):
+
+    - the second input is not a one-hot. It is checked once, at a module's first eager call (one
+      device-to-host copy, shared by the modules of a model through a cache on the tensor): MACE
+      builds ``node_attrs`` from atomic numbers, a one-hot by construction, and the check does not
+      cost a wait for the device in every step. A module that finds another input says so once
+      and runs e3nn's code from then on; the debug switch ``CFM_PLUGINS_CHECK_ONE_HOT=1`` checks
+      every call;
+    - the second input requires a gradient (its gradient is the dense product's);
+    - CUDA tensors, unless the kernel was named (``fused_kernels=...,skip_tp``; not under
+      ``auto``: no GPU has timed the Triton kernel) and the GPU backend is Triton; a scripted
+      model on CUDA always (a C++ host has no CUDA kernel of these operators);
+    - the compiled library is missing (or ``CFM_PLUGINS_FORCE_TORCH=1``).
+
+    :data:`KERNEL` covers ``RealAgnosticInteractionBlock``,
+    ``RealAgnosticResidualInteractionBlock`` and their ``Density`` variants.
     """
 
     #: the coefficients stay float64 under .to(dtype) (the kernels read them in double)
@@ -203,7 +205,7 @@ class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
 
     @torch.jit.unused
     def _runs_kernels(self, x: torch.Tensor, y: torch.Tensor) -> bool:
-        """Whether the operators run for these inputs (else e3nn's code; see the module doc)."""
+        """Whether the operators run for these inputs (else e3nn's code: see the class doc)."""
         if self._stock_only or y.requires_grad:
             return False
         if x.device.type == "cuda":

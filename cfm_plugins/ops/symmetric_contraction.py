@@ -4,21 +4,15 @@
 SymmetricContraction``: same call ``forward(x, y)`` (x ``[nodes, channels, num_ell]``, y one-hot
 ``[nodes, num_elements]`` or integer element indices ``[nodes]``), same output layout, and it
 *shares* the mace module's ``contractions`` (weights, U buffers, ``*_zeroed`` flags), so a
-state_dict saved with or without the plugin loads into either.
-
-Per call the weights are folded into per-element coefficients ``coeff[e, term, c]`` (only the
-elements present), then one fused kernel evaluates the sparse polynomial of the descriptor
-(:mod:`cfm_plugins.ops.descriptors.symmetric_contraction`) per node and channel. Backward and
-double backward are fused kernels of the same descriptor. All three are torch operators declared
-in C++ (``cuda/symmetric_contraction/sc_ops*.cpp``): ``cfm::symmetric_contraction_fwd``, ``_bwd``,
-``_bwd2``, with CPU, CUDA and Meta kernels and C++ autograd, so TorchScript, torch.export,
-AOTInductor and torch.compile see ordinary operators and forces need no Python. Where the
-compiled library is missing (or ``CFM_PLUGINS_FORCE_TORCH=1``) a pure-torch evaluation of the same
-descriptor runs (:mod:`cfm_plugins.ops._backend` chooses).
+state_dict saved with or without the plugin loads into either. Per call the weights are folded
+into per-element coefficients and fused kernels of the descriptor
+(:mod:`cfm_plugins.ops.descriptors.symmetric_contraction`) evaluate forward, backward and double
+backward (the class says how).
 
 :data:`KERNEL` is this kernel's entry in the kernel table (:mod:`cfm_plugins.ops.kernel_table`,
 which finds it by name): it recognises MACE's layout whatever the class, so vendored copies are
-fused too.
+fused too, and the fx ``GraphModule`` that ``mace.tools.compile.prepare`` leaves in its place (by
+the parameters and buffers it keeps; the swap is checked against the traced module's output).
 """
 
 import logging
@@ -31,7 +25,7 @@ from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors.symmetric_contraction import SCDescriptor, build_descriptor
 from cfm_plugins.ops.kernel_types import Form, Kernel
 
-__all__ = ["FusedSymmetricContraction", "KERNEL", "is_symmetric_contraction"]
+__all__ = ["FusedSymmetricContraction", "KERNEL", "from_prepared", "is_symmetric_contraction"]
 
 log = logging.getLogger("cfm_plugins.ops")
 
@@ -185,6 +179,16 @@ class FusedSymmetricContraction(torch.nn.Module):
     evaluation of the same descriptor. Every tensor it owns is a buffer created on the wrapped
     module's device and dtype, so it follows ``.to()``; ``forward`` is TorchScript-compatible
     (a scripted module calls the ``cfm::`` operators, so the compiled library must be loaded).
+
+    Per call the weights are folded into per-element coefficients ``coeff[e, term, c]`` (only the
+    elements present), then one fused kernel evaluates the sparse polynomial of the descriptor per
+    node and channel. Backward and double backward are fused kernels of the same descriptor. All
+    three are torch operators declared in C++ (``cuda/symmetric_contraction/sc_ops*.cpp``):
+    ``cfm::symmetric_contraction_fwd``, ``_bwd``, ``_bwd2``, with CPU, CUDA and Meta kernels and
+    C++ autograd, so TorchScript, torch.export, AOTInductor and torch.compile see ordinary
+    operators and forces need no Python. Where the compiled library is missing (or
+    ``CFM_PLUGINS_FORCE_TORCH=1``) a pure-torch evaluation of the same descriptor runs
+    (:mod:`cfm_plugins.ops._backend` chooses).
     """
 
     def __init__(self, module: torch.nn.Module, use_kernel: bool = True) -> None:
@@ -542,7 +546,138 @@ def is_symmetric_contraction(m) -> bool:
 
 
 def _restore(fused: "FusedSymmetricContraction", parent: torch.nn.Module, attr: str) -> None:
-    setattr(parent, attr, fused.to_mace())
+    original = fused.to_mace()
+    if isinstance(original, torch.fx.GraphModule):
+        _rebind_prepared(fused, original)
+    setattr(parent, attr, original)
+
+
+# ----------------------------------------------------------------------------------------------
+# The same module after mace.tools.compile.prepare: an fx GraphModule with the stock layout's
+# parameters and buffers
+# ----------------------------------------------------------------------------------------------
+
+PREPARED_HINT = (
+    "patch the model before mace.tools.compile.prepare (prepare leaves a fused contraction as it "
+    "is), or leave symmetric_contraction out of fused_kernels"
+)
+
+
+def _prepared_layout(m) -> list[tuple[torch.nn.Module, int]] | None:
+    """(traced contraction, correlation) per output irrep of a GraphModule that holds MACE's
+    symmetric-contraction parameters and buffers as ``mace.tools.compile.prepare``
+    (``torch.fx.symbolic_trace``) keeps them: ``contractions.<i>`` with the parameter
+    ``weights_max`` (3-D), ``weights.0 .. weights.<correlation-2>`` and the buffers ``U_matrix_1 ..
+    U_matrix_<correlation>``; None for any other module."""
+    if not isinstance(m, torch.fx.GraphModule):
+        return None
+    contractions = m._modules.get("contractions")
+    if not isinstance(contractions, torch.nn.Module) or not contractions._modules:
+        return None
+    if list(contractions._modules) != [str(i) for i in range(len(contractions._modules))]:
+        return None
+    layout = []
+    for c in contractions._modules.values():
+        w = c._parameters.get("weights_max") if c is not None else None
+        if not isinstance(w, torch.Tensor) or w.dim() != 3:
+            return None
+        nu = sum(1 for k in c._buffers if k.startswith("U_matrix_"))
+        if nu < 1 or any(f"U_matrix_{k}" not in c._buffers for k in range(1, nu + 1)):
+            return None
+        weights = c._modules.get("weights")
+        params = weights._parameters if weights is not None else {}
+        if list(params) != [str(i) for i in range(nu - 1)]:
+            return None
+        if any(not isinstance(p, torch.Tensor) or p.dim() != 3 for p in params.values()):
+            return None
+        layout.append((c, nu))
+    return layout
+
+
+class _PreparedContraction(torch.nn.Module):
+    """One contraction of a prepared (traced) symmetric contraction under mace's ``Contraction``
+    names: the traced module's own parameter and buffer tensors, with the ``correlation`` and
+    ``U_tensors`` that :class:`FusedSymmetricContraction` reads (its state_dict keys are the
+    traced module's)."""
+
+    def __init__(self, traced: torch.nn.Module, correlation: int) -> None:
+        super().__init__()
+        self.correlation = correlation
+        self.weights_max = traced._parameters["weights_max"]
+        weights = traced._modules.get("weights")
+        self.weights = torch.nn.ParameterList(
+            [weights._parameters[str(i)] for i in range(correlation - 1)]
+        )
+        for name, u in traced._buffers.items():  # in the traced module's order (its state_dict)
+            if name.startswith("U_matrix_"):
+                self.register_buffer(name, u)
+
+    @torch.jit.unused
+    def U_tensors(self, nu: int) -> torch.Tensor:
+        return self._buffers[f"U_matrix_{nu}"]
+
+
+def _rebind_prepared(fused: "FusedSymmetricContraction", traced: torch.fx.GraphModule) -> None:
+    """Give the traced module the fused module's current tensors (``.to()`` replaces buffers)."""
+    for c, view in zip(traced.contractions._modules.values(), fused.contractions):
+        c._parameters["weights_max"] = view.weights_max
+        for i, w in enumerate(view.weights):
+            c.weights._parameters[str(i)] = w
+        for k in range(1, view.correlation + 1):
+            c._buffers[f"U_matrix_{k}"] = view._buffers[f"U_matrix_{k}"]
+
+
+def _check_prepared(fused: "FusedSymmetricContraction", traced: torch.nn.Module) -> None:
+    """The traced module's output and the fused one's on a few nodes of every element agree, or a
+    ValueError: recognised by its parameters alone, the traced code could compute something
+    else."""
+    w = fused.contractions[0].weights_max
+    E, C, L = fused.num_elements, fused.channels, fused.descriptor.num_ell
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(2 * E, C, L, generator=g, dtype=torch.float64).to(w.device, w.dtype)
+    y = torch.eye(E, dtype=w.dtype, device=w.device).repeat(2, 1)
+    with torch.no_grad():
+        try:
+            ref = traced(x, y)
+        except Exception as exc:  # noqa: BLE001  (any failure: not the module this form fuses)
+            raise ValueError(
+                f"it holds mace's symmetric-contraction parameters but does not run as one "
+                f"({type(exc).__name__}: {exc}); {PREPARED_HINT}"
+            ) from exc
+        out = fused(x, y)
+    tol = 1e-10 if w.dtype == torch.float64 else 1e-4
+    err = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-300)) if ref.numel() else 0.0
+    if out.shape != ref.shape or not err < tol:
+        raise ValueError(
+            f"its traced code does not compute mace's symmetric contraction (output "
+            f"{list(ref.shape)}, the fused {list(out.shape)}, relative difference {err:.1e}); "
+            f"{PREPARED_HINT}"
+        )
+
+
+def from_prepared(module: torch.nn.Module) -> "FusedSymmetricContraction":
+    """The fused twin of a symmetric contraction traced by ``mace.tools.compile.prepare``
+    (sharing its parameters and buffers; :meth:`FusedSymmetricContraction.to_mace` gives the
+    traced module back), checked against the traced module's output; a ValueError saying what to
+    do for a GraphModule that has the layout but computes something else."""
+    layout = _prepared_layout(module)
+    if layout is None:
+        raise ValueError(
+            f"{type(module).__name__} is not a symmetric contraction traced by "
+            f"mace.tools.compile.prepare; {PREPARED_HINT}"
+        )
+    view = torch.nn.Module()
+    view.contractions = torch.nn.ModuleList([_PreparedContraction(c, nu) for c, nu in layout])
+    fused = FusedSymmetricContraction(view)
+    object.__setattr__(fused, "_original", module)
+    _check_prepared(fused, module)
+    return fused
+
+
+def _is_fused_prepared(m, parent, attr) -> bool:
+    return isinstance(m, FusedSymmetricContraction) and isinstance(
+        m.to_mace(), torch.fx.GraphModule
+    )
 
 
 KERNEL = Kernel(
@@ -554,6 +689,13 @@ KERNEL = Kernel(
             recognise=lambda m, parent, attr: is_symmetric_contraction(m),
             make=lambda m, parent, attr: FusedSymmetricContraction.from_mace(m),
             is_fused=lambda m, parent, attr: isinstance(m, FusedSymmetricContraction),
+            restore=_restore,
+        ),
+        Form(
+            "symmetric contraction traced by mace.tools.compile.prepare",
+            recognise=lambda m, parent, attr: _prepared_layout(m) is not None,
+            make=lambda m, parent, attr: from_prepared(m),
+            is_fused=_is_fused_prepared,
             restore=_restore,
         ),
     ),

@@ -4,6 +4,12 @@ One ``.npz`` per file in ``<folder>/.cfm-plan-cache/``, named by a digest of its
 real path, size and modification time, the format, ``r_max`` and :data:`VERSION` (how sizes are
 read and counted). A file that changed (another size or mtime) or another ``r_max`` misses the
 cache and is read again; entries are written atomically (a reader never sees half a file).
+
+The trainers' start-up (``adapters/mace/sizes.py``) reads the same entries and adds to them what its
+data checks found (``checks``: the structures whose labels are not finite, and the elements of
+each structure as an index into a short list of element sets), so that a later run checks the
+file without reading it; an entry ``cfm-plan`` wrote has no ``checks`` (its readers read the
+geometry only), and the trainer reads the labels once and writes the entry again with them.
 """
 
 from __future__ import annotations
@@ -56,19 +62,40 @@ def load(folder: str, k: dict | None) -> dict | None:
                 "isolated": z["isolated"],
                 "bad": {int(i): why for i, why in meta["bad"]},
                 "counter": meta.get("counter", ""),
+                "checks": _checks(meta.get("checks"), z),
             }
     except (OSError, KeyError, ValueError):
         return None
 
 
-def save(folder: str, k: dict | None, sizes) -> str | None:
-    """Keep ``sizes`` (a :class:`~cfm_plugins.plan.sizes.FileSizes`) under key ``k``; the file
-    written, or None where the folder cannot be written (the plan goes on without a cache)."""
+def _checks(found, z) -> dict | None:
+    """The trainer's checks of an entry: ``labels`` (index -> what is not finite), ``zsets`` (lists
+    of atomic numbers) and ``zset`` (per structure, its index into ``zsets``); None if absent."""
+    if not found or "zset" not in z:
+        return None
+    return {
+        "labels": {int(i): why for i, why in found["labels"]},
+        "zsets": [list(map(int, s)) for s in found["zsets"]],
+        "zset": z["zset"],
+    }
+
+
+def save(folder: str, k: dict | None, sizes, checks: dict | None = None) -> str | None:
+    """Keep ``sizes`` (a :class:`~cfm_plugins.plan.sizes.FileSizes`) under key ``k``, with the
+    trainer's ``checks`` where given (see :func:`_checks`); the file written, or None where the
+    folder cannot be written (the plan goes on without a cache)."""
     if k is None:
         return None
     path = _file(folder, k)
     meta = {"key": k, "bad": [[int(i), why] for i, why in sizes.bad.items()]}
     meta["counter"] = sizes.counter
+    arrays = {}
+    if checks is not None:
+        meta["checks"] = {
+            "labels": [[int(i), why] for i, why in sorted(checks["labels"].items())],
+            "zsets": [list(map(int, s)) for s in checks["zsets"]],
+        }
+        arrays["zset"] = np.asarray(checks["zset"], np.int32)
     tmp = f"{path}.tmp{os.getpid()}.npz"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -78,6 +105,7 @@ def save(folder: str, k: dict | None, sizes) -> str | None:
             edges=np.asarray(sizes.edges, np.int64),
             isolated=np.asarray(sizes.isolated, bool),
             meta=np.array(json.dumps(meta)),
+            **arrays,
         )
         os.replace(tmp, path)
     except OSError:

@@ -370,18 +370,23 @@ def log_balance(samplers, config, dist) -> None:
 
     iterated = [s for s in samplers if s.planned_lif()[1]]
     # mace builds its training loader twice: the one that trained has the timed steps, or the
-    # most epochs
+    # epochs set by the trainer, or the most passes
     sampler = max(
-        iterated, key=lambda s: (len(s.step_times()), len(s.planned_lif()[1])), default=None
+        iterated,
+        key=lambda s: (len(s.step_times()), len(s.trainer_epochs), len(s.planned_lif()[1])),
+        default=None,
     )
     times = sampler.step_times()[WARMUP_STEPS:] if sampler is not None else np.zeros((0, 2))
     measured = measured_lif(times, dist, step_clock(dist))
     if dist.rank != 0 or sampler is None:
         return
-    timed = sampler.timed_epochs  # the epochs trained; without timing every pass of the loader
-    planned, by_epoch = sampler.planned_lif(timed or None)
-    passes = count(len(by_epoch), "epoch") if timed else f"{count(len(by_epoch), 'pass')} over it"
-    unit = "epoch" if timed else "pass"
+    # the epochs trained: those with timed steps, else those the trainer selected (set_epoch); a
+    # trainer iterates its training loader otherwise too (mace reads it for its statistics and
+    # evaluates on it), passes that are not epochs trained. Without either, every pass.
+    trained = sampler.timed_epochs or sampler.trainer_epochs
+    planned, by_epoch = sampler.planned_lif(trained or None)
+    passes = count(len(by_epoch), "epoch") if trained else f"{count(len(by_epoch), 'pass')} over it"
+    unit = "epoch" if trained else "pass"
     span = (
         ""
         if len(by_epoch) < 2

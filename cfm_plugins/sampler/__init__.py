@@ -2,27 +2,21 @@
 
 - :func:`pack` (``packing.py``, numpy only): costs -> :class:`Packing` (``bins.py``: CSR bins,
   steps of ``world_size`` bins with nearly equal cost); :func:`pack_even` and
-  :func:`pack_even_dims` (``even_dims.py``): bins of nearly equal cost throughout, and in atoms
-  and edges too (for batches padded to one budget). :class:`BinPackBatchSampler` picks the
-  packer from its options.
+  :func:`pack_even_dims` (``even_dims.py``): bins of nearly equal cost, and in atoms and edges too.
 - :class:`BinPackBatchSampler` (``batch_sampler.py``, the only module importing torch): a
-  ``DataLoader(batch_sampler=...)`` per rank, MPI-agreed, resumable.
-- :func:`graph_costs`, :func:`calibrate_linear_cost`, :func:`fit_linear_cost` (``costs.py``): cost
-  models.
-- :func:`fit_step_times`, :class:`StepCost`, :class:`CostCalibration` (``autocost.py``, numpy only):
-  ``cost=auto``, a per-graph cost fitted on the run's own step times; :class:`AutoCostBatchSampler`
-  (``batch_sampler.py``) re-plans with it.
-- :func:`balance_report`, :func:`plot_batches` (``report.py``): how good a packing is, and the
-  picture of a plan beside a trainer's own batches (:func:`fixed_count_batches`);
-  :func:`load_imbalance_factor`, the LIF of planned costs or measured step times.
+  ``DataLoader(batch_sampler=...)`` per rank, MPI-agreed, resumable; it picks the packer from its
+  options. :class:`AutoCostBatchSampler` re-plans with ``cost=auto``.
+- Costs: :func:`graph_costs`, :func:`calibrate_linear_cost`, :func:`fit_linear_cost`
+  (``costs.py``); :func:`fit_step_times`, :class:`StepCost`, :class:`CostCalibration`
+  (``autocost.py``, numpy only: a per-graph cost fitted on the run's own step times).
+- :func:`balance_report`, :func:`plot_batches`, :func:`fixed_count_batches`,
+  :func:`load_imbalance_factor` (``report.py``): how good a packing is.
 
-The packers the benchmark compares against and the paper's workload live beside the benchmark
-(``benchmarks/baselines.py``, ``benchmarks/workload.py``), not in the package.
-
-``BinPackBatchSampler`` and ``AutoCostBatchSampler`` are imported lazily so that ``from
-cfm_plugins.sampler import pack`` does not import torch.
+The two samplers are imported lazily: ``from cfm_plugins.sampler import pack`` imports no torch.
 """
 
+# The packers the benchmark compares against and the paper's workload live beside the benchmark
+# (benchmarks/baselines.py, benchmarks/workload.py), not in the package.
 from .autocost import CostCalibration, StepCost, fit_step_times
 from .bins import Packing
 from .costs import LinearCostFit, calibrate_linear_cost, fit_counts, fit_linear_cost, graph_costs

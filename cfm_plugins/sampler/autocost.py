@@ -1,49 +1,18 @@
 """``cost=auto``: a per-graph cost fitted on the run's own step times.
 
-Why. Bin packing balances the ranks only as well as its cost predicts a step's time, and the
-right cost depends on the model, its size, the dtype and the hardware: MACE's symmetric
-contraction grows with atoms, its convolution with edges, a readout with graphs, and a GPU adds
-a fixed cost per step. Users should not have to guess ``cost_a``/``cost_b``. The run measures it
-instead: the first epoch (or the first ``calibrate_steps`` steps) is planned with a plain cost
-(atoms), every rank records the compute time of each step with the batch's atoms, edges and
-graphs, and from the next epoch on the plans use the fitted cost.
-
-The calibration steps are packed at several capacities (:data:`CostCalibration.levels`,
-:func:`~cfm_plugins.sampler.packing.pack_levels`: 70, 85 and 100 % of the capacity). Packed to one
-capacity, every batch holds about the capacity in atoms: the atom count hardly varies between
-steps and is confounded with the constant per-step time, so the fit cannot tell an atom term from
-noise (on the HydraGNN example, R^2 0.13-0.36 and atom terms of 6-47 us/atom in 3 of 5 runs where a
-fit of edge-balanced steps finds none; with the levels, R^2 0.78-0.98 and 3.7-5.1 us/edge in
-every run).
-
-What is here (numpy only: the batch sampler gathers the records over the ranks and calls these,
-so everything can be tested without torch or MPI):
-
-- :func:`fit_step_times`: times of ``S`` steps on ``R`` ranks fitted as
-  ``t = c0 + a*atoms + b*edges + g*graphs``, every coefficient >= 0 (exact non-negative least
-  squares, :func:`~cfm_plugins.sampler.costs.fit_counts`), for each subset of the three counts.
-  The model kept is chosen by cross-validation on what the packing must get right, the per-step
-  maximum over ranks (a synchronous step waits for its slowest rank), not by its coefficients:
-  atoms and edges of batches are nearly collinear, and there the coefficients are ill-determined
-  while the predictions are not. The model with the lowest cross-validated error is kept (ties:
-  the fewer counts). Why not the most counts within one standard error of the best (the first
-  version's rule, for calibration steps that hardly varied in atoms)? On real step times, which
-  are not exactly linear in the counts, a term the steps resolve only roughly extrapolates badly:
-  on the NequIP demo it kept ``c0 = 0 + 8.6 us/atom + 15 us/edge + 22 ms/graph`` (a per-graph term
-  standing in for the constant) over ``c0 + b*edges``, whose cross-validated error was lower, and
-  the plan made with it ran at LIF 1.133 against 1.039 for atoms. Why not the fewest counts within
-  one standard error (the usual rule)? In simulation (``tools.autocost_sim``: 2 ranks, 2 %
-  noise, 5 % of the records 10-50 % slow) it dropped real terms where the truth had two or three;
-  the lowest error stayed within about 0.002 of the better of the two rules everywhere (see
-  docs/benchmarks.md).
-  Before the fit, steps with a record far off a first fit of every count are left out
-  (:func:`outlier_steps`: a rank slowed for a moment by a process sharing its core).
-- :class:`StepCost`: the kept fit; its per-graph cost is ``a*atoms + b*edges + g`` (``c0`` is
-  paid by every rank at every step: it cannot unbalance them).
-- :func:`align_records`: the per-rank step records of the calibration as ``(steps, ranks)``
-  matrices.
-- :class:`CostCalibration`: the schedule and memory of one run: which steps calibrate, when a fit
-  is due, the fits made with the epoch each applies from, and the state saved for resume.
+Bin packing balances the ranks only as well as its cost predicts a step's time, and the right
+cost depends on the model, its size, the dtype and the hardware (docs/mace.md). The first epoch
+(or the first ``calibrate_steps`` steps) is planned with a plain cost (atoms) and packed at several
+capacities (:data:`CostCalibration.levels`, :func:`~cfm_plugins.sampler.packing.pack_levels`), so
+that the atom count varies between steps and is not confounded with the constant per-step time;
+every rank records each step's compute time with its atoms, edges and graphs, and from the next
+epoch on the plans use the fitted cost. Numpy only (the batch sampler gathers the records over the
+ranks and calls these): :func:`align_records` (the records as ``(steps, ranks)`` matrices),
+:func:`fit_step_times` (``t = c0 + a*atoms + b*edges + g*graphs``, every coefficient >= 0, for each
+subset of the counts, after :func:`outlier_steps`; kept: the lowest cross-validated error of the
+per-step maximum over ranks, ties the fewer counts), :class:`StepCost` (the kept fit; per-graph
+cost ``a*atoms + b*edges + g``: ``c0`` cannot unbalance the ranks), :class:`CostCalibration` (the
+schedule of one run, its fits and the state saved for resume).
 """
 
 from __future__ import annotations
@@ -459,7 +428,9 @@ class CostCalibration:
     the start of the first epoch after that many steps were planned (plans change only between
     epochs). ``recalibrate_every``: refit every that many epochs after a fit, on the steps since
     (0: never). The decision whether a fit is due depends only on the epoch and on the plans'
-    lengths, which are the same on every rank, so every rank takes part in the gather.
+    lengths, registered where the sampler selects an epoch at the trainer's call (construction,
+    ``set_epoch``), never where a rank iterates: the same on every rank, so every rank takes part
+    in the gather.
     ``levels``: the capacities, as fractions of the capacity, that the epochs before the first fit
     are packed at (:func:`~cfm_plugins.sampler.packing.pack_levels`); ``(1.0,)``: one capacity.
     """
@@ -511,15 +482,15 @@ class CostCalibration:
         return not self._gave_up and (not self.history or self.recalibrate_every > 0)
 
     def epoch_planned(self, epoch: int, steps: int) -> None:
-        """Epoch ``epoch`` of ``steps`` steps is iterated (counted only while collecting)."""
+        """Epoch ``epoch`` of ``steps`` steps is planned to be trained (counted only while
+        collecting; the sampler says so where every rank selects the epoch alike)."""
         if self.collecting:
             self.planned[int(epoch)] = int(steps)
 
     def due(self, epoch: int) -> bool:
         """Whether a fit is to be made before planning ``epoch`` (the same answer on every rank).
 
-        Only epochs before ``epoch`` count: a trainer may iterate the loader of ``epoch`` once
-        before it trains it (HydraGNN's ``update_config`` reads a batch)."""
+        Only epochs before ``epoch`` count: ``epoch`` itself is not trained yet."""
         done = sum(n for e, n in self.planned.items() if e < epoch)
         if not self.collecting or done == 0:
             return False

@@ -4,7 +4,10 @@ Every rank computes the same plan (:func:`~cfm_plugins.sampler.packing.pack` is 
 for a seed) from the global cost array and takes bin ``step*world_size + rank`` at each step, so
 every rank has the same number of steps and nearly the same work at each step. With an mpi4py
 communicator the ranks may hold only their shard of the costs (``local_indices``): the shards
-are gathered once, and at the start of every epoch the ranks compare a checksum of their plan.
+are gathered once, and the ranks compare a checksum of their plan where it is made: at
+construction and at every :meth:`~BinPackBatchSampler.set_epoch` (the trainer's call, on every
+rank alike). Iterating makes no collective call: a trainer may iterate a loader on some ranks only
+(a size probe, a preview on rank 0), or more often on one rank than on another.
 
 With ``loss_weighting="per_sample"`` the sampler also gives, for every batch it yielded, the loss
 scales that make each graph and atom weigh the same over the epoch (:mod:`.weighting`); a trainer
@@ -107,7 +110,8 @@ class BinPackBatchSampler(Sampler):
         world_size: the number of ranks (one bin per rank per step).
         seed: the plan of epoch ``e`` is packed from ``seed + e`` (:meth:`set_epoch`).
         comm: an mpi4py communicator (duck-typed: ``allgather``), needed when ``local_indices``
-            hold a shard; also used to check at each epoch that all ranks have the same plan.
+            hold a shard; also used to check that all ranks have the same plan, at construction
+            and at every :meth:`set_epoch` (never while iterating).
         local_indices: global dataset index of each entry of ``costs`` (this rank's shard).
         drop_last: drop the steps whose bins average less than half the capacity (the few
             bins of leftovers); their samples are not seen in that epoch (logged).
@@ -139,8 +143,15 @@ class BinPackBatchSampler(Sampler):
 
     ``len()`` is the number of steps of the current epoch, the same on every rank.
     ``state_dict()`` records epoch, seed and the batches yielded so far; after
-    ``load_state_dict`` the next iteration continues with the next batch. Iterating raises
-    ``RuntimeError`` when the ranks' plans differ (their checksums are compared once per epoch).
+    ``load_state_dict`` the next iteration continues with the next batch.
+
+    Collective calls (with ``comm``): construction and :meth:`set_epoch` only, which every rank
+    makes alike (trainers call ``set_epoch`` on every rank at every epoch). Both compare the
+    plan's checksum and the options the plans follow from (seed, capacity, packer options) across
+    the ranks and raise ``RuntimeError`` on every rank when they differ. A plan is a deterministic
+    function of the costs, the capacity, the options and the epoch, all checked at construction,
+    so iterating needs no collective: ``__iter__``, ``len()``, :meth:`select_epoch` (a wrapper's
+    own epoch advance) and :meth:`batch_at` never call the communicator.
     """
 
     def __init__(
@@ -209,7 +220,6 @@ class BinPackBatchSampler(Sampler):
         self._plan: Packing | None = None
         self._plan_key = None
         self._dropped: tuple[int, int] = (0, 0)
-        self._verified_key = None
         self._cost_version = 0  # bumped when the costs change (cost=auto), part of the plan's key
         #: epoch -> (sum over steps of the largest bin cost, of the mean bin cost, steps) of the
         #: plans iterated: the planned balance (:meth:`planned_lif`)
@@ -220,7 +230,12 @@ class BinPackBatchSampler(Sampler):
         #: the epochs that had timed steps: the ones trained (a trainer may also iterate the
         #: training loader to evaluate, untimed)
         self.timed_epochs: set[int] = set()
+        #: the epochs a trainer selected with :meth:`set_epoch`: the ones it trains (a pass over
+        #: the loader it makes otherwise, e.g. for statistics, does not count)
+        self.trainer_epochs: set[int] = set()
         self.plan()  # errors (oversize, too many ranks) surface at construction
+        self._verify()  # every rank constructs its sampler: the one collective point besides
+        # set_epoch
 
     def _global(self, values, local_indices, check: bool = True) -> np.ndarray:
         """The global array of per-sample ``values`` (this rank's shard with ``local_indices``)."""
@@ -265,25 +280,48 @@ class BinPackBatchSampler(Sampler):
                 "give the same global cost array"
             )
 
-    def _verify(self, plan: Packing):
-        """Compare the plan's checksum across ranks (collective, once per epoch)."""
-        if self.comm is None or self._verified_key == self._plan_key:
+    def _options(self) -> tuple:
+        """The options the plans follow from, besides the costs (checked where they are given)."""
+        return (
+            ("seed", self.seed),
+            ("capacity", self.capacity),
+            ("shuffle", self.shuffle),
+            ("oversize", self.oversize),
+            ("evaluation", self.evaluation),
+            ("repeat", self.repeat),
+            ("drop_last", self.drop_last),
+            ("even", self.even),
+            ("even_dims", self.even_dims is not None),
+            ("loss_weighting", self.loss_weighting),
+        )
+
+    def _verify(self) -> None:
+        """Compare the current plan's checksum and the options across ranks (collective: called
+        at construction and by :meth:`set_epoch`, which every rank makes alike; never while
+        iterating). Raises ``RuntimeError`` on every rank when they differ."""
+        if self.comm is None:
             return
-        sums = self.comm.allgather(plan.checksum())
-        if any(h != sums[0] for h in sums):
-            groups = {}
-            for r, h in enumerate(sums):
-                groups.setdefault(h, []).append(r)
-            desc = "; ".join(
-                f"ranks [{_rank_list(rs)}] have plan {h[:12]}" for h, rs in groups.items()
-            )
-            odd = [r for r, h in enumerate(sums) if h != sums[0]]
-            raise RuntimeError(
-                f"the ranks disagree on the batch plan of epoch {self.epoch}: ranks "
-                f"{_rank_list(odd)} differ from rank 0 ({desc}); give every rank the same "
-                "seed, capacity, costs and options"
-            )
-        self._verified_key = self._plan_key
+        sums = self.comm.allgather((self.plan().checksum(), self._options()))
+        odd = [r for r, x in enumerate(sums) if x != sums[0]]
+        if not odd:
+            return
+        groups = {}
+        for r, (h, _) in enumerate(sums):
+            groups.setdefault(h, []).append(r)
+        desc = "; ".join(f"ranks [{_rank_list(rs)}] have plan {h[:12]}" for h, rs in groups.items())
+        other = [
+            f"{name}: "
+            + ", ".join(f"rank {r} {dict(opts)[name]!r}" for r, (_, opts) in enumerate(sums))
+            for name, value in sums[0][1]
+            if any(dict(opts)[name] != value for _, opts in sums)
+        ]
+        raise RuntimeError(
+            f"the ranks disagree on the batch plan of epoch {self.epoch}: ranks "
+            f"{_rank_list(odd)} differ from rank 0 ({desc}"
+            + (f"; options differ: {'; '.join(other)}" if other else "")
+            + "); give every rank the same seed, capacity, costs and options, and call "
+            "set_epoch with the same epoch on every rank"
+        )
 
     # -- the plan ------------------------------------------------------------------------------
     def _pack_seed(self, epoch: int | None = None):
@@ -360,8 +398,8 @@ class BinPackBatchSampler(Sampler):
         return self.plan().num_steps(self.world_size)
 
     def __iter__(self):
+        # no collective here: a trainer may iterate a loader on some ranks only
         plan = self.plan()
-        self._verify(plan)
         start, self._resume = self._resume, 0
         epoch = self.epoch
         sc = plan.step_costs(self.costs, self.world_size)
@@ -464,8 +502,18 @@ class BinPackBatchSampler(Sampler):
         return LossScale(float(g), float(a))
 
     def set_epoch(self, epoch: int) -> None:
-        """Select epoch ``epoch`` (plan packed from ``seed + epoch``) and start it from its first
-        batch."""
+        """The trainer's call: select epoch ``epoch`` (plan packed from ``seed + epoch``), start it
+        from its first batch, and check the plan across ranks (collective: call it on every rank,
+        as trainers call ``DistributedSampler.set_epoch``). The same epoch again keeps a position
+        restored by :meth:`load_state_dict`."""
+        self.select_epoch(epoch)
+        self.trainer_epochs.add(self.epoch)
+        self._verify()
+
+    def select_epoch(self, epoch: int) -> None:
+        """:meth:`set_epoch` without the check across ranks (no collective call): for a wrapper
+        that makes each pass over the loader a new epoch on its own (which a rank may do more
+        often than another); the trainer's own ``set_epoch`` calls check the plan."""
         if int(epoch) != epoch or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         if int(epoch) != self.epoch:
@@ -543,13 +591,27 @@ class AutoCostBatchSampler(BinPackBatchSampler):
     ``initial_costs``, its steps packed at the calibration's capacity levels
     (:func:`~cfm_plugins.sampler.packing.pack_levels`: 70, 85 and 100 % of ``capacity``, so that the
     counts of the timed steps vary; one capacity where bins are padded, ``even``); the adapter
-    hands every training step's compute time to :meth:`record_step`; at the start of the next epoch
-    the records of all ranks are gathered once (``comm.allgather``), rank 0 fits them
-    (:func:`~cfm_plugins.sampler.autocost.fit_step_times`) and every rank takes rank 0's fit, so
-    every rank computes the same costs and the same plan (the checksum still holds). The fits are
-    the state a resume needs (:meth:`resume_state`, :meth:`load_resume_state`): step times cannot
-    be measured again, so a resumed run must be given the fits of the interrupted one to plan the
-    same batches.
+    hands every training step's compute time to :meth:`record_step`; then the records of all ranks
+    are gathered once (``comm.allgather``), rank 0 fits them
+    (:func:`~cfm_plugins.sampler.autocost.fit_step_times`) and every rank takes rank 0's verdict,
+    so every rank computes the same costs and the same plan (the checksum still holds). The fits
+    are the state a resume needs (:meth:`resume_state`, :meth:`load_resume_state`): step times
+    cannot be measured again, so a resumed run must be given the fits of the interrupted one to
+    plan the same batches.
+
+    Where the gather happens (a collective: at a point every rank reaches equally, never in
+    ``__iter__``, which a trainer may call on some ranks only):
+
+    - in :meth:`set_epoch`, the trainer's call on every rank at the start of every epoch (mace
+      through the adapter's ``train_one_epoch``, HydraGNN's loop, Lightning), when a fit is due
+      for that epoch (:meth:`CostCalibration.due`, from the steps planned by the ``set_epoch``
+      calls before it); the fit applies from that epoch;
+    - for a trainer that never calls ``set_epoch`` and only iterates (each pass a new epoch through
+      :meth:`select_epoch`, e.g. the mace adapter's ``EpochAdvancing`` outside mace's loop): in
+      :meth:`record_step` of the last step of an epoch (every rank trains the same steps and hands
+      every one over, the ``record_step`` protocol); the verdict is taken on every rank at the next
+      :meth:`select_epoch` and the fit applies from the next epoch, as with ``set_epoch``. A pass
+      that is not trained (untimed) does not reach it.
 
     Args (beyond :class:`BinPackBatchSampler`'s): ``atoms``, ``edges``: per-sample counts (global,
     or this rank's shard with ``local_indices``); ``initial_costs``: the costs of the calibration
@@ -589,8 +651,10 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         self._digest = data_digest(self.atoms, self.edges)
         self._applied = None  # the Calibration whose costs are in use (None: initial costs)
         self._said_untimed = False
-        self._waiting = None  # (epoch, passes over the loader) of the last "too few steps" verdict
-        self._passes = 0  # iterations of this sampler (the same count on every rank)
+        self._waiting = None  # the epoch of the last "too few steps" verdict (set_epoch's)
+        self._explicit_epoch = None  # the epoch of the trainer's last set_epoch (None: none yet)
+        self._pending = None  # a verdict gathered at the last step of an epoch, not yet taken
+        self._timed_in = (None, 0)  # (epoch, steps recorded in it): a trainer that only iterates
         self._levels_planned = (
             None  # whether the cached plan is a calibration plan of several capacities
         )
@@ -604,6 +668,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
             atoms=self.atoms,
             **kwargs,
         )
+        self.calibration.epoch_planned(self.epoch, len(self))  # epoch 0 is planned from here
 
     # -- what adapters call ---------------------------------------------------------------------
     @property
@@ -620,8 +685,21 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         cpu_s: float | None = None,
     ) -> None:
         """One training step of this rank: the batch's totals and its compute time (forward +
-        backward, without waits for other ranks), in wall-clock and/or thread CPU seconds."""
+        backward, without waits for other ranks), in wall-clock and/or thread CPU seconds.
+
+        Without a ``set_epoch`` from the trainer, the last step of an epoch gathers the records
+        of every rank when a fit is due (collective: every rank trains and hands over the same
+        steps); the verdict is taken at the next :meth:`select_epoch`."""
         self.calibration.record(self.epoch, atoms, edges, graphs, wall_s, cpu_s)
+        if self._explicit_epoch is not None or not self.calibration.collecting:
+            return  # the trainer's set_epoch calls gather (or nothing is wanted any more)
+        epoch, steps = self._timed_in
+        steps = steps + 1 if epoch == self.epoch else 1
+        self._timed_in = (self.epoch, steps)
+        if self.first_step + steps == len(self) and self.calibration.due(self.epoch + 1):
+            verdict = self._calibrate(self.epoch + 1)
+            if verdict is not None:
+                self._pending = verdict
 
     @property
     def cost_label(self) -> str:
@@ -660,19 +738,40 @@ class AutoCostBatchSampler(BinPackBatchSampler):
 
     # -- epochs ---------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        self._prepare(self.epoch)
+        """The trainer's call on every rank: select ``epoch``; when a fit is due, gather every
+        rank's records and take rank 0's verdict (collective); check the plan across ranks
+        (collective). The same epoch again (mace: its DistributedSampler's ``set_epoch``, then
+        the adapter's) keeps a "too few steps" verdict without gathering again."""
+        previous = self._explicit_epoch
+        self.select_epoch(epoch)
+        if self.epoch != previous:
+            self._waiting = None
+        self._explicit_epoch = self.epoch
+        if self.calibration.due(self.epoch):
+            verdict = self._calibrate(self.epoch)
+            if verdict is not None:
+                self._take(verdict)
+        self.calibration.epoch_planned(self.epoch, len(self))
+        self.trainer_epochs.add(self.epoch)
+        self._verify()
+
+    def select_epoch(self, epoch: int) -> None:
+        """Select ``epoch`` without any collective call (a wrapper's own advance at each pass):
+        the costs of the fit in force then, after taking a verdict gathered at the last step of
+        the epoch before (:meth:`record_step`)."""
+        super().select_epoch(epoch)
+        if self._pending is not None:
+            verdict, self._pending = self._pending, None
+            self._take(verdict)
+        self._use_costs_of(self.epoch)
+        if self._explicit_epoch is None:  # a trainer that only iterates: each pass is planned
+            self.calibration.epoch_planned(self.epoch, len(self))
 
     def __iter__(self):
-        self._prepare(self.epoch)
-        self._passes += 1
-        self.calibration.epoch_planned(self.epoch, len(self))
+        # no collective here (a trainer may iterate a loader on some ranks only): the fits are
+        # gathered in set_epoch or at the last timed step of an epoch
+        self._use_costs_of(self.epoch)
         yield from super().__iter__()
-
-    def _prepare(self, epoch: int) -> None:
-        if self.calibration.due(epoch):
-            self._calibrate(epoch)
-        self._use_costs_of(epoch)
 
     def packing_of_epoch(self, epoch: int) -> Packing:
         """As :meth:`BinPackBatchSampler.packing_of_epoch`; an epoch timed for the first fit is
@@ -725,35 +824,36 @@ class AutoCostBatchSampler(BinPackBatchSampler):
         self._cost_version += 1
         self._plan = None
 
-    def _calibrate(self, epoch: int) -> None:
-        """Gather every rank's records, fit on rank 0, take rank 0's verdict everywhere
-        (collective)."""
+    def _calibrate(self, epoch: int):
+        """Gather every rank's records, fit on rank 0, return rank 0's verdict for a fit from
+        ``epoch`` on, the same on every rank (collective); None while it waits for more steps (the
+        records are kept, and a second call for the same epoch gathers nothing)."""
+        if epoch == self._waiting:  # asked again for the same epoch: the verdict stands
+            return None
         planned = dict(self.calibration.planned)
-        waiting = (epoch, self._passes)  # the same on every rank
-        if (
-            waiting == self._waiting
-        ):  # asked again for the same epoch without a pass over the loader since
-            return  # (mace calls set_epoch twice, then iterates): the verdict stands
         local = self.calibration.take_records()
         multi = self.comm is not None and self.world_size > 1
         parts = self.comm.allgather(local) if multi else [local]
         verdict = self._fit(parts, epoch) if self.rank == 0 else None
         if multi:
             verdict = self.comm.allgather(verdict)[0]
-        kind, payload = verdict
-        if (
-            kind == "more"
-        ):  # too few steps yet: keep this rank's records and time the next epoch too
+        if verdict[0] == "more":  # too few steps yet: keep the records, time the next epoch too
             self.calibration.records = local + self.calibration.records
             self.calibration.planned = planned
-            self._waiting = waiting
-            return
+            self._waiting = epoch
+            return None
+        return verdict
+
+    def _take(self, verdict) -> None:
+        """Apply a verdict of :meth:`_calibrate` (rank 0's, the same on every rank): give up, or
+        take the fit, whose costs plan the epochs from its ``from_epoch`` on."""
+        kind, payload = verdict
         if kind == "none":
             self.calibration.give_up()
             return
         cal = Calibration.from_dict(payload)
         self.calibration.history.append(cal)
-        self._use_costs_of(epoch)
+        self._use_costs_of(self.epoch)
         cal.lif_predicted = predicted_lif(
             cal.fit, self.plan(), self.atoms, self.edges, self.world_size
         )
@@ -766,7 +866,7 @@ class AutoCostBatchSampler(BinPackBatchSampler):
                 "x %s%s, R^2 %.3f; model %s chosen by cross-validated error of the "
                 "per-step max over ranks: %s); LIF measured in the calibration %.3f (the fit "
                 "predicts %.3f there), predicted for the new plan %.3f; capacity %g",
-                epoch,
+                cal.from_epoch,
                 f.formula(),
                 clock,
                 count(f.steps, "step"),

@@ -1,29 +1,12 @@
 """Bins even in several sizes at once (atoms and edges): what a batch padded to one budget wants.
 
-Why. A batch padded to one budget (the ``static`` feature) costs the budget in every dimension:
-atoms *and* edges. Bins packed even in one cost (:func:`~cfm_plugins.sampler.packing.pack_even`)
-vary in the other as much as the structures' densities do: on 80 CuNi structures of 0-83 edges
-per atom (isolated atoms, clusters, bulk), bins even in atoms padded 22 % of edges at 8 structures
-per bin, bins even in edges 42 % of atoms. Here every bin gets about the mean of every dimension,
-dense structures going with sparse ones.
-
-How. ``B`` is the bin count of :func:`~cfm_plugins.sampler.packing.pack` at ``capacity`` (the same
-steps as without it). For each slack of the cost (:data:`COST_SLACKS`, as ``pack_even``'s) and then
-of the other sizes (:data:`DIMS_SLACKS`) in turn, every dimension ``d`` gets the limit
-``max(total_d / B * (1 + slack_d), largest sample's d)`` (the cost never above ``capacity``): the
-cost pads no more than bins even in it alone, the other sizes as little as the greedy deal allows.
-The samples, largest first (by the sum of their sizes over the limits; ties in a random order from
-``seed``), each go to the bin whose fullest dimension, relative to its limit, is
-lowest after taking it, among the bins where it fits every limit. The first slack at which every
-sample fits gives the plan; its ``limits`` say the limit of every dimension (no bin exceeds them).
-If none does, or Algorithm 1's bins are already full to ``capacity`` (no room to move a sample:
-the Table-3 mix at 4x its mean, where the largest structure is the capacity), the plan is
-:func:`~cfm_plugins.sampler.packing.pack_even`'s. Where the largest structure alone sets a limit
-(its edges above the mean fill), no arrangement pads less in that dimension than it does.
-
-Cost: each sample scans the bins (``B`` of them, or the :data:`CANDIDATES` least loaded, refreshed
-every :data:`REFRESH` samples, when there are more): about a second for 50 000 samples in 500 bins.
-Deterministic: every rank computes the same plan.
+A batch padded to one budget (the ``static`` feature) costs the budget in every dimension: atoms
+*and* edges. Bins packed even in one cost (:func:`~cfm_plugins.sampler.packing.pack_even`) vary in
+the other as much as the structures' densities do. :func:`pack_even_dims` gives every bin about
+the mean of every dimension, dense structures going with sparse ones, in as many bins as
+:func:`~cfm_plugins.sampler.packing.pack` makes at ``capacity``; where it cannot, the plan is
+``pack_even``'s. It says how the samples are dealt. Deterministic: every rank computes the same
+plan.
 """
 
 from __future__ import annotations
@@ -143,7 +126,25 @@ def _joint(c, sizes, keep, full: Packing, n_bins: int, cap: float, rng) -> Packi
 
 def pack_even_dims(costs, dims, capacity, world_size, seed=None, **kwargs) -> Packing:
     """Bins even in ``costs`` and in every column of ``dims`` (e.g. atoms and edges), as many as
-    :func:`~cfm_plugins.sampler.packing.pack` makes at ``capacity`` (see the module notes).
+    :func:`~cfm_plugins.sampler.packing.pack` makes at ``capacity``.
+
+    ``B`` is the bin count of ``pack`` at ``capacity`` (the same steps as without it). For each
+    slack of the cost (:data:`COST_SLACKS`, as ``pack_even``'s) and then of the other sizes
+    (:data:`DIMS_SLACKS`) in turn, every dimension ``d`` gets the limit ``max(total_d / B * (1 +
+    slack_d), largest sample's d)`` (the cost never above ``capacity``): the cost pads no more
+    than bins even in it alone, the other sizes as little as the greedy deal allows. The samples,
+    largest first (by the sum of their sizes over the limits; ties in a random order from
+    ``seed``), each go to the bin whose fullest dimension, relative to its limit, is lowest after
+    taking it, among the bins where it fits every limit. The first slack at which every sample
+    fits gives the plan. If none does, or Algorithm 1's bins are already full to ``capacity``
+    (no room to move a sample: the Table-3 mix at 4x its mean, where the largest structure is the
+    capacity), the plan is :func:`~cfm_plugins.sampler.packing.pack_even`'s. Where the largest
+    structure alone sets a limit (its edges above the mean fill), no arrangement pads less in
+    that dimension than it does.
+
+    Each sample scans the bins (``B`` of them, or the :data:`CANDIDATES` least loaded, refreshed
+    every :data:`REFRESH` samples, when there are more): about a second for 50 000 samples in 500
+    bins.
 
     Args:
         costs, capacity, world_size, seed: as :func:`~cfm_plugins.sampler.packing.pack`.

@@ -2,34 +2,15 @@
 
 Pure numpy (no torch import here). ``pack(costs, capacity, world_size, seed)`` returns a
 :class:`Packing`: CSR arrays ``indices``/``offsets`` whose bins ``[s*W:(s+1)*W]`` form step ``s``
-(one bin per rank, ``W = world_size``).
+(one bin per rank, ``W = world_size``). The graphs are dealt largest first into ``B`` bins
+(``ceil(total / capacity)`` rounded up to a multiple of ``W``, more where needed) as the paper's
+Algorithm 1 does (:func:`deal` states it and how it is vectorized); the bins are then sorted by
+cost and cut into steps of ``W`` bins, so the ranks of a step get nearly equal work. With a seed,
+ties between equal costs, the step order and the bin-to-rank mapping inside a step are shuffled.
 
-Algorithm 1 (paper section 3.2), as implemented here:
-
-1. Sort the graphs by cost, descending (ties: random order from ``seed``; index order without one).
-2. Start with ``B`` bins, ``B`` = ``ceil(total / capacity)`` rounded up to a multiple of ``W``.
-3. Each iteration stably sorts the active bins by remaining capacity, fullest first, and steps
-   through them once: the next graph goes into the bin if it fits, and the pointer advances;
-   else the bin is marked full (the same graph is offered to the next bin).
-4. Re-admission: when a not-full bin becomes fuller than every bin marked full, all full bins
-   go back to the active pool (they may take the now smaller graphs). Bins that cannot take
-   even the smallest graph are closed for good (an optimisation: they would fail every time).
-5. When no active bin remains, every full bin is re-admitted; if none can take the next graph,
-   ``W`` empty bins are added and the deal goes on with the leftovers.
-
-Vectorization. The bins are kept sorted by remaining capacity and the graphs sorted by cost, so
-within one iteration the bins that fail are a prefix (remaining < cost of the current graph,
-found by binary search) and every later bin succeeds (it has at least as much room as the one
-before it, for a graph no larger): an iteration assigns a contiguous slice of graphs to the
-active bins in order, one array operation. The order of the bins survives the iteration (a
-fuller bin receives a larger graph), so the "stable sort" is only needed when bins re-enter.
-When costs are not integers they are ranked in buckets of 0.1 % (so that ties exist to randomize);
-graphs are then not exactly monotone, and the iteration falls back to checking each slice and
-splitting it where a graph does not fit (still the same sequential semantics).
-
-Steps: bins are sorted by cost and cut into groups of ``W`` consecutive bins, so the ranks of a
-step get nearly equal work; with a seed the step order and the bin-to-rank mapping inside a step
-are shuffled (the batch sampler also shuffles the graphs inside each batch).
+:func:`pack_even` (bins of nearly equal cost rather than full ones), :func:`pack_levels`
+(calibration steps at several capacities) and the helpers for small sets
+(:func:`deal_over_ranks`, :func:`fill_with_repeats`) build on it.
 """
 
 from __future__ import annotations
@@ -113,6 +94,31 @@ def deal(
 
     Returns the bin of each graph, its slot in that bin (0 for the first graph the bin received)
     and the number of bins.
+
+    Algorithm 1 (paper section 3.2), as implemented here:
+
+    1. Sort the graphs by cost, descending (ties: random order from ``seed``; index order without
+       one): :func:`sort_descending`, before this function.
+    2. Start with ``B`` bins, ``B`` = ``ceil(total / capacity)`` rounded up to a multiple of ``W``.
+    3. Each iteration stably sorts the active bins by remaining capacity, fullest first, and
+       steps through them once: the next graph goes into the bin if it fits, and the pointer
+       advances; else the bin is marked full (the same graph is offered to the next bin).
+    4. Re-admission: when a not-full bin becomes fuller than every bin marked full, all full bins
+       go back to the active pool (they may take the now smaller graphs). Bins that cannot take
+       even the smallest graph are closed for good (an optimisation: they would fail every time).
+    5. When no active bin remains, every full bin is re-admitted; if none can take the next
+       graph, ``W`` (``add_bins``) empty bins are added and the deal goes on with the leftovers.
+
+    Vectorization. The bins are kept sorted by remaining capacity and the graphs sorted by cost,
+    so within one iteration the bins that fail are a prefix (remaining < cost of the current
+    graph, found by binary search) and every later bin succeeds (it has at least as much room as
+    the one before it, for a graph no larger): an iteration assigns a contiguous slice of graphs
+    to the active bins in order, one array operation. The order of the bins survives the
+    iteration (a fuller bin receives a larger graph), so the "stable sort" is only needed when
+    bins re-enter. When costs are not integers they are ranked in buckets of 0.1 % (so that ties
+    exist to randomize); graphs are then not exactly monotone (``monotone=False``), and the
+    iteration falls back to checking each slice and splitting it where a graph does not fit
+    (still the same sequential semantics).
     """
     n = len(sizes)
     s = sizes
@@ -255,7 +261,7 @@ def pack(
 ) -> Packing:
     """Pack samples into bins of at most ``capacity`` total cost, ``world_size`` bins per step.
 
-    Algorithm 1 of the MACE paper (see the module notes). A pure function: the same inputs give
+    Algorithm 1 of the MACE paper (:func:`deal`). A pure function: the same inputs give
     the same plan on every rank. Bins of nearly equal cost rather than full ones (for batches
     padded to one budget) are :func:`pack_even` and
     :func:`~cfm_plugins.sampler.even_dims.pack_even_dims`, same arguments.

@@ -5,21 +5,10 @@ Pure numpy (no torch here), like the packer whose plans it reads.
 A bin-packed batch holds at most ``capacity`` atoms (or cost units) and usually nearly that many,
 so padding every batch of a loader to one :class:`Budget` costs a few percent and gives the model
 one shape: ``torch.compile`` compiles once, a CUDA graph is captured once. The budget is fixed
-before the epoch starts, from the bins of the plan (:func:`budget_from_plan`):
-
-- the count the bins were packed by (atoms with ``cost=atoms``, edges with ``cost=edges``): the
-  capacity the bins were dealt to (no bin exceeds it; the ``static`` feature packs even bins,
-  :func:`~cfm_plugins.sampler.packing.pack_even`, whose capacity is lowered to about the mean
-  fill, so that light bins do not pad up to full ones);
-- the other count: the most any planned bin holds, with headroom (its count varies between bins
-  packed by the first: the budget must cover the plans of later epochs too); edges rounded up;
-- atoms: plus one atom that is always a pad atom (the pad graph needs at least one to hold the
-  pad edges, so an exactly full bin still fits);
-- graphs: the most graphs any planned bin holds, with headroom, plus one pad graph.
-
-A batch that does not fit (a later epoch's plan, a batch built by hand) never crashes and is never
-truncated: :class:`BudgetTracker` raises the budget to cover it, with headroom, and says so in
-one log line (the model then compiles once more, for the new shape).
+before the epoch starts, from the bins of the plan (:func:`budget_from_plan`, which says how each
+count is set). A batch that does not fit (a later epoch's plan, a batch built by hand) never
+crashes and is never truncated: :class:`BudgetTracker` raises the budget to cover it, with
+headroom, and says so in one log line (the model then compiles once more, for the new shape).
 """
 
 from __future__ import annotations
@@ -126,6 +115,17 @@ def budget_from_plan(
     ``capacity_atoms``: the capacity the bins were dealt to when the cost is atoms (the atom budget
     is then that capacity, plus the pad atom); ``capacity_edges`` the same when the cost is edges
     (the edge budget is then that capacity, rounded up); ``None``: bins packed by another cost.
+
+    - the count the bins were packed by (atoms with ``cost=atoms``, edges with ``cost=edges``):
+      the capacity the bins were dealt to (no bin exceeds it; the ``static`` feature packs even
+      bins, :func:`~cfm_plugins.sampler.packing.pack_even`, whose capacity is lowered to about the
+      mean fill, so that light bins do not pad up to full ones);
+    - the other count: the most any planned bin holds, with headroom (its count varies between
+      bins packed by the first: the budget must cover the plans of later epochs too); edges
+      rounded up;
+    - atoms: plus one atom that is always a pad atom (the pad graph needs at least one to hold the
+      pad edges, so an exactly full bin still fits);
+    - graphs: the most graphs any planned bin holds, with headroom, plus one pad graph.
     """
     plans = [plans] if hasattr(plans, "bin_ids") else list(plans)
     sizes = [bin_sizes(p, atoms, edges) for p in plans]

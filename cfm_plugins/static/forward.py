@@ -5,23 +5,12 @@ padded to a budget (see :mod:`cfm_plugins.static.budget`), the adapter's batch a
 :data:`REAL_SIZES` to that dict: the real graphs, atoms and edges at the front of every tensor.
 :class:`StaticForward`, installed as the model's ``forward`` (an instance attribute, so
 ``model(...)``, DDP and forward hooks reach it unchanged), takes the key out, runs the model's own
-forward on the whole padded batch (compiled, with option ``compile``) and cuts every output back
-to the real graphs/atoms/edges, by the output's level (``output_levels``, from the adapter: which
-outputs are per graph, per atom, per edge). The loss and the metrics of the trainer then see
-exactly what the unpadded batch gives: no pad entry in a mean, a denominator or a metric.
-
-Why cut the outputs rather than weigh the pad graph by zero: mace's losses are means over the
-graphs and atoms of a batch (with a DDP correction that counts them over the ranks), its Huber and
-universal losses take no weights at all, and its metrics concatenate per-graph and per-atom errors.
-A zero weight still changes those denominators; cut outputs beside a batch of real views (the
-adapter's) leave every one of them as it is.
-
-Compiling (``compile_forward``): ``torch.compile(fullgraph=True, dynamic=False)`` of the model's
-forward, with ``torch.autograd.grad`` (forces, stress) traced into the graph, as
-``mace/tools/compile.py`` arranges it for mace. ``fullgraph=True``: a graph break is an error that
-names its place, never a silent fall back to eager; ``dynamic=False``: one graph per shape, which
-padding makes one per budget. :func:`compile_counts` reads dynamo's counters (compiled graphs and
-graph breaks) for the log and the tests.
+forward on the whole padded batch (compiled, with option ``compile``: :func:`compile_forward`)
+and cuts every output back to the real graphs/atoms/edges, by the output's level
+(``output_levels``, from the adapter). The loss and the metrics of the trainer then see exactly
+what the unpadded batch gives: no pad entry in a mean, a denominator or a metric.
+:func:`compile_counts` reads dynamo's counters (compiled graphs and graph breaks) for the log and
+the tests.
 """
 
 from __future__ import annotations
@@ -91,7 +80,12 @@ def compile_forward(
 ):
     """``fn`` compiled whole (``fullgraph=True``), one graph per input shape (``dynamic=False``;
     ``None`` lets dynamo make sizes symbolic after a second shape, for batches that are not
-    padded)."""
+    padded).
+
+    ``torch.compile`` of the model's forward, with ``torch.autograd.grad`` (forces, stress)
+    traced into the graph, as ``mace/tools/compile.py`` arranges it for mace. ``fullgraph=True``:
+    a graph break is an error that names its place, never a silent fall back to eager;
+    ``dynamic=False``: one graph per shape, which padding makes one per budget."""
     configure_dynamo()
     if backend != "inductor":
         return torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=backend)
@@ -176,6 +170,12 @@ class ModelSpec:
 
 class StaticForward:
     """The model's forward for padded batches, compiled or not; see the module docstring.
+
+    Why cut the outputs rather than weigh the pad graph by zero: mace's losses are means over the
+    graphs and atoms of a batch (with a DDP correction that counts them over the ranks), its
+    Huber and universal losses take no weights at all, and its metrics concatenate per-graph and
+    per-atom errors. A zero weight still changes those denominators; cut outputs beside a batch
+    of real views (the adapter's) leave every one of them as it is.
 
     Args:
         model: the model (the module whose ``forward`` this replaces; the class's own forward runs).

@@ -4,43 +4,15 @@ Imported by the mace adapter (training) and by ``CFMCalculator`` (MD), the two p
 models; it imports mace (nothing else in ``cfm_plugins.static`` does).
 
 **Padded batches.** :class:`PaddingCollater` replaces a mace DataLoader's collate function: it
-appends pad graphs to the structures of a batch so that the batch has exactly the loader's budget of
-atoms, edges and graphs (:class:`cfm_plugins.static.budget.BudgetTracker`), collates them with
-mace's own collater, and returns a :class:`PaddedBatch`.
+appends inert pad graphs (:func:`pad_graphs`) so that the batch has exactly the loader's budget of
+atoms, edges and graphs (:class:`cfm_plugins.static.budget.BudgetTracker`), and returns a
+:class:`PaddedBatch`, whose attributes are views of the *real* structures only: mace's losses and
+metrics need no change, and :class:`cfm_plugins.static.forward.StaticForward` cuts the model's
+outputs back by :data:`OUTPUT_LEVELS`.
 
-The pad graphs are inert. The first holds every pad atom and every pad edge; the others are empty.
-Pad atoms (element 0 of the model's table) sit on a line, ``distance`` apart; each pad edge is a
-self-loop of a pad atom to its own periodic image one pad cell (``distance`` along x) away, and
-``distance`` is twice the model's cutoff: every pad edge is longer than the cutoff (mace's radial
-envelope is then exactly zero, with finite derivatives), and no edge joins a pad atom and a real
-one, so nothing of the real graphs depends on the pad. Every pad graph has the cubic pad cell (a
-finite volume: mace divides virials by it for the stress), zero weights and zero labels.
-
-A :class:`PaddedBatch` is what mace's ``take_step`` and ``evaluate`` get. Its attributes
-(``batch.energy``, ``batch.forces``, ``batch.ptr``, ``batch.weight``, ``num_graphs``, ...) are views
-of the *real* structures only: mace's losses and metrics see the unpadded batch and need no change.
-``to_dict()`` (what mace hands to the model) gives the whole padded batch plus the real sizes, and
-the model's :class:`cfm_plugins.static.forward.StaticForward` cuts its outputs back to the real
-graphs and atoms (:data:`OUTPUT_LEVELS`). ``to(device)`` moves the padded tensors once (without
-blocking when they are pinned: mace's loaders pin them with ``--pin_memory``) and makes the views
-again on the device.
-
-**Compiling** (mace-torch 0.3.16 with e3nn 0.4.4; ``mace/tools/compile.py`` arranges the same for
-mace's own compile path, which builds a fresh model; ours compiles the model that was built and
-patched, so it works in place):
-
-- Dynamo guards on the attributes a forward reads; e3nn's ``Activation`` reads its ``Irreps``,
-  whose ``Irrep`` elements raise on ``len()``, and building that guard fails
-  (``InternalTorchDynamoError: NotImplementedError`` from ``e3nn/o3/_irreps.py``). mace registers
-  the classes concerned (``nn.Activation`` of its readouts, ``NonLinearBiasReadoutBlock``,
-  ``SymmetricContraction``) with ``simplify_if_compile``; :class:`TracedSwaps` puts the
-  ``torch.fx.symbolic_trace`` of every module of those classes in its place while the compiled
-  forward runs, and the module back after.
-- e3nn's code generation (``jit_script_fx``, on by default) makes TorchScript modules, which dynamo
-  cannot trace into (``Unsupported: torch.jit.script/freeze modules unsupported``, from
-  ``o3.Linear``'s ``_compiled_main``): a model to compile is built inside :func:`e3nn_codegen_off`
-  (its pickle still holds TorchScript: e3nn scripts the fx modules when saving), and a loaded model
-  that holds TorchScript is rebuilt from its configuration (:func:`without_torchscript`).
+**Compiling** (mace-torch 0.3.16 with e3nn 0.4.4): the model that was built and patched is
+compiled in place; :class:`TracedSwaps` and :func:`e3nn_codegen_off` / :func:`without_torchscript`
+work around what dynamo cannot trace in e3nn's modules (each says what).
 """
 
 from __future__ import annotations
@@ -131,8 +103,16 @@ def key_level(key: str, value, data) -> str:
 
 
 def pad_graphs(reference: Data, atoms: int, edges: int, graphs: int, distance: float) -> list[Data]:
-    """``graphs`` inert pad graphs with ``atoms`` atoms and ``edges`` edges in all (see the module
-    docstring), with the keys and dtypes of ``reference`` (a structure of the batch)."""
+    """``graphs`` inert pad graphs with ``atoms`` atoms and ``edges`` edges in all, with the keys
+    and dtypes of ``reference`` (a structure of the batch).
+
+    The first holds every pad atom and every pad edge; the others are empty. Pad atoms (element 0
+    of the model's table) sit on a line, ``distance`` apart; each pad edge is a self-loop of a pad
+    atom to its own periodic image one pad cell (``distance`` along x) away, and ``distance`` is
+    twice the model's cutoff: every pad edge is longer than the cutoff (mace's radial envelope is
+    then exactly zero, with finite derivatives), and no edge joins a pad atom and a real one, so
+    nothing of the real graphs depends on the pad. Every pad graph has the cubic pad cell (a
+    finite volume: mace divides virials by it for the stress), zero weights and zero labels."""
     if graphs < 1 or atoms < 1:
         raise ValueError(
             f"pad_graphs: at least one pad graph and one pad atom are needed, got {graphs} and "
@@ -199,8 +179,15 @@ def batch_sizes(data_list) -> tuple[int, int, int]:
 class PaddedBatch(Batch):
     """A mace batch padded to a budget, whose attributes show only the real structures.
 
-    See the module docstring. ``padded`` is the whole padded :class:`Batch`; ``real_sizes`` the real
-    ``(graphs, atoms, edges)`` at its front. Built by :meth:`wrap`.
+    ``padded`` is the whole padded :class:`Batch`; ``real_sizes`` the real ``(graphs, atoms,
+    edges)`` at its front. Built by :meth:`wrap`. It is what mace's ``take_step`` and ``evaluate``
+    get. Its attributes (``batch.energy``, ``batch.forces``, ``batch.ptr``, ``batch.weight``,
+    ``num_graphs``, ...) are views of the real structures only: mace's losses and metrics see the
+    unpadded batch. ``to_dict()`` (what mace hands to the model) gives the whole padded batch plus
+    the real sizes, and the model's :class:`~cfm_plugins.static.forward.StaticForward` cuts its
+    outputs back to the real graphs and atoms (:data:`OUTPUT_LEVELS`). ``to(device)`` moves the
+    padded tensors once (without blocking when they are pinned: mace's loaders pin them with
+    ``--pin_memory``) and makes the views again on the device.
     """
 
     @classmethod
@@ -317,6 +304,14 @@ class TracedSwaps:
     compiled call leaves the model itself stock between calls: its ``state_dict`` (checkpoints), its
     pickle (the saved ``.model``) and its eager forward are mace's own (a trace keeps only the
     buffers its graph reads, so a model left swapped would save fewer keys than it loads).
+
+    Why: dynamo guards on the attributes a forward reads; e3nn's ``Activation`` reads its
+    ``Irreps``, whose ``Irrep`` elements raise on ``len()``, and building that guard fails
+    (``InternalTorchDynamoError: NotImplementedError`` from ``e3nn/o3/_irreps.py``). mace
+    registers the classes concerned (``nn.Activation`` of its readouts,
+    ``NonLinearBiasReadoutBlock``, ``SymmetricContraction``) with ``simplify_if_compile``, and
+    ``mace/tools/compile.py`` arranges the same for mace's own compile path, which builds a fresh
+    model; ours compiles the model that was built and patched, so it works in place.
     """
 
     def __init__(self, model):
@@ -343,7 +338,13 @@ class TracedSwaps:
 
 @contextlib.contextmanager
 def e3nn_codegen_off():
-    """Build e3nn modules without TorchScript code generation (restored after)."""
+    """Build e3nn modules without TorchScript code generation (restored after).
+
+    e3nn's code generation (``jit_script_fx``, on by default) makes TorchScript modules, which
+    dynamo cannot trace into (``Unsupported: torch.jit.script/freeze modules unsupported``, from
+    ``o3.Linear``'s ``_compiled_main``): a model to compile is built inside this context (its
+    pickle still holds TorchScript: e3nn scripts the fx modules when saving), and a loaded model
+    that holds TorchScript is rebuilt from its configuration (:func:`without_torchscript`)."""
     from e3nn import get_optimization_defaults, set_optimization_defaults
 
     before = get_optimization_defaults()["jit_script_fx"]

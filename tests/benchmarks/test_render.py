@@ -128,6 +128,28 @@ def test_the_headline_takes_its_figures_and_ratios_from_one_record():
         render.render_headline({"tiny": RECORD}, TEMPLATE, specs=(missing,))
 
 
+def test_the_headline_bolds_only_the_fastest_and_shows_a_range_over_runs():
+    def run(stock, cueq, ours):
+        rows = [["stock", stock, "-"], ["cueq", cueq, "-"], ["ours", ours, "-"]]
+        return {**RECORD, "tables": [{**RECORD["tables"][0], "rows": rows}]}
+
+    ways = {"stock": {"way": "stock"}, "cuEquivariance": {"way": "cueq"}, "ours": {"way": "ours"}}
+    spec = render.HeadlineRow("tiny epoch", ("a", "b"), "epoch", "epoch s", "s", ways)
+    # ours fastest in one run, cuEquivariance in the other: nothing is bold
+    cells = render.headline_cells({"a": run(4.0, 2.0, 1.0), "b": run(4.0, 1.0, 2.0)}, spec)
+    assert cells == {
+        "stock": "4 s",
+        "cuEquivariance": "1-2 s",
+        "ours": "1-2 s (0.25-0.50x stock, 0.50-2.00x cuEq.)",
+    }
+    # cuEquivariance fastest in both runs: its cell is bold, ours is not
+    cells = render.headline_cells({"a": run(4.0, 1.0, 2.0), "b": run(4.0, 1.5, 3.0)}, spec)
+    assert cells["cuEquivariance"] == "**1-1.5 s**" and not cells["ours"].startswith("**")
+    # ours fastest in every run: bold
+    cells = render.headline_cells({"a": run(4.0, 2.0, 1.0), "b": run(4.0, 2.0, 1.0)}, spec)
+    assert cells["ours"] == "**1 s** (0.25x stock, 0.50x cuEq.)"
+
+
 def test_the_readme_block_is_replaced_between_the_markers_only():
     text = f"intro\n{render.BEGIN}\nold\n{render.END}\nrest\n"
     assert render.replace_block(text, "new") == f"intro\n{render.BEGIN}\nnew\n{render.END}\nrest\n"

@@ -316,11 +316,13 @@ class EnergyForces(torch.nn.Module):
         return out["energy"], out["forces"]
 
 
-def test_torch_export_and_aoti_of_patched_mace_energy_and_forces(tmp_path):
+def test_torch_export_and_aoti_of_patched_mace_energy_and_forces(tmp_path, monkeypatch):
     """A patched MACE model's energy and forces (autograd.grad inside the program) leave Python:
     traced with fake tensors (``make_fx``, as nequip-compile does), exported with torch.export and
     compiled by AOTInductor, exact to the stock model in float64. The exported program calls our
-    forward and backward operators. Shapes are those of the example batch (re-export per shape)."""
+    forward and backward operators. Shapes are those of the example batch (re-export per shape):
+    with ``AOTI_RUNTIME_CHECK_INPUTS=1`` (docs/export.md) a batch of other shapes raises, naming
+    the input and the dimension, where without it the package returns wrong numbers."""
     import e3nn
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -352,5 +354,43 @@ def test_torch_export_and_aoti_of_patched_mace_energy_and_forces(tmp_path):
     e_ep, f_ep = ep.module()(*[a.clone() for a in args])
     assert rel_err(e_ep, e_ref) < 1e-10 and rel_err(f_ep, f_ref) < 1e-10
     package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "mace.pt2"))
-    e_aoti, f_aoti = torch._inductor.aoti_load_package(package)(*[a.clone() for a in args])
+    monkeypatch.setenv("AOTI_RUNTIME_CHECK_INPUTS", "1")  # read at the package's first call
+    runner = torch._inductor.aoti_load_package(package)
+    e_aoti, f_aoti = runner(*[a.clone() for a in args])
     assert rel_err(e_aoti, e_ref) < 1e-10 and rel_err(f_aoti, f_ref) < 1e-10
+    other = batch(cluster=False)  # fewer atoms and edges than the example
+    n_example, n_other = args[0].shape[0], other["positions"].shape[0]
+    assert n_other != n_example
+    with pytest.raises(
+        RuntimeError,
+        match=rf"input_handles\[0\]: unmatched dim value at 0, expected: {n_example}, "
+        rf"but got: {n_other}",
+    ):
+        runner(*[other[k].clone() for k in BATCH_KEYS])
+
+
+def test_torch_compile_of_a_patched_mace_after_mace_compile_prepare_matches_eager():
+    """docs/export.md's recipe: mace's own (``mace.tools.compile.prepare``: plain fx modules, the
+    symmetric contractions traced), then patch_model (every kernel swapped, the traced
+    contractions too), then ``torch.compile``: energy and forces equal eager (positions requiring
+    grad before the call, ``training=True``: as for the stock model, torch.compile cannot trace
+    mace's ``requires_grad_`` of its input)."""
+    from mace.tools.compile import prepare
+
+    from cfm_plugins.testing import mace_model
+
+    config = dict(hidden="8x0e+8x1o", max_ell=2, correlation=2, num_interactions=1)
+    stock = mace_model(**config)
+    model = prepare(mace_model)(**config)
+    assert patch_model(model).counts == {"symmetric_contraction": 1, "conv_tp": 1, "skip_tp": 1}
+    data = batch(cluster=False)
+
+    def run(m):
+        d = {k: v.clone() for k, v in data.items()}
+        d["positions"].requires_grad_(True)
+        out = m(d, training=True, compute_force=True)
+        return out["energy"].detach(), out["forces"].detach()
+
+    e_ref, f_ref = run(stock)
+    e, f = run(torch.compile(model))
+    assert rel_err(e, e_ref) < 1e-10 and rel_err(f, f_ref) < 1e-10

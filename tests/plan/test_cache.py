@@ -56,3 +56,21 @@ def test_an_unwritable_cache_folder_leaves_the_plan_without_a_cache(tmp_path):
     blocker.write_text("not a folder")
     out = read_sizes([(str(data), "xyz")], 4.0, cache_dir=str(blocker), show_progress=False)
     assert len(out[0]) == 5 and not out[0].from_cache
+
+
+def test_an_entry_keeps_the_trainers_checks_and_the_plan_still_reads_it(tmp_path):
+    """The trainer writes an entry with what its data checks found (labels not finite, element
+    sets); the plan reads the same entry as its own, and an entry the plan wrote has no checks."""
+    data = tmp_path / "train.xyz"
+    _write(data)
+    kw = dict(cache_dir=str(tmp_path), show_progress=False)
+    (planned,) = read_sizes([(str(data), "xyz")], 4.0, **kw)
+    k = cache.key(str(data), "xyz", 4.0)
+    assert cache.load(str(tmp_path), k)["checks"] is None
+    checks = {"labels": {3: "energy not finite"}, "zsets": [[29]], "zset": np.zeros(5, np.int32)}
+    assert cache.save(str(tmp_path), k, planned, checks)
+    hit = cache.load(str(tmp_path), k)
+    assert hit["checks"]["labels"] == {3: "energy not finite"}
+    assert hit["checks"]["zsets"] == [[29]] and hit["checks"]["zset"].tolist() == [0] * 5
+    (again,) = read_sizes([(str(data), "xyz")], 4.0, **kw)
+    assert again.from_cache and again.edges.tolist() == planned.edges.tolist()

@@ -166,7 +166,7 @@ def test_the_capacity_hint_of_mace_is_added_only_to_messages_about_the_capacity(
         with pytest.raises(ValueError) as err:
             batch_sampler_for(Refusing(exc), [0] * 5, None, None, dist, "train", LINEAR)
         assert type(err.value) is type(exc)
-        assert ("(the capacity is --cfm-max-tokens)" in str(err.value)) == hint, str(err.value)
+        assert ("(the capacity is binpack's max_tokens" in str(err.value)) == hint, str(err.value)
         assert "the training set (--train_file) with 5 structure(s)" in str(err.value)
 
 

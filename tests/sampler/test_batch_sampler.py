@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from benchmarks.workload import paper_mix
 from cfm_plugins.sampler import BinPackBatchSampler
+from tests.sampler.comms import LoopbackComm
 
 
 class Graphs(Dataset):
@@ -508,3 +509,229 @@ def test_batch_at_is_the_batch_the_pass_yields_at_that_step():
         assert s.first_step == 2 and [s.batch_at(2 + k) for k in range(len(rest))] == rest
         with pytest.raises(IndexError, match="is not in 0.."):
             s.batch_at(len(s))
+
+
+# ------------------------------------------------------- no collective inside a loader's iteration
+def probe(loader):
+    """What a size probe does (HydraGNN's update_config): read one batch and stop."""
+    return next(iter(loader))
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_iterating_calls_no_collective_only_construction_and_set_epoch_do(atoms, evaluation):
+    """Issue 83: a trainer may iterate a loader on some ranks only (HydraGNN's update_config stops
+    at the first batch whose node count differs, so the ranks stop in different loaders), so a
+    pass, partial or whole, ``len``, ``batch_at`` and a wrapper's ``select_epoch`` call no
+    collective; the plan is checked across ranks at construction and at every ``set_epoch``."""
+    comm = LoopbackComm(rank=1)
+    s = BinPackBatchSampler(
+        atoms,
+        3072,
+        rank=1,
+        world_size=2,
+        seed=3,
+        comm=comm,
+        evaluation=evaluation,
+        shuffle=not evaluation,  # as binpack's evaluation loaders: one plan every epoch
+    )
+    assert comm.calls == 2  # the costs, then the plan and options
+    ds = Graphs(atoms)
+    dl = DataLoader(ds, batch_sampler=s, collate_fn=collate)
+    with comm.forbid("iteration"):
+        probe(dl)  # a size probe: one batch of the epoch, on this rank only
+        first = [idx.tolist() for idx, _ in dl]
+        probe(s)
+        assert len(s) == len(first) and s.batch_at(0) == first[0]
+        s.select_epoch(1)  # a wrapper's own epoch advance (one pass, one epoch)
+        again = [idx.tolist() for idx, _ in dl]
+    assert (again == first) == evaluation and comm.calls == 2
+    s.set_epoch(2)  # the trainer's call on every rank: one check of the plan
+    assert comm.calls == 3 and s.trainer_epochs == {2}
+    with comm.forbid("iteration"):
+        assert sorted(i for b in dl for i in b[0].tolist()) == sorted(
+            i for b in s.plan().rank_bins(1, 2) for i in b.tolist()
+        )
+
+
+def test_ranks_with_different_plans_raise_at_set_epoch(atoms):
+    """The plan check, out of the iteration, still catches ranks on different epochs or seeds: at
+    the set_epoch where the plans part, naming the ranks and the options that differ."""
+
+    class OtherRank(LoopbackComm):
+        """Rank 1 answers the plan check with another plan (``other="plan"``), or another plan
+        and another seed (``other="seed"``)."""
+
+        other = None
+
+        def allgather(self, obj):
+            every = super().allgather(obj)
+            if self.other and isinstance(obj, tuple) and isinstance(obj[1], tuple):
+                options = dict(obj[1])
+                options["seed"] += self.other == "seed"
+                every[1] = ("0" * 32, tuple(options.items()))
+            return every
+
+    comm = OtherRank()
+    s = BinPackBatchSampler(atoms[:300], 3072, rank=0, world_size=2, seed=3, comm=comm)
+    s.set_epoch(0)
+    comm.other = "plan"
+    with pytest.raises(RuntimeError) as err:
+        s.set_epoch(1)
+    assert "disagree on the batch plan of epoch 1: ranks 1 differ from rank 0" in str(err.value)
+    assert "options differ" not in str(err.value)
+    comm.other = "seed"
+    with pytest.raises(RuntimeError, match=r"options differ: seed: rank 0 3, rank 1 4\)"):
+        s.set_epoch(2)
+
+
+def auto_with_comm(comm, **kwargs):
+    """auto_sampler's data and schedule, on rank 0 of ``comm``."""
+    from cfm_plugins.sampler import AutoCostBatchSampler, CostCalibration
+
+    rng = np.random.default_rng(11)
+    atoms = rng.integers(3, 300, 600)
+    edges = atoms * rng.choice([4, 12, 24], 600)
+    cal = CostCalibration(warmup_steps=kwargs.pop("warmup_steps", 1), **kwargs)
+    s = AutoCostBatchSampler(
+        atoms,
+        edges,
+        atoms.astype(float),
+        2000,
+        rank=0,
+        world_size=comm.size,
+        seed=5,
+        comm=comm,
+        calibration=cal,
+    )
+    return s, atoms, edges
+
+
+def timed_pass(sampler, comm, atoms, edges, steps=None, model=(2e-3, 1e-5, 2e-6)):
+    """A training pass: the loader's iteration under ``comm.forbid``, each step handed over as an
+    adapter does (``record_step`` may gather: every rank trains the same steps). ``steps``: time
+    only the first ones."""
+    it = iter(DataLoader(Graphs(atoms), batch_sampler=sampler, collate_fn=collate))
+    k = 0
+    while True:
+        with comm.forbid("iteration"):
+            batch = next(it, None)
+        if batch is None:
+            return k
+        idx, pos = batch
+        if steps is None or k < steps:
+            a, e = int(pos.shape[0]), int(edges[idx.numpy()].sum())
+            sampler.record_step(
+                atoms=a, edges=e, graphs=len(idx), cpu_s=model[0] + model[1] * a + model[2] * e
+            )
+        k += 1
+
+
+def test_cost_auto_gathers_in_set_epoch_never_while_iterating():
+    """cost=auto: the records are gathered and the verdict shared at the trainer's set_epoch (every
+    rank alike), not at a pass, also after a "too few steps" verdict and with passes of a probe
+    between (a pass used to ask again for a fit and gather where other ranks did not)."""
+    comm = LoopbackComm()
+    s, atoms, edges = auto_with_comm(comm, warmup_steps=0)
+    built = comm.calls
+    with comm.forbid("a probe"):
+        probe(s)
+    timed_pass(s, comm, atoms, edges, steps=2)  # an adapter that timed 2 steps of epoch 0
+    s.set_epoch(1)  # the records (2 gathers: records, verdict) and the plan check
+    assert comm.calls == built + 3 and s.cost_label == "initial" and s.needs_step_times
+    s.set_epoch(1)  # mace: its DistributedSampler's set_epoch, then ours: the verdict stands
+    assert comm.calls == built + 4
+    with comm.forbid("a probe"):
+        probe(s)
+        list(s)
+    timed_pass(s, comm, atoms, edges)
+    with comm.forbid("a probe"):
+        probe(s)
+    s.set_epoch(2)
+    assert comm.calls == built + 7 and s.cost_label == "auto-1"
+    assert s.calibrations[0].from_epoch == 2 and s.calibrations[0].fit.ranks == 2
+    with comm.forbid("iteration"):
+        assert sorted(i for b in s for i in b) == sorted(
+            i for b in s.plan().rank_bins(0, 2) for i in b.tolist()
+        )
+
+
+def test_cost_auto_without_set_epoch_fits_at_the_last_timed_step_of_an_epoch(caplog):
+    """A trainer that never calls set_epoch and only iterates (each pass a new epoch through a
+    wrapper's select_epoch): the records are gathered at the last timed step of the epoch (every
+    rank trains and hands over the same steps), the fit is taken at the next pass and plans from
+    the next epoch on, as with set_epoch; no pass calls a collective."""
+    from cfm_plugins.sampler.autocost import fitted_costs
+
+    comm = LoopbackComm()
+    s, atoms, edges = auto_with_comm(comm)
+    built = comm.calls
+    with comm.forbid("a probe"):
+        probe(s)
+    steps = len(s)
+    seen = []
+    real = comm.allgather
+
+    def spy(obj):
+        seen.append(s._timed_in[1])  # the step whose record_step gathers
+        return real(obj)
+
+    comm.allgather = spy
+    assert timed_pass(s, comm, atoms, edges) == steps
+    assert seen == [steps, steps] and comm.calls == built + 2  # records, then the verdict
+    assert s.cost_label == "initial" and not s.calibrations  # the epoch's plan is left as it is
+    with caplog.at_level(logging.INFO, logger="cfm_plugins.sampler"), comm.forbid("next pass"):
+        s.select_epoch(1)
+        assert s.cost_label == "auto-1" and s.calibrations[0].from_epoch == 1
+        fit = s.calibrations[0].fit
+        np.testing.assert_array_equal(s.costs, fitted_costs(fit, atoms, edges, atoms.astype(float)))
+        list(s)
+    assert (
+        "binpack cost=auto from epoch 1: step time = 2 ms + 10 us/atom + 2 us/edge" in caplog.text
+    )
+    timed_pass(s, comm, atoms, edges)  # nothing is wanted any more: no gather
+    assert comm.calls == built + 2 and not s.needs_step_times
+
+
+def test_the_adapters_wrappers_iterate_without_collectives(atoms):
+    """The mace adapter's EpochAdvancing (each pass a new epoch, or the epoch mace names) and the
+    nequip adapter's LightningBatchSampler (Lightning's set_epoch on ``batch_sampler.sampler``):
+    passes call no collective, however many a rank makes; the trainer's set_epoch checks the plan
+    once and puts the rank on the epoch it trains. EpochAdvancing after ``load_state_dict`` keeps
+    the restored position through mace's set_epoch of that epoch, which still reaches the check
+    (every rank alike)."""
+    from cfm_plugins_adapters.mace.loader import EpochAdvancing
+    from cfm_plugins_adapters.nequip.loader import LightningBatchSampler
+
+    ref = BinPackBatchSampler(atoms, 3072, rank=0, world_size=2, seed=3)
+    ref.set_epoch(0)
+    epoch0 = list(ref)
+    for wrapper, set_epoch in (
+        (EpochAdvancing, lambda w, e: w.set_epoch(e)),  # follow_mace_epochs, DistributedSampler
+        (LightningBatchSampler, lambda w, e: w.sampler.set_epoch(e)),  # what Lightning calls
+    ):
+        comm = LoopbackComm()
+        w = wrapper(BinPackBatchSampler(atoms, 3072, rank=0, world_size=2, seed=3, comm=comm))
+        built = comm.calls
+        with comm.forbid(f"a pass over {wrapper.__name__}"):
+            probe(w)
+            list(w)
+            list(w)
+        set_epoch(w, 0)
+        assert comm.calls == built + 1, wrapper
+        with comm.forbid(f"a pass over {wrapper.__name__}"):
+            assert list(w) == epoch0, wrapper
+
+    comm = LoopbackComm()
+    inner = BinPackBatchSampler(atoms, 3072, rank=0, world_size=2, seed=3, comm=comm)
+    inner.set_epoch(0)
+    it = iter(inner)
+    done = [next(it) for _ in range(3)]
+    resumed = EpochAdvancing(
+        BinPackBatchSampler(atoms, 3072, rank=0, world_size=2, seed=3, comm=comm)
+    )
+    resumed.load_state_dict(inner.state_dict())
+    calls = comm.calls
+    resumed.set_epoch(0)  # mace's call for the epoch it resumes
+    assert comm.calls == calls + 1
+    with comm.forbid("the resumed pass"):
+        assert done + list(resumed) == epoch0

@@ -75,3 +75,33 @@ def test_cost_auto_every_rank_plans_with_rank_0s_fit(mpi):
     true = {int(k): v for k, v in info["true_lif"].items()}  # under the model the ranks timed with
     assert true[0] > 1.03 and true[1] < 1.01 and true[2] < 1.01, true
     assert "binpack cost=auto from epoch 1: step time = " in proc.stdout  # the one log line, rank 0
+
+
+@pytest.mark.parametrize("mode", ["mace", "hydragnn-atoms", "hydragnn-auto", "nequip"])
+def test_a_rank_that_reads_a_loader_once_more_does_not_block(mpi, mode):
+    """Issue 83 on 2 real ranks (tests/scripts/uneven_passes.py): rank 0 reads a batch of the
+    training loader and the whole validation loader before training, rank 1 neither (HydraGNN's
+    update_config, a rank-0 preview); then both train two epochs, a collective per step. The
+    adapters' loaders (mace's, HydraGNN's, and NequIP's Lightning wrapper) call no collective while
+    they are iterated, so nothing blocks; every epoch trains every graph on both ranks in the same
+    number of steps and evaluates every graph once."""
+    import sys
+
+    if mode == "mace":
+        pytest.importorskip("mace", reason="mace-torch is not installed (`make venv`)")
+    if mode.startswith("hydragnn"):
+        pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+        pytest.importorskip("hydragnn", reason="HydraGNN is not installed (`make venv`)")
+    proc = mpi([sys.executable, "-m", "tests.scripts.uneven_passes", mode], np=2, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("OK "))
+    info = json.loads(line[3:])
+    sizes = info["sizes"]
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    for epoch in info["epochs"]:
+        assert sorted(set(epoch["train"])) == list(range(sizes[0])), epoch["train"]
+        steps = epoch["steps"]
+        assert steps[0] == steps[1] > 0  # every rank trains at every step
+        for k, ids in enumerate(epoch["eval"]):
+            assert ids == list(range(starts[k + 1], starts[k + 1] + sizes[k + 1]))  # each once
+            assert epoch["eval_steps"][k][0] == epoch["eval_steps"][k][1] > 0

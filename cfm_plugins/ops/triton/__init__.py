@@ -1,39 +1,18 @@
 """Triton kernels of the ``cfm::`` operators, generated from the descriptors (NVIDIA and AMD GPUs).
 
-Where this sits in the one kernel pattern (docs/architecture.md): the operators
-``cfm::symmetric_contraction_{fwd,bwd,bwd2}``, ``cfm::conv_tp_{fwd,bwd}`` and
-``cfm::skip_tp_{fwd,bwd}`` are declared once, in C++, with their Meta kernels and their C++
-autograd. The Triton launchers here take exactly the operators' arguments and are registered as
-the operators' **CUDA kernels** in a Python process that runs them (:func:`register`, called by
-:func:`cfm_plugins.ops._backend.choose` when the GPU backend resolves to ``triton``; the chooser
-imports this package, never the other way): the schemas, fake kernels, autograd (forces, force
-training), torch.compile and the names a scripted or exported model calls stay one. A C++ host
-(LAMMPS, an AOTInductor runner) loads the C++ libraries and keeps the C++ CUDA kernels (the skip
-connection has none: e3nn's module runs there).
+The operators are declared once, in C++, with their Meta kernels and C++ autograd; :func:`register`
+makes the launchers here their **CUDA kernels** (called by :func:`cfm_plugins.ops._backend.choose`
+when the GPU backend resolves to ``triton``, the default where Triton imports: docs/gpu.md), so
+schemas, autograd, torch.compile and exported models stay one. A C++ host (LAMMPS, AOTInductor)
+keeps the C++ CUDA kernels. Submodules: :mod:`.symmetric_contraction` (a depth-first walk of the
+monomial tree from an int32 table), :mod:`.conv_tp` (segmented, atomic-free gather, product and
+scatter), :mod:`.skip_tp` (``tl.dot`` tiles per element), :mod:`.configs` (tile sizes, autotuning,
+launch settings), :mod:`.aot` (compilation for sm_80/sm_90/gfx90a/gfx942 without a GPU,
+``make triton-check``), :mod:`._codegen` (generated source goes to a cached ``.py`` file).
 
-- :mod:`.symmetric_contraction`: the monomial tree of the descriptor as straight-line tile code,
-  forward, backward, double backward; weight gradients reduced per element (:mod:`._reduce`).
-- :mod:`.conv_tp`: the channelwise tensor product with its gather and scatter: a segmented,
-  atomic-free sum over the edges of each receiver (forward) or sender (node-feature gradient,
-  transposed tables), and a per-edge kernel for the edge-attribute and weight gradients.
-- :mod:`.skip_tp`: the skip connection (a per-element linear map), one ``tl.dot`` GEMM tile per
-  group of nodes of one element; the weight gradient per element, without atomics.
-- :mod:`.configs`: tile sizes (default per kernel and dtype, autotuning alternatives) and the
-  launch settings (pinned tiles, autotuning, deterministic weight gradients) that
-  :func:`cfm_plugins.ops.configure` sets.
-- :mod:`.aot`: ahead-of-time compilation for sm_80, sm_90, gfx90a and gfx942 without a GPU
-  (``make triton-check``): compile errors, registers and spills.
-- :mod:`._codegen`: generated source goes to a cached ``.py`` file and is imported (Triton refuses
-  source that is not in a file, outside the interpreter).
-
-Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors: the
-tests register the same launchers as the operators' *CPU* kernels there (:func:`register` with
-``"CPU"``), so the path through the C++ schemas, autograd and Meta kernels is the one a GPU takes.
-
-The default on CUDA tensors where Triton imports (``fused_backend=auto``; ``cuda`` asks for the C++
-CUDA kernels): on an H100 they made the MACE-MP-medium-like train step 2.6-3.1x faster than the
-C++ CUDA kernels (docs/benchmarks.md). :func:`cfm_plugins.ops._backend.prepare_kernels` builds their
-tables before a step is compiled or captured.
+Without a GPU the tests run the same launchers in Triton's interpreter (``TRITON_INTERPRET=1``)
+as the operators' *CPU* kernels (``register("CPU")``). Call
+:func:`cfm_plugins.ops._backend.prepare_kernels` before a step is compiled or captured.
 """
 
 from __future__ import annotations
@@ -83,7 +62,14 @@ def register(dispatch_key: str = "CUDA") -> None:
     same key is intended: torch's "overriding a previously registered kernel" warning is silenced
     here; :func:`unregister` restores them. The launch settings are those of
     :func:`cfm_plugins.ops.configure`; a bad debug switch (``CFM_PLUGINS_TRITON_UNFILLED``) fails
-    here, at set-up, not at a first launch."""
+    here, at set-up, not at a first launch.
+
+    Only the kernels change: the schemas, fake kernels, autograd (forces, force training),
+    torch.compile and the names a scripted or exported model calls stay the C++ declarations.
+    :mod:`cfm_plugins.ops._backend` imports this package, never the other way. A C++ host
+    loads only the C++ libraries (the skip connection has no C++ CUDA kernel: e3nn's module runs
+    there). Generated source is imported from a cached file (:mod:`._codegen`): Triton refuses
+    source that is not in a file, outside the interpreter."""
     if dispatch_key in _LIBS:
         return
     import torch

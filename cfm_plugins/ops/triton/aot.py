@@ -1,20 +1,13 @@
 """Ahead-of-time compilation of the generated Triton kernels for GPUs this machine does not have.
 
-``triton.compile(ASTSource(...), target=GPUTarget(...))`` runs Triton's whole pipeline (TTIR,
-TTGIR, LLVM, PTX and ``ptxas`` to a cubin for NVIDIA; AMDGCN and an hsaco for AMD) without a
-driver. What it catches that the interpreter cannot: compile errors of the real code generator,
-and the register budget: ``ptxas -v`` (bundled with the triton wheel) reports registers and spill
-bytes per kernel, the AMDGCN metadata ``.vgpr_count``, ``.vgpr_spill_count`` and the scratch size.
-On AMD only VGPR spills go to memory (scratch); SGPR spills go to lanes of a VGPR
-(``v_writelane``), cost a few instructions and no memory traffic: they are counted apart
-(``sgpr_spills``) and are not spills in the budget's sense.
-
-A kernel is compiled as a launch would specialise it: integer arguments equal to 1 (unit strides
-of contiguous tensors) become constants, pointers and integers divisible by 16 carry Triton's
-divisibility hint, except the integers the kernel marks ``do_not_specialize`` (the edge count).
-The argument values are a *specimen* (:func:`cfm_plugins.ops.triton.symmetric_contraction.
-specimen`, :func:`cfm_plugins.ops.triton.conv_tp.specimen`): the sizes and strides of a typical
-launch.
+:func:`compile_kernel` runs Triton's whole pipeline (``triton.compile(ASTSource(...),
+target=GPUTarget(...))``: TTIR, TTGIR, LLVM, PTX and ``ptxas`` to a cubin for NVIDIA; AMDGCN and
+an hsaco for AMD) without a driver, for a target of :data:`TARGETS`. What it catches that the
+interpreter cannot: compile errors of the real code generator, and the register budget
+(registers and spill bytes per kernel, in a :class:`CompileReport`). A kernel is compiled as a
+launch would specialise it, with the argument values of a *specimen*
+(:func:`cfm_plugins.ops.triton.symmetric_contraction.specimen`,
+:func:`cfm_plugins.ops.triton.conv_tp.specimen`: the sizes and strides of a typical launch).
 
 Used by ``make triton-check`` (``python -m tools.triton_check``, the MACE-MP-medium layer)
 and by a test (one small kernel). Nothing here imports a trainer.
@@ -74,7 +67,10 @@ def jit_function(fn):
 
 
 def _specialise(fn, specimen: dict, blocks: dict):
-    """(signature, constexprs, attrs) of a launch with these argument values (see module doc)."""
+    """(signature, constexprs, attrs) of a launch with these argument values: integer arguments
+    equal to 1 (unit strides of contiguous tensors) become constants, pointers and integers
+    divisible by 16 carry Triton's divisibility hint, except the integers the kernel marks
+    ``do_not_specialize`` (the edge count)."""
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in blocks:
@@ -100,6 +96,7 @@ def _specialise(fn, specimen: dict, blocks: dict):
 
 
 def _nvidia_usage(log: str) -> tuple[int, int]:
+    """(registers, spill bytes stored plus loaded) from ``ptxas -v`` (bundled with triton)."""
     regs = re.findall(r"Used (\d+) registers", log)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     if not regs:
@@ -109,7 +106,11 @@ def _nvidia_usage(log: str) -> tuple[int, int]:
 
 def _amd_usage(asm: str) -> tuple[int, int, int, int]:
     """(VGPRs, VGPR spill bytes, scratch bytes, SGPRs spilled into VGPR lanes) of an AMDGCN
-    listing."""
+    listing (its metadata ``.vgpr_count``, ``.vgpr_spill_count`` and the scratch size).
+
+    On AMD only VGPR spills go to memory (scratch); SGPR spills go to lanes of a VGPR
+    (``v_writelane``), cost a few instructions and no memory traffic: they are counted apart
+    (``sgpr_spills``) and are not spills in the budget's sense."""
 
     def field(name):
         m = re.findall(rf"\.{name}:\s+(\d+)", asm)

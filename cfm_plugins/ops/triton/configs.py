@@ -1,39 +1,17 @@
 """Tile sizes of the Triton kernels: a default per (kernel, dtype), alternatives for autotuning.
 
-Every default config compiles without register spills for sm_80, sm_90, gfx90a and gfx942 at the
-MACE-MP-medium sizes with triton 3.6.0, 3.7.1 and 3.9.0 (``make triton-check`` checks it and prints
-the registers: docs/benchmarks.md); with 3.8.0 one does not (:func:`note_spills`), and a launch on a
-GPU whose compiled kernel spills says so once.
-The alternatives are what autotuning may pick on the user's GPU; they are allowed to spill (a
-spilling config that is still the fastest on a GPU is the GPU's call) and are compiled by the
-same check, which reports their spills without failing on them.
+:data:`DEFAULTS` holds, per kernel and dtype, the default config and then the alternatives.
+Every default compiles without register spills for sm_80, sm_90, gfx90a and gfx942 at the
+MACE-MP-medium sizes with the triton releases ``make triton-check`` covers (docs/benchmarks.md);
+a launch whose compiled kernel spills on the user's GPU says so once (:func:`note_spills`). The
+alternatives may spill: they are what autotuning may pick on the user's GPU.
 
-Choice at a launch (:func:`pick`):
-
-- inside :func:`override` (tests: small tiles, so that sizes are not multiples of the tiles and
-  several programs share one element) the given config;
-- the tile pinned by :func:`set_tiles` (the ``fused`` plugin's ``fused_tiles`` option, or
-  :func:`cfm_plugins.ops.configure`): what a tile sweep or an autotuning log found fastest on
-  your GPU, without autotuning again in every process;
-- under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the interpreter config: few,
-  large tiles, since the interpreter costs ~2 ms per program plus ~0.14 ms per operation whatever
-  the tile size;
-- otherwise the default, or with autotuning on (:func:`set_autotune`, the ``fused_autotune``
-  option) the fastest of the default and its alternatives, timed once per kernel, dtype and size
-  class (power-of-two bucket of the rows) in the process. Kernels that accumulate with atomics are
-  never autotuned (a timing run would add twice).
-
-The launch settings (pinned tiles, autotuning, :func:`deterministic` weight gradients) are set
-once, before the kernels run, and only read at a launch: no launch reads the environment.
-
-The defaults were chosen for registers (no spills) and occupancy (enough programs for 132 SMs at
-500 nodes). Timed on an H100 (docs/benchmarks.md), autotuning picked other tiles for some kernels
-at 500 and 4000 atoms, but the MACE-MP-medium-like train step moved by less than the run-to-run
-spread (73.5 vs 77.6 ms at 500 atoms, 120.6 vs 117.2 ms at 4000, float32). ``tp_segment``'s
-deferred-sum tiles, added later, did beat its default by far in a later H100 tile sweep (the conv
-TP's forward+backward+double backward in 0.61x the time in float32, 0.54x in float64), and the
-whole train step at 4000 atoms with them by 7 % (float32) and 22 % (float64): they are its defaults
-now, the former 8x32/w4 one pin away (``fused_tiles=tp_segment=8x32/w4``).
+:func:`pick` chooses the config of a launch: a test's :func:`override`, a tile pinned by
+:func:`set_tiles` (option ``fused_tiles``), the interpreter's config, or the default (the fastest
+of the default and its alternatives with :func:`set_autotune`, option ``fused_autotune``). The
+launch settings (pinned tiles, autotuning, :func:`deterministic` weight gradients) are set once,
+before the kernels run (:func:`cfm_plugins.ops.configure`), and only read at a launch: no launch
+reads the environment.
 """
 
 from __future__ import annotations
@@ -94,10 +72,12 @@ class TileConfig:
 
 _F32, _F64 = "float32", "float64"
 
-#: kernel -> dtype -> [default, alternatives...]. Kernels: ``sc_fwd``, ``sc_bwd``, ``sc_bwd2``
-#: (nodes x channels), ``tp_segment`` (edges of one node x channels), ``tp_edge`` (edges x
-# channels), : ``sc_reduce`` (rows: unused, block_c: flat width of the weight-gradient reduction),
-# ``skip_apply`` (node components x channels), ``skip_wgrad`` (weight rows x channels).
+#: kernel -> dtype -> [default, alternatives...]. The defaults are chosen for registers (no
+#: spills) and occupancy (enough programs for 132 SMs at 500 nodes). Kernels: ``sc_fwd``,
+#: ``sc_bwd``, ``sc_bwd2`` (nodes x channels), ``tp_segment`` (edges of one node x channels),
+#: ``tp_edge`` (edges x channels), ``sc_reduce`` (rows: unused, block_c: flat width of the
+#: weight-gradient reduction), ``skip_apply`` (node components x channels), ``skip_wgrad`` (weight
+#: rows x channels).
 DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
     "sc_fwd": {
         _F32: [TileConfig(16, 32, 4), TileConfig(32, 32, 4), TileConfig(16, 64, 4)],
@@ -353,9 +333,22 @@ def pick(
     idempotent: bool = True,
     fit: tuple[int, int] | None = None,
 ) -> TileConfig:
-    """The config of one launch (see the module docstring). ``run(config)`` launches the kernel
-    with a config; it is called only when autotuning, to time the candidates. ``fit`` (rows and
-    channels of the problem) shrinks the interpreter's tile to the next powers of two."""
+    """The config of one launch. ``run(config)`` launches the kernel with a config; it is called
+    only when autotuning, to time the candidates. ``fit`` (rows and channels of the problem)
+    shrinks the interpreter's tile to the next powers of two. In order:
+
+    - inside :func:`override` (tests: small tiles, so that sizes are not multiples of the tiles
+      and several programs share one element) the given config;
+    - the tile pinned by :func:`set_tiles` (the ``fused`` plugin's ``fused_tiles`` option, or
+      :func:`cfm_plugins.ops.configure`): what a tile sweep or an autotuning log found fastest on
+      your GPU, without autotuning again in every process;
+    - under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) the interpreter config:
+      few, large tiles, since the interpreter's cost is per program and per operation whatever
+      the tile size;
+    - otherwise the default, or with autotuning on (:func:`set_autotune`, the ``fused_autotune``
+      option) the fastest of the default and its alternatives, timed once per kernel, dtype and
+      size class (power-of-two bucket of the rows) in the process. Kernels that accumulate with
+      atomics (``idempotent=False``) are never autotuned (a timing run would add twice)."""
     from cfm_plugins.ops.triton._codegen import interpreting
 
     if kernel in _OVERRIDE:

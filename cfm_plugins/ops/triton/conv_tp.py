@@ -3,39 +3,16 @@
 The descriptor (:mod:`cfm_plugins.ops.descriptors.conv_tp`) lists paths (channels, weight offset),
 pairs (input row, output row) and CG entries per pair. Per edge ``R[q] = sum coef * y[j]`` over the
 entries of pair ``q``; then ``out[k, c] += R[q] * x[i, c] * w[p, c]``. Here the tables are code:
-each pair's CG entries are float literals (exact in float64), each row offset a constant.
+CG entries are float literals (exact in float64), row offsets constants. Two kernels:
 
-Work decomposition (GPU-first):
+- ``segment`` (forward; node-feature gradient with the transposed tables, :func:`_gen_segment`):
+  a segmented, atomic-free, deterministic sum over each node's edges, no per-edge message;
+- ``edge`` (edge-attribute and weight gradients, :func:`_gen_edge`): per block of edges, no atomics.
 
-- ``segment`` (forward; node-feature gradient with the transposed tables): one program per node
-  and channel tile, looping over the node's edges ``BLOCK_E`` at a time through the CSR grouping
-  (edges sorted by receiver for the forward, by sender for the gradient). Per block of edges the
-  edge attributes, each path's weights and each input row are loaded once (``[BLOCK_E, BLOCK_C]``
-  gathers of the other end's rows), every output row takes the sum over the block's edges of its
-  pairs' products, and the node's rows stay in registers until one store: a segmented, atomic-free
-  scatter, deterministic, with no per-edge message in memory. Per-edge weights are read once.
-- ``edge`` (edge-attribute and weight gradients): one program per ``BLOCK_E`` edges, looping over
-  channel tiles; the weight gradient of each (edge, path, channel) is written once, the
-  edge-attribute gradient is a sum over channels inside the program. No atomics.
-
-Outputs are left unfilled where the kernels store every column of every row (a node without
-edges stores zeros; MACE's tables cover every column): :func:`_output` fills only what a table
-leaves unstored (``TPTables.out_width`` and friends) and a graph without edges. An H200 ran the
-float64 train step at 4000 atoms in 0.95x the time of zero-filling every output first, which the
-debug switch ``CFM_PLUGINS_TRITON_UNFILLED=0`` (read once, :mod:`cfm_plugins.ops._debug`) still
-does.
-
-Variants, chosen by the tile config (:mod:`.configs`): ``defer`` sums once per program instead of
-per block; ``presort`` reads the edges' other ends in CSR order (segment) or walks the edges in the
-receivers' order (edge; untimed on a GPU) (:func:`_gen_segment`, :func:`_gen_edge`).
-
-Compile time: the segment kernel of a MACE-MP-medium layer (0e+1o x spherical harmonics l<=3, 40
-output rows, ~100 pairs) is ~250 lines; Triton's coalescing pass costs grow with the square of a
-kernel's memory operations, which is why the loads are per row and per path (not per pair) and
-the edge kernel loops over channel tiles at run time rather than unrolling them.
-
-Double backward needs no kernel of its own: the form is trilinear and the operators' C++
-autograd writes every derivative with these two operators again.
+Variants chosen by the tile config (:mod:`.configs`): ``defer`` and ``presort`` (:func:`source`).
+Outputs the kernels store whole are not zero-filled (:func:`_output`). Double backward needs no
+kernel of its own: the form is trilinear and the operators' C++ autograd writes every derivative
+with these two operators again.
 """
 
 from __future__ import annotations
@@ -195,13 +172,25 @@ def _gen_segment(
 ) -> str:
     """out[n, k, c] = sum over the node's edges of sum_q R_q x[other, i_q, c] w[p, c].
 
+    One program per node and channel tile, looping over the node's edges ``BLOCK_E`` at a time
+    through the CSR grouping (edges sorted by receiver for the forward, by sender for the
+    gradient). Per block of edges the edge attributes, each path's weights and each input row are
+    loaded once (``[BLOCK_E, BLOCK_C]`` gathers of the other end's rows), every output row takes
+    the sum over the block's edges of its pairs' products, and the node's rows stay in registers
+    until one store: a segmented, atomic-free scatter, deterministic, with no per-edge message in
+    memory. Per-edge weights are read once. A node without edges stores zeros.
+
+    Compile time: for a MACE-MP-medium layer (0e+1o x spherical harmonics l<=3, 40 output rows,
+    ~100 pairs) this kernel is ~250 lines; Triton's coalescing pass costs grow with the square of
+    a kernel's memory operations, which is why the loads are per row and per path (not per pair).
+
     ``defer``: each output row accumulates a ``[BLOCK_E, BLOCK_C]`` tile of per-lane partial sums
     and sums over its edges once, after the loop, instead of once per block of edges (the default).
     The sum over a block's edges crosses warps (sm_90, 8x32/w4: 40 rows, 120 barriers per block of 8
     edges in the PTX); deferred, it happens once per program. A ``[BLOCK_C]`` accumulator is
     replicated over the rows' threads, so the 40-row forward holds about the same registers (165 vs
     168 on sm_90); the transposed kernel, 4 rows, more (134 vs 94). Sums in another order: equal to
-    round-off, deterministic. Untimed on a GPU: an autotuning alternative (configs.py).
+    round-off, deterministic. With ``presort``, ``tp_segment``'s default tile (configs.py).
 
     ``presort``: ``other_ptr`` holds the other end of each edge already in CSR order (the launcher
     gathers it once, ``other[perm]``), so a block's node rows wait on one index load (``perm``
@@ -274,6 +263,11 @@ def _gen_edge(
 ) -> str:
     """Per edge: gw[p, c] = sum_q R_q x[i_q, c] g[k_q, c]; gy[j] = sum_entries coef * sum_c x g w.
 
+    One program per ``BLOCK_E`` edges, looping over channel tiles at run time (not unrolled: a
+    kernel's compile time grows with the square of its memory operations); the weight gradient of
+    each (edge, path, channel) is written once, the edge-attribute gradient is a sum over channels
+    inside the program. No atomics.
+
     ``defer``: each edge-attribute gradient accumulates a ``[BLOCK_E, BLOCK_C]`` tile over the pairs
     and channel tiles and sums over channels once, at the end, instead of one sum over channels per
     pair and channel tile (the default: ~100 pairs, each a sum across lanes). Costs one tile of
@@ -286,7 +280,7 @@ def _gen_edge(
     sender's ``dim_in``); in receiver order the edges of a block, and of neighbouring programs, read
     the same ones. Each edge computes what it computes in the plain kernel: the same results, bit
     for
-    bit. Untimed on a GPU: an autotuning alternative (configs.py)."""
+    bit. An autotuning alternative (configs.py)."""
     w = Writer()
     # E, the edge count, changes with every batch: specialised (divisible by 16 or not, equal to 1),
     # each edge kernel would compile again for every class of it a run meets. It only bounds the
@@ -539,8 +533,9 @@ def _output(shape, like: torch.Tensor, width: int | None) -> torch.Tensor:
     None: no launch, a graph without edges; gaps: input rows no path reads, edge attributes no
     entry reads, weights of paths without pairs). A fill skipped is one pass less over the
     tensor: the weight gradient is [edges, weights] (for a MACE-MP-medium layer at 4000 atoms,
-    hundreds of MB in float64); an H200's float64 step at 4000 atoms took 0.95x the time of the
-    fills. The debug switch ``CFM_PLUGINS_TRITON_UNFILLED=0`` zero-fills every output."""
+    hundreds of MB in float64). MACE's tables cover every column (``TPTables.out_width`` and
+    friends say what they store). The debug switch ``CFM_PLUGINS_TRITON_UNFILLED=0`` (read once,
+    :mod:`cfm_plugins.ops._debug`) zero-fills every output."""
     if width == shape[-1] and unfilled():
         return _uninitialised(shape, like)
     return torch.zeros(shape, dtype=like.dtype, device=like.device)

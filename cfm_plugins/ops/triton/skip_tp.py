@@ -1,31 +1,18 @@
 """Triton kernels of ``cfm::skip_tp_{fwd,bwd}``: the skip connection as one GEMM tile per group of
 nodes of one element.
 
-The descriptor (:mod:`cfm_plugins.ops.descriptors.skip_tp`) lists the destination's irrep blocks
-and the paths into them; the operators' ``desc`` tensors are those tables (int32) and the paths'
-coefficients (float64), read by the kernels at run time (not generated: the same two kernels serve
-every model, and the tables are a few dozen integers).
+The descriptor's tables (:mod:`cfm_plugins.ops.descriptors.skip_tp`: the destination's irrep
+blocks and the paths into them, int32, and the paths' coefficients, float64) are read by the
+kernels at run time: not generated, the same two kernels serve every model.
 
-- ``skip_apply`` (the forward with the forward tables; the node-feature gradient with the
-  transposed ones): one program per (tile of at most ``TILE_NODES`` nodes of one element, block of
-  ``BLOCK_W`` destination channels of one irrep block). The tile's rows are its nodes' components
-  (node, m); per path into the block, ``[rows, K] x [K, BLOCK_W]`` products of the rows with the
-  element's weight block (``tl.dot``; float32 in IEEE precision, never TF32) are accumulated, and
-  the tile stores its rows once: every element of the output is written by one program (zeros
-  where no path reaches a block), so the output is never zero-filled. The tiles are found in the
-  kernel from ``elem_ptr`` (a prefix sum over the elements' tile counts): their number,
-  ``nodes // TILE_NODES + elements``, depends on the shapes only, so a launch never waits for the
-  device and a CUDA graph can capture it; tiles past the last real one have no rows.
-- ``skip_wgrad`` (the weight gradient): one program per (element, path, ``BLOCK_U x BLOCK_W`` block
-  of the weight), summing ``x^T g`` over the element's rows in a fixed order (no atomics: the
-  result repeats bit for bit) and storing every weight of its block, zeros for an element without
-  nodes.
+- ``skip_apply`` (forward; node-feature gradient with the transposed tables, :func:`_apply`):
+  ``tl.dot`` tiles of at most ``TILE_NODES`` nodes of one element; every output element is
+  written by one program, and the grid depends on the shapes only (capturable, no wait).
+- ``skip_wgrad`` (weight gradient, :func:`bwd`): sums per element in a fixed order, no atomics.
 
 Double backward needs no kernel of its own: the map is bilinear, and the operators' C++ autograd
-writes every derivative with these two operators again.
-
-Untimed on a GPU: the fused module runs these kernels on CUDA tensors only where the ``skip_tp``
-kernel was named (``fused_kernels``), never under ``auto`` (:mod:`cfm_plugins.ops.skip_tp`).
+writes every derivative with these two operators again. The fused module runs these kernels only
+where the ``skip_tp`` kernel was named (``fused_kernels``; :mod:`cfm_plugins.ops.skip_tp`).
 """
 
 from __future__ import annotations
@@ -364,7 +351,18 @@ def _check(op: str, x, w, order, elem_ptr, desc, desc_t, meta) -> None:
 
 def _apply(t: SkipTables, desc, order, elem_ptr, src, w, dst) -> None:
     """dst = the per-element map of src with the tables ``t`` (every element of dst written; the
-    callers launch it for nodes only)."""
+    callers launch it for nodes only).
+
+    ``skip_apply``: one program per (tile of at most ``TILE_NODES`` nodes of one element, block of
+    ``BLOCK_W`` destination channels of one irrep block). The tile's rows are its nodes'
+    components (node, m); per path into the block, ``[rows, K] x [K, BLOCK_W]`` products of the
+    rows with the element's weight block (``tl.dot``; float32 in IEEE precision, never TF32) are
+    accumulated, and the tile stores its rows once: every element of the output is written by one
+    program (zeros where no path reaches a block), so the output is never zero-filled. The tiles
+    are found in the kernel from ``elem_ptr`` (a prefix sum over the elements' tile counts): their
+    number, ``nodes // TILE_NODES + elements``, depends on the shapes only, so a launch never
+    waits for the device and a CUDA graph can capture it; tiles past the last real one have no
+    rows."""
     n = src.shape[0]
     E = t.num_elements
     slots = n // TILE_NODES + E
@@ -418,7 +416,12 @@ def fwd(x, w, order, elem_ptr, desc, desc_t, meta):
 
 def bwd(g, x, w, order, elem_ptr, desc, desc_t, meta, need_x, need_w):
     """``cfm::skip_tp_bwd``: (d/dx, d/dw) of ``<g, fwd(x, w)>``; empty tensors for what is not
-    requested."""
+    requested.
+
+    d/dx is ``skip_apply`` with the transposed tables (:func:`_apply`). d/dw is ``skip_wgrad``:
+    one program per (element, path, ``BLOCK_U x BLOCK_W`` block of the weight), summing ``x^T g``
+    over the element's rows in a fixed order (no atomics: the result repeats bit for bit) and
+    storing every weight of its block, zeros for an element without nodes."""
     op = "cfm::skip_tp_bwd"
     _check(op, x, w, order, elem_ptr, desc, desc_t, meta)
     if g.dtype != x.dtype or g.device != x.device or list(g.shape) != [x.shape[0], meta[1]]:

@@ -2,42 +2,10 @@
 
 The descriptor (:mod:`cfm_plugins.ops.descriptors.symmetric_contraction`) is a tree of monomials
 (``P[j] = P[parent[j]] * x[last[j]]``) and terms ``out[o] += coeff[row] * P[j]``. The kernels walk
-that tree depth first, so that only the current monomial's ancestors are live: one register tile
-per depth (P, and the factor x, tangent and adjoints where a pass needs them), plus the output,
-grad-output and x-gradient tiles of a node tile, whatever the number of monomials (494 for a
-MACE-MP-medium layer). The source is generated per descriptor *shape*: the number of components L,
-of output components O and the correlation order are unrolled into register tiles and uniform
-branches (``if depth == ...``, ``if o == ...``), the output layout is constant; the walk itself
-(the depth-first order, each monomial's depth, last factor and terms) is a small int32 table read
-by the program (``SCTables.walk``), the same for every program (cached, uniform loads).
-
-Why not the whole tree as straight-line code, with the tables as constants: tried first. Triton's
-``TritonGPUCoalesce`` pass is quadratic in the number of memory operations of a kernel (it takes
-the def-use slice of every load and store), and one load per term makes the MACE-MP-medium
-forward 930 lines that took 126 s of that pass alone to compile (sm_90, this 2-core machine
-under load), the double backward ~4 times longer; the interpreter was slow on it too. The walk
-compiles in seconds and keeps registers bounded.
-
-Work decomposition (GPU-first; the C++ CUDA kernel loops over 128 nodes per thread instead):
-
-- a program owns a tile of ``BLOCK_N`` nodes of one element by ``BLOCK_C`` channels, so the
-  element's folded weights ``coeff[e, row, c]`` are loaded once per tile (one channel vector per
-  term, broadcast over the tile's nodes). The module sorts nodes by element and cuts them into
-  chunks of at most ``CHUNK`` (128) nodes of one element (``order``, ``chunk_ptr``); the grid is
-  (chunk, tile within the chunk, channel tile), so a 500-node batch of two elements at 128 channels
-  gives ~130 programs of 16 nodes x 32 channels, and a chunk longer than ``SPLIT * BLOCK_N`` nodes
-  is still covered (each program strides over it);
-- forward: the pre-order walk, outputs accumulated per component, stored in mace's layout;
-- backward: the walk with leave events (children before their parent is left) gives ``d out / d x``;
-  the weight gradient ``d out / d coeff[e]`` is a sum over the element's nodes: each program writes
-  the sum over its tile into its own slot of a partial buffer (the slots of a chunk's programs that
-  have nodes are consecutive, after the previous chunk's: ``slot_ptr``, so an empty chunk takes
-  none), and :mod:`._reduce` adds the slots of each element in a fixed order (deterministic, no
-  atomics). With ``fused_deterministic=false`` (:func:`cfm_plugins.ops.configure`) the programs
-  add into ``coeff``'s gradient with ``tl.atomic_add`` instead (not reproducible bit for bit; not
-  timed on a GPU yet);
-- double backward: the walk with the tangent (``T[j] = T[parent] x[last] + P[parent] dx[last]``)
-  and the reverse of both, as ``cuda/symmetric_contraction/sc_math.h`` does per node.
+that tree depth first, reading the walk from a small int32 table (:attr:`SCTables.walk`), so only
+the current monomial's ancestors are live: one register tile per depth, whatever the number of
+monomials. The source is generated per descriptor *shape* (:func:`source`, which says why the
+tree is not straight-line code); the grid and the passes are described at :func:`_grid`.
 
 Every launcher takes exactly the operator's arguments (its schema in ``sc_ops.h``) and returns
 what the C++ kernel returns (empty tensors for outputs not requested), so it is registered as the
@@ -579,7 +547,23 @@ _HEADER = (
 
 def source(t: SCTables, kernel: str, **flags) -> str:
     """The module source of one kernel variant: ``fwd``; ``bwd`` (need_gx, need_gc, atomic);
-    ``bwd2`` (need_gg, need_gx, need_gc, has_dx, has_dc, atomic)."""
+    ``bwd2`` (need_gg, need_gx, need_gc, has_dx, has_dc, atomic).
+
+    Generated per descriptor *shape*: the number of components L, of output components O and the
+    correlation order are unrolled into register tiles and uniform branches (``if depth == ...``,
+    ``if o == ...``), the output layout is constant; the walk itself (the depth-first order, each
+    monomial's depth, last factor and terms) is the int32 table :attr:`SCTables.walk`, read by the
+    program, the same for every program (cached, uniform loads). Per depth a tile holds P, and
+    the factor x, tangent and adjoints where a pass needs them, beside the output, grad-output and
+    x-gradient tiles of a node tile, whatever the number of monomials (494 for a MACE-MP-medium
+    layer).
+
+    Why not the whole tree as straight-line code, with the tables as constants: Triton's
+    ``TritonGPUCoalesce`` pass is quadratic in the number of memory operations of a kernel (it
+    takes the def-use slice of every load and store), and with one load per term the
+    MACE-MP-medium forward (930 lines) took minutes of that pass alone to compile, the double
+    backward several times longer, and the interpreter was slow on it too. The walk compiles in
+    seconds and keeps registers bounded."""
     if kernel == "fwd":
         body = _gen_fwd(t)
     elif kernel == "bwd":
@@ -644,7 +628,7 @@ def prepare(desc, meta, device) -> None:
     compiled or captured region (:func:`cfm_plugins.ops._backend.prepare_kernels`): inside a CUDA
     graph's warm-up the copy would be a synchronisation and the kept walk table an allocation of
     the graph's memory pool that no output tracks (torch refuses it: "Detected 2 tensor(s) in the
-    cudagraph pool not tracked as outputs", measured on an H100)."""
+    cudagraph pool not tracked as outputs")."""
     _walk(_TABLES.get(desc, meta), device)
 
 
@@ -694,6 +678,26 @@ def _check_like(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, shape) -
 
 
 def _grid(cfg: TileConfig, n: int, n_chunks: int, channels: int) -> tuple[tuple, int]:
+    """(grid, split) of a launch. GPU-first work decomposition (the C++ CUDA kernel loops over
+    128 nodes per thread instead):
+
+    - a program owns a tile of ``BLOCK_N`` nodes of one element by ``BLOCK_C`` channels, so the
+      element's folded weights ``coeff[e, row, c]`` are loaded once per tile (one channel vector
+      per term, broadcast over the tile's nodes). The module sorts nodes by element and cuts them
+      into chunks of at most :data:`CHUNK` nodes of one element (``order``, ``chunk_ptr``); the
+      grid is (chunk, tile within the chunk, channel tile), and a chunk longer than
+      ``split * BLOCK_N`` nodes is still covered (each program strides over it);
+    - forward: the pre-order walk, outputs accumulated per component, stored in mace's layout;
+    - backward: the walk with leave events (children before their parent is left) gives
+      ``d out / d x``; the weight gradient ``d out / d coeff[e]`` is a sum over the element's
+      nodes: each program writes the sum over its tile into its own slot of a partial buffer
+      (:class:`_WeightGrad`), and :mod:`._reduce` adds the slots of each element in a fixed order
+      (deterministic, no atomics). With ``fused_deterministic=false``
+      (:func:`cfm_plugins.ops.configure`) the programs add into ``coeff``'s gradient with
+      ``tl.atomic_add`` instead (not reproducible bit for bit; not timed on a GPU yet);
+    - double backward: the walk with the tangent (``T[j] = T[parent] x[last] + P[parent]
+      dx[last]``) and the reverse of both, as ``cuda/symmetric_contraction/sc_math.h`` does per
+      node."""
     split = max(1, min(math.ceil(CHUNK / cfg.block_rows), math.ceil(n / cfg.block_rows)))
     return (n_chunks, split, math.ceil(channels / cfg.block_c)), split
 
@@ -716,7 +720,9 @@ class _WeightGrad:
     Chunk ``k``'s programs with nodes are its first ``min(ceil(len_k / block_n), split)``; their
     slots follow the previous chunk's (``slots[k]``, computed on the device). The buffer's size
     depends only on the shapes (a traced step's chunk list ends in empty chunks, which take no
-    slot): at most ``ceil(n / block_n) + chunks`` slots, and never more than ``chunks * split``."""
+    slot): at most ``ceil(n / block_n) + chunks`` slots, and never more than ``chunks * split``.
+    The slots of a chunk's programs that have nodes are consecutive, so an empty chunk takes
+    none."""
 
     def __init__(
         self,

@@ -304,3 +304,35 @@ def test_cost_auto_continued_run_plans_with_the_saved_fit(auto_work, auto_runs):
     continued = read_step_logs(str(auto_work / "steps" / "continued"))
     assert {rec["cost"] for r in continued for rec in r} == {"auto-1"}
     assert epoch_ids(continued, 1) == epoch_ids(first, 1)
+
+
+# ------------------------------------------------------------------- loaders iterated rank-locally
+@pytest.mark.parametrize("cost", ["atoms", "edges", "auto"])
+def test_the_example_trains_to_the_end_on_two_ranks_whatever_the_cost(tmp_path, cost):
+    """Issue 83: HydraGNN's ``update_config`` (``check_if_graph_size_variable_dist``) iterates the
+    train, val and test loaders until the first batch whose node count differs, so the ranks stop
+    in different loaders. On these 40 graphs ``cost=atoms`` fills the training bins to the same
+    node count, so one rank goes on into the validation loader alone: a collective inside a
+    loader's iteration (the plan check of a first pass, a cost=auto gather) hung there. Every cost
+    trains to the end."""
+    import subprocess
+
+    from cfm_plugins.datasets.clusters import make_dataset
+
+    (tmp_path / "dataset").mkdir()
+    torch.save(make_dataset(40, seed=0), tmp_path / "dataset" / "clusters.pt")  # as train.py does
+    config = json.loads((EXAMPLE / "config.json").read_text())
+    config["NeuralNetwork"]["Training"]["num_epoch"] = EPOCHS
+    config["cfm_plugins"]["cost"] = cost
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    try:
+        out = train(tmp_path)  # 300 s: a hang fails here (a run takes about 30 s on 2 cores)
+    except subprocess.TimeoutExpired as exc:
+        log = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail(f"cost={cost}: the 2-rank run did not end in {exc.timeout} s:\n{log[-3000:]}")
+    assert out.returncode == 0, out.stdout[-5000:]
+    for role in ("train", "valid", "test"):
+        said = re.findall(rf"binpack {role}: \d+ steps? on each of 2 ranks", out.stdout)
+        assert len(said) == 2, (role, out.stdout[-3000:])
+    losses = train_losses(out.stdout)
+    assert len(losses) == EPOCHS and all(np.isfinite(losses)), losses

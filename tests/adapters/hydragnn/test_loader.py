@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip(
     "hydragnn", reason="HydraGNN is not installed here (`make venv` installs HydraGNN==3.0)"
@@ -25,6 +26,52 @@ def test_epoch_forwarder_reaches_the_batch_sampler():
     fwd.set_epoch(1)
     assert bs.epoch == 1 and list(bs) != first
     assert list(fwd) == list(range(40)) and len(fwd) == 40
+
+
+def test_a_loader_read_on_one_rank_only_calls_no_collective():
+    """Issue 83: HydraGNN's update_config reads the train, val and test loaders until the first
+    batch whose node count differs, so the ranks stop in different loaders: reading a loader (a
+    batch, or all of it) calls no collective; HydraGNN's set_epoch through the EpochForwarder at
+    ``loader.sampler`` (every rank, every epoch) is where the plan is checked."""
+    from torch_geometric.data import Data
+    from torch_geometric.loader import DataLoader
+
+    from cfm_plugins.sampler import BinPackBatchSampler
+    from cfm_plugins_adapters.hydragnn.loader import EpochForwarder
+    from tests.sampler.comms import LoopbackComm
+
+    atoms = np.random.default_rng(4).integers(3, 60, 40)
+    graphs = [Data(x=torch.zeros(int(n), 1), idx=torch.tensor([i])) for i, n in enumerate(atoms)]
+    loaders = []
+    comm = LoopbackComm()
+    for role in ("train", "valid"):
+        bs = BinPackBatchSampler(
+            atoms.astype(float),
+            120,
+            rank=0,
+            world_size=2,
+            seed=3,
+            comm=comm,
+            shuffle=role == "train",
+            evaluation=role != "train",
+            repeat=role == "train",
+        )  # as binpack builds them
+        loader = DataLoader(graphs, batch_sampler=bs)
+        object.__setattr__(loader, "sampler", EpochForwarder(bs, len(graphs)))
+        loaders.append(loader)
+    built = comm.calls
+    with comm.forbid("update_config's reading of the loaders"):
+        for loader in loaders:
+            next(iter(loader))
+        list(loaders[1])  # one rank goes on to the end of the validation loader
+    for epoch in (0, 1):
+        for loader in loaders:
+            loader.sampler.set_epoch(epoch)  # HydraGNN's train_validate_test, every rank
+        with comm.forbid("an epoch"):
+            ids = [i for batch in loaders[0] for i in batch.idx.tolist()]
+        mine = [i for b in loaders[0].batch_sampler.plan().rank_bins(0, 2) for i in b.tolist()]
+        assert sorted(ids) == sorted(mine)
+    assert comm.calls == built + 4  # one plan check per loader and epoch
 
 
 def test_loader_seam_serves_the_source_keywords_and_names_what_it_cannot():

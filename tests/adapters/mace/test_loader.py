@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import numpy as np
 import pytest
 from torch.utils.data import ConcatDataset
@@ -12,7 +15,66 @@ from cfm_plugins.manager import create_manager
 from cfm_plugins.options import TrainerSettings
 from cfm_plugins.sampler import BinPackBatchSampler
 from cfm_plugins.sizes import GraphSizes
-from cfm_plugins_adapters.mace.loader import EpochAdvancing, batch_sampler_for, guess_role
+from cfm_plugins_adapters.mace.loader import (
+    EpochAdvancing,
+    batch_sampler_for,
+    drop_last_note,
+    guess_role,
+    loader_role,
+    mace_role,
+)
+
+
+def _roles_in_run_train(datasets, **local):
+    """The roles :func:`mace_role` gives ``datasets`` from inside a function of a module named
+    ``mace.cli.run_train`` whose local variables are ``local`` (as mace's ``run()`` has them)."""
+    namespace = {"__name__": "mace.cli.run_train"}
+    exec(
+        "def run(probe, train_set=None, train_sets=None, valid_sets=None, test_sets=None):\n"
+        "    return probe()\n",
+        namespace,
+    )
+
+    def probe():
+        frame = sys._getframe(1)
+        return [mace_role(d, frame) for d in datasets]
+
+    return namespace["run"](probe, **local)
+
+
+def test_roles_come_from_the_datasets_mace_run_train_holds_whatever_their_type():
+    """A validation set of HDF5 shards is a ConcatDataset, as the training set is: the role is that
+    of the variable of mace's run() holding the very dataset (issue 83), for every head."""
+    train_a, train_b, shards, listed, test = [1], [2], ConcatDataset([[3], [4]]), [5], [6]
+    train_set = ConcatDataset([train_a, train_b])
+    local = dict(
+        train_set=train_set,
+        train_sets={"Default": train_a, "pt_head": train_b},
+        valid_sets={"Default": shards, "pt_head": listed},
+        test_sets={"part0_test": test},
+    )
+    everything = [train_set, train_a, train_b, shards, listed, test, ConcatDataset([[7]])]
+    assert _roles_in_run_train(everything, **local) == [
+        "train",
+        "train",
+        "train",
+        "valid",
+        "valid",
+        "test",
+        None,  # a dataset mace does not hold
+    ]
+    # outside mace_run_train: no role from the frames
+    assert mace_role(shards, sys._getframe()) is None
+
+
+def test_a_loader_built_outside_mace_run_train_is_guessed_with_a_warning(caplog):
+    config = Config(enabled=["binpack"])
+    with caplog.at_level(logging.WARNING, logger="cfm_plugins.mace"):
+        role = loader_role([1, 2], False, None, {"generator": object()}, sys._getframe(), config)
+        again = loader_role([1, 2], False, None, {"generator": object()}, sys._getframe(), config)
+    assert role == again == "valid"
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "taken for a valid loader from its arguments" in said[0], said
 
 
 def test_guess_role_tells_mace_run_train_loaders_apart():
@@ -146,3 +208,48 @@ def test_mace_metrics_are_unchanged_when_every_structure_is_counted_equally_ofte
         "rel_rmse_f",
     ):
         assert thrice[key] == pytest.approx(once[key], rel=1e-12), key
+
+
+@pytest.mark.parametrize(
+    "where", ["cfm-run -o", "--cfm-max-tokens in the trainer command", "the environment (X)"]
+)
+def test_an_oversized_structure_names_where_max_tokens_was_set(where):
+    """The hint after the sampler's message names the source of max_tokens the user used."""
+    config = Config(
+        enabled=["binpack"], options={"max_tokens": 10}, option_sources={"max_tokens": where}
+    )
+    sizes = GraphSizes(np.array([12, 4]), np.array([60, 10]))
+    with pytest.raises(ValueError) as err:
+        batch_sampler_for(
+            create_manager(config).hook,
+            [object(), object()],
+            sizes,
+            config,
+            DistInfo(rank=0, world_size=1),
+            "train",
+            TrainerSettings(),
+        )
+    assert str(err.value).endswith(f"(the capacity is binpack's max_tokens=10, from {where})")
+    if not where.startswith("--cfm"):
+        assert "--cfm-max-tokens" not in str(err.value)
+
+
+def test_drop_last_note_says_which_samples_oversize_skip_left_out():
+    sizes = GraphSizes(np.array([12, 4, 3]), np.array([60, 10, 8]))
+    notes = {}
+    for oversize in ("skip", "solo"):
+        config = Config(enabled=["binpack"], options={"max_tokens": 10, "oversize": oversize})
+        sampler = batch_sampler_for(
+            create_manager(config).hook,
+            [object()] * 3,
+            sizes,
+            config,
+            DistInfo(rank=0, world_size=1),
+            "valid",
+            TrainerSettings(),
+        )
+        notes[oversize] = drop_last_note(sampler, config)
+    assert notes["solo"].endswith("every sample is used")
+    assert notes["skip"].endswith(
+        "every sample is used but the 1 costlier than the capacity, which oversize=skip leaves out"
+    )

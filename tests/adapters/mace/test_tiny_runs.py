@@ -35,6 +35,11 @@ def test_mpirun_validation_set_smaller_than_the_ranks_completes(tmp_path):
     assert out.returncode == 0, out.stdout[-4000:]
     assert out.stdout.count("binpack valid: 1 step on each of 2 ranks") == 2, out.stdout[-4000:]
     assert "every rank evaluates all of them" in out.stdout
+    # the balance counts the epoch trained, not mace's other passes over the training loader (its
+    # statistics, its final evaluation on the training set): issue 83
+    assert "binpack balance of the training batches (1 epoch): planned LIF" in out.stdout, (
+        out.stdout[-3000:]
+    )
     for label in ("Initial", "Epoch 0"):
         loss = re.search(rf"{label}: head: Default, loss=\s*([0-9.eE+-]+|nan)", out.stdout)
         assert loss and np.isfinite(float(loss.group(1))), out.stdout[-3000:]

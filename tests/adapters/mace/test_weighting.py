@@ -181,3 +181,164 @@ def test_iterating_the_loaders_leaves_torchs_global_generator_as_the_stock_loade
     unseeded, _ = _loaders(weighting, frames)
     next(iter(unseeded))
     assert not torch.equal(torch.random.get_rng_state(), before)
+
+
+# ------------------------------------------------------- the validation loss under binpack
+def _batches_and_output(frames):
+    """mace batches of ``frames`` and a prediction off the labels by a random amount, per part."""
+    import torch
+    from mace import data as mace_data
+    from mace.tools import AtomicNumberTable
+    from mace.tools.torch_geometric import Batch
+
+    keys = mace_data.KeySpecification(
+        info_keys={"energy": "REF_energy", "stress": "REF_stress"},
+        arrays_keys={"forces": "REF_forces"},
+    )
+    graphs = [
+        mace_data.AtomicData.from_config(
+            mace_data.config_from_atoms(a, key_specification=keys),
+            z_table=AtomicNumberTable([28, 29]),
+            cutoff=4.0,
+        )
+        for a in frames
+    ]
+    gen = torch.Generator().manual_seed(0)
+    whole = Batch.from_data_list(graphs)
+    noise = {
+        k: 0.3 * torch.randn(whole[k].shape, generator=gen)
+        for k in ("energy", "forces", "stress", "virials")
+    }
+    ptr = whole.ptr.tolist()
+
+    def batch(idx):
+        out = {k: whole[k][idx] + noise[k][idx] for k in ("energy", "stress", "virials")}
+        out["forces"] = torch.cat(
+            [whole.forces[ptr[i] : ptr[i + 1]] + noise["forces"][ptr[i] : ptr[i + 1]] for i in idx]
+        )
+        return Batch.from_data_list([graphs[i] for i in idx]), out
+
+    return batch
+
+
+MACE_LOSSES = {
+    "weighted": ("WeightedEnergyForcesLoss", dict(energy_weight=1.0, forces_weight=10.0)),
+    "forces_only": ("WeightedForcesLoss", dict(forces_weight=3.0)),
+    "stress": (
+        "WeightedEnergyForcesStressLoss",
+        dict(energy_weight=1.0, forces_weight=10.0, stress_weight=5.0),
+    ),
+    "virials": (
+        "WeightedEnergyForcesVirialsLoss",
+        dict(energy_weight=1.0, forces_weight=10.0, virials_weight=5.0),
+    ),
+    "huber": (
+        "WeightedHuberEnergyForcesStressLoss",
+        dict(energy_weight=1.0, forces_weight=10.0, stress_weight=5.0, huber_delta=0.01),
+    ),
+    "universal": (
+        "UniversalLoss",
+        dict(energy_weight=1.0, forces_weight=10.0, stress_weight=5.0, huber_delta=0.01),
+    ),
+    "l1l2energyforces": (
+        "WeightedEnergyForcesL1L2Loss",
+        dict(energy_weight=1.0, forces_weight=10.0),
+    ),
+}
+
+
+@pytest.mark.parametrize("loss", list(MACE_LOSSES))
+def test_validation_loss_is_the_whole_set_as_one_batch_however_it_is_batched(f64, loss):
+    """mace's MACELoss logs the sum of per-batch means over the number of structures, which moves
+    with the batches; the metric binpack puts in its place gives mace's loss on the whole set as
+    one batch, for every batching, for linear and Huber losses alike (issue 83)."""
+    from mace import modules
+    from mace.tools.train import MACELoss
+
+    from cfm_plugins_adapters.mace.loader import structure_mean_metric_class
+
+    cls, kwargs = MACE_LOSSES[loss]
+    loss_fn = getattr(modules, cls)(**kwargs)
+    batch = _batches_and_output(_frames()[:9])
+    ref, pred = batch(list(range(9)))
+    whole = float(loss_fn(ref=ref, pred=pred, ddp=False))
+    plans = ([list(range(9))], [[0, 1, 2, 3], [4, 5, 6, 7, 8]], [[8], [0, 5], [1, 2, 3], [4, 6, 7]])
+    ours, stock = [], []
+    for plan in plans:
+        metrics = structure_mean_metric_class(MACELoss)(loss_fn), MACELoss(loss_fn)
+        for idx in plan:
+            ref, pred = batch(idx)
+            for m in metrics:
+                m(ref, pred)
+        ours.append(metrics[0].compute()[0])
+        stock.append(metrics[1].compute()[0])
+    np.testing.assert_allclose(ours, whole, rtol=1e-12)
+    assert stock[0] == pytest.approx(whole / 9, rel=1e-12)  # stock, the set in one batch
+    assert max(stock) / min(stock) > 1.5  # stock's figure moves with the batches
+
+
+def test_a_loss_that_does_not_split_into_terms_keeps_maces_figure(f64, caplog):
+    """A loss with a term outside mace's reduce_loss cannot be recombined: the figure is mace's
+    own, said in one warning."""
+    import logging
+
+    import torch
+    from mace.tools.train import MACELoss
+
+    from cfm_plugins_adapters.mace import loader
+
+    class PlainMeanLoss(torch.nn.Module):
+        def forward(self, ref, pred, ddp=None):
+            return torch.mean(torch.square(ref["energy"] - pred["energy"]))
+
+    batch = _batches_and_output(_frames()[:6])
+    loader._SAID.clear()
+    metrics = (
+        loader.structure_mean_metric_class(MACELoss)(PlainMeanLoss()),
+        MACELoss(PlainMeanLoss()),
+    )
+    with caplog.at_level(logging.WARNING, logger="cfm_plugins.mace"):
+        for idx in ([0, 1], [2, 3, 4, 5]):
+            ref, pred = batch(idx)
+            for m in metrics:
+                m(ref, pred)
+        figures = [m.compute()[0] for m in metrics]
+    assert figures[0] == figures[1]
+    assert any("PlainMeanLoss is mace's own mean" in r.getMessage() for r in caplog.records)
+
+
+def test_the_loss_weighting_follows_the_loss_mace_builds():
+    """mace switches --loss to universal for multihead fine-tuning after parsing its arguments:
+    the settings name the loss mace builds and offer per_sample only for losses linear in the
+    weights; a loss module built after a per_sample training loader that is not linear is refused.
+    """
+    import argparse
+
+    from mace import modules
+
+    from cfm_plugins.options import UsageError
+    from cfm_plugins_adapters.mace.seams import check_built_loss, trainer_settings
+
+    args = argparse.Namespace(
+        batch_size=4, seed=1, default_dtype="float64", device="cpu", loss="weighted"
+    )
+    assert trainer_settings(args).loss_weightings == ("stock", "per_sample")
+    args.loss, args.multiheads_finetuning = "universal", True
+    settled = trainer_settings(args, "weighted")
+    assert settled.loss_weightings == ("stock",)
+    assert settled.loss == (
+        "mace_run_train's universal loss (mace's choice for --multiheads_finetuning, over --loss "
+        "weighted)"
+    )
+    config = Config(enabled=["binpack"])
+    from cfm_plugins.plugins.binpack import training_loss_weighting
+
+    assert training_loss_weighting(config, settled) == "stock"  # the default falls back
+    explicit = Config(enabled=["binpack"], options={"loss_weighting": "per_sample"})
+    with pytest.raises(UsageError, match="universal loss .*set loss_weighting=stock"):
+        training_loss_weighting(explicit, settled)
+
+    check_built_loss(modules.WeightedEnergyForcesLoss(), ["per_sample"])
+    check_built_loss(modules.UniversalLoss(), ["stock", "stock"])
+    with pytest.raises(UsageError, match="built a UniversalLoss after its training loader"):
+        check_built_loss(modules.UniversalLoss(), ["per_sample"])
