@@ -2,30 +2,8 @@
 
 cfm-run runs under ``mpirun``/``mpiexec``, ``srun`` and ``torchrun`` (and one process without any).
 Each launcher tells its processes who they are through environment variables; several sets may be
-present at once, so one rule picks the launcher (:func:`detect`), and cfm-run logs its choice once
-at start. The innermost launcher, the one that started this very process, wins:
-
-1. **torchrun**: ``TORCHELASTIC_RUN_ID`` with ``RANK`` and ``WORLD_SIZE``. torchrun starts its
-   workers itself, also where it runs inside a Slurm job (one torchrun per node, started by srun),
-   so it wins over the Slurm variables its workers inherit.
-2. **mpirun** (mpiexec): the variables mpirun's own launcher gives each rank: Open MPI's
-   ``OMPI_COMM_WORLD_SIZE``, MPICH and Intel MPI (Hydra) ``MPI_LOCALNRANKS``, MVAPICH's
-   ``MV2_COMM_WORLD_SIZE``. Inside a Slurm allocation mpirun starts its daemons with srun (one task
-   per node), so its ranks also carry that srun step's variables: they describe the daemons, and
-   are ignored.
-3. **srun**: a task of a Slurm job step of more than one task (``SLURM_STEP_ID`` or
-   ``SLURM_STEPID`` a step number, ``SLURM_STEP_NUM_TASKS`` or else ``SLURM_NTASKS`` > 1, rank
-   ``SLURM_PROCID``, node-local rank ``SLURM_LOCALID``; the line cfm-run logs names the variables
-   it read). srun's MPI plugins (``--mpi=pmix``, ``pmi2``, Cray's) add PMI/PMIx variables: srun
-   still decides.
-   A Slurm batch script (the batch step) and an ``salloc`` shell are no task of a step (no
-   ``SLURM_STEP_ID``, or one of Slurm's special step ids): ``SLURM_NTASKS`` there is the
-   allocation's, and a plain ``cfm-run`` runs one rank.
-4. **MPI** started by another PMI launcher (``PMIX_RANK`` or ``PMI_SIZE`` alone): MPI tells the
-   ranks.
-5. ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` alone: torch's ``env://`` convention
-   (launchers other than torchrun).
-6. none of these: one process.
+present at once, so one rule picks the launcher (:func:`detect`: the innermost launcher, the one
+that started this very process, wins), and cfm-run logs its choice once at start.
 
 Every function here reads only the environment it is given (no MPI, no torch, no network), so the
 rule is tested on plain dictionaries.
@@ -217,9 +195,34 @@ def _mpirun_variables(environ) -> tuple[str, str, str | None, str | None] | None
 
 
 def detect(environ=os.environ) -> Launch:
-    """The launcher of this process and what it says (the rule is in the module's docstring).
+    """The launcher of this process and what it says.
 
-    Raises :class:`LauncherError` when the chosen launcher's variables cannot be read."""
+    Raises :class:`LauncherError` when the chosen launcher's variables cannot be read.
+
+    The innermost launcher, the one that started this very process, wins:
+
+    1. **torchrun**: ``TORCHELASTIC_RUN_ID`` with ``RANK`` and ``WORLD_SIZE``. torchrun starts
+       its workers itself, also where it runs inside a Slurm job (one torchrun per node, started
+       by srun), so it wins over the Slurm variables its workers inherit.
+    2. **mpirun** (mpiexec): the variables mpirun's own launcher gives each rank: Open MPI's
+       ``OMPI_COMM_WORLD_SIZE``, MPICH and Intel MPI (Hydra) ``MPI_LOCALNRANKS``, MVAPICH's
+       ``MV2_COMM_WORLD_SIZE``. Inside a Slurm allocation mpirun starts its daemons with srun
+       (one task per node), so its ranks also carry that srun step's variables: they describe the
+       daemons, and are ignored.
+    3. **srun**: a task of a Slurm job step of more than one task (``SLURM_STEP_ID`` or
+       ``SLURM_STEPID`` a step number, ``SLURM_STEP_NUM_TASKS`` or else ``SLURM_NTASKS`` > 1,
+       rank ``SLURM_PROCID``, node-local rank ``SLURM_LOCALID``; the line cfm-run logs names the
+       variables it read). srun's MPI plugins (``--mpi=pmix``, ``pmi2``, Cray's) add PMI/PMIx
+       variables: srun still decides.
+       A Slurm batch script (the batch step) and an ``salloc`` shell are no task of a step (no
+       ``SLURM_STEP_ID``, or one of Slurm's special step ids): ``SLURM_NTASKS`` there is the
+       allocation's, and a plain ``cfm-run`` runs one rank.
+    4. **MPI** started by another PMI launcher (``PMIX_RANK`` or ``PMI_SIZE`` alone): MPI tells
+       the ranks.
+    5. ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` alone: torch's ``env://``
+       convention (launchers other than torchrun).
+    6. none of these: one process.
+    """
     ignored: list[str] = []
     step, step_tasks = slurm_step(environ), slurm_step_tasks(environ)
     step_var, tasks_var = slurm_names(environ)

@@ -6,7 +6,8 @@ the other module was half-initialised), so the circle is found here from the sou
 ``import`` statement of every module is an edge to the module it names, and any strongly connected
 set of more than one module fails the test with its edges. ``make lint`` checks the same and more
 with import-linter (``[tool.importlinter]`` in pyproject.toml); this test keeps the guarantee in
-``make test``, where import-linter may not be installed.
+``make test``, where import-linter may not be installed. The last tests keep module docstrings
+short (what a module does and how to use it).
 """
 
 from __future__ import annotations
@@ -148,3 +149,36 @@ def test_the_check_sees_imports_inside_functions_and_type_checking(tmp_path):
     assert graph["pkg.b"] == {"pkg.a": 2} and graph["pkg.sub.d"] == {"pkg.c": 1, "pkg.sub.e": 2}
     assert sorted(import_cycles(graph)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.sub.d", "pkg.sub.e"]]
     assert "pkg.b -> pkg.a (line 2)" in describe(graph, import_cycles(graph))
+
+
+#: the most lines a module docstring of the package and the adapters may have: what the module
+#: does and how to use it (rationale users need is in docs/, design detail in the docstrings of
+#: the classes and functions it explains)
+MODULE_DOCSTRING_LINES = 15
+
+
+def long_module_docstrings(root: Path, folders=("cfm_plugins", "adapters")) -> list[str]:
+    """``path: N lines`` for every module under ``folders`` whose docstring (first to last
+    non-empty line) is longer than :data:`MODULE_DOCSTRING_LINES`."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+            lines = len(doc.strip("\n").splitlines())
+            if lines > MODULE_DOCSTRING_LINES:
+                found.append(f"{path.relative_to(root)}: {lines} lines")
+    return found
+
+
+def test_module_docstrings_are_short():
+    assert long_module_docstrings(ROOT) == []
+
+
+def test_the_docstring_check_counts_from_the_first_to_the_last_line(tmp_path):
+    (tmp_path / "cfm_plugins").mkdir()
+    body = "\n".join(f"line {k}" for k in range(MODULE_DOCSTRING_LINES))
+    (tmp_path / "cfm_plugins" / "ok.py").write_text(f'"""\n{body}\n"""\n')
+    (tmp_path / "cfm_plugins" / "long.py").write_text(f'"""{body}\none more\n"""\nx = 1\n')
+    assert long_module_docstrings(tmp_path, ("cfm_plugins",)) == [
+        f"cfm_plugins/long.py: {MODULE_DOCSTRING_LINES + 1} lines"
+    ]

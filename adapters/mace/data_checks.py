@@ -1,21 +1,12 @@
 """What mace_run_train would train on, checked before it trains (mace-torch 0.3.16).
 
-- Every structure mace reads from an ASE file (``--train_file``, ``--valid_file``, ``--test_file``)
-  is numbered by its place in that file (:class:`Sources`): mace's configurations carry no such
-  thing, and its random split (``--valid_fraction``) and the isolated atoms it takes out
-  (``config_type=IsolatedAtom``) shift the order. The numbers name structures in messages: here,
-  and in the error of a non-finite training loss (:mod:`.guard`).
-- Labels (:func:`check_labels`): a position, energy, force, stress, virial or other property that
-  is NaN or infinite in the training file stops the run before training, naming the file, the
-  structure's index and the property. mace's statistics (E0s by average, the scale and shift of
-  the model) read every training label, so one NaN force makes the model itself NaN before the
-  first step: no option can skip it. The same in the validation or test files is a warning (the
-  model trains; those sets' metrics will be NaN).
-- Elements (:func:`check_elements`): mace learns the elements of its atomic number table
-  (``--atomic_numbers``, else those of the training and validation sets). A structure of any file
-  (the test files and ``--test_dir``'s HDF5 files included) with an element outside the table stops
-  the run at start, naming the file, the structures and the element, instead of after training with
-  numpy's ``79 is not in list`` and no final model.
+- :class:`Sources` numbers every structure mace reads from an ASE file by its place in that file,
+  so that messages can name it.
+- :func:`check_labels`: a NaN or infinite label or position in the training file stops the run
+  before training, naming the file, the structure and the property; in the validation or test
+  files it is a warning.
+- :func:`check_elements`: a structure of any file with an element outside mace's atomic number
+  table stops the run at start.
 - HDF5 and LMDB data (read lazily by mace) are checked the same way where their sizes are read
   (:mod:`.sizes`, each rank its share, the ranks agreeing on what was found): :func:`lazy_findings`
   gives the message, :class:`DataCheckError` stops every rank alike.
@@ -38,6 +29,12 @@ SHOWN = 10
 
 class Sources:
     """``(file, index in the file)`` of the structures mace reads from ASE files.
+
+    Every structure mace reads from an ASE file (``--train_file``, ``--valid_file``,
+    ``--test_file``) is numbered by its place in that file: mace's configurations carry no such
+    thing, and its random split (``--valid_fraction``) and the isolated atoms it takes out
+    (``config_type=IsolatedAtom``) shift the order. The numbers name structures in messages: here,
+    and in the error of a non-finite training loss (:mod:`.guard`).
 
     Installed as two seams of ``mace.data.utils`` (see :mod:`.seams`): the ``ase`` module that
     ``load_from_xyz`` reads with (:meth:`ase_proxy`: ``ase.io.read(file, index=":")`` numbers the
@@ -149,7 +146,16 @@ def bad_values(config) -> list[str]:
 
 def check_labels(collections, files: dict[str, str], atomic_energies=None) -> None:
     """Raise ValueError for non-finite values in the training configurations; warn for the
-    validation and test ones (see the module doc). ``files``: role -> the files, for messages."""
+    validation and test ones. ``files``: role -> the files, for messages.
+
+    A position, energy, force, stress, virial or other property that is NaN or infinite in the
+    training file stops the run before training, naming the file, the structure's index and the
+    property. mace's statistics (E0s by average, the scale and shift of the model) read every
+    training label, so one NaN force makes the model itself NaN before the first step: no option
+    can skip it. Non-finite isolated-atom energies (``atomic_energies``, mace's E0s) stop it too.
+    The same in the validation or test files is a warning (the model trains; those sets' metrics
+    will be NaN).
+    """
     found = {"train": [], "valid": [], "test": []}
     parts = [("train", collections.train), ("valid", collections.valid)] + [
         ("test", configs) for _, configs in (collections.tests or [])
@@ -236,7 +242,14 @@ def hdf5_unknown_elements(path: str, known: set[int]) -> list[tuple[tuple, list[
 
 def check_elements(heads, zs, test_dir: str | None = None, multi_processed: bool = False) -> None:
     """Raise ValueError naming every structure with an element outside ``zs`` (mace's atomic
-    number table): ``heads`` are ``(collections, files)`` pairs of :func:`check_labels`."""
+    number table): ``heads`` are ``(collections, files)`` pairs of :func:`check_labels`.
+
+    mace learns the elements of its atomic number table (``--atomic_numbers``, else those of the
+    training and validation sets). A structure of any file (the test files and ``test_dir``'s
+    HDF5 files included, unless ``multi_processed``) with an element outside the table stops the
+    run at start, naming the file, the structures and the element, instead of after training with
+    numpy's ``79 is not in list`` and no final model.
+    """
     known = {int(z) for z in zs}
     found = []
     for collections, files in heads:

@@ -8,25 +8,10 @@ DataLoader with it (same collation), or falls back to the stock call when no plu
 Where a plugin gives a ``cfm_batch_budget`` (``static``), the loader's collate function pads every
 batch to it (:class:`cfm_plugins.static.mace.PaddingCollater`).
 
-Loss weighting (binpack's ``loss_weighting=per_sample``): mace's losses multiply each
-configuration's squared error by its ``weight`` times a per-term weight (``energy_weight``,
-``forces_weight``, ``stress_weight``, ``virials_weight``, fields of every batch), then average the
-energy, stress and virials terms over the step's graphs and the forces term over its atoms (all
-ranks together, ``mace.modules.loss.reduce_loss``). The training loader multiplies the graph-term
-fields of each batch by the sampler's graph factor and ``forces_weight`` by its atom factor
-(:func:`scale_batch`), so every graph and atom weighs the same over an epoch
-(:mod:`cfm_plugins.sampler.weighting`). Validation and test loaders are never scaled.
-
-Which loader is which (:func:`loader_role`): the dataset handed to the loader is looked up, by
-identity, among the datasets of the ``run()`` frame of ``mace.cli.run_train`` that builds it
-(``train_set``, ``train_sets``, ``valid_sets``, ``test_sets``), whatever their type (an xyz list,
-an HDF5 file or folder, LMDB, a ConcatDataset of shards or heads).
-
-Validation loss (:func:`structure_mean_metric_class`): with binpack, the ``loss`` mace's
-``evaluate`` logs and uses for checkpoints and patience is mace's loss function over the whole set
-as one batch on one rank, whatever the batches and ranks: each term of the loss (a call of
-``mace.modules.loss.reduce_loss``) is summed and counted over every batch and rank, and the terms'
-means are combined with the loss's own coefficients.
+- :func:`loader_role`: which of mace's loaders a dataset feeds (training, validation, test);
+- :func:`scale_batch`: binpack's ``loss_weighting=per_sample`` applied to each training batch;
+- :func:`structure_mean_metric_class`: with binpack, the validation ``loss`` is mace's loss over
+  the whole set as one batch, whatever the batches and ranks.
 """
 
 from __future__ import annotations
@@ -67,7 +52,16 @@ def scale_batch(batch, scale) -> None:
 
     A static-shape batch (:class:`cfm_plugins.static.mace.PaddedBatch`, whose fields are views of
     the padded batch, made again when it moves to a device) is scaled in its padded fields (the pad
-    graphs' weights are zero) and its views made again."""
+    graphs' weights are zero) and its views made again.
+
+    mace's losses multiply each configuration's squared error by its ``weight`` times a per-term
+    weight (``energy_weight``, ``forces_weight``, ``stress_weight``, ``virials_weight``, fields of
+    every batch), then average the energy, stress and virials terms over the step's graphs and the
+    forces term over its atoms (all ranks together, ``mace.modules.loss.reduce_loss``). The
+    training loader (binpack's ``loss_weighting=per_sample``) calls this on each batch with the
+    sampler's factors, so every graph and atom weighs the same over an epoch
+    (:mod:`cfm_plugins.sampler.weighting`). Validation and test loaders are never scaled.
+    """
     padded = callable(getattr(type(batch), "remake_views", None))
     target = batch.padded if padded else batch
     for fields, factor in ((GRAPH_WEIGHT_FIELDS, scale.graphs), (ATOM_WEIGHT_FIELDS, scale.atoms)):
@@ -278,7 +272,13 @@ def guess_role(dataset, shuffle: bool, sampler, kwargs=None) -> str:
 def loader_role(dataset, shuffle, sampler, kwargs, frame, config=None) -> str:
     """``train``, ``valid`` or ``test``: the role mace_run_train gives ``dataset``
     (:func:`mace_role`, from ``frame``, the caller of the DataLoader); where no mace frame holds it
-    (a loader built elsewhere), :func:`guess_role`, with a warning (once per role)."""
+    (a loader built elsewhere), :func:`guess_role`, with a warning (once per role).
+
+    The dataset handed to the loader is looked up, by identity, among the datasets of the
+    ``run()`` frame of ``mace.cli.run_train`` that builds it (``train_set``, ``train_sets``,
+    ``valid_sets``, ``test_sets``), whatever their type (an xyz list, an HDF5 file or folder,
+    LMDB, a ConcatDataset of shards or heads).
+    """
     role = mace_role(dataset, frame)
     if role is not None:
         return role
@@ -356,8 +356,7 @@ def pad_batches(loader, hook, batch_sampler, sizes, config, dist, role, pad_dist
 def make_dataloader_factory(stock_loader_cls, session, pad_distance=lambda: 10.0):
     """A drop-in for ``torch_geometric.dataloader.DataLoader`` that uses the plugins' sampler (and
     pads its batches to a budget where a plugin gives one; ``pad_distance()``: the pad edges'
-    length,
-    more than the model's cutoff)."""
+    length, more than the model's cutoff)."""
     scaled_loader_cls = loss_scaled_loader_class(stock_loader_cls)
     tracked = {
         cls: tracked_loader_class(cls) for cls in (stock_loader_cls, scaled_loader_cls)
@@ -499,9 +498,15 @@ def loss_terms(loss_fn, ref, pred):
 
 def structure_mean_metric_class(metric_cls):
     """A subclass of mace's ``MACELoss`` (``metric_cls``) whose ``loss`` is mace's loss function
-    over the whole set as one batch on one rank (see the module doc), the same whatever the
-    batches and the number of ranks; its other metrics are mace's. Where a loss does not split
-    into terms exactly (:func:`loss_terms`), the loss is ``metric_cls``'s own, said once."""
+    over the whole set as one batch on one rank, the same whatever the batches and the number of
+    ranks; its other metrics are mace's. Where a loss does not split into terms exactly
+    (:func:`loss_terms`), the loss is ``metric_cls``'s own, said once.
+
+    With binpack, this ``loss`` is what mace's ``evaluate`` logs and uses for checkpoints and
+    patience: each term of the loss (a call of ``mace.modules.loss.reduce_loss``) is summed and
+    counted over every batch and rank, and the terms' means are combined with the loss's own
+    coefficients.
+    """
     import torch
 
     class StructureMeanLoss(metric_cls):

@@ -1,58 +1,14 @@
 """Where cfm-plugins meets an unmodified ``mace_run_train`` (mace-torch 0.3.16).
 
-``mace.cli.run_train`` imports these names into its own namespace and looks them up when
-``run(args)`` calls them, so replacing them *in that module* changes only that training run
-and nothing else in mace:
+``mace.cli.run_train`` imports the names its ``run(args)`` calls (``init_distributed``,
+``torch_geometric``, ``configure_model``, ``DDP``, ``deepcopy``, ``get_loss_fn``,
+``get_dataset_from_xyz``, ``load_dataset_for_path``) into its own namespace and looks them up at
+call time, so replacing them *in that module* changes only that training run and nothing else in
+mace; a few names of ``mace.tools.train`` and ``mace.data.utils`` are wrapped the same way.
 
-=====================  =========================================================================
-name in run_train      what the replacement does
-=====================  =========================================================================
-``init_distributed``   returns the ranks cfm-run already set up (MPI + process group); under
-                       several ranks turns ``--distributed`` on if it was not given
-``torch_geometric``    a stand-in whose ``dataloader.DataLoader`` builds loaders with the
-                       ``cfm_batch_sampler`` (binpack) for training, validation and test;
-                       with binpack's ``loss_weighting=per_sample`` the training loader scales
-                       each batch's ``energy_weight``/``forces_weight``/... (see :mod:`.loader`)
-``configure_model``    calls mace's, then ``cfm_patch_model`` (fused kernels) and
-                       ``cfm_static_forward`` (padded batches, compile) before DDP wraps it
-``DDP``                DistributedDataParallel with ``device_ids=None`` for CPU models
-``deepcopy``           the copy mace pickles as ``.model`` is un-patched (``cfm_unpatch_model``): a
-                       stock model file
-``get_loss_fn``        calls mace's; with binpack, refuses a loss not linear in the per-sample
-                       weights where the training loader scales them
-=====================  =========================================================================
-
-The loss the plugins are told of (``cfm_trainer_settings``) is ``--loss`` when mace's arguments
-are parsed, then, before the first loader is built, the loss mace builds (multihead fine-tuning
-switches it to ``universal``): binpack decides its loss weighting on that one. With binpack,
-``MACELoss`` in ``mace.tools.train`` (the metric ``evaluate`` makes) becomes one whose ``loss`` is
-the mean over structures, whatever the batches and ranks
-(:func:`.loader.structure_mean_metric_class`).
-
-Two more names in run_train check the data before training: ``get_dataset_from_xyz`` (calls
-mace's, then checks the labels of every structure read, :func:`.data_checks.check_labels`: a NaN
-in the training file stops the run) and ``load_dataset_for_path`` (at its first call, when mace's
-atomic number table is final, checks the elements of every file,
-:func:`.data_checks.check_elements`; it also ties the training AtomicData to their file and
-index, and tells each HDF5/LMDB dataset which loader it feeds, the ranks and the sizes cache's
-folders, :func:`.sizes.tag`: their data is checked where binpack reads their sizes). In
-``mace.data.utils`` (where ``load_from_xyz`` reads the ASE files), the name ``ase``
-becomes a stand-in whose ``io.read`` numbers the frames it reads, and ``config_from_atoms_list``
-gives each configuration its file and index (:class:`.data_checks.Sources`).
-``mace.tools.train.take_step`` and ``train_one_epoch`` are wrapped to check every training step's
-loss (:class:`.guard.MaceLossGuard`: stop, naming the batch's structures, or binpack's
-``nonfinite=skip``).
-
-With the option ``step_log=PATH``, or when a feature needs step times (binpack's ``cost=auto``),
-``mace.tools.train.take_step`` is wrapped to time each step (see :mod:`.steplog`). With binpack,
-``mace.tools.train.train_one_epoch`` is wrapped to tell the training sampler which epoch mace
-trains (resumes included) and to keep its resume state (the ``cost=auto`` fits) in
-``<checkpoints_dir>/<name>_run-<seed>.cfm-binpack.json`` beside mace's checkpoints (see
-:mod:`.loader`). With the ``static`` feature (a ``cfm_static_forward`` hook), the loaders pad their
-batches (``cfm_batch_budget``) and the model is built without e3nn's TorchScript code generation
-(dynamo cannot trace TorchScript; see :mod:`cfm_plugins.static.mace`).
-
-:func:`install` puts them in place and returns an undo callable; nothing else is changed.
+:func:`install` puts the replacements in place (its docstring says what each one does) and returns
+an undo callable; nothing else is changed. :func:`trainer_settings` is what the plugins are told of
+mace's parsed arguments.
 """
 
 from __future__ import annotations
@@ -68,8 +24,8 @@ from cfm_plugins.options import TrainerSettings
 from cfm_plugins.steptime import SamplerStateFile, wants_step_times
 
 #: the file beside mace's checkpoints (``<checkpoints_dir>/<name>_run-<seed><suffix>``) that keeps
-# the : training sampler's resume state; mace's checkpoint names end in ``_epoch-<n>.pt``, so it
-# never reads it
+#: the training sampler's resume state; mace's checkpoint names end in ``_epoch-<n>.pt``, so it
+#: never reads it
 STATE_SUFFIX = ".cfm-binpack.json"
 
 log = logging.getLogger("cfm_plugins.mace")
@@ -127,7 +83,60 @@ def check_built_loss(loss_fn, weightings) -> None:
 
 
 def install(config) -> callable:
-    """Replace the seams in ``mace.cli.run_train``; return a function that restores them."""
+    """Replace the seams in ``mace.cli.run_train``; return a function that restores them.
+
+    The names replaced in ``mace.cli.run_train``:
+
+    =====================  =====================================================================
+    name in run_train      what the replacement does
+    =====================  =====================================================================
+    ``init_distributed``   returns the ranks cfm-run already set up (MPI + process group); under
+                           several ranks turns ``--distributed`` on if it was not given
+    ``torch_geometric``    a stand-in whose ``dataloader.DataLoader`` builds loaders with the
+                           ``cfm_batch_sampler`` (binpack) for training, validation and test;
+                           with binpack's ``loss_weighting=per_sample`` the training loader
+                           scales each batch's ``energy_weight``/``forces_weight``/... (see
+                           :mod:`.loader`)
+    ``configure_model``    calls mace's, then ``cfm_patch_model`` (fused kernels) and
+                           ``cfm_static_forward`` (padded batches, compile) before DDP wraps it
+    ``DDP``                DistributedDataParallel with ``device_ids=None`` for CPU models
+    ``deepcopy``           the copy mace pickles as ``.model`` is un-patched
+                           (``cfm_unpatch_model``): a stock model file
+    ``get_loss_fn``        calls mace's; with binpack, refuses a loss not linear in the
+                           per-sample weights where the training loader scales them
+    =====================  =====================================================================
+
+    The loss the plugins are told of (``cfm_trainer_settings``) is ``--loss`` when mace's
+    arguments are parsed, then, before the first loader is built, the loss mace builds (multihead
+    fine-tuning switches it to ``universal``): binpack decides its loss weighting on that one.
+    With binpack, ``MACELoss`` in ``mace.tools.train`` (the metric ``evaluate`` makes) becomes one
+    whose ``loss`` is the mean over structures, whatever the batches and ranks
+    (:func:`.loader.structure_mean_metric_class`).
+
+    Two more names in run_train check the data before training: ``get_dataset_from_xyz`` (calls
+    mace's, then checks the labels of every structure read, :func:`.data_checks.check_labels`: a
+    NaN in the training file stops the run) and ``load_dataset_for_path`` (at its first call, when
+    mace's atomic number table is final, checks the elements of every file,
+    :func:`.data_checks.check_elements`; it also ties the training AtomicData to their file and
+    index, and tells each HDF5/LMDB dataset which loader it feeds, the ranks and the sizes cache's
+    folders, :func:`.sizes.tag`: their data is checked where binpack reads their sizes). In
+    ``mace.data.utils`` (where ``load_from_xyz`` reads the ASE files), the name ``ase`` becomes a
+    stand-in whose ``io.read`` numbers the frames it reads, and ``config_from_atoms_list`` gives
+    each configuration its file and index (:class:`.data_checks.Sources`).
+    ``mace.tools.train.take_step`` and ``train_one_epoch`` are wrapped to check every training
+    step's loss (:class:`.guard.MaceLossGuard`: stop, naming the batch's structures, or binpack's
+    ``nonfinite=skip``).
+
+    With the option ``step_log=PATH``, or when a feature needs step times (binpack's
+    ``cost=auto``), ``mace.tools.train.take_step`` is wrapped to time each step (see
+    :mod:`.steplog`). With binpack, ``mace.tools.train.train_one_epoch`` is wrapped to tell the
+    training sampler which epoch mace trains (resumes included) and to keep its resume state (the
+    ``cost=auto`` fits) in ``<checkpoints_dir>/<name>_run-<seed>.cfm-binpack.json`` beside mace's
+    checkpoints (see :mod:`.loader`). With the ``static`` feature (a ``cfm_static_forward`` hook),
+    the loaders pad their batches (``cfm_batch_budget``) and the model is built without e3nn's
+    TorchScript code generation (dynamo cannot trace TorchScript; see
+    :mod:`cfm_plugins.static.mace`).
+    """
     import mace.cli.run_train as rt
 
     from cfm_plugins.ops.patching import is_patched

@@ -4,33 +4,12 @@ the data mace reads lazily, done in the same pass.
 - xyz input: a list of ``AtomicData`` (sizes read off each graph; the data was checked when mace
   read the file, :mod:`.data_checks`);
 - HDF5 input: ``mace.data.HDF5Dataset`` (one file; a folder of shards is a ``ConcatDataset`` of
-  them) and LMDB input: ``mace.data.LMDBDataset`` (one or several database files): see below;
+  them) and LMDB input: ``mace.data.LMDBDataset`` (one or several database files), read, checked
+  and their edges counted in one pass, cached (:func:`local_sizes`);
 - ``torch.utils.data.ConcatDataset`` of any of these (what mace makes of several files/heads).
 
-``local_sizes`` gives the sizes of one rank's shard only (``indices``), so under MPI each rank
-reads ``1/world_size`` of the data and the sampler gathers the rest.
-
-HDF5 and LMDB files are read one structure at a time without building its graph (h5py's groups;
-for LMDB mace's own ``get_atoms`` and ``config_from_atoms``): the atomic numbers, the geometry and
-every property mace reads. In that one read:
-
-- the labels and positions are checked (NaN or infinite: :func:`.data_checks.bad_values`, as for
-  xyz) and so are the elements (against the dataset's atomic number table, mace's ``z_table``);
-- the edges at the dataset's ``r_max`` are counted by ``cfm-plan``'s counter
-  (:func:`cfm_plugins.plan.neighbours.count_edges`: the compiled ``cfm::count_edges``, the count
-  of mace's own neighbour list, periodic images included).
-
-Each file's sizes and check results are kept in ``cfm-plan``'s cache (:mod:`cfm_plugins.plan.cache`,
-the same key: the file's path, size, mtime, format and ``r_max``), looked up in mace's
-``--work_dir`` and then the current folder (``cfm-plan``'s default; ``cfm-plan --cache WORK_DIR``
-writes it where training looks first), and written to ``--work_dir``. A file found there with its
-checks is not read at all; one ``cfm-plan`` wrote (edges, no checks) is read for the checks only.
-The ranks gather what each read (one ``allgather`` per loader, which every rank reaches): rank 0
-writes the cache, and every rank stops alike on data that cannot be trained on
-(:class:`.data_checks.DataCheckError`, said once; the messages are
-:func:`.data_checks.lazy_findings`'). Which loader a dataset feeds (training, validation, test) and
-the ranks are told by :func:`tag` (the ``load_dataset_for_path`` seam); a dataset without it
-(mace's ``--test_dir`` sets, made after training) is checked on each rank for its share alone.
+:func:`local_sizes` gives the sizes of one rank's shard only (``indices``); :func:`tag` tells a
+lazy dataset which loader it feeds and the ranks; :func:`cache_dirs` says where the sizes cache is.
 """
 
 from __future__ import annotations
@@ -97,8 +76,9 @@ class DataTag:
 
 
 def cache_dirs(work_dir: str | None) -> tuple[str, ...]:
-    """Where the sizes cache is looked up: mace's ``--work_dir``, then the current folder (the
-    first is written; see the module doc)."""
+    """Where the sizes cache is looked up: mace's ``--work_dir``, then the current folder
+    (``cfm-plan``'s default; ``cfm-plan --cache WORK_DIR`` writes it where training looks first).
+    The first is written."""
     out = []
     for d in (work_dir, os.getcwd()):
         if d and os.path.realpath(d) not in {os.path.realpath(x) for x in out}:
@@ -126,7 +106,9 @@ def _leaves(dataset, start: int = 0) -> list[tuple[object, int, int]]:
 
 
 def tag(dataset, role: str, dist=None, dirs: tuple = ()) -> None:
-    """Mark the HDF5/LMDB datasets of ``dataset`` with their :class:`DataTag`."""
+    """Mark the HDF5/LMDB datasets of ``dataset`` with their :class:`DataTag` (the
+    ``load_dataset_for_path`` seam calls it). A dataset without a tag (mace's ``--test_dir`` sets,
+    made after training) is checked on each rank for its share alone."""
     for leaf, _, _ in _leaves(dataset):
         if _is_hdf5(leaf) or _is_lmdb(leaf):
             leaf._cfm_data = DataTag(role, dist, tuple(dirs))
@@ -479,7 +461,31 @@ def _torch_ranks() -> tuple[int, int]:
 
 def local_sizes(dataset, indices, need_edges: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Sizes of the samples ``indices`` of ``dataset`` as two int64 arrays (HDF5 and LMDB data
-    checked on the way, see the module doc)."""
+    checked on the way).
+
+    ``indices`` are one rank's shard, so under MPI each rank reads ``1/world_size`` of the data
+    and the sampler gathers the rest. HDF5 and LMDB files are read one structure at a time without
+    building its graph (h5py's groups; for LMDB mace's own ``get_atoms`` and
+    ``config_from_atoms``): the atomic numbers, the geometry and every property mace reads. In
+    that one read:
+
+    - the labels and positions are checked (NaN or infinite: :func:`.data_checks.bad_values`, as
+      for xyz) and so are the elements (against the dataset's atomic number table, mace's
+      ``z_table``);
+    - the edges at the dataset's ``r_max`` are counted by ``cfm-plan``'s counter
+      (:func:`cfm_plugins.plan.neighbours.count_edges`: the compiled ``cfm::count_edges``, the
+      count of mace's own neighbour list, periodic images included).
+
+    Each file's sizes and check results are kept in ``cfm-plan``'s cache
+    (:mod:`cfm_plugins.plan.cache`, the same key: the file's path, size, mtime, format and
+    ``r_max``) in the folders of :func:`cache_dirs`. A file found there with its checks is not
+    read at all; one ``cfm-plan`` wrote (edges, no checks) is read for the checks only. The ranks
+    gather what each read (one ``allgather`` per loader, which every rank reaches): rank 0 writes
+    the cache, and every rank stops alike on data that cannot be trained on
+    (:class:`.data_checks.DataCheckError`, said once; the messages are
+    :func:`.data_checks.lazy_findings`'). Which loader a dataset feeds (training, validation,
+    test) and the ranks are told by :func:`tag`.
+    """
     if isinstance(dataset, list):  # fast path: in-memory AtomicData
         pairs = [_graph_size(dataset[i]) for i in indices]
         arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)

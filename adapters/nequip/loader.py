@@ -1,11 +1,7 @@
 """The binpack DataLoader for ``nequip-train``: usable as the ``_target_`` of NequIP's dataloaders.
 
-NequIP's ``NequIPDataModule`` builds each loader with ``hydra.utils.instantiate(cfg,
-dataset=..., generator=...)``; the default ``_target_`` is ``torch.utils.data.DataLoader``.
-:func:`BinPackDataLoader` takes the same arguments and returns a ``torch.utils.data.DataLoader``
-whose ``batch_sampler`` is the ``binpack`` plugin's
-:class:`~cfm_plugins.sampler.BinPackBatchSampler`, built from the dataset's atom (and edge) counts,
-each rank reading only its shard's sizes::
+:func:`BinPackDataLoader` returns a ``torch.utils.data.DataLoader`` whose ``batch_sampler`` is
+the ``binpack`` plugin's :class:`~cfm_plugins.sampler.BinPackBatchSampler`::
 
     data:
       train_dataloader:
@@ -16,11 +12,7 @@ each rank reading only its shard's sizes::
         _target_: cfm_plugins_adapters.nequip.BinPackDataLoader
         cfm_role: val          # every structure exactly once over all ranks, fixed plan
 
-It runs under ``cfm-run --enable nequip,binpack`` (which also sets ``use_distributed_sampler:
-false`` on Lightning's Trainer and keeps NequIP's dataset statistics on the whole training set);
-with ``cfm-run --enable nequip,binpack`` alone the adapter puts it in place of every stock
-DataLoader without any config change. Lightning's ``set_epoch`` at the start of every training
-epoch reaches the sampler through :class:`LightningBatchSampler`.
+It runs under ``cfm-run --enable nequip,binpack``, which also puts it in place of every stock one.
 """
 
 from __future__ import annotations
@@ -136,6 +128,16 @@ def BinPackDataLoader(
     (a fixed plan; every structure exactly once over all ranks). Default: ``train`` when
     ``shuffle`` is true, else ``val``. Other keyword arguments (``collate_fn``, ``num_workers``,
     ...) go to the DataLoader.
+
+    It takes the arguments NequIP's ``NequIPDataModule`` gives a dataloader's ``_target_``
+    (``hydra.utils.instantiate(cfg, dataset=..., generator=...)``; the default ``_target_`` is
+    ``torch.utils.data.DataLoader``). Its ``batch_sampler`` is the ``binpack`` plugin's
+    :class:`~cfm_plugins.sampler.BinPackBatchSampler`, built from the dataset's atom (and edge)
+    counts, each rank reading only its shard's sizes; ``batch_size`` sets the default bin capacity
+    (``batch_size`` x mean atoms). It runs under ``cfm-run --enable nequip,binpack``, which also
+    sets ``use_distributed_sampler: false`` on Lightning's Trainer and keeps NequIP's dataset
+    statistics on the whole training set. Lightning's ``set_epoch`` at the start of every
+    training epoch reaches the sampler through :class:`LightningBatchSampler`.
     """
     role = cfm_role or ("train" if shuffle else "val")
     if role not in ROLES:

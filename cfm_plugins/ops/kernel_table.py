@@ -3,22 +3,13 @@ restored.
 
 A fused kernel (``symmetric_contraction``, ``conv_tp``, ``skip_tp``, or one a third party
 registers) is a :class:`Kernel`: a name and an ordered list of :class:`Form` entries, one per way a
-trainer's model holds the module the kernel replaces. A form says
-
-- how to **recognise** a stock module (by class, or by structure: trainers vendor MACE's modules,
-  so the built-in forms check the layout the fused module reads, whatever the class);
-- how to **make** the fused module (sharing the stock module's parameters and buffers, so the
-  state_dict is unchanged) and **install** it in its parent (MACE's interaction blocks also get
-  their ``conv_fusion`` seam set);
-- how to tell a module it **made** (``is_fused``) and how to **restore** the stock one.
-
-The built-in kernels are named in :data:`BUILTINS` and their entries (``KERNEL`` of
-:mod:`cfm_plugins.ops.symmetric_contraction`, :mod:`cfm_plugins.ops.conv_tp` and
-:mod:`cfm_plugins.ops.skip_tp`, built from the types of :mod:`cfm_plugins.ops.kernel_types`) are
-imported when the table is first asked: the table imports no kernel module, and no kernel module
-imports the table. An adapter adds the form
-of its trainer's own module class with :func:`add_form` (the nequip adapter adds
-``TensorProductScatter``); a new kernel is one :func:`register_kernel` call.
+trainer's model holds the module the kernel replaces. A form **recognises** a stock module (by
+class, or by structure: trainers vendor MACE's modules, so the built-in forms check the layout the
+fused module reads, whatever the class), **makes** the fused module (sharing the stock module's
+parameters and buffers, so the state_dict is unchanged), **installs** it in its parent, tells a
+module it made and **restores** the stock one. The built-in kernels are named in :data:`BUILTINS`;
+an adapter adds the form of its trainer's own module class with :func:`add_form` (the nequip
+adapter adds ``TensorProductScatter``); a new kernel is one :func:`register_kernel` call.
 :mod:`cfm_plugins.ops.patching` walks a model with this table: it is the one way from the
 ``fused`` option (or :class:`~cfm_plugins.calculators.CFMCalculator`, or nequip's
 ``enable_CFMFused`` modifier) to a swapped module.
@@ -57,7 +48,12 @@ _BUILTINS_LOADED = False
 
 def _table() -> dict[str, Kernel]:
     """The table, with the built-in kernels of :data:`BUILTINS` (imported by name on first use:
-    they import torch)."""
+    they import torch).
+
+    The built-in entries (``KERNEL`` of :mod:`cfm_plugins.ops.symmetric_contraction`,
+    :mod:`cfm_plugins.ops.conv_tp` and :mod:`cfm_plugins.ops.skip_tp`, built from the types of
+    :mod:`cfm_plugins.ops.kernel_types`) are imported here, when the table is first asked: the
+    table imports no kernel module, and no kernel module imports the table."""
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True

@@ -8,8 +8,7 @@ user's own data files, before a large run (docs/plan.md).
 - :mod:`.sizes`, :mod:`.cache`: every structure checked, counted once, cached beside the output;
 - :mod:`.planning`: binpack's bins from the sampler's own code next to the trainer's own batches
   (``DistributedSampler`` + :func:`~cfm_plugins.sampler.fixed_count_batches`), LIF and balance;
-- :mod:`.predict`: step time (a saved ``cost=auto`` fit or coefficients) and the gradient
-  all-reduce over an interconnect model;
+- :mod:`.predict`: step time (a saved ``cost=auto`` fit or coefficients) and gradient all-reduce;
 - :mod:`.report`: the tables, the JSON and the strong-scaling picture; :mod:`.cli`: the command.
 
 It sits beside ``cli`` at the top of the package's layers: it reads the sampler and the binpack

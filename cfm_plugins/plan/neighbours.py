@@ -6,16 +6,12 @@ counted: the edge count of mace's graphs (matscipy's neighbour list less the zer
 pairs), of vesin's full list and of NequIP's. Along a non-periodic direction there are no
 images (mace stretches the cell there; the same pairs).
 
-Backends, the first that is there:
-
-- ``cfm``: our operator ``cfm::count_edges`` (``cuda/neighbours/``, in the compiled library): a
-  cell list that counts pairs without listing them, about 30,000 structures per second per core
-  on the MACE paper's size mix at 5 A (``benchmarks/plan.py``);
-- ``vesin``: ``pip install vesin`` (about 2,000 per second there: it lists every pair);
-- ``matscipy``: mace's own neighbour list (about 1,000 per second there).
-
-All three give the same counts (``tests/plan/test_neighbours.py``); a pair within about 1e-15
-of the cutoff may count on one side in one library and on the other in another.
+Backends (:data:`BACKENDS`; :func:`backend` picks the first there): ``cfm``, our operator
+``cfm::count_edges`` (``cuda/neighbours/``, in the compiled library: a cell list that counts pairs
+without listing them); ``vesin`` (``pip install vesin``; it lists every pair); ``matscipy``, mace's
+own neighbour list (their speeds: docs/benchmarks.md). All three give the same counts
+(``tests/plan/test_neighbours.py``); a pair within about 1e-15 of the cutoff may count on one side
+in one library and on the other in another.
 """
 
 from __future__ import annotations

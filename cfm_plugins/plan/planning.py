@@ -2,13 +2,9 @@
 
 Nothing here re-implements the run's batching:
 
-- binpack: the plugin's default capacity rule and GPU clamp
-  (:func:`cfm_plugins.plugins.binpack.default_capacity`), its costs
-  (:func:`cfm_plugins.sampler.graph_costs`; a saved ``cost=auto`` fit through
-  :func:`cfm_plugins.sampler.autocost.fitted_costs` and the capacity rule of
-  :class:`~cfm_plugins.sampler.AutoCostBatchSampler`), and the bins of the training sampler itself
-  (:class:`~cfm_plugins.sampler.BinPackBatchSampler` with the options the plugin gives a training
-  loader: ``repeat``, shuffled, the seed, the oversize policy), epoch by epoch;
+- binpack: the plugin's own capacity rule and costs (:func:`packing_costs`, a saved ``cost=auto``
+  fit included) and the bins of the training sampler itself (:func:`binpack_plan`), epoch by
+  epoch;
 - the trainer's own batches: torch's ``DistributedSampler`` order (one ``torch.randperm`` per
   seed, split over the ranks as the sampler splits it; :func:`distributed_orders`) cut into
   batches of ``batch_size`` graphs by :func:`cfm_plugins.sampler.fixed_count_batches`;
@@ -59,7 +55,11 @@ class PlanOptions:
 
 
 def packing_costs(atoms, edges, opts: PlanOptions) -> tuple[np.ndarray, float, str]:
-    """``(costs, capacity, how the capacity was chosen)`` as the binpack plugin computes them."""
+    """``(costs, capacity, how the capacity was chosen)`` as the binpack plugin computes them: its
+    default capacity rule and GPU clamp (:func:`cfm_plugins.plugins.binpack.default_capacity`),
+    its costs (:func:`cfm_plugins.sampler.graph_costs`), and for a saved ``cost=auto`` fit the
+    costs of :func:`cfm_plugins.sampler.autocost.fitted_costs` with the capacity rule of
+    :class:`~cfm_plugins.sampler.AutoCostBatchSampler`."""
     atoms = np.asarray(atoms, dtype=np.float64)
     kind = "linear" if opts.cost == "fit" else opts.cost
     initial = graph_costs(atoms, edges, kind=kind, a=opts.cost_a, b=opts.cost_b)
@@ -164,7 +164,9 @@ def _summary(packing, costs, capacity, ranks, atoms, edges, model, step_extra):
 
 
 def binpack_plan(costs, capacity, ranks: int, opts: PlanOptions):
-    """The training sampler's packing of ``opts.epoch`` at ``ranks`` (global bins, step order)."""
+    """The training sampler's packing of ``opts.epoch`` at ``ranks`` (global bins, step order):
+    :class:`~cfm_plugins.sampler.BinPackBatchSampler` itself, with the options the plugin gives a
+    training loader (``repeat``, shuffled, the seed, the oversize policy)."""
     from cfm_plugins.sampler import BinPackBatchSampler
 
     sampler = BinPackBatchSampler(

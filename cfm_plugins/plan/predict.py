@@ -5,15 +5,9 @@ The step time of a rank is a :class:`~cfm_plugins.sampler.StepCost`,
 binpack's ``cost=auto`` saves beside a run's checkpoints (mace:
 ``<checkpoints_dir>/<name>_run-<seed>.cfm-binpack.json``; HydraGNN:
 ``logs/<name>/<name>.cfm-binpack.json``; its last fit, made on that run's own steps, so on that
-user's hardware and model), or coefficients given on the command line. A synchronous step
-lasts as long as its slowest rank, plus the all-reduce of the gradients.
-
-The all-reduce of ``P`` bytes over ``W`` ranks is modelled as the bandwidth-optimal term of a
-ring all-reduce (Thakur, Rabenseifner and Gropp, "Optimization of collective communication
-operations in MPICH", IJHPCA 19(1), 2005), ``2 (W-1)/W * P / bandwidth``, plus a latency term
-logarithmic in ``W`` (NCCL's double binary trees, "Massively scale your deep learning training
-with NCCL 2.4", NVIDIA technical blog, 2019), ``2 * ceil(log2 W) * latency``. It is added to every
-step in full: DDP overlaps part of it with the backward pass, so this is an upper bound.
+user's hardware and model; :func:`read_fit`), or coefficients given on the command line
+(:func:`parse_linear`). A synchronous step lasts as long as its slowest rank, plus the all-reduce
+of the gradients (:func:`allreduce_seconds`, an upper bound, over a :class:`Fabric`).
 """
 
 from __future__ import annotations
@@ -83,7 +77,15 @@ DEFAULT_FABRIC = "ib-hdr"
 
 
 def allreduce_seconds(nbytes: float, ranks: int, fabric: Fabric) -> float:
-    """Seconds of one all-reduce of ``nbytes`` over ``ranks`` (see the module notes)."""
+    """Seconds of one all-reduce of ``nbytes`` over ``ranks``.
+
+    The bandwidth-optimal term of a ring all-reduce (Thakur, Rabenseifner and Gropp,
+    "Optimization of collective communication operations in MPICH", IJHPCA 19(1), 2005),
+    ``2 (W-1)/W * P / bandwidth`` for ``P`` bytes over ``W`` ranks, plus a latency term
+    logarithmic in ``W`` (NCCL's double binary trees, "Massively scale your deep learning training
+    with NCCL 2.4", NVIDIA technical blog, 2019), ``2 * ceil(log2 W) * latency``. It is added to
+    every step in full: DDP overlaps part of it with the backward pass, so this is an upper bound.
+    """
     if ranks <= 1 or nbytes <= 0:
         return 0.0
     return (

@@ -5,22 +5,11 @@ A reader walks one input in the trainer's order and yields :class:`Block` object
 and periodicity (the edges are counted afterwards, :mod:`.neighbours`), or the edge counts the file
 holds. Nothing else of a structure (energies, forces) is read where the format allows.
 
-Formats (:data:`FORMATS`), told from the path unless ``--format`` says:
-
-- ``xyz``: extended XYZ and every other format ``ase.io.read`` reads (what mace reads as its
-  ``--train_file``); one-atom structures with ``config_type=IsolatedAtom`` are marked: mace takes
-  them as its E0s and trains without them (unless ``--keep_isolated_atoms``).
-- ``h5``: mace's preprocessed HDF5 (``mace_prepare_data``): one file, or a folder of shards read in
-  the order mace's ``dataset_from_sharded_hdf5`` reads them (``glob(folder + "/*")``); structure
-  ``i`` of a file is ``config_batch_<i // B>/config_<i % B>``, ``B`` the size of its first batch,
-  as mace's ``HDF5Dataset`` indexes it.
-- ``lmdb``: mace's LMDB (fairchem's ASE-LMDB, ``*.aselmdb``/``*.lmdb``: one file, or a folder of
-  them in sorted order as mace's ``AseDBDataset``): rows ``1..nextid-1`` less the deleted ones.
-- ``db``: an ASE database (SQLite ``.db``; mace reads it through ``ase.io.read`` too).
-- ``pyg``: a ``torch.save``-d list of PyG graphs (HydraGNN's data): atoms and edges as the graphs
-  hold them (``num_nodes``, ``edge_index``), no counting. Unpickling runs the file's code: read
-  only files you trust.
-- ``sizes``: a ``.npz`` with ``atoms`` (and ``edges``) arrays, e.g. sizes written by a script.
+Formats (:data:`FORMATS`; :func:`detect` tells them from the path unless ``--format`` says):
+``xyz`` (and every other format ``ase.io.read`` reads), ``h5`` and ``lmdb`` (mace's), ``db`` (an
+ASE database), ``pyg`` (a ``torch.save``-d list of PyG graphs: unpickling runs the file's code, so
+read only files you trust) and ``sizes`` (an ``.npz`` of ``atoms`` and ``edges``). How each is read:
+:func:`read_blocks`; the files one input stands for: :func:`files_of`.
 """
 
 from __future__ import annotations
@@ -80,7 +69,8 @@ class Block:
 
 
 def detect(path: str) -> str:
-    """The format of ``path`` (see the module notes).
+    """The format of ``path``, one of :data:`FORMATS` (see :func:`read_blocks`), told from its
+    suffix, a folder's files or an SQLite header (``--format`` overrides it).
 
     Raises:
         DataError: a path whose format cannot be told (the message lists the formats).
@@ -185,6 +175,24 @@ def _xyz_estimate(path: str, sample: int = 4 << 20) -> int | None:
 def read_blocks(path: str, fmt: str, progress=None) -> Iterator[Block]:
     """The structures of one file in blocks; ``progress(structures, bytes_position)`` is called
     after each block.
+
+    The formats (``fmt``, :data:`FORMATS`):
+
+    - ``xyz``: extended XYZ and every other format ``ase.io.read`` reads (what mace reads as its
+      ``--train_file``); one-atom structures with ``config_type=IsolatedAtom`` are marked: mace
+      takes them as its E0s and trains without them (unless ``--keep_isolated_atoms``).
+    - ``h5``: mace's preprocessed HDF5 (``mace_prepare_data``): one file, or a folder of shards
+      read in the order mace's ``dataset_from_sharded_hdf5`` reads them (``glob(folder + "/*")``,
+      :func:`files_of`); structure ``i`` of a file is ``config_batch_<i // B>/config_<i % B>``,
+      ``B`` the size of its first batch, as mace's ``HDF5Dataset`` indexes it.
+    - ``lmdb``: mace's LMDB (fairchem's ASE-LMDB, ``*.aselmdb``/``*.lmdb``: one file, or a folder
+      of them in sorted order as mace's ``AseDBDataset``): rows ``1..nextid-1`` less the deleted
+      ones.
+    - ``db``: an ASE database (SQLite ``.db``; mace reads it through ``ase.io.read`` too).
+    - ``pyg``: a ``torch.save``-d list of PyG graphs (HydraGNN's data): atoms and edges as the
+      graphs hold them (``num_nodes``, ``edge_index``), no counting. Unpickling runs the file's
+      code: read only files you trust.
+    - ``sizes``: a ``.npz`` with ``atoms`` (and ``edges``) arrays, e.g. sizes written by a script.
 
     Raises:
         DataError: the file cannot be read (named, with the structure where known).

@@ -2,31 +2,15 @@
 
 Its options (``max_tokens``, ``cost``, ``cost_a``, ``cost_b``, ``calibrate_steps``,
 ``recalibrate_every``, ``oversize``, ``seed``, ``loss_weighting``, ``nonfinite``) are declared in
-:func:`cfm_declare_options` (``cfm-run --list`` shows them). The default capacity is the trainer's
-batch size times the mean graph cost, so an epoch has about as many steps as with the trainer's own
-batches, at least the largest graph; on GPUs it is clamped to the paper's section 5.5 range
-(800..4000 atoms in float32, 400..2000 in float64: enough to saturate an A100, below its memory
-ceiling). Each epoch is re-packed from ``seed + epoch``.
+:func:`cfm_declare_options` (``cfm-run --list`` shows them). The default capacity
+(:func:`default_capacity`) is the trainer's batch size times the mean graph cost, at least the
+largest graph, clamped on GPUs. Each epoch is re-packed from ``seed + epoch``.
 
-``cost=auto`` (:class:`~cfm_plugins.sampler.AutoCostBatchSampler`): the training plans of the first
-epoch (or ``calibrate_steps`` steps) use ``cost_a*atoms + cost_b*edges`` (atoms by default), their
-steps packed at 70, 85 and 100 % of the capacity so that the counts vary
-(:func:`~cfm_plugins.sampler.packing.pack_levels`), the adapters hand every step's compute time to
-the sampler (:func:`cfm_needs_step_times` tells them to), and from the next epoch on the plans use
-a cost fitted on those times (see :mod:`cfm_plugins.sampler.autocost`). Evaluation loaders keep the
-initial cost (their steps run forward only). The clock is the training thread's CPU time on CPU
-ranks with one intra-op thread (unaffected by other processes sharing the cores), wall-clock time
-otherwise.
-
-``loss_weighting``: batches filled to a token budget hold varying numbers of graphs, so a trainer's
-per-batch loss means weigh graphs (energy) and atoms (forces) unequally over an epoch.
-``per_sample`` (the default) gives the training sampler the factors that make every graph and every
-atom weigh the same (:mod:`cfm_plugins.sampler.weighting`); the trainer's adapter applies them to
-each training batch (mace: the per-configuration ``energy_weight``/``forces_weight``/... fields;
-HydraGNN: each head's loss term; NequIP: each term of its loss). It is the default because it is
-what kept the trained model within stock's seed spread on every measure of the convergence
-benchmark (docs/benchmarks.md, "Training quality"), where ``stock`` weighting was not on the
-largest structures' energies. Evaluation loaders are never reweighted.
+:func:`cfm_batch_sampler` makes each loader's sampler: under ``cost=auto`` the training sampler
+fits the cost on the run's own step times after a calibration. ``loss_weighting=per_sample`` (the
+default, :func:`training_loss_weighting`) makes every graph and every atom weigh the same over an
+epoch (:mod:`cfm_plugins.sampler.weighting`); the trainer's adapter applies the factors to each
+training batch. Evaluation loaders are never reweighted.
 """
 
 from __future__ import annotations
@@ -51,7 +35,11 @@ GPU_TOKEN_RANGE = {"float32": (800, 4000), "float64": (400, 2000)}
 def default_capacity(
     mean_cost: float, max_cost: float, batch_size: int, device: str = "cpu", dtype: str = "float64"
 ) -> int:
-    """The default bin capacity described in this module's docstring."""
+    """The default bin capacity: the trainer's batch size times the mean graph cost, so an epoch
+    has about as many steps as with the trainer's own batches; on GPUs (``device == "cuda"``)
+    clamped to the MACE paper's section 5.5 range (:data:`GPU_TOKEN_RANGE`: 800..4000 atoms in
+    float32, 400..2000 in float64: enough to saturate an A100, below its memory ceiling); and at
+    least the largest graph (``max_cost``)."""
     cap = math.ceil(mean_cost * max(int(batch_size), 1))
     if device == "cuda":
         lo, hi = GPU_TOKEN_RANGE.get(dtype, GPU_TOKEN_RANGE["float32"])
@@ -222,6 +210,17 @@ def cfm_configure(config):
 
 @hookimpl
 def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
+    """The batch sampler of one loader: :class:`~cfm_plugins.sampler.BinPackBatchSampler`, or
+    under ``cost=auto`` for the training loader :class:`~cfm_plugins.sampler.AutoCostBatchSampler`.
+
+    ``cost=auto``: the training plans of the first epoch (or ``calibrate_steps`` steps) use
+    ``cost_a*atoms + cost_b*edges`` (atoms by default), their steps packed at 70, 85 and 100 % of
+    the capacity so that the counts vary (:func:`~cfm_plugins.sampler.packing.pack_levels`), the
+    adapters hand every step's compute time to the sampler (:func:`cfm_needs_step_times` tells
+    them to; the clock: :func:`step_clock`), and from the next epoch on the plans use a cost
+    fitted on those times (see :mod:`cfm_plugins.sampler.autocost`). Evaluation loaders keep the
+    initial cost (their steps run forward only) and are never reweighted.
+    """
     from cfm_plugins.sampler import BinPackBatchSampler
 
     costs = costs_from_sizes(sizes, config)
@@ -322,7 +321,15 @@ def training_loss_weighting(config, trainer) -> str:
     adapter can apply it (``trainer.loss_weightings``). A weighting set explicitly that the
     adapter cannot apply is an error; the default (``per_sample``) falls back to ``stock``, said
     in one log line: a loss that has no per-sample weights to scale (mace's Huber loss, a trainer
-    whose adapter offers none) trains as the trainer defines it."""
+    whose adapter offers none) trains as the trainer defines it.
+
+    Batches filled to a token budget hold varying numbers of graphs, so a trainer's per-batch loss
+    means weigh graphs (energy) and atoms (forces) unequally over an epoch. ``per_sample`` gives
+    the training sampler the factors that make every graph and every atom weigh the same
+    (:mod:`cfm_plugins.sampler.weighting`); the trainer's adapter applies them to each training
+    batch (mace: the per-configuration ``energy_weight``/``forces_weight``/... fields; HydraGNN:
+    each head's loss term; NequIP: each term of its loss). Evaluation loaders are never
+    reweighted."""
     from cfm_plugins.options import UsageError
 
     wanted = config.get("loss_weighting")

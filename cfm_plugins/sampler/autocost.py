@@ -204,18 +204,25 @@ def fit_step_times(
     outlier_cutoff: float | None = OUTLIER_CUTOFF,
     select: str = "best",
 ) -> StepCost:
-    """Fit step times of ``S`` steps on ``R`` ranks (four ``(S, R)`` arrays); see the module notes.
+    """Fit step times of ``S`` steps on ``R`` ranks (four ``(S, R)`` arrays).
 
     Steps with an outlying record (:func:`outlier_steps`; ``outlier_cutoff=None``: none) are left
-    out first. Every subset of atoms, edges and graphs (plus a constant) is fitted with non-negative
-    coefficients and scored by ``folds``-fold cross-validation over the steps (step ``s`` is in
-    fold ``s % folds``): fitted on the other steps' records of every rank, it predicts each
-    rank's time of the held-out steps, and the error is that of the per-step maximum over ranks.
-    The kept model (``select="best"``) has the lowest mean squared error (ties: the fewer counts);
-    it is refitted on every record kept. For comparisons (``tools.autocost_sim``):
-    ``select="most"``, the most counts among the models whose error is within one standard error
-    of the best (the first version's rule), or ``"fewest"``, the fewest such counts (the usual
-    one-standard-error rule).
+    out first (only where at least 8 steps were timed). Every subset of atoms, edges and graphs
+    (plus a constant) is fitted with non-negative coefficients and scored by ``folds``-fold
+    cross-validation over the steps (step ``s`` is in fold ``s % k``, ``k = folds`` clipped to
+    ``2..S``): fitted on the other steps' records of every rank, it predicts each rank's time of
+    the held-out steps, and the error is that of the per-step maximum over ranks, the time a
+    synchronous step lasts. Model selection does not look at the coefficients: the batches'
+    atom and edge counts are nearly collinear (a batch's edges grow with its atoms), so the
+    coefficients of a fit are ill-determined while its predictions are not; what is scored is
+    the prediction that matters.
+
+    The kept model (``select="best"``) has the lowest cross-validated mean squared error of the
+    per-step maximum; among the models within a rounding margin of it (a count whose coefficient
+    came out 0 predicts the same), the one with the fewest counts. It is refitted on every record
+    kept. For comparisons (``tools.autocost_sim``): ``select="most"``, the most counts among the
+    models whose error is within one standard error of the best, or ``"fewest"``, the fewest such
+    counts (the usual one-standard-error rule).
     """
     if select not in SELECT_RULES:
         raise ValueError(f"select={select!r}: expected one of {', '.join(SELECT_RULES)}")

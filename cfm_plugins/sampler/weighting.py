@@ -1,34 +1,17 @@
 """Loss weighting under token batching: scales that make an epoch's gradient the dataset mean.
 
-Pure numpy (no torch import here), computed from the plan (a :class:`~.packing.Packing`), which
+Pure numpy (no torch import here), computed from the plan (a :class:`~.bins.Packing`), which
 every rank knows before the epoch starts.
 
-Why. A trainer's loss averages each term over the batch: the energy term over its graphs, the
-forces term over its atoms (times 3 components). With a fixed number of graphs per batch (stock
-batching) every graph carries the same weight in the energy term over an epoch. With batches
-filled to a token budget the graph count varies from step to step: a step of one 300-atom graph
-and a step of twenty 15-atom graphs weigh the same in total, so each graph of the first counts
-twenty times more than each of the second, and the model leans toward large structures. The
-forces term is the mirror case: bin packing makes the atom count per step nearly constant, so
-forces become nearly uniform per atom, while stock's weight per atom varies with the batch.
-
-Two ways trainers reduce a loss over ranks (``reduction``):
-
-- ``"step"``: the mean over every element of the step, all ranks together (mace-torch >= 0.3.10:
-  ``reduce_loss`` divides each rank's sum by the global element count and multiplies by the world
-  size; DDP then averages the gradients over the ranks). An element of step ``s`` weighs
-  ``1 / D_s``, ``D_s`` the step's element count over all ranks.
-- ``"batch"``: the mean over the rank's own batch, then DDP's average over the ranks (HydraGNN,
-  NequIP, older mace). An element of the batch of rank ``r`` in step ``s`` weighs
-  ``1 / (W * D_sr)``.
-
-The per-sample weighting (``loss_weighting=per_sample``) multiplies every element of a batch by
-``c = D * S / T`` (``D`` the denominator above, ``S`` the epoch's steps, ``T`` the elements of
-the epoch): each element then weighs ``S / T`` per epoch, whatever batch and rank it lands in,
-which is stock's weight (``1 / (W * b)`` with ``S = T / (W * b)``) whenever stock's batches hold
-the same count. So the epoch's summed gradient is ``S`` times the dataset mean, as with stock
-batches: the learning rate keeps its meaning. Elements are graphs for graph terms (energy,
-stress, virials) and atoms for atom terms (forces); :class:`LossScales` holds both factors.
+A trainer's loss averages each term over the batch: the energy term over its graphs, the forces
+term over its atoms. With batches filled to a token budget the graph count varies from step to
+step, so over an epoch large structures weigh more per graph in the energy term, and the forces
+term becomes nearly uniform per atom where stock's weight per atom varies with the batch. Under
+``loss_weighting=per_sample`` every batch's graph and atom terms are multiplied by the factors of
+:func:`per_sample_scales` (a :class:`LossScale` per batch), so every graph and every atom weighs
+the same over the epoch, as with stock batches. :func:`denominators` models the trainer's
+reduction over ranks (``reduction``: ``"step"`` or ``"batch"``); :func:`epoch_weights` and
+:func:`weight_spread` give each sample's weight over an epoch.
 """
 
 from __future__ import annotations
@@ -84,11 +67,23 @@ def _atoms(atoms, packing: Packing) -> np.ndarray:
 
 
 def denominators(packing: Packing, atoms, reduction: str = "step") -> np.ndarray:
-    """``(num_bins, 2)``: what the trainer divides each bin's graph and atom terms by (see module
-    doc).
+    """``(num_bins, 2)``: what the trainer divides each bin's graph and atom terms by.
 
     ``"step"``: the graph and atom counts of the bin's step over all ranks; ``"batch"``: the
     bin's own counts times the world size (the rank's mean, then DDP's average over ranks).
+
+    The two ways trainers reduce a loss over ranks (``reduction``):
+
+    - ``"step"``: the mean over every element of the step, all ranks together (mace-torch >=
+      0.3.10: ``reduce_loss`` divides each rank's sum by the global element count and multiplies
+      by the world size; DDP then averages the gradients over the ranks; NequIP likewise). An
+      element of step ``s`` weighs ``1 / D_s``, ``D_s`` the step's element count over all ranks.
+    - ``"batch"``: the mean over the rank's own batch, then DDP's average over the ranks
+      (HydraGNN, older mace). An element of the batch of rank ``r`` in step ``s`` weighs
+      ``1 / (W * D_sr)``.
+
+    Elements are graphs for graph terms (energy, stress, virials) and atoms for atom terms
+    (forces).
     """
     check_reduction(reduction)
     atoms = _atoms(atoms, packing)
@@ -110,9 +105,13 @@ def per_sample_scales(packing: Packing, atoms, reduction: str = "step") -> np.nd
     """``(num_bins, 2)`` factors ``[graphs, atoms]`` of every bin under
     ``loss_weighting=per_sample``.
 
-    ``c = D * S / T`` (module doc): every graph (atom) then weighs ``S / T`` over the epoch. A
-    sample that appears in several bins (an evaluation plan of a set smaller than the ranks) is
-    counted once per appearance, as the trainer sees it.
+    Every element of a bin is multiplied by ``c = D * S / T`` (``D`` the bin's denominator,
+    :func:`denominators`, ``S`` the epoch's steps, ``T`` the elements of the epoch): each graph
+    (atom) then weighs ``S / T`` per epoch, whatever batch and rank it lands in, which is stock's
+    weight (``1 / (W * b)`` with ``S = T / (W * b)``) whenever stock's batches hold the same
+    count. So the epoch's summed gradient is ``S`` times the dataset mean, as with stock batches:
+    the learning rate keeps its meaning. A sample that appears in several bins (an evaluation plan
+    of a set smaller than the ranks) is counted once per appearance, as the trainer sees it.
     """
     atoms = _atoms(atoms, packing)
     den = denominators(packing, atoms, reduction)

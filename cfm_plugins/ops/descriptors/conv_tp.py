@@ -5,21 +5,9 @@ What is computed (per edge ``e`` from sender ``s`` to receiver ``r``, per path `
 
     out[r, k, c] += sum_{(i, j, k, coef) in path p}  coef * x[s, i, c] * y[e, j] * w[e, p, c]
 
-``coef`` is the Wigner 3j symbol of the path times e3nn's path normalization (``ins.path_weight``
-of the built ``TensorProduct``, which already holds irrep/path normalization and any user weight).
-``x`` is stored *channel-last* per irrep block (block offset + component * mul + channel), so every
-inner loop runs over contiguous channels. ``y`` (the edge attributes, multiplicity 1 per irrep)
-and ``w`` (per-edge weights, e3nn's flat layout: path offset + channel) keep e3nn's layout.
-
-The entries are grouped into *pairs* ``(in component, out component)``: per edge the scalar
-``R[q] = sum_{entries of pair q} coef * y[e, j]`` is formed once, then every channel does one
-multiply-add per pair. The same tables serve all derivatives of the trilinear form:
-
-- gradient w.r.t. node features: :meth:`ConvTPDescriptor.transpose` (in and out swapped), run by the
-  same segment kernel over edges grouped by *sender* and gathering the output gradient of the
-  receiver;
-- gradient w.r.t. edge attributes and weights: a per-edge kernel on the untransposed tables;
-- double backward: these same kernels with the cotangents substituted (the form is trilinear).
+``coef`` is the Wigner 3j symbol of the path times e3nn's path normalization. :func:`from_e3nn`
+reads a built e3nn ``TensorProduct`` into a :class:`ConvTPDescriptor` (its docstring gives the
+layouts and tables), whose tables serve the forward and every derivative.
 
 Pure python/numpy: no torch, no e3nn import here (``from_e3nn`` reads a built module).
 """
@@ -54,7 +42,24 @@ class PathInfo:
 
 @dataclass(frozen=True, eq=False)
 class ConvTPDescriptor:
-    """Flat int32/float64 tables read by the CPU and CUDA kernels (see module docstring)."""
+    """Flat int32/float64 tables read by the CPU and CUDA kernels.
+
+    ``x`` is stored *channel-last* per irrep block (block offset + component * mul + channel), so
+    every inner loop runs over contiguous channels. ``y`` (the edge attributes, multiplicity 1 per
+    irrep) and ``w`` (per-edge weights, e3nn's flat layout: path offset + channel) keep e3nn's
+    layout. ``coef`` is the Wigner 3j symbol of the path times ``ins.path_weight`` of the built
+    ``TensorProduct``, which already holds irrep/path normalization and any user weight.
+
+    The entries are grouped into *pairs* ``(in component, out component)``: per edge the scalar
+    ``R[q] = sum_{entries of pair q} coef * y[e, j]`` is formed once, then every channel does one
+    multiply-add per pair. The same tables serve all derivatives of the trilinear form:
+
+    - gradient w.r.t. node features: :meth:`transpose` (in and out swapped), run by the same
+      segment kernel over edges grouped by *sender* and gathering the output gradient of the
+      receiver;
+    - gradient w.r.t. edge attributes and weights: a per-edge kernel on the untransposed tables;
+    - double backward: these same kernels with the cotangents substituted (the form is trilinear).
+    """
 
     dim_in: int  # width of the node rows read (channel-last)
     dim_edge: int  # width of the edge attribute rows (y)

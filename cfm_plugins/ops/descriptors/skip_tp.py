@@ -1,31 +1,15 @@
 """Descriptor of the skip connection: e3nn's ``FullyConnectedTensorProduct`` of node features with
 a one-hot of the element, as a per-element linear map.
 
-MACE's interaction blocks build ``skip_tp = FullyConnectedTensorProduct(irreps_in, Ex0e,
-irreps_out)`` and call it with ``node_attrs``, the one-hot of each node's element among the ``E``
-of the model's table. Every instruction is ``(i_in, 0, i_out, "uvw")`` with ``irreps_in[i_in].ir ==
-irreps_out[i_out].ir`` (times ``0e``), its weights ``W[u, v, w]`` (``path_shape = (mul_in, E,
-mul_out)``) at its offset of e3nn's flat weight vector. e3nn evaluates
-``sum_{u,v} W[u, v, w] x[n, u, m] y[n, v]`` for all ``E`` values of ``v``; with ``y`` one-hot only
-``v = e(n)``, the node's element, contributes::
+With the one-hot ``y`` only the node's element ``e(n)`` contributes, so MACE's
+``skip_tp(node_feats, node_attrs)`` is::
 
     out[n, o + w*D + m] = sum_{paths into block o} coef * sum_u x[n, i + u*D + m] * W[u, e(n), w]
 
-(``D = 2l + 1`` components, e3nn's ``mul x ir`` layout: multiplicity-major). ``coef`` is e3nn's
-``path_weight`` (irrep and path normalisation: ``sqrt(dim / (sum of mul_in * E over the paths into
-the block))`` for ``component``/``element``) divided by ``sqrt(D)``, the value of the Wigner 3j
-symbol ``(l, 0, l)`` that e3nn's specialised code divides by (its general code multiplies by the
-same symbol). The weights stay in e3nn's flat layout, so the fused module shares the parameter.
-
-Tables (one orientation each; the kernels are GEMMs of one element's rows): *blocks* of the
-destination (offset, multiplicity, components, first path) and *paths* into them (source offset,
-contracted multiplicity ``K``, weight offset, the weight's strides along ``K``, along the
-destination's multiplicity, and along the element). The forward's destination is the output
-(``K = mul_in``, weight rows contiguous along ``w``); :meth:`SkipTPDescriptor.transpose` gives the
-node-feature gradient's (destination the input, ``K = mul_out``, the weight read transposed). The
-weight gradient reads the forward tables. Every block of the destination is listed, also one no
-path reaches (its rows are written with zeros), so the kernels write every element of their
-outputs.
+(``D = 2l + 1`` components, e3nn's ``mul x ir`` layout: multiplicity-major; ``W`` e3nn's weights
+of the path, in its flat layout, so the fused module shares the parameter). :func:`from_e3nn`
+reads a built module into a :class:`SkipTPDescriptor` (its docstring gives the tables; that of
+:func:`from_e3nn`, ``coef`` and why only one element contributes).
 
 Pure python/numpy: no torch, no e3nn import here (``from_e3nn`` reads a built module).
 """
@@ -43,9 +27,20 @@ __all__ = ["SkipTPDescriptor", "from_e3nn", "why_not"]
 
 @dataclass(frozen=True, eq=False)
 class SkipTPDescriptor:
-    """The paths of the skip connection and the tables of one orientation (see the module
-    docstring): ``transposed`` False for the forward (destination the output rows), True for the
-    node-feature gradient (destination the input rows)."""
+    """The paths of the skip connection and the tables of one orientation: ``transposed`` False
+    for the forward (destination the output rows), True for the node-feature gradient
+    (destination the input rows).
+
+    The tables (the kernels are GEMMs of one element's rows): *blocks* of the destination
+    (offset, multiplicity, components, first path) and *paths* into them (source offset,
+    contracted multiplicity ``K``, weight offset, the weight's strides along ``K``, along the
+    destination's multiplicity, and along the element). The forward's destination is the output
+    (``K = mul_in``, weight rows contiguous along ``w``); :meth:`transpose` gives the node-feature
+    gradient's (destination the input, ``K = mul_out``, the weight read transposed). The weight
+    gradient reads the forward tables. Every block of the destination is listed, also one no path
+    reaches (its rows are written with zeros), so the kernels write every element of their
+    outputs.
+    """
 
     dim_in: int  # width of the node-feature rows
     dim_out: int  # width of the output rows
@@ -184,7 +179,21 @@ def why_not(tp) -> str:
 
 def from_e3nn(tp) -> SkipTPDescriptor:
     """The forward tables of a built e3nn ``FullyConnectedTensorProduct`` of node features with an
-    ``Ex0e`` one-hot (a ``ValueError`` saying why where it is not one, :func:`why_not`)."""
+    ``Ex0e`` one-hot (a ``ValueError`` saying why where it is not one, :func:`why_not`).
+
+    MACE's interaction blocks build ``skip_tp = FullyConnectedTensorProduct(irreps_in, Ex0e,
+    irreps_out)`` and call it with ``node_attrs``, the one-hot of each node's element among the
+    ``E`` of the model's table. Every instruction is ``(i_in, 0, i_out, "uvw")`` with
+    ``irreps_in[i_in].ir == irreps_out[i_out].ir`` (times ``0e``), its weights ``W[u, v, w]``
+    (``path_shape = (mul_in, E, mul_out)``) at its offset of e3nn's flat weight vector. e3nn
+    evaluates ``sum_{u,v} W[u, v, w] x[n, u, m] y[n, v]`` for all ``E`` values of ``v``; with
+    ``y`` one-hot only ``v = e(n)``, the node's element, contributes (the module docstring's
+    formula). ``coef`` is e3nn's ``path_weight`` (irrep and path normalisation: ``sqrt(dim / (sum
+    of mul_in * E over the paths into the block))`` for ``component``/``element``) divided by
+    ``sqrt(D)``, the value of the Wigner 3j symbol ``(l, 0, l)`` that e3nn's specialised code
+    divides by (its general code multiplies by the same symbol). The weights stay in e3nn's flat
+    layout, so the fused module shares the parameter.
+    """
     why = why_not(tp)
     if why:
         raise ValueError(why)

@@ -1,30 +1,15 @@
 """Sparse descriptor of MACE's symmetric contraction (the product basis), built from U buffers.
 
 *What* is computed, independent of *how* (the kernels in ``cuda/symmetric_contraction/`` and the
-pure-torch fallback in :mod:`cfm_plugins.ops.symmetric_contraction` both read this).
+pure-torch fallback in :mod:`cfm_plugins.ops.symmetric_contraction` both read this). For one node
+``n`` and one channel ``c`` MACE's contraction of output irrep ``i`` is::
 
-For one node ``n`` and one channel ``c`` MACE's contraction of output irrep ``i`` is
+    out[i, m] = sum_nu sum_{l_1..l_nu} (sum_k U_nu[m, l_1..l_nu, k] W_nu[elem, k, c])
+                * prod_a x[c, l_a]
 
-    out[i, m] = sum_nu sum_{l_1..l_nu} (sum_k U_nu[m, l_1..l_nu, k] W_nu[elem, k, c]) prod_a x[c,
-    l_a]
-
-The product ``prod_a x[l_a]`` depends only on the *multiset* {l_1..l_nu}, so the index tuples are
-folded: for every multiset ("monomial") the U entries of all its orderings are summed (exact,
-whether or not U is symmetric). Only nonzero (output component, monomial) rows are kept; each
-becomes one *term* with a coefficient vector ``A[term, k]`` over the K weights of its (irrep, nu)
-block. The kernels fold the weights once per call, ``coeff[e, term, c] = sum_k A[term, k] W[e, k,
-c]``.
-
-Monomials form a tree: monomial ``j`` = monomial ``parent[j]`` times ``x[last[j]]`` (degree-1
-monomials have parent -1), sorted by degree, so one multiplication generates each monomial from an
-earlier one, once per channel, and every term reuses it.
-
-Derived descriptors: differentiating the polynomial gives polynomials of the same family. The
-backward kernel walks the same tree in reverse order (``reverse_order``: children before parents,
-the adjoint of ``P[j] = P[parent] * x[last]``), seeded by the terms; the double backward walks it
-forwards with a tangent (``T[j] = T[parent] x[last] + P[parent] dx[last]``) and then in reverse
-again. ``derivative_terms`` lists the explicit first-derivative form (d monomial / d x[l] =
-multiplicity times a lower monomial) for inspection and tests.
+:func:`build_descriptor` folds mace's U tensors into an :class:`SCDescriptor`, a polynomial in
+``x`` of monomials and terms (its docstring gives the folding, the monomial tree and the
+derivatives).
 """
 
 from __future__ import annotations
@@ -71,7 +56,26 @@ class SCBlock:
 
 @dataclass
 class SCDescriptor:
-    """Sparse polynomial form of a whole ``SymmetricContraction`` (all output irreps)."""
+    """Sparse polynomial form of a whole ``SymmetricContraction`` (all output irreps).
+
+    The product ``prod_a x[l_a]`` depends only on the *multiset* {l_1..l_nu}, so the index tuples
+    are folded (:func:`fold_u`): for every multiset ("monomial") the U entries of all its
+    orderings are summed (exact, whether or not U is symmetric). Only nonzero (output component,
+    monomial) rows are kept; each becomes one *term* with a coefficient vector ``A[term, k]`` over
+    the K weights of its (irrep, nu) block. The kernels fold the weights once per call,
+    ``coeff[e, term, c] = sum_k A[term, k] W[e, k, c]``.
+
+    Monomials form a tree: monomial ``j`` = monomial ``parent[j]`` times ``x[last[j]]``
+    (degree-1 monomials have parent -1), sorted by degree, so one multiplication generates each
+    monomial from an earlier one, once per channel, and every term reuses it.
+
+    Derived descriptors: differentiating the polynomial gives polynomials of the same family. The
+    backward kernel walks the same tree in reverse order (:attr:`reverse_order`: children before
+    parents, the adjoint of ``P[j] = P[parent] * x[last]``), seeded by the terms; the double
+    backward walks it forwards with a tangent (``T[j] = T[parent] x[last] + P[parent] dx[last]``)
+    and then in reverse again. :func:`derivative_terms` lists the explicit first-derivative form
+    (d monomial / d x[l] = multiplicity times a lower monomial) for inspection and tests.
+    """
 
     num_ell: int
     channels: int
