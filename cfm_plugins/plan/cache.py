@@ -8,8 +8,9 @@ cache and is read again; entries are written atomically (a reader never sees hal
 The trainers' start-up (``adapters/mace/sizes.py``) reads the same entries and adds to them what its
 data checks found (``checks``: the structures whose labels are not finite, and the elements of
 each structure as an index into a short list of element sets), so that a later run checks the
-file without reading it; an entry ``cfm-plan`` wrote has no ``checks`` (its readers read the
-geometry only), and the trainer reads the labels once and writes the entry again with them.
+file without reading it. ``cfm-plan`` writes them too for mace's HDF5 files; its entries of
+other formats have none (their readers read the geometry only), and the trainer reads their
+labels once and writes the entry again with them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 A reader walks one input in the trainer's order and yields :class:`Block` objects of up to
 :data:`BLOCK` structures: their atom counts and, where the file holds geometry, positions, cells
 and periodicity (the edges are counted afterwards, :mod:`.neighbours`), or the edge counts the file
-holds. Nothing else of a structure (energies, forces) is read where the format allows.
+holds. mace's HDF5 files also give each structure's elements and which of its labels are not
+finite (:attr:`Block.elements`, :attr:`Block.labels`: the trainers' start-up checks, kept in the
+sizes cache); elsewhere nothing else of a structure (energies, forces) is read.
 
 Formats (:data:`FORMATS`; :func:`detect` tells them from the path unless ``--format`` says):
 ``xyz`` (and every other format ``ase.io.read`` reads), ``h5`` and ``lmdb`` (mace's), ``db`` (an
@@ -51,7 +53,9 @@ class Block:
 
     ``positions`` (``[sum(atoms), 3]``), ``cells`` (``[m, 3, 3]``) and ``pbc`` (``[m, 3]``) where
     the file holds geometry; ``edges`` where it holds edge counts instead; ``isolated``: one-atom
-    E0 references (``config_type=IsolatedAtom``) that mace does not train on.
+    E0 references (``config_type=IsolatedAtom``) that mace does not train on. ``elements`` (the
+    sorted atomic numbers of each structure) and ``labels`` (index within the block -> the names
+    of its labels that are not finite) where the reader checks the labels (mace's HDF5).
     """
 
     start: int
@@ -61,6 +65,8 @@ class Block:
     pbc: np.ndarray | None = None
     edges: np.ndarray | None = None
     isolated: np.ndarray = field(default=None)
+    elements: list | None = None
+    labels: dict | None = None
 
     def __post_init__(self):
         self.atoms = np.asarray(self.atoms, dtype=np.int64)
@@ -223,8 +229,15 @@ class _Collector:
 
     def _clear(self):
         self.atoms, self.pos, self.cells, self.pbc, self.iso = [], [], [], [], []
+        self.elements, self.labels = [], {}
 
-    def add(self, positions, cell, pbc, isolated=False):
+    def add(self, positions, cell, pbc, isolated=False, elements=None, labels=None):
+        """One structure; ``elements`` and ``labels`` (the names of labels that are not finite)
+        where the reader checks them, for every structure of the file."""
+        if elements is not None:
+            self.elements.append(tuple(elements))
+            if labels:
+                self.labels[len(self.atoms)] = labels
         p = np.asarray(positions, dtype=np.float64).reshape(-1, 3)
         self.atoms.append(len(p))
         self.pos.append(p)
@@ -246,6 +259,8 @@ class _Collector:
             np.stack(self.cells),
             np.stack(self.pbc),
             isolated=np.array(self.iso, dtype=bool),
+            elements=self.elements if len(self.elements) == len(self.atoms) else None,
+            labels=self.labels if len(self.elements) == len(self.atoms) else None,
         )
         self.start += len(self.atoms)
         self._clear()
@@ -303,17 +318,36 @@ def _h5(path, progress):
             try:
                 grp = f["config_batch_" + str(b)]["config_" + str(j)]
                 pos, cell, pbc = grp["positions"][()], grp["cell"][()], grp["pbc"][()]
+                numbers = np.unique(np.asarray(grp["atomic_numbers"][()], np.int64))
+                labels = _not_finite(grp["properties"]) if "properties" in grp else []
             except KeyError as exc:
                 raise DataError(
                     f"{path}: structure {i}: mace reads it from config_batch_{b}/config_{j}, which "
                     f"is missing ({exc}); the file's batches differ in size (mace's HDF5Dataset "
                     "takes every batch to be as large as the first)"
                 ) from None
-            if out.add(pos, _h5_value(cell), _h5_value(pbc)):
+            if out.add(pos, _h5_value(cell), _h5_value(pbc), False, numbers.tolist(), labels):
                 yield out.flush()
     block = out.flush()
     if block is not None:
         yield block
+
+
+def _not_finite(properties) -> list[str]:
+    """The names of a mace HDF5 structure's numeric properties that hold NaN or inf (a missing
+    value, the string "None", is not checked)."""
+    names = []
+    for name in properties:
+        value = _h5_value(properties[name][()])
+        if value is None or isinstance(value, (str, bytes)):
+            continue
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            continue
+        if not np.all(np.isfinite(arr)):
+            names.append(name)
+    return names
 
 
 def _h5_value(value):

@@ -210,6 +210,8 @@ def read_file_sizes(
     use = backend(counter) if r_max is not None and fmt not in ("pyg", "sizes") else ""
     t0 = time.perf_counter()
     atoms, edges, iso, bad = [], [], [], {}
+    zsets: dict[tuple, int] = {}
+    zset, labels, checked = [], {}, True
 
     def tick(n, position=None):
         if progress is not None:
@@ -221,6 +223,12 @@ def read_file_sizes(
         edges.append(e)
         iso.append(block.isolated)
         bad.update(b)
+        if block.elements is None:
+            checked = False
+        elif checked:
+            zset.append([zsets.setdefault(z, len(zsets)) for z in block.elements])
+            for k, names in block.labels.items():
+                labels[block.start + k] = ", ".join(names) + " not finite"
     out = FileSizes(
         path,
         fmt,
@@ -231,8 +239,11 @@ def read_file_sizes(
         seconds=time.perf_counter() - t0,
         counter=use,
     )
+    checks = None
+    if checked and zset:  # the trainers' start-up checks, where the reader made them (mace's HDF5)
+        checks = {"labels": labels, "zsets": [list(s) for s in zsets], "zset": np.concatenate(zset)}
     if cache_dir is not None:
-        cache_mod.save(cache_dir, key, out)
+        cache_mod.save(cache_dir, key, out, checks)
     return out
 
 

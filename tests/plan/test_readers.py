@@ -169,7 +169,7 @@ def test_mace_lmdb_a_file_and_a_folder(frames, tmp_path):
     for name, part in (("a", frames[:7]), ("b", frames[7:])):
         db = LMDBDatabase(folder / f"{name}.aselmdb")
         for a in part:
-            db.write(a)
+            db.write(a, data={})  # mace's LMDBDatabase adds to ASE's shared default otherwise
         db.close()
     assert detect(str(folder)) == "lmdb" and detect(str(folder / "a.aselmdb")) == "lmdb"
     files = read_sizes([(str(folder), "lmdb")], R_MAX, show_progress=False)

@@ -173,7 +173,7 @@ def write_lmdb(folder, frames):
             forces=a.arrays["REF_forces"],
             stress=a.info["REF_stress"],
         )
-        db.write(b)
+        db.write(b, data={})  # mace's LMDBDatabase adds to ASE's shared default `data` otherwise
     db.close()
     return folder
 

@@ -63,26 +63,49 @@ def test_sizes_equal_maces_graphs_and_come_from_the_cache_next_time(sets, kind, 
     assert "from the sizes cache" in caplog.text and ", 0 read)" in caplog.text
 
 
-def test_a_cache_cfm_plan_wrote_gives_the_edges(sets, tmp_path, caplog):
-    """``cfm-plan``'s cache (same folder, same key) holds the edges: training counts none, reads
-    the files once for the checks, and writes the entries back with them; the next read reads
-    nothing."""
+def test_a_cache_cfm_plan_wrote_gives_the_edges_and_the_checks(sets, tmp_path, caplog):
+    """``cfm-plan``'s cache (same folder, same key) of mace's HDF5 files holds the edges and the
+    checks: training counts no edge and reads no structure."""
     from cfm_plugins.plan.sizes import read_sizes
 
     h5, make = sets["h5"]
     planned = read_sizes([(str(h5), "h5")], R_MAX, cache_dir=str(tmp_path), show_progress=False)
-    assert all(cache.load(str(tmp_path), cache.key(f.path, "h5", R_MAX)) for f in planned)
+    for f in planned:
+        assert cache.load(str(tmp_path), cache.key(f.path, "h5", R_MAX))["checks"] is not None
     dataset = make()
     mace_sizes.tag(dataset, "train", DistInfo(), (str(tmp_path),))
     caplog.set_level(logging.INFO, logger="cfm_plugins.mace")
     atoms, edges = mace_sizes.local_sizes(dataset, np.arange(len(dataset)), need_edges=True)
-    assert edges.tolist() == mace_graphs(dataset)[1]
+    assert (atoms.tolist(), edges.tolist()) == mace_graphs(dataset)
     assert "counted with" not in caplog.text and "edges of 3 file(s) from the sizes" in caplog.text
-    for f in planned:
-        assert cache.load(str(tmp_path), cache.key(f.path, "h5", R_MAX))["checks"] is not None
-    caplog.clear()
-    mace_sizes.local_sizes(dataset, np.arange(len(dataset)), need_edges=True)
-    assert ", 0 read)" in caplog.text
+    assert ", 0 read)" in caplog.text and "checks of 3 file(s) from the sizes cache" in caplog.text
+
+
+def test_a_cache_cfm_plan_wrote_names_a_bad_label_and_element(tmp_path):
+    """The checks ``cfm-plan`` kept for an HDF5 file name a NaN label and an unknown element as a
+    read of the file would, the file not being read again."""
+    from mace.data.hdf5_dataset import HDF5Dataset
+    from mace.tools.utils import AtomicNumberTable
+
+    from cfm_plugins.plan.sizes import read_sizes
+    from cfm_plugins_adapters.mace.data_checks import DataCheckError
+
+    frames, _, _ = _frames(tmp_path, n_train=6, n_valid=1)
+    frames[3].arrays["REF_forces"][1, 2] = np.nan
+    frames[5].symbols[0] = "Au"
+    path = write_h5(tmp_path / "bad", frames) / "part_0.h5"
+    read_sizes([(str(path), "h5")], R_MAX, cache_dir=str(tmp_path), show_progress=False)
+    entry = cache.load(str(tmp_path), cache.key(str(path), "h5", R_MAX))
+    assert entry["checks"]["labels"] == {3: "forces not finite"}
+    for known, want in (
+        ([28, 29, 79], rf"structure 3 of {path}: forces not finite"),
+        ([28, 29], rf"structure 5 of {path}: Au \(Z=79\)"),
+    ):
+        dataset = HDF5Dataset(str(path), r_max=R_MAX, z_table=AtomicNumberTable(known))
+        mace_sizes.tag(dataset, "train", DistInfo(), (str(tmp_path),))
+        dataset.file.close()  # not read again: the checks come from cfm-plan's entry
+        with pytest.raises(DataCheckError, match=want):
+            mace_sizes.local_sizes(dataset, np.arange(len(dataset)), need_edges=True)
 
 
 def test_checks_come_from_the_cache_too(sets, tmp_path):
