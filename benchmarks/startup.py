@@ -21,8 +21,8 @@ the time mace itself needs to read the data once.
      geometry) and counts the edges with ``cfm::count_edges``; rank 0 writes the cache;
    - ``plan cache``: after ``cfm-plan --cache WORK_DIR`` (timed apart) wrote its cache of the
      training folder where the run looks (mace's ``--work_dir``): the
-     edges come from it; the shards are read once for the data checks (``cfm-plan`` reads geometry
-     only) and the entries are written back with them;
+     edges and the data checks come from it (``cfm-plan`` keeps both for mace's HDF5 files), so
+     no structure is read;
    - ``run cache``: the cache a run wrote: no structure is read.
 
    The sizes part is the sum of the ``sizes of the ... data`` log lines of rank 0 (each loader's

@@ -146,31 +146,10 @@ def _files(leaf) -> list[_File]:
 
 
 # ------------------------------------------------------------------------------ reading
-def _h5_value(value):
-    """mace writes a missing value as the string "None" (its ``unpack_value``)."""
-    if isinstance(value, bytes):
-        value = value.decode("utf-8")
-    if isinstance(value, np.ndarray) and value.dtype.kind in "SO" and value.shape == ():
-        value = value[()]
-        value = value.decode("utf-8") if isinstance(value, bytes) else value
-    return None if isinstance(value, str) and value == "None" else value
-
-
-def _h5_read(gid, name: bytes):
-    """Dataset ``name`` of the group ``gid`` (h5py's low-level API: a few times faster than its
-    ``Group[...]`` for the small datasets of one structure); strings as mace unpacks them."""
-    import h5py
-
-    ds = h5py.h5d.open(gid, name)
-    if ds.dtype.kind not in "fiub":
-        return _h5_value(h5py.Dataset(ds)[()])
-    out = np.empty(ds.shape, ds.dtype)
-    ds.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
-    return out
-
-
 def _h5_structures(f: _File, local):
     import h5py
+
+    from cfm_plugins.plan.readers import h5_read
 
     h5, size = f.leaf.file, f.leaf.batch_size
     batch, batch_no = None, -1
@@ -181,11 +160,11 @@ def _h5_structures(f: _File, local):
         g = h5py.h5g.open(batch, b"config_" + str(c).encode())
         props = h5py.h5g.open(g, b"properties")
         yield types.SimpleNamespace(
-            atomic_numbers=_h5_read(g, b"atomic_numbers"),
-            positions=_h5_read(g, b"positions"),
-            cell=_h5_read(g, b"cell"),
-            pbc=_h5_read(g, b"pbc"),
-            properties={key.decode(): _h5_read(props, key) for key in props},
+            atomic_numbers=h5_read(g, b"atomic_numbers"),
+            positions=h5_read(g, b"positions"),
+            cell=h5_read(g, b"cell"),
+            pbc=h5_read(g, b"pbc"),
+            properties={key.decode(): h5_read(props, key) for key in props},
         )
 
 

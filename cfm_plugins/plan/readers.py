@@ -313,20 +313,23 @@ def _h5(path, progress):
         if not keys:
             return
         size = len(f[keys[0]].keys())
+        batch, batch_no = None, -1
         for i in range(len(keys) * size):
             b, j = divmod(i, size)
             try:
-                grp = f["config_batch_" + str(b)]["config_" + str(j)]
-                pos, cell, pbc = grp["positions"][()], grp["cell"][()], grp["pbc"][()]
-                numbers = np.unique(np.asarray(grp["atomic_numbers"][()], np.int64))
-                labels = _not_finite(grp["properties"]) if "properties" in grp else []
+                if b != batch_no:
+                    batch, batch_no = f["config_batch_" + str(b)].id, b
+                g = h5py.h5g.open(batch, b"config_" + str(j).encode())
+                pos, cell, pbc = (h5_read(g, name) for name in (b"positions", b"cell", b"pbc"))
+                numbers = np.unique(np.asarray(h5_read(g, b"atomic_numbers"), np.int64))
+                labels = _not_finite(h5py.h5g.open(g, b"properties")) if b"properties" in g else []
             except KeyError as exc:
                 raise DataError(
                     f"{path}: structure {i}: mace reads it from config_batch_{b}/config_{j}, which "
                     f"is missing ({exc}); the file's batches differ in size (mace's HDF5Dataset "
                     "takes every batch to be as large as the first)"
                 ) from None
-            if out.add(pos, _h5_value(cell), _h5_value(pbc), False, numbers.tolist(), labels):
+            if out.add(pos, cell, pbc, False, numbers.tolist(), labels):
                 yield out.flush()
     block = out.flush()
     if block is not None:
@@ -334,11 +337,11 @@ def _h5(path, progress):
 
 
 def _not_finite(properties) -> list[str]:
-    """The names of a mace HDF5 structure's numeric properties that hold NaN or inf (a missing
-    value, the string "None", is not checked)."""
+    """The names of a mace HDF5 structure's numeric properties (a low-level group) that hold NaN
+    or inf (a missing value, the string "None", is not checked)."""
     names = []
     for name in properties:
-        value = _h5_value(properties[name][()])
+        value = h5_read(properties, name)
         if value is None or isinstance(value, (str, bytes)):
             continue
         try:
@@ -346,16 +349,32 @@ def _not_finite(properties) -> list[str]:
         except (TypeError, ValueError):
             continue
         if not np.all(np.isfinite(arr)):
-            names.append(name)
+            names.append(name.decode())
     return names
 
 
-def _h5_value(value):
-    """mace writes a missing value as the string "None"."""
-    if isinstance(value, bytes) or (isinstance(value, np.ndarray) and value.dtype.kind in "SO"):
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        return None if text == "None" else value
-    return value
+def h5_value(value):
+    """A value of mace's HDF5 as mace unpacks it: strings decoded, the string "None" (a missing
+    value) as None."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8")
+    if isinstance(value, np.ndarray) and value.dtype.kind in "SO" and value.shape == ():
+        value = value[()]
+        value = value.decode("utf-8") if isinstance(value, bytes) else value
+    return None if isinstance(value, str) and value == "None" else value
+
+
+def h5_read(gid, name: bytes):
+    """Dataset ``name`` of the low-level group ``gid`` (h5py's ``h5g``/``h5d`` API: a few times
+    faster than ``Group[...]`` for the small datasets of one structure), as :func:`h5_value`."""
+    import h5py
+
+    ds = h5py.h5d.open(gid, name)
+    if ds.dtype.kind not in "fiub":
+        return h5_value(h5py.Dataset(ds)[()])
+    out = np.empty(ds.shape, ds.dtype)
+    ds.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+    return out
 
 
 def _loads():
