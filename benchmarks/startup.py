@@ -309,7 +309,7 @@ def main(argv=None) -> int:
                 "start-up = launch to mace's 'Average number of neighbors' (wall); sizes and "
                 "checks = the sum of rank 0's 'sizes of the ... data' passes (two of the training "
                 "set, one of the validation set); mace's read = its average-neighbours pass over "
-                "the training loader (every training graph built once per rank share).",
+                "the training loader (every training graph built once per rank share)",
             )
         ],
         description=(
