@@ -20,6 +20,7 @@ import os
 import numpy as np
 
 from cfm_plugins.options import UsageError
+from cfm_plugins.plan.readers import not_finite
 
 log = logging.getLogger("cfm_plugins.mace")
 
@@ -132,16 +133,7 @@ def bad_values(config) -> list[str]:
         cell = np.asarray(config.cell, dtype=np.float64).reshape(3, 3)
         if not np.all(np.isfinite(cell[pbc])):
             bad.append("cell")
-    for name, value in (config.properties or {}).items():
-        if value is None or isinstance(value, (str, bytes)):
-            continue
-        try:
-            arr = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
-            continue
-        if not np.all(np.isfinite(arr)):
-            bad.append(name)
-    return bad
+    return bad + not_finite((config.properties or {}).items())
 
 
 def check_labels(collections, files: dict[str, str], atomic_energies=None) -> None:

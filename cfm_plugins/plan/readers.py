@@ -337,11 +337,15 @@ def _h5(path, progress):
 
 
 def _not_finite(properties) -> list[str]:
-    """The names of a mace HDF5 structure's numeric properties (a low-level group) that hold NaN
-    or inf (a missing value, the string "None", is not checked)."""
+    """:func:`not_finite` of a mace HDF5 structure's properties (a low-level group)."""
+    return not_finite((name.decode(), h5_read(properties, name)) for name in properties)
+
+
+def not_finite(items) -> list[str]:
+    """The names of the numeric values of ``items`` (``(name, value)`` pairs) that hold NaN or
+    inf; a missing value (None, or mace's string "None") is not checked."""
     names = []
-    for name in properties:
-        value = h5_read(properties, name)
+    for name, value in items:
         if value is None or isinstance(value, (str, bytes)):
             continue
         try:
@@ -349,7 +353,7 @@ def _not_finite(properties) -> list[str]:
         except (TypeError, ValueError):
             continue
         if not np.all(np.isfinite(arr)):
-            names.append(name.decode())
+            names.append(name)
     return names
 
 

@@ -59,8 +59,14 @@ def run_mpi(
     args: list[str], np: int = 2, timeout: float = 300, env=None, cwd=None
 ) -> subprocess.CompletedProcess:
     """Run ``mpirun -np N args...`` and return the finished process (stdout+stderr in .stdout)."""
+    return run_process(mpirun_cmd(np) + args, timeout, env, cwd)
+
+
+def run_process(args: list[str], timeout: float = 300, env=None, cwd=None):
+    """Run ``args`` in a clean environment (or ``env``) and return the finished process
+    (stdout+stderr in .stdout)."""
     return subprocess.run(
-        mpirun_cmd(np) + args,
+        args,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

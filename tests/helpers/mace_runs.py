@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from cfm_plugins.testing import run_as_srun_tasks, torchrun_command
-from tests.helpers import BIN, ROOT, clean_env, run_mpi
+from tests.helpers import BIN, ROOT, clean_env, run_mpi, run_process
 
 CFM_RUN = str(BIN / "cfm-run")
 MACE_RUN_TRAIN = str(BIN / "mace_run_train")
@@ -117,13 +117,9 @@ def run_tiny(
 ) -> subprocess.CompletedProcess:
     """One process: ``cfm-run --enable ENABLE OPTIONS -- mace_run_train`` with :func:`tiny_args`
     (and ``extra``) in ``folder``; its output (stdout and stderr) in ``.stdout``."""
-    return subprocess.run(
+    return run_process(
         [CFM_RUN, "--enable", enable, *options, "--", "mace_run_train"]
         + [*tiny_args(folder, "x", epochs), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=clean_env(),
         timeout=600,
         cwd=folder,
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import BIN, clean_env, run_mpi
+from tests.helpers import BIN, run_mpi, run_process
 from tests.helpers.mace_runs import CFM_RUN, make_tiny_set
 
 N_VALID = 5
@@ -74,15 +74,7 @@ def _launch(command: list[str], ranks: int, folder: Path) -> subprocess.Complete
     """``command`` on ``ranks`` MPI ranks (one: a plain process) in ``folder``."""
     if ranks > 1:
         return run_mpi(command, np=ranks, timeout=600, cwd=folder)
-    return subprocess.run(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=clean_env(),
-        timeout=600,
-        cwd=folder,
-    )
+    return run_process(command, timeout=600, cwd=folder)
 
 
 def initial_eval(folder: Path, name: str) -> dict:
@@ -106,7 +98,7 @@ def runs(tmp_path_factory):
     set in one batch. ``{name: (exit code, output)}`` and the folder."""
     folder = tmp_path_factory.mktemp("mace_workflows")
     make_tiny_set(folder, n_train=10, n_valid=N_VALID)
-    prep = subprocess.run(
+    prep = run_process(
         [
             str(BIN / "mace_prepare_data"),
             f"--train_file={folder / 'train.xyz'}",
@@ -122,10 +114,6 @@ def runs(tmp_path_factory):
             "--E0s=isolated",
             "--seed=1",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=clean_env(),
         timeout=300,
         cwd=folder,
     )
