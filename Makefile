@@ -44,6 +44,13 @@ $(STAMP): $(SOURCES)
 demo: venv
 	$(PY) examples/demo.py
 
+# the wheel as a cluster user installs it (docs/install.md): `python -m build --no-isolation --wheel`
+# against .venv's torch, installed with --no-deps into a fresh venv holding only torch and the plain
+# dependencies, where one fused kernel runs against plain torch (tools/wheel_check.sh; in .ci/run)
+.PHONY: wheel-check
+wheel-check: venv
+	PY=$(PY) TORCH_VERSION=$(TORCH_VERSION) bash tools/wheel_check.sh
+
 # ruff's lint and format check over the tree, then the import contracts (layers, no circles, no
 # adapter in the core) with import-linter; both configured in pyproject.toml
 lint: venv
@@ -147,7 +154,9 @@ PY_HG := $(VENV_HG)/bin/python
 PIP_HG := $(PY_HG) -m pip --disable-pip-version-check
 STAMP_HG := $(VENV_HG)/.cfm-installed
 # the HydraGNN-from-source tests (the MACE stack fused, trained under mpirun, its benchmark's plumbing)
-HG_SRC_TESTS := tests/adapters/hydragnn/test_interaction.py tests/adapters/hydragnn/test_adapter_mace.py tests/adapters/hydragnn/test_loader.py
+HG_SRC_TESTS := tests/adapters/hydragnn/test_interaction.py tests/adapters/hydragnn/test_adapter_mace.py tests/adapters/hydragnn/test_loader.py \
+    tests/adapters/hydragnn/test_node_budget.py tests/benchmarks/test_hydragnn_samplers.py \
+    tests/plan/test_peer_samplers_hydragnn.py
 
 ifeq ($(HYDRAGNN_TARBALL),)
 venv-hydragnn-src test-hydragnn-src bench-hydragnn-src:
@@ -172,9 +181,11 @@ $(STAMP_HG): $(SOURCES) $(HYDRAGNN_TARBALL) $(TORCH_SCATTER_WHEEL)
 test-hydragnn-src: venv-hydragnn-src
 	$(PY_HG) -m pytest $(PYTEST_ARGS) $(HG_SRC_TESTS)
 
-# HydraGNN's MACE stack, epoch time on 2 ranks: stock, binpack, fused, both (under the benchmark lock)
+# HydraGNN's MACE stack, epoch time on 2 ranks: stock, binpack, fused, both; then HydraGNN's
+# node-budget sampler against binpack (under the benchmark lock)
 bench-hydragnn-src: venv-hydragnn-src
 	flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 $(PY_HG) -m benchmarks.hydragnn_mace
+	flock /tmp/cfm-bench.lock env OMP_NUM_THREADS=1 $(PY_HG) -m benchmarks.hydragnn_samplers
 endif
 
 clean:

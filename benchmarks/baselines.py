@@ -1,5 +1,6 @@
-"""Packers the benchmark compares with :func:`~cfm_plugins.sampler.pack`, each a short
-re-implementation.
+"""Packers the benchmark compares with :func:`~cfm_plugins.sampler.pack`: the models of the peers'
+samplers (:mod:`cfm_plugins.plan.peer_samplers`: torch's ``DistributedSampler`` with a fixed batch
+size, HydraGNN's ``DistributedCostAwareBatchSampler``) and short re-implementations of the rest.
 
 Every function returns a :class:`Packing` with the same step convention (bins
 ``[s*W:(s+1)*W]`` are step ``s``, one per rank). Where a method leaves a rank without a batch at
@@ -14,6 +15,7 @@ import math
 
 import numpy as np
 
+from cfm_plugins.plan.peer_samplers import distributed_fixed, hydragnn_cost_aware, next_fit
 from cfm_plugins.sampler.packing import (
     Packing,
     offsets_from_counts,
@@ -32,27 +34,6 @@ def _from_bins(bins: list, world_size: int, pad_empty: bool = True) -> Packing:
 
 def _csr(indices: np.ndarray, counts: np.ndarray, world_size: int) -> Packing:
     return Packing(indices, offsets_from_counts(counts), world_size=world_size)
-
-
-def fixed_count(costs, capacity=None, world_size=1, seed=0, batch_size: int = 8) -> Packing:
-    """The stock loader: ``DistributedSampler(shuffle=True)`` + ``DataLoader(batch_size=8)``.
-
-    Shuffle, pad to a multiple of W by repeating the first samples (DistributedSampler with
-    ``drop_last=False``), rank ``r`` takes every W-th sample from ``r``, then consecutive
-    batches of ``batch_size`` (the last one partial). ``capacity`` is ignored.
-    """
-    c = validate_costs(costs)
-    n, w = len(c), int(world_size)
-    perm = np.random.default_rng(seed).permutation(n)
-    total = -(-n // w) * w
-    perm = np.concatenate([perm, perm[: total - n]])
-    per_rank = total // w
-    steps = -(-per_rank // batch_size)
-    m = np.full((steps * batch_size, w), -1, np.int64)
-    m[:per_rank] = perm.reshape(per_rank, w)
-    cube = m.reshape(steps, batch_size, w).transpose(0, 2, 1).reshape(steps * w, batch_size)
-    counts = (cube >= 0).sum(axis=1)
-    return _csr(cube[cube >= 0], counts, w)
 
 
 def first_fit_decreasing(costs, capacity, world_size=1, seed=0) -> Packing:
@@ -109,22 +90,6 @@ def first_fit_decreasing(costs, capacity, world_size=1, seed=0) -> Packing:
     return _csr(order[g], counts, w)
 
 
-def _greedy_bins(
-    c: np.ndarray, cap: float, order: np.ndarray, max_graphs: int | None = None
-) -> list:
-    """Consecutive runs of ``order``: add graphs until the next one would exceed ``cap``."""
-    cs = np.concatenate([[0.0], np.cumsum(c[order])])
-    bins, i, n = [], 0, len(order)
-    while i < n:
-        j = int(np.searchsorted(cs, cs[i] + cap * (1 + 1e-12), side="right")) - 1
-        j = max(j, i + 1)  # an oversize graph alone
-        if max_graphs is not None:
-            j = min(j, i + max_graphs)
-        bins.append(order[i:j])
-        i = j
-    return bins
-
-
 def greedy_budget(costs, capacity, world_size=1, seed=0) -> Packing:
     """PyG ``DynamicBatchSampler`` style: shuffle, add graphs until the budget would be exceeded.
 
@@ -133,7 +98,8 @@ def greedy_budget(costs, capacity, world_size=1, seed=0) -> Packing:
     """
     c = validate_costs(costs)
     order = np.random.default_rng(seed).permutation(len(c))
-    return _from_bins(_greedy_bins(c, float(capacity), order), int(world_size))
+    starts, ends = next_fit(c[order], float(capacity))
+    return _from_bins([order[i:j] for i, j in zip(starts, ends)], int(world_size))
 
 
 def _global_batches(n: int, world_size: int, seed: int, batch_size: int):
@@ -189,32 +155,8 @@ def fastchgnet_pairs(costs, capacity=None, world_size=1, seed=0, batch_size: int
     return _from_bins(bins, w)
 
 
-def hydragnn_cost_aware(
-    costs, capacity, world_size=1, seed=0, max_graphs: int | None = None
-) -> Packing:
-    """HydraGNN ``DistributedCostAwareBatchSampler`` (``Batching: {mode: node_budget}``) style.
-
-    Shuffle from ``seed``, greedy node-budget batches (``max_nodes`` = capacity, optional
-    ``max_graphs``), pad the batch count to a multiple of W by repeating batches, sort batches
-    by cost, cut into steps of W, shuffle the step order and rotate the rank mapping per step.
-    """
-    c = validate_costs(costs)
-    w = int(world_size)
-    rng = np.random.default_rng(seed)
-    bins = _greedy_bins(c, float(capacity), rng.permutation(len(c)), max_graphs)
-    if len(bins) % w:
-        bins += [bins[i % len(bins)] for i in range(w - len(bins) % w)]
-    bc = np.array([c[b].sum() for b in bins])
-    srt = np.argsort(bc, kind="stable")
-    steps = srt.reshape(-1, w)[rng.permutation(len(bins) // w)]
-    out = []
-    for s, cand in enumerate(steps):
-        out.extend(bins[cand[(r + s) % w]] for r in range(w))
-    return _from_bins(out, w)
-
-
 BASELINES = {
-    "fixed-count (8/rank)": fixed_count,
+    "fixed-count (8/rank)": distributed_fixed,
     "first-fit decreasing": first_fit_decreasing,
     "greedy budget (PyG)": greedy_budget,
     "fairchem balanced": fairchem_balanced,

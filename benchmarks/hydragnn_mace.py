@@ -64,6 +64,34 @@ def epoch_times(ranks: list[list[dict]], epochs: int) -> dict:
     )
 
 
+def run_example(out: Path, label: str, enable: str, env: dict) -> float:
+    """``mpirun -np 2 cfm-run --enable ENABLE -o step_log=out/steps/LABEL -- python train.py
+    out/config.json --log LABEL`` (the example's script) in ``out``, its output kept in
+    ``out/LABEL.log``; the seconds it took. A failed run ends the benchmark."""
+    cmd = mpirun_command(2) + [
+        str(BIN / "cfm-run"),
+        "--enable",
+        enable,
+        "-o",
+        f"step_log={out / 'steps' / label}",
+        "--",
+        str(sys.executable),
+        str(EXAMPLE / "train.py"),
+        str(out / "config.json"),
+        "--log",
+        label,
+    ]
+    t0 = time.perf_counter()
+    res = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=out
+    )
+    (out / f"{label}.log").write_text(res.stdout)
+    if res.returncode != 0:
+        print(res.stdout[-3000:])
+        raise SystemExit(f"{label} failed (log: {out / label}.log)")
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     p = parser(__doc__, max_atoms=100, work="/tmp/cfm_bench_hydragnn_mace")
     p.set_defaults(n_train=80, batch_size=8)
@@ -96,7 +124,6 @@ def main(argv=None) -> int:
         f"atoms (mean {sum(atoms) / len(atoms):.1f}); load average {load:.1f}",
         flush=True,
     )
-    mpirun = mpirun_command(2)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
     rows = {}
@@ -104,30 +131,10 @@ def main(argv=None) -> int:
         steps = out / "steps" / label
         for f in steps.parent.glob(f"{label}.rank*.jsonl"):
             f.unlink()
-        cmd = mpirun + [
-            str(BIN / "cfm-run"),
-            "--enable",
-            enable,
-            "-o",
-            f"step_log={steps}",
-            "--",
-            str(sys.executable),
-            str(EXAMPLE / "train.py"),
-            str(out / "config.json"),
-            "--log",
-            label,
-        ]
-        t0 = time.perf_counter()
-        res = subprocess.run(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=out
-        )
-        (out / f"{label}.log").write_text(res.stdout)
-        if res.returncode != 0:
-            print(res.stdout[-3000:])
-            raise SystemExit(f"{label} failed (log: {out / label}.log)")
+        run_s = run_example(out, label, enable, env)
         rows[label] = dict(
             epoch_times(read_step_logs(str(steps)), args.epochs),
-            run_s=time.perf_counter() - t0,
+            run_s=run_s,
             load=os.getloadavg()[0],
         )
         r = rows[label]

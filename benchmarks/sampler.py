@@ -32,7 +32,7 @@ from benchmarks.baselines import BASELINES  # noqa: E402
 from benchmarks.record import add_out_argument, command_line, markdown_table, write_record  # noqa: E402
 from benchmarks.workload import MPTRJ_MEDIAN, MPTRJ_SIGMA, PAPER_MIX, paper_mix  # noqa: E402
 from cfm_plugins.sampler import balance_report, pack  # noqa: E402
-from cfm_plugins.sampler.report import repeated_pairs  # noqa: E402
+from cfm_plugins.sampler.balance import repeated_pairs  # noqa: E402
 
 CAPACITY = 3072
 OURS = "bin packing (Alg. 1, ours)"
@@ -118,6 +118,17 @@ def check_targets(rows, n):
     return lines
 
 
+def mix_text(atoms, n_req) -> str:
+    """What the Table-3 mix of ``atoms`` is (``n_req``: the graphs asked for, None: all)."""
+    return (
+        f"{len(atoms):,} graphs, {int(atoms.sum()):,} atoms (MACE paper Table 3 mix"
+        f"{'' if n_req is None else ', proportions kept; full counts'}: "
+        + ", ".join(f"{k} {v[0]:,} x {v[1]}-{v[2]}" for k, v in PAPER_MIX.items())
+        + f"; MPtrj log-normal median {MPTRJ_MEDIAN:g} sigma {MPTRJ_SIGMA:g} clipped, "
+        "others uniform)"
+    )
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100k graphs (a smoke run)")
@@ -133,11 +144,8 @@ def main(argv=None):
     atoms = paper_mix(n_req, seed=0)
     n = len(atoms)
     workload = (
-        f"{n:,} graphs, {int(atoms.sum()):,} atoms (MACE paper Table 3 mix"
-        f"{'' if n_req is None else ', proportions kept; full counts'}: "
-        + ", ".join(f"{k} {v[0]:,} x {v[1]}-{v[2]}" for k, v in PAPER_MIX.items())
-        + f"; MPtrj log-normal median {MPTRJ_MEDIAN:g} sigma {MPTRJ_SIGMA:g} clipped, "
-        f"others uniform), capacity {CAPACITY} atoms, world sizes {', '.join(map(str, worlds))}"
+        mix_text(atoms, n_req)
+        + f", capacity {CAPACITY} atoms, world sizes {', '.join(map(str, worlds))}"
     )
     print("command:", cmd)
     print("workload:", workload, flush=True)

@@ -6,7 +6,7 @@ r_max 5 A; the molecular clusters of ``cfm_plugins.datasets.clusters``) and for 
 Table-3 mix (``benchmarks.workload.paper_mix``; it has atom counts only, so edges are modelled as
 atoms x a per-graph neighbour count drawn uniformly from 10-60, seeded: the atom figure is exact,
 the edge figure is an estimate), the budget is made as the ``static`` plugin makes it
-(:func:`cfm_plugins.static.budget.budget_of_plans` over the first ``--epochs`` epochs' plans,
+(:func:`cfm_plugins.static_shapes.budget.budget_of_plans` over the first ``--epochs`` epochs' plans,
 default headroom) at binpack's default capacity (``--batch-size`` x the mean atom count, at least
 the largest structure) or ``--capacity``, and the padding of every batch of those epochs is
 reported, for the bins the plugin packs (even in atoms and edges together, ``pack_even_dims``),
@@ -32,7 +32,7 @@ import numpy as np
 from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
 from cfm_plugins.sampler.even_dims import pack_even_dims
 from cfm_plugins.sampler.packing import pack, pack_even
-from cfm_plugins.static.budget import DEFAULT_HEADROOM, budget_of_plans, padding_overhead
+from cfm_plugins.static_shapes.budget import DEFAULT_HEADROOM, budget_of_plans, padding_overhead
 
 
 def cuni_sizes(n: int, seed: int = 0, r_max: float = 5.0):

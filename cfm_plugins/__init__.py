@@ -12,7 +12,7 @@ process. Both import torch only when called, so ``import cfm_plugins`` stays che
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["__version__", "library_paths", "load_library"]
 

@@ -102,12 +102,16 @@ class Config:
         ``declared`` maps names to :class:`cfm_plugins.options.DeclaredOption`. The error names
         the option, its value, where it came from and the closest known name.
         """
-        from cfm_plugins.options import closest
+        from cfm_plugins.options import RETIRED, closest
 
         self.declared = declared
         errors = []
         for key, value in self.options.items():
             where = self.option_sources.get(key, "")
+            if key in RETIRED and key not in declared:
+                src = f" (from {where})" if where else ""
+                errors.append(f"cfm-plugins option {key}={value!r}{src}: {RETIRED[key]}")
+                continue
             if key not in declared:
                 hint = closest(key, declared)
                 errors.append(

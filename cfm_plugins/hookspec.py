@@ -25,9 +25,9 @@ import pluggy
 if TYPE_CHECKING:  # the types of the hook arguments, for readers and type checkers only
     from cfm_plugins.config import Config
     from cfm_plugins.distributed import DistInfo
+    from cfm_plugins.graph_sizes import GraphSizes
     from cfm_plugins.options import Option, TrainerSettings
-    from cfm_plugins.sizes import GraphSizes
-    from cfm_plugins.static.forward import ModelSpec
+    from cfm_plugins.static_shapes.forward import ModelSpec
 
 PROJECT = "cfm_plugins"
 
@@ -195,8 +195,8 @@ def cfm_graph_sizes(dataset, indices, need_edges: bool) -> GraphSizes | None:
             edges may be left out where counting them is costly.
 
     Returns:
-        A :class:`cfm_plugins.sizes.GraphSizes` (atoms, edges, the indices), or ``None`` if this
-        plugin does not know the dataset type.
+        A :class:`cfm_plugins.graph_sizes.GraphSizes` (atoms, edges, the indices), or ``None`` if
+        this plugin does not know the dataset type.
     """
 
 
@@ -252,7 +252,7 @@ def cfm_batch_sampler(
 
     Args:
         dataset: the trainer's dataset.
-        sizes: its :class:`cfm_plugins.sizes.GraphSizes` from :func:`cfm_graph_sizes` (maybe
+        sizes: its :class:`cfm_plugins.graph_sizes.GraphSizes` from :func:`cfm_graph_sizes` (maybe
             this rank's shard).
         config: the run's configuration.
         dist: this rank's :class:`cfm_plugins.distributed.DistInfo`.
@@ -277,15 +277,15 @@ def cfm_batch_budget(batch_sampler, sizes: GraphSizes, config: Config, dist: Dis
     """The budget every batch of a loader is padded to. ``firstresult``.
 
     Called by an adapter after :func:`cfm_batch_sampler`. The ``static`` feature returns a
-    :class:`cfm_plugins.static.budget.BudgetTracker` whose budget (atoms, edges, graphs) covers
-    the bins of the first epochs' plans; the adapter pads each batch to
+    :class:`cfm_plugins.static_shapes.budget.BudgetTracker` whose budget (atoms, edges, graphs)
+    covers the bins of the first epochs' plans; the adapter pads each batch to
     ``tracker.fit(atoms, edges, graphs)`` with inert pad graphs (a batch over the budget raises
     it, logged, never truncated) and gives the model the real sizes beside the padded batch (see
     :func:`cfm_static_forward`).
 
     Args:
         batch_sampler: the loader's batch sampler (from :func:`cfm_batch_sampler`).
-        sizes: the same :class:`cfm_plugins.sizes.GraphSizes` (edge counts included when a
+        sizes: the same :class:`cfm_plugins.graph_sizes.GraphSizes` (edge counts included when a
             plugin's :func:`cfm_needs_edges` asked for them).
         config: the run's configuration.
         dist: this rank's :class:`cfm_plugins.distributed.DistInfo`.
@@ -328,14 +328,14 @@ def cfm_static_forward(model, config: Config, spec: ModelSpec):
     """Install the forward that runs padded batches and compiles. ``firstresult``.
 
     Every adapter calls this after :func:`cfm_patch_model`. The ``static`` feature installs a
-    :class:`cfm_plugins.static.forward.StaticForward` as ``model.forward``, compiled per its
+    :class:`cfm_plugins.static_shapes.forward.StaticForward` as ``model.forward``, compiled per its
     ``compile`` option; :func:`cfm_unpatch_model` takes it off (before pickling).
 
     Args:
         model: the (patched) model, changed in place.
         config: the run's configuration.
-        spec: the :class:`cfm_plugins.static.forward.ModelSpec` of the trainer's models (which
-            outputs are per graph, per atom, per edge; what a model needs around a compiled
+        spec: the :class:`cfm_plugins.static_shapes.forward.ModelSpec` of the trainer's models
+            (which outputs are per graph, per atom, per edge; what a model needs around a compiled
             call).
 
     Returns:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import importlib
 import logging
 import shlex
-import warnings
-import weakref
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
@@ -219,9 +217,6 @@ def check_options_enabled(config: Config, cat: Catalog) -> None:
         raise ValueError("; ".join(errors))
 
 
-_CURRENT: weakref.ref | None = None  # only for the deprecated get_active() shim
-
-
 def create_manager(config: Config, cat: Catalog | None = None) -> pluggy.PluginManager:
     """A plugin manager with the enabled plugins of ``config`` registered; also ``config.pm``.
 
@@ -230,7 +225,6 @@ def create_manager(config: Config, cat: Catalog | None = None) -> pluggy.PluginM
     and ``ValueError`` for unknown option names, values of the wrong type, and options given on
     the command line for a plugin that is not enabled (:func:`check_options_enabled`).
     """
-    global _CURRENT
     cat = cat or catalog()
     known = cat.plugins
     unknown = [n for n in config.enabled if n not in known]
@@ -255,7 +249,6 @@ def create_manager(config: Config, cat: Catalog | None = None) -> pluggy.PluginM
         log.debug("enabled plugin %s (%s)", name, known[name].value)
     pm.check_pending()
     config.pm = pm
-    _CURRENT = weakref.ref(config)
     pm.hook.cfm_configure(config=config)
     return pm
 
@@ -284,21 +277,3 @@ class Session:
     @property
     def dist(self):  # cfm_plugins.distributed.DistInfo
         return self.config.dist
-
-
-def get_active() -> Session | None:
-    """Deprecated shim: the session of the configuration cfm-run is running.
-
-    Adapters now get ``config`` in every hook and reach the hooks as ``config.pm.hook`` and the
-    ranks as ``config.dist``; this remains for adapters written before that and goes away later.
-    """
-    warnings.warn(
-        "cfm_plugins.manager.get_active() is deprecated: use config.pm / config.dist from the hook "
-        "arguments",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    config = _CURRENT() if _CURRENT is not None else None
-    if config is None or config.pm is None:
-        return None
-    return Session(config)

@@ -21,6 +21,14 @@ from dataclasses import dataclass
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
+#: options that exist no more, with what to do instead: setting one is an error saying so
+RETIRED = {
+    "fused_deterministic": (
+        "the Triton weight gradients are always reduced in a fixed order, reproducible bit for "
+        "bit (the atomic adds it chose are gone); drop the option"
+    ),
+}
+
 
 class UsageError(ValueError):
     """A setting the user must change, found once the trainer's own arguments are read (e.g. a

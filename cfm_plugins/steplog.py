@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cfm_plugins.sampler.report import load_imbalance_factor
+from cfm_plugins.sampler.balance import load_imbalance_factor
 
 
 class StepLogWriter:

@@ -132,7 +132,7 @@ def stock_batches(num_samples: int, ranks: int, epoch: int = 0):
     the same orders here, without training."""
     from torch.utils.data.distributed import DistributedSampler
 
-    from cfm_plugins.sampler.report import fixed_count_batches
+    from cfm_plugins.sampler.balance import fixed_count_batches
 
     orders = []
     for rank in range(ranks):

@@ -59,6 +59,8 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tests/adapters/hydragnn/test_adapter.py", "test_the_example_trains_*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_guard.py", "*", ("mpi", "trainer")),
     ("tests/adapters/hydragnn/test_adapter_mace.py", "*", ("mpi", "trainer")),
+    ("tests/adapters/hydragnn/test_node_budget.py", "*", ("mpi", "trainer")),
+    ("tests/benchmarks/test_hydragnn_samplers.py", "*", ("mpi", "trainer")),
     # nequip-train (in .venv-nequip)
     ("tests/adapters/nequip/test_adapter.py", "test_nequip_*", ("mpi", "trainer")),
     ("tests/adapters/nequip/test_adapter.py", "test_every_structure_*", ("mpi", "trainer")),
@@ -78,9 +80,9 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tests/plan/test_measured.py", "*", ("mpi", "trainer", "fast")),
     # mpirun of small programs (tests/scripts/, cfm-run itself)
     ("tests/sampler/test_batch_sampler_mpi.py", "*", ("mpi",)),
-    ("tests/test_cli.py", "test_mpirun_*", ("mpi",)),
-    ("tests/test_cli.py", "*_every_rank*", ("mpi",)),
-    ("tests/test_cli.py", "test_a_rank_killed_outright_*", ("mpi",)),
+    ("tests/test_run_command.py", "test_mpirun_*", ("mpi",)),
+    ("tests/test_run_command.py", "*_every_rank*", ("mpi",)),
+    ("tests/test_run_command.py", "test_a_rank_killed_outright_*", ("mpi",)),
     ("tests/test_distributed.py", "test_single_node_ranks_*", ("mpi",)),
     ("tests/test_distributed.py", "test_a_users_own_mpi_*", ("mpi",)),
     ("tests/test_distributed.py", "test_a_stalled_rank_*", ("mpi",)),
@@ -103,7 +105,7 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tests/ops/test_export.py", "test_create_lammps_model_*", ("compile",)),
     ("tests/ops/test_host_syncs.py", "*_traced_*", ("compile",)),
     ("tests/ops/triton/test_aot.py", "*compile*", ("compile",)),
-    ("tests/static/test_forward.py", "test_compiled_*", ("compile",)),
+    ("tests/static_shapes/test_forward.py", "test_compiled_*", ("compile",)),
     # the Triton interpreter over whole MACE models
     ("tests/ops/triton/test_register_mace.py", "*", ("interpreter",)),
     # benchmarks and maintainers' tools run end to end

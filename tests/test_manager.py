@@ -98,19 +98,18 @@ def test_unknown_option_is_refused_by_create_manager():
         create_manager(Config(enabled=["binpack"], options={"max_token": "20"}))
 
 
-def test_get_active_is_a_deprecated_shim_over_config():
-    from cfm_plugins.manager import get_active
+def test_a_session_reaches_the_hooks_and_ranks_through_its_config():
+    from cfm_plugins.manager import Session
 
     config = Config(enabled=["binpack"])
     pm = create_manager(config)
     config.dist = pm.hook.cfm_init_distributed(config=config)
-    with pytest.warns(DeprecationWarning):
-        session = get_active()
+    session = Session(config)
     assert (
         session.pm is pm
         and session.hook is pm.hook
-        and session.config is config
         and session.dist is config.dist
+        and session.train_sampler is None
     )
 
 

@@ -66,3 +66,47 @@ def test_missing_library_is_an_error_with_the_build_hint(monkeypatch):
             RuntimeError, match="not built: build them with `pip install --no-build-isolation"
         ):
             call()
+
+
+def test_the_adapter_api_is_cheap_and_names_the_owners_objects(monkeypatch):
+    """``cfm_plugins.api``: importing it imports no torch; each declared name is the object of the
+    module that owns it, looked up at each import (a replacement in that module is seen); an
+    undeclared name is an AttributeError."""
+    import importlib
+
+    from cfm_plugins import api
+
+    out = run_python("import sys, cfm_plugins.api; print('torch' in sys.modules)")
+    assert out.split() == ["False"]
+    assert len(api.__all__) == len(set(api.__all__)) > 30
+    for name in api.__all__:
+        module, attr = api._SOURCES[name]
+        owner = importlib.import_module(module)
+        assert getattr(api, name) is (owner if attr is None else getattr(owner, attr)), name
+    from cfm_plugins import step_timer
+
+    monkeypatch.setattr(step_timer, "hand_over", "replaced")
+    assert api.hand_over == "replaced"
+    with pytest.raises(AttributeError, match="has no attribute 'Packing'"):
+        api.Packing  # noqa: B018
+
+
+def test_the_adapters_import_the_core_only_through_the_api():
+    """What import-linter's contract checks in ``make lint``, here for ``make test``: no module of
+    adapters/ imports a module of ``cfm_plugins`` other than ``cfm_plugins.api`` (the package's
+    top-level names are public too)."""
+    import ast
+
+    found = []
+    files = sorted((Path(__file__).resolve().parents[1] / "adapters").rglob("*.py"))
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            found += [
+                f"{path.name}:{node.lineno} {n}"
+                for n in names
+                if n.startswith("cfm_plugins.") and n != "cfm_plugins.api"
+            ]
+    assert len(files) > 20 and not found, found

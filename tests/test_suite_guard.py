@@ -4,7 +4,8 @@ PYTEST_ARGS, this repository's pytest settings), the two time limits shortened: 
 stuck in compiled code while holding the GIL, where pytest-timeout's signal never reaches Python,
 ends its worker with every thread's traceback; the run goes on, runs it once more, and a second
 stuck test fails and ends the run. A test that crashes its worker fails, and is not run again as a
-stuck one is."""
+stuck one is. No test gives a subprocess longer than pytest-timeout's limit allows (the
+subprocess's own timeout then fails the test with its output)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import shlex
 import subprocess
 import sys
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, SUBPROCESS_LIMIT_S
 
 STUCK = """
 import ctypes
@@ -103,3 +104,29 @@ def test_a_test_that_crashes_its_worker_fails_and_is_not_taken_for_a_stuck_one(t
     assert "crashed while running 'test_stuck.py::test_stuck_holding_the_gil'" in res.stdout
     assert "test_stuck.py::test_stuck_holding_the_gil: its worker crashed: failed" in res.stdout
     assert "stuck past" not in res.stdout
+
+
+def test_no_subprocess_timeout_reaches_pytests_limit():
+    """Every literal ``timeout=`` of the test files (subprocess runs, ``communicate``, the
+    helpers' defaults) is at most SUBPROCESS_LIMIT_S, which is below pytest-timeout's limit."""
+    import ast
+
+    # a regex, not tomllib: the package supports Python 3.10
+    limit = re.search(r"^timeout = (\d+)$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert SUBPROCESS_LIMIT_S <= int(limit.group(1)) - 30
+    found, over = 0, []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "timeout":
+                value = node.value
+            elif isinstance(node, ast.arguments):  # a default: def run(..., timeout=300)
+                named = node.args[len(node.args) - len(node.defaults) :] + node.kwonlyargs
+                defaults = node.defaults + node.kw_defaults
+                value = next((d for a, d in zip(named, defaults) if a.arg == "timeout"), None)
+            else:
+                continue
+            if isinstance(value, ast.Constant) and isinstance(value.value, (int, float)):
+                found += 1
+                if value.value > SUBPROCESS_LIMIT_S:
+                    over.append(f"{path.relative_to(ROOT)}:{value.lineno} timeout={value.value}")
+    assert found > 50 and not over, over

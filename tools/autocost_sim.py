@@ -6,11 +6,9 @@ No trainer, no timing: graphs of known atoms and edges, a known step-time model
 plans it, the fit of its noisy step times, and the LIF *under the true model* (no noise) of the next
 epochs' plans made with the fitted cost. What it compares:
 
-- calibration plans: ``one capacity`` (every bin about full in atoms, the first version) or the
-  ``levels`` of :data:`~cfm_plugins.sampler.packing.CALIBRATION_LEVELS` (what ``cost=auto`` does);
-- the outlier rule of :func:`~cfm_plugins.sampler.autocost.fit_step_times` on (default) or off;
-- its model selection (``select``: the ``best`` cross-validated error, the default; the ``most`` or
-  the ``fewest`` counts within one standard error of the best).
+- calibration plans: ``one capacity`` (every bin about full in atoms) or the ``levels`` of
+  :data:`~cfm_plugins.sampler.packing.CALIBRATION_LEVELS` (what ``cost=auto`` does);
+- the outlier rule of :func:`~cfm_plugins.sampler.autocost.fit_step_times` on (default) or off.
 
 Noise: every record's time is multiplied by ``1 + noise * N(0, 1)``, and a share ``outliers`` of
 the records by a further ``1 + U(0.1, 0.5)`` (a rank slowed by a process sharing its core: the
@@ -42,13 +40,11 @@ TRUTHS = {
     "edges+graphs": (2e-3, 0.0, 2e-6, 5e-4),
     "all": (2e-3, 1e-5, 1e-6, 4e-4),
 }
-VARIANTS = {  # name: (calibration levels, outlier cutoff, select)
-    "first version (one capacity, most)": ((1.0,), None, "most"),
-    "one capacity": ((1.0,), 4.0, "best"),
-    "levels, outliers kept": (CALIBRATION_LEVELS, None, "best"),
-    "cost=auto (levels, best)": (CALIBRATION_LEVELS, 4.0, "best"),
-    "levels, most": (CALIBRATION_LEVELS, 4.0, "most"),
-    "levels, fewest": (CALIBRATION_LEVELS, 4.0, "fewest"),
+VARIANTS = {  # name: (calibration levels, outlier cutoff)
+    "one capacity, outliers kept": ((1.0,), None),
+    "one capacity": ((1.0,), 4.0),
+    "levels, outliers kept": (CALIBRATION_LEVELS, None),
+    "cost=auto (levels)": (CALIBRATION_LEVELS, 4.0),
 }
 
 
@@ -66,7 +62,7 @@ def sizes(kind: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.n
 
 
 def one_run(
-    kind, truth, levels, cutoff, select, seed, noise, outliers, n=320, ranks=2, per_bin=8, warmup=3
+    kind, truth, levels, cutoff, seed, noise, outliers, n=320, ranks=2, per_bin=8, warmup=3
 ):
     """The true LIF of the plans made with the fit of one simulated calibration epoch."""
     rng = np.random.default_rng(seed)
@@ -83,7 +79,7 @@ def one_run(
     counts = [plan.bin_costs(x).reshape(-1, ranks)[warmup:] for x in (atoms, edges, np.ones(n))]
     t = true_times(plan)[warmup:] * (1 + noise * rng.standard_normal(counts[0].shape))
     t *= np.where(rng.random(t.shape) < outliers, 1 + rng.uniform(0.1, 0.5, t.shape), 1.0)
-    fit = fit_step_times(t, *counts, outlier_cutoff=cutoff, select=select)
+    fit = fit_step_times(t, *counts, outlier_cutoff=cutoff)
     costs = (
         fitted_costs(fit, atoms, edges, atoms) if fit.explains else atoms
     )  # else: the initial cost stays
@@ -113,9 +109,9 @@ def main(argv=None) -> int:
     print("|---|" + "---|" * len(VARIANTS))
     for name, truth in TRUTHS.items():
         cells = []
-        for levels, cutoff, select in VARIANTS.values():
+        for levels, cutoff in VARIANTS.values():
             lif = [
-                one_run(args.sizes, truth, levels, cutoff, select, s, args.noise, args.outliers)
+                one_run(args.sizes, truth, levels, cutoff, s, args.noise, args.outliers)
                 for s in range(args.seeds)
             ]
             cells.append(f"{np.mean(lif):.4f} ({max(lif):.3f})")

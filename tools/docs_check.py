@@ -24,22 +24,21 @@ What it checks:
       <!-- docs-check: venv .venv-nequip -->       run with another environment of the checkout
       <!-- docs-check: expect TEXT -->             the block's output must contain TEXT
       <!-- docs-check: timeout 600 -->             seconds (default 300)
-      <!-- docs-check: before
-      python -c "..."
-      -->                                          hidden set-up, run just before the block in the
-                                                   block's language and session (placeholders)
 
   and for a whole file: ``<!-- docs-check-file: venv .venv-nequip -->`` (the default environment
   of its blocks) or ``<!-- docs-check-file: skip: REASON -->`` (no block of it runs; its links are
   still checked).
 
 How blocks run: each file in a fresh folder standing for the repository root (a copy of
-``examples/`` and links to the checkout's environments ``.venv*``), its blocks in order as a user
-pastes them into one terminal: shell blocks in ``bash -e`` (``cd`` carries over to the next block),
-Python blocks in one Python session per file and environment (names carry over). The environment's
-``bin`` comes first on ``PATH`` (as after ``. .venv/bin/activate``), ``OMP_NUM_THREADS=1``, and
-``mpirun`` gets ``--oversubscribe`` (and ``--allow-run-as-root`` as root), as the docs tell users
-on few cores. A block whose environment does not exist is skipped, saying so.
+``examples/`` and links to the checkout's environments ``.venv*``), its blocks in page order as a
+reader pastes them, with no hidden set-up: a block that needs an earlier one says so in the page's
+text. The shell blocks of a file run as one shell session (each in ``bash -e -o pipefail``; the
+working directory, exported and plain shell variables carry over to the next block), its Python
+blocks in one interpreter per environment (names carry over; it starts with the shell session's
+variables and runs each block in the shell's current directory). The environment's ``bin`` comes
+first on ``PATH`` (as after ``. .venv/bin/activate``), ``OMP_NUM_THREADS=1``, and ``mpirun`` gets
+``--oversubscribe`` (and ``--allow-run-as-root`` as root), as the docs tell users on few cores. A
+block whose environment does not exist is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +82,7 @@ COMMAND_WORDS = (
     "$ ",
 )
 DEFAULT_TIMEOUT = 300.0
-KEYS = {"run", "replace", "skip", "file", "parse", "venv", "expect", "timeout", "before"}
+KEYS = {"run", "replace", "skip", "file", "parse", "venv", "expect", "timeout"}
 
 
 class DocError(Exception):
@@ -144,11 +142,10 @@ REFDEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s+(?P<target>\S+)")
 
 def parse_directives(body: str, where: str) -> list[tuple[str, str]]:
     """``run; replace A => B`` -> [("run", ""), ("replace", "A => B")]: directives separated by
-    ``;`` or new lines. ``skip`` takes the rest of its line as the reason, ``before`` the rest of
-    the comment as code (several lines)."""
+    ``;`` or new lines. ``skip`` takes the rest of its line as the reason."""
     out = []
     lines = body.strip().splitlines()
-    for i, line in enumerate(lines):
+    for line in lines:
         parts = line.split(";")
         for n, part in enumerate(parts):
             part = part.strip()
@@ -160,11 +157,6 @@ def parse_directives(body: str, where: str) -> list[tuple[str, str]]:
                 raise DocError(
                     f"{where}: unknown docs-check directive {key!r} (known: {sorted(KEYS)})"
                 )
-            if key == "before":
-                first = ";".join([m.group(2), *parts[n + 1 :]]).strip()
-                rest = textwrap.dedent("\n".join(lines[i + 1 :]))
-                out.append(("before", "\n".join(filter(None, [first, rest])).strip("\n")))
-                return out
             if key == "skip":
                 out.append(("skip", ";".join([m.group(2), *parts[n + 1 :]]).strip()))
                 break
@@ -250,7 +242,11 @@ def check_links(docs: dict[Path, Doc]) -> list[str]:
                 problems.append(f"{where}: link to {target}: no file {rel(dest)}")
                 continue
             if anchor and dest.suffix == ".md":
-                other = docs.get(dest) or parse(dest)
+                try:
+                    other = docs.get(dest) or parse(dest)
+                except DocError as e:  # a linked file not checked in this run
+                    problems.append(f"{where}: link to {target}: {e}")
+                    continue
                 if anchor not in other.anchors:
                     problems.append(
                         f"{where}: link to {target}: {rel(dest)} has no heading #{anchor}"
@@ -298,7 +294,7 @@ def plan_block(doc: Doc, block: Block) -> tuple[Block, str, str]:
         if block.lang not in DATA:
             raise DocError(f"{block.where}: `parse` is for yaml/json/toml blocks")
         return block, "parse", ""
-    if keys & {"run", "replace", "expect", "before", "venv", "timeout"}:
+    if keys & {"run", "replace", "expect", "venv", "timeout"}:
         if block.lang in DATA:
             raise DocError(f"{block.where}: a {block.lang} block is not run: use file or parse")
         return block, "run", ""
@@ -431,34 +427,95 @@ MPIRUN_WRAPPER = """mpirun() {
 """
 
 
-def run_shell(script: str, cwd: Path, env: dict, log: Path, timeout: float) -> tuple[bool, Path]:
-    state = log.with_suffix(".cwd")
-    full = (
-        f"set -eo pipefail\ntrap 'pwd > {shlex_quote(state)}' EXIT\ncd {shlex_quote(cwd)}\n"
-        + MPIRUN_WRAPPER
-        + script
-    )
-    with open(log, "a") as f:
-        proc = subprocess.Popen(
-            ["bash", "--noprofile", "--norc", "-c", full],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
+#: variables bash itself sets in the environment it passes on: not a block's doing
+BASH_OWN = {"_", "PWD", "OLDPWD", "SHLVL"}
+#: before a block: the names set so far (bash's own and the environment's), then the plain shell
+#: variables of the blocks before; at its exit: the directory, the environment and every other
+#: variable (``declare -p``), whatever the block's status
+SHELL_STATE = """__dc_own=" $(compgen -v | tr '\\n' ' ') "
+__dc_cwd={cwd} __dc_env={env} __dc_variables={variables}
+trap '__dc_rc=$?; set +e; pwd > "$__dc_cwd"; env -0 > "$__dc_env"
+for __dc_v in $(compgen -v); do
+  [[ $__dc_own == *" $__dc_v "* || $__dc_v == __dc_* ]] || declare -p "$__dc_v"
+done > "$__dc_variables" 2>/dev/null; exit $__dc_rc' EXIT
+cd {start}
+{restore}
+set -eo pipefail
+"""
+
+
+class ShellSession:
+    """The shell blocks of one file as one terminal session: each block runs in its own ``bash``
+    started where the blocks before it left the working directory, their exported variables (set,
+    changed or unset) and their plain shell variables."""
+
+    def __init__(self, cwd: Path, state_dir: Path):
+        self.cwd = cwd
+        self.state_dir = state_dir
+        self.exported: dict[str, str | None] = {}  # None: unset by a block
+        self.variables: Path | None = None  # the last block's ``declare -p`` lines
+        self.blocks = 0
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        """``base`` (a block's environment, :func:`block_env`) with the session's variables; the
+        block's environment stays first on ``PATH``."""
+        env = dict(base)
+        for key, value in self.exported.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        first = base["PATH"].split(os.pathsep)[0]
+        if env.get("PATH", "").split(os.pathsep)[0] != first:
+            env["PATH"] = f"{first}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = base["VIRTUAL_ENV"]
+        return env
+
+    def run(self, script: str, base: dict[str, str], log: Path, timeout: float) -> bool:
+        self.blocks += 1
+        files = {k: self.state_dir / f"shell{self.blocks}.{k}" for k in ("cwd", "env", "variables")}
+        restore = f". {shlex_quote(self.variables)}" if self.variables else ""
+        full = (
+            SHELL_STATE.format(
+                **{k: shlex_quote(v) for k, v in files.items()},
+                start=shlex_quote(self.cwd),
+                restore=restore,
+            )
+            + MPIRUN_WRAPPER
+            + script
         )
+        env = self.env(base)
+        with open(log, "a") as f:
+            proc = subprocess.Popen(
+                ["bash", "--noprofile", "--norc", "-c", full],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                f.write(f"\n[docs-check] timed out after {timeout:.0f} s\n")
+                return False
+        self.keep_state(env, files)
+        return code == 0
+
+    def keep_state(self, env: dict[str, str], files: dict[str, Path]) -> None:
         try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            f.write(f"\n[docs-check] timed out after {timeout:.0f} s\n")
-            return False, cwd
-    try:
-        new_cwd = Path(state.read_text().strip())
-    except OSError:
-        new_cwd = cwd
-    return code == 0, new_cwd
+            self.cwd = Path(files["cwd"].read_text().strip())
+            pairs = files["env"].read_text().split("\0")
+        except OSError:  # the block ended before its exit trap ran
+            return
+        after = dict(p.split("=", 1) for p in pairs if "=" in p)
+        for key in (set(env) | set(after)) - BASH_OWN:
+            if after.get(key) != env.get(key):
+                self.exported[key] = after.get(key)
+        if files["variables"].exists():
+            self.variables = files["variables"]
 
 
 def shlex_quote(p) -> str:
@@ -492,9 +549,10 @@ def tail(path: Path, n: int = 40) -> str:
 
 
 def run_doc(doc: Doc, steps, tmp: Path, echo) -> list[Outcome]:
-    """Run one file's blocks in order in a fresh sandbox."""
+    """Run one file's blocks in page order in a fresh sandbox: its shell blocks as one session, its
+    Python blocks in one interpreter per environment."""
     box = make_sandbox(tmp)
-    cwd = box
+    shell = ShellSession(box, tmp)
     default_venv = next((v for k, v in doc.file_directives if k == "venv"), ".venv")
     sessions: dict[str, PythonSession] = {}
     outcomes = []
@@ -514,7 +572,7 @@ def run_doc(doc: Doc, steps, tmp: Path, echo) -> list[Outcome]:
                 if action in ("file", "parse"):
                     parse_data(block.lang, block.text)
                     if action == "file":
-                        dest = cwd / note
+                        dest = shell.cwd / note
                         dest.parent.mkdir(parents=True, exist_ok=True)
                         dest.write_text(block.text)
                         detail = f"wrote {note}"
@@ -528,17 +586,13 @@ def run_doc(doc: Doc, steps, tmp: Path, echo) -> list[Outcome]:
                     env = block_env(box / venv_name)
                     timeout = float((block.get("timeout") or [DEFAULT_TIMEOUT])[0])
                     code = substituted(block)
-                    before = "\n".join(block.get("before"))
                     if block.lang in SHELL:
-                        ok, cwd = run_shell(f"{before}\n{code}", cwd, env, log, timeout)
+                        ok = shell.run(code, env, log, timeout)
                     else:
-                        if venv_name not in sessions:
-                            sessions[venv_name] = PythonSession(str(venv / "bin" / "python"), env)
-                        session = sessions[venv_name]
-                        if before:
-                            ok = session.run(before, f"{block.where} (before)", cwd, log, timeout)
-                        if ok:
-                            ok = session.run(code, block.where, cwd, log, timeout)
+                        if venv_name not in sessions:  # started from the shell session, as a reader
+                            python = str(venv / "bin" / "python")
+                            sessions[venv_name] = PythonSession(python, shell.env(env))
+                        ok = sessions[venv_name].run(code, block.where, shell.cwd, log, timeout)
                     output = log.read_text(errors="replace")
                     for text in block.get("expect"):
                         if ok and text not in output:

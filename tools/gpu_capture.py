@@ -12,12 +12,13 @@ CUDA once per ``--backend``: the C++ CUDA kernels or the generated Triton kernel
 
 The model is set up as the ``static`` plugin's mace seam and ``CFMCalculator(compile=...)`` set it
 up: built with e3nn's code generation off, ``without_torchscript``, patched, then
-``cfm_plugins.static.forward.install(model, MACE_SPEC, compile=..., dynamic=False)`` (TracedSwaps
-around the compiled call, ``configure_dynamo``). Two copies with the same weights (the same seeded
-build, checked equal key by key: a ``copy.deepcopy`` would hold e3nn's TorchScript again):
-compile=off (eager on the padded batch) and compile=``--mode`` (``reduce-overhead``: inductor + CUDA
-graph trees). The batch is one structure padded as the calculator pads it (``PaddingCollater``, a
-budget of the structure's size + 5 % headroom, pad edges 2 r_max long). Steps:
+``cfm_plugins.static_shapes.forward.install(model, MACE_SPEC, compile=..., dynamic=False)``
+(TracedSwaps around the compiled call, ``configure_dynamo``). Two copies with the same weights (the
+same seeded build, checked equal key by key: a ``copy.deepcopy`` would hold e3nn's TorchScript
+again): compile=off (eager on the padded batch) and compile=``--mode`` (``reduce-overhead``:
+inductor + CUDA graph trees). The batch is one structure padded as the calculator pads it
+(``PaddingCollater``, a budget of the structure's size + 5 % headroom, pad edges 2 r_max long).
+Steps:
 
 - ``train``: ``model(batch, training=True, compute_force=True)``, a loss on energy and forces
   against the EMT labels (as ``gpu_mace.measure``), ``backward()``;
@@ -142,8 +143,8 @@ class Workload:
         from mace import data as mace_data
         from mace.tools import AtomicNumberTable, torch_geometric, torch_tools
 
-        from cfm_plugins.static.budget import BudgetTracker, budget_for
-        from cfm_plugins.static.mace import PaddingCollater, batch_sizes
+        from cfm_plugins.static_shapes.budget import BudgetTracker, budget_for
+        from cfm_plugins.static_shapes.mace import PaddingCollater, batch_sizes
 
         with torch_tools.default_dtype(dtype):  # as CFMCalculator builds its graphs
             graph = mace_data.AtomicData.from_config(
@@ -195,7 +196,7 @@ def fresh(inputs: dict) -> dict:
 
 def base_model(dtype, hidden: str, device):
     """The stock model as the static seam builds it: e3nn code generation off, no TorchScript."""
-    from cfm_plugins.static.mace import e3nn_codegen_off, without_torchscript
+    from cfm_plugins.static_shapes.mace import e3nn_codegen_off, without_torchscript
 
     with e3nn_codegen_off():
         model = build_model(dtype, hidden)
@@ -212,8 +213,8 @@ def static_model(stock, hidden: str, fused: bool, compile: str, kernels=None):
     import torch
 
     from cfm_plugins.ops.patching import patch_model
-    from cfm_plugins.static.forward import install
-    from cfm_plugins.static.mace import MACE_SPEC, holds_torchscript
+    from cfm_plugins.static_shapes.forward import install
+    from cfm_plugins.static_shapes.mace import MACE_SPEC, holds_torchscript
 
     param = next(stock.parameters())
     model = base_model(param.dtype, hidden, param.device)
@@ -426,7 +427,7 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
     """Checks and times one (dtype, atoms, kernels) configuration; appends its table rows."""
     import torch
 
-    from cfm_plugins.static import forward
+    from cfm_plugins.static_shapes import forward
 
     tol = TOL[dtype_name]
     name = f"{dtype_name} {wl0.atoms} atoms {label}"
@@ -649,7 +650,7 @@ def main(argv=None) -> int:
     import torch
 
     from cfm_plugins.ops import _backend
-    from cfm_plugins.static.forward import check_compile_mode
+    from cfm_plugins.static_shapes.forward import check_compile_mode
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

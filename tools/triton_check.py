@@ -92,8 +92,8 @@ def _workload_tables():
 
 
 def _sources():
-    """(family, variant name, module name, source per (``defer``, ``presort``) flags of the tile
-    configs (conv TP: every combination), function name, specimen per dtype) of every kernel."""
+    """(family, variant name, module name, source, function name, specimen per dtype, block-size
+    constexpr names) of every kernel."""
     from cfm_plugins.ops.triton import conv_tp as ttp
     from cfm_plugins.ops.triton import skip_tp as tskip
     from cfm_plugins.ops.triton import symmetric_contraction as tsc
@@ -106,7 +106,7 @@ def _sources():
                 "sc_" + kernel,
                 tsc.compiled_name(kernel, flags),
                 f"check_sc_{kernel}",
-                {(False, False): tsc.source(sct, kernel, **flags)},
+                tsc.source(sct, kernel, **flags),
                 f"sc_{kernel}",
                 {d: tsc.specimen(sct, 128, d) for d in ("float32", "float64")},
                 ("BLOCK_N", "BLOCK_C"),
@@ -119,13 +119,7 @@ def _sources():
                 "tp_" + kernel,
                 ttp.compiled_name(kernel, transposed, flags),
                 f"check_tp_{kernel}",
-                {
-                    (d, p): ttp.source(
-                        tpt, kernel, defer=d, presort=p, transposed=transposed, **flags
-                    )
-                    for d in (False, True)
-                    for p in (False, True)
-                },
+                ttp.source(tpt, kernel, transposed=transposed, **flags),
                 ttp.function_name(kernel, transposed, **flags),
                 {d: ttp.specimen(tpt, d) for d in ("float32", "float64")},
                 ("BLOCK_E", "BLOCK_C"),
@@ -138,7 +132,7 @@ def _sources():
                 kernel,
                 kernel,
                 "plain:skip_tp",
-                {(False, False): ""},
+                "",
                 kernel,
                 {d: tskip.specimen(kernel, d) for d in ("float32", "float64")},
                 names,
@@ -150,7 +144,7 @@ def _sources():
             "sc_reduce",
             "sc_reduce",
             "",
-            {(False, False): ""},
+            "",
             "_element_sum",
             {
                 d: dict(
@@ -188,19 +182,18 @@ def jobs(targets, quick: bool, kernels=None) -> list[Job]:
     from cfm_plugins.ops.triton.configs import configs_for
 
     result = []
-    for family, name, module, sources, function, specimens, blocks in _sources():
+    for family, name, module, source, function, specimens, blocks in _sources():
         if kernels and family not in kernels:
             continue
         for dtype, specimen in specimens.items():
             configs = configs_for(family, dtype)
             for i, cfg in enumerate(configs[:1] if quick else configs):
-                variant = "_defer" * cfg.defer + "_presort" * cfg.presort
                 for target in targets:
                     result.append(
                         Job(
                             name,
-                            module + variant,
-                            sources[cfg.defer, cfg.presort],
+                            module,
+                            source,
                             function,
                             tuple(sorted(specimen.items())),
                             cfg,

@@ -44,7 +44,7 @@ def _variants():
                 ttp.compiled_name(kernel, transposed, flags),
                 tpt_t if transposed else tpt,
                 kernel,
-                dict(defer=False, transposed=transposed, **flags),
+                dict(transposed=transposed, **flags),
                 ttp.source,
                 ttp._KERNELS,
                 "tp",

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 
-from cfm_plugins.hookspec import hookimpl
+from cfm_plugins.api import hookimpl
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 
@@ -68,13 +68,12 @@ def cfm_before_trainer(config, dist, argv):
             argv[:2],
         )
         return None
-    from cfm_plugins.distributed import mpi_world_mismatch
-    from cfm_plugins.options import TrainerSettings, UsageError
+    from cfm_plugins.api import TrainerSettings, UsageError, mpi_world_mismatch
 
     mismatch = mpi_world_mismatch(dist)  # HydraGNN reduces with mpi4py's COMM_WORLD itself
     if mismatch:
         raise UsageError(f"HydraGNN uses MPI itself (mpi4py's COMM_WORLD): {mismatch}")
-    from cfm_plugins.manager import Session
+    from cfm_plugins.api import Session
     from cfm_plugins_adapters.hydragnn import seams
     from cfm_plugins_adapters.hydragnn.weighting import loss_from_config, loss_weightings
 
@@ -92,7 +91,7 @@ def cfm_before_trainer(config, dist, argv):
 
 @hookimpl
 def cfm_graph_sizes(dataset, indices, need_edges):
-    from cfm_plugins.sizes import GraphSizes
+    from cfm_plugins.api import GraphSizes
     from cfm_plugins_adapters.hydragnn.sizes import is_pyg_dataset, local_sizes
 
     if not is_pyg_dataset(dataset):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import logging
 
-from cfm_plugins.nonfinite import LossGuard, agree_not_finite, name_structures
+from cfm_plugins.api import LossGuard, agree_not_finite, name_structures
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 

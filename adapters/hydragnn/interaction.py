@@ -64,7 +64,7 @@ class FusedInteractionBlock(torch.nn.Module):
     warning."""
 
     def __init__(self, block: torch.nn.Module):
-        from cfm_plugins.ops.conv_tp import FusedConvTP
+        from cfm_plugins.api import FusedConvTP
 
         super().__init__()
         for name, module in block._modules.items():
@@ -118,7 +118,7 @@ class FusedInteractionBlock(torch.nn.Module):
 
 
 def _is_block(module) -> bool:
-    from cfm_plugins.ops.conv_tp import is_uvu_conv_tp
+    from cfm_plugins.api import is_uvu_conv_tp
 
     cls = type(module)
     return (
@@ -198,7 +198,7 @@ def computes_as_stock(block: torch.nn.Module) -> bool:
 
 def form():
     """The kernel table's form for HydraGNN's MACE interaction block (kernel ``conv_tp``)."""
-    from cfm_plugins.ops.kernel_table import Form
+    from cfm_plugins.api import Form
 
     return Form(
         "HydraGNN MACE interaction block (conv_tp + scatter)",
@@ -211,6 +211,6 @@ def form():
 
 def register_form() -> None:
     """Put :func:`form` first in the ``conv_tp`` kernel's forms (idempotent)."""
-    from cfm_plugins.ops.kernel_table import add_form
+    from cfm_plugins.api import add_form
 
     add_form("conv_tp", form())

@@ -22,7 +22,7 @@ import os
 
 from torch.utils.data import Sampler
 
-from cfm_plugins.sizes import shard_indices
+from cfm_plugins.api import shard_indices
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 
@@ -131,6 +131,60 @@ def unserved_arguments(args, kwargs) -> list[str]:
     return bad
 
 
+#: where HydraGNN's cost-aware batching is set: its ``create_dataloaders(..., batching=...)``
+#: reads this section of the JSON config (``hydragnn.preprocess.load_data``)
+BATCHING_KEY = "NeuralNetwork.Training.Batching"
+#: HydraGNN's ``oversized_sample`` policies as binpack's ``oversize``
+OVERSIZE = {"error": "error", "single": "solo", "skip": "skip"}
+
+
+def counts_atoms(config) -> bool:
+    """Whether binpack's capacity is in atoms (``cost=atoms``, or a linear/auto cost of
+    ``1*atoms``), the unit of HydraGNN's node budget."""
+    cost = config.get("cost")
+    linear_atoms = config.get("cost_a") == 1 and config.get("cost_b") == 0
+    return cost == "atoms" or (cost in ("linear", "auto") and linear_atoms)
+
+
+def take_over_batching(batching: dict, config, rank: int) -> None:
+    """binpack in place of HydraGNN's cost-aware batching (``batching``: the
+    :data:`BATCHING_KEY` section, mode ``node_budget``).
+
+    Without binpack's ``max_tokens`` the capacity is the section's ``max_nodes`` (refused, with
+    a :class:`~cfm_plugins.options.UsageError`, where binpack's cost is not counted in atoms);
+    without binpack's ``oversize``, ``oversized_sample`` sets it. Rank 0 says so once."""
+    from cfm_plugins.api import UsageError
+
+    budget = batching.get("max_nodes")
+    said = f"HydraGNN's {BATCHING_KEY} (mode {batching.get('mode')}"
+    said += f", max_nodes {budget})" if budget is not None else ")"
+    said += " is replaced by binpack's batches: "
+    source = f"{BATCHING_KEY}.max_nodes"  # a capacity this function set (loaders made twice)
+    if "max_tokens" in config.options and config.option_sources.get("max_tokens") != source:
+        said += f"capacity max_tokens={config.get('max_tokens'):g} (binpack's; max_nodes unused)"
+    elif budget is None:
+        said += "binpack's default capacity"
+    elif not counts_atoms(config):
+        raise UsageError(
+            f"binpack cost={config.get('cost')} counts its capacity in other units than "
+            f"{BATCHING_KEY}.max_nodes ({budget} nodes): set binpack's max_tokens (cfm-run -o "
+            "max_tokens=N), or use cost=atoms to pack to that node budget, or remove the Batching "
+            "section"
+        )
+    else:
+        config.options["max_tokens"] = float(budget)
+        config.option_sources["max_tokens"] = source
+        said += f"capacity {budget} atoms, its max_nodes (binpack's max_tokens is not set)"
+    policy = OVERSIZE.get(batching.get("oversized_sample"))
+    if policy is not None and "oversize" not in config.options:
+        config.options["oversize"] = policy
+        config.option_sources["oversize"] = f"{BATCHING_KEY}.oversized_sample"
+    if batching.get("max_graphs") is not None:
+        said += f"; max_graphs {batching['max_graphs']} is not applied (bins hold any graph count)"
+    if rank == 0 and config.first_time(said):
+        log.info("%s", said)
+
+
 def make_create_dataloaders(stock_create, loader_cls, session, scales=None, guard=None):
     """A drop-in for HydraGNN's ``create_dataloaders`` that uses the plugins' batch sampler."""
 
@@ -148,18 +202,14 @@ def make_create_dataloaders(stock_create, loader_cls, session, scales=None, guar
                 ", ".join(bad),
             )
             return stock_create(trainset, valset, testset, batch_size, *args, **kwargs)
-        batching = dict(zip(SOURCE_KEYWORDS, args), **kwargs).get("batching")
-        if batching and batching.get("mode", "fixed") != "fixed":
-            log.warning(
-                "HydraGNN's Training.Batching (mode %r) is replaced by binpack's batches: set "
-                "binpack's max_tokens/cost instead, or leave binpack out to use HydraGNN's",
-                batching.get("mode"),
-            )
         if not tdist.is_initialized():
             log.warning(
                 "torch.distributed is not initialised: HydraGNN's own (shuffled) loaders are used"
             )
-            return stock_create(trainset, valset, testset, batch_size)
+            return stock_create(trainset, valset, testset, batch_size, *args, **kwargs)
+        batching = dict(zip(SOURCE_KEYWORDS, args), **kwargs).get("batching")
+        if batching and batching.get("mode", "fixed") != "fixed":
+            take_over_batching(batching, session.config, session.dist.rank)
         if os.getenv("HYDRAGNN_CUSTOM_DATALOADER", "0") == "1":
             log.info(
                 "HYDRAGNN_CUSTOM_DATALOADER=1 is ignored under binpack: PyG's DataLoader is used"
@@ -173,7 +223,7 @@ def make_create_dataloaders(stock_create, loader_cls, session, scales=None, guar
                 balanced_loader(loader_cls, dataset, role, session, scales, guard, **extra)
             )
         if any(l is None for l in loaders):
-            return stock_create(trainset, valset, testset, batch_size)
+            return stock_create(trainset, valset, testset, batch_size, *args, **kwargs)
         return tuple(loaders)
 
     create_dataloaders.__wrapped__ = stock_create

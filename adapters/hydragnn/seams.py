@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from cfm_plugins.steptime import SamplerStateFile, wants_step_times
+from cfm_plugins.api import SamplerStateFile, wants_step_times
 
 log = logging.getLogger("cfm_plugins.hydragnn")
 

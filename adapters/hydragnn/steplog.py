@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import time
 
-from cfm_plugins.steplog import StepLogWriter
-from cfm_plugins.steptime import StepTimer, batch_totals, hand_over
+from cfm_plugins.api import StepLogWriter, StepTimer, batch_totals, hand_over
 
 
 class StepTracer:
@@ -33,7 +32,7 @@ class StepTracer:
     tracer also times the backward *compute*: from the start of ``backward`` to the moment the
     last gradient bucket is handed to the all-reduce (a DDP communication hook, :meth:`attach`).
     The compute time of a step (``compute_s``) runs from the start of ``forward`` to that moment
-    (:class:`cfm_plugins.steptime.StepTimer`).
+    (:class:`cfm_plugins.step_timer.StepTimer`).
 
     Each region is also timed in CPU time of the training thread (``*_cpu_s``, and
     ``compute_cpu_s`` from the start of ``forward`` to the end of ``backward``; CPU autograd runs

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
-from cfm_plugins.hookspec import hookimpl
+from cfm_plugins.api import hookimpl
 
 log = logging.getLogger("cfm_plugins.mace")
 
@@ -31,7 +31,7 @@ def cfm_adapter_serves(argv):
 
 @hookimpl
 def cfm_configure(config):
-    from cfm_plugins.config import argv_value
+    from cfm_plugins.api import argv_value
 
     # the ranks are set up before mace parses its arguments: take its --device now
     found = argv_value(config.trainer_argv, "--device")
@@ -55,7 +55,7 @@ def cfm_before_trainer(config, dist, argv):
 
 @hookimpl
 def cfm_graph_sizes(dataset, indices, need_edges):
-    from cfm_plugins.sizes import GraphSizes
+    from cfm_plugins.api import GraphSizes
     from cfm_plugins_adapters.mace.sizes import is_mace_dataset, local_sizes
 
     if not is_mace_dataset(dataset):

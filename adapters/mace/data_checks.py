@@ -19,8 +19,7 @@ import os
 
 import numpy as np
 
-from cfm_plugins.options import UsageError
-from cfm_plugins.plan.readers import not_finite
+from cfm_plugins.api import UsageError, not_finite
 
 log = logging.getLogger("cfm_plugins.mace")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from cfm_plugins.nonfinite import LossGuard, agree_not_finite, dataset_source, name_structures
+from cfm_plugins.api import LossGuard, agree_not_finite, dataset_source, name_structures
 
 log = logging.getLogger("cfm_plugins.mace")
 

@@ -6,7 +6,7 @@ loaders, looking the name up at call time. :func:`make_dataloader_factory` retur
 the same form that asks the ``cfm_batch_sampler`` hook for a batch sampler and builds mace's own
 DataLoader with it (same collation), or falls back to the stock call when no plugin offers one.
 Where a plugin gives a ``cfm_batch_budget`` (``static``), the loader's collate function pads every
-batch to it (:class:`cfm_plugins.static.mace.PaddingCollater`).
+batch to it (:class:`cfm_plugins.static_shapes.mace.PaddingCollater`).
 
 - :func:`loader_role`: which of mace's loaders a dataset feeds (training, validation, test);
 - :func:`scale_batch`: binpack's ``loss_weighting=per_sample`` applied to each training batch;
@@ -22,8 +22,7 @@ import sys
 from torch.utils.data import ConcatDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from cfm_plugins.sampler.batch_sampler import BatchSamplerWrapper
-from cfm_plugins.sizes import shard_indices
+from cfm_plugins.api import BatchSamplerWrapper, shard_indices
 
 log = logging.getLogger("cfm_plugins.mace")
 
@@ -50,9 +49,9 @@ def scale_batch(batch, scale) -> None:
     """Multiply the weight fields of a mace batch in place: graph terms by ``scale.graphs``, the
     forces term by ``scale.atoms`` (``weight`` itself, shared by all terms, is left as it is).
 
-    A static-shape batch (:class:`cfm_plugins.static.mace.PaddedBatch`, whose fields are views of
-    the padded batch, made again when it moves to a device) is scaled in its padded fields (the pad
-    graphs' weights are zero) and its views made again.
+    A static-shape batch (:class:`cfm_plugins.static_shapes.mace.PaddedBatch`, whose fields are
+    views of the padded batch, made again when it moves to a device) is scaled in its padded fields
+    (the pad graphs' weights are zero) and its views made again.
 
     mace's losses multiply each configuration's squared error by its ``weight`` times a per-term
     weight (``energy_weight``, ``forces_weight``, ``stress_weight``, ``virials_weight``, fields of
@@ -179,7 +178,7 @@ def follow_mace_epochs(session=None, state_file=None):
     a due ``cost=auto`` fit (collectives), never a pass over a loader.
 
     ``session`` learns which sampler trains (``session.train_sampler``: timed steps go there).
-    ``state_file`` (a callable giving a :class:`~cfm_plugins.steptime.SamplerStateFile` or None)
+    ``state_file`` (a callable giving a :class:`~cfm_plugins.step_timer.SamplerStateFile` or None)
     keeps the sampler's resume state: saved after every ``set_epoch`` that changed it (a
     ``cost=auto`` fit, made at the start of an epoch, so before the checkpoint at that epoch's
     end), and given back when the first epoch mace trains is not 0 (mace resumed from a
@@ -310,7 +309,7 @@ def batch_sampler_for(hook, dataset, sizes, config, dist, role, trainer):
     structure larger than the capacity) has the sampler's message say what helps, and this one
     say which loader and which file.
     """
-    from cfm_plugins.options import UsageError
+    from cfm_plugins.api import UsageError
 
     try:
         return hook.cfm_batch_sampler(
@@ -347,7 +346,7 @@ def pad_batches(loader, hook, batch_sampler, sizes, config, dist, role, pad_dist
         batch_sampler=batch_sampler, sizes=sizes, config=config, dist=dist, role=role
     )
     if tracker is not None:
-        from cfm_plugins.static.mace import PaddingCollater
+        from cfm_plugins.api import PaddingCollater
 
         loader.collate_fn = PaddingCollater(loader.collate_fn, tracker, pad_distance())
     return loader

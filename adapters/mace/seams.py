@@ -19,9 +19,7 @@ import logging
 import os
 import types
 
-from cfm_plugins.manager import Session
-from cfm_plugins.options import TrainerSettings
-from cfm_plugins.steptime import SamplerStateFile, wants_step_times
+from cfm_plugins.api import SamplerStateFile, Session, TrainerSettings, wants_step_times
 
 #: the file beside mace's checkpoints (``<checkpoints_dir>/<name>_run-<seed><suffix>``) that keeps
 #: the training sampler's resume state; mace's checkpoint names end in ``_epoch-<n>.pt``, so it
@@ -71,7 +69,7 @@ def check_built_loss(loss_fn, weightings) -> None:
     """Refuse a loss module built after the training loader scales per-sample weights
     (``weightings``: the loss weighting of every training loader built) that is not linear in
     them: its training would be weighted by factors the loss does not read linearly."""
-    from cfm_plugins.options import UsageError
+    from cfm_plugins.api import UsageError
 
     name = type(loss_fn).__name__
     if "per_sample" in weightings and name not in LINEAR_LOSS_CLASSES:
@@ -135,12 +133,11 @@ def install(config) -> callable:
     checkpoints (see :mod:`.loader`). With the ``static`` feature (a ``cfm_static_forward`` hook),
     the loaders pad their batches (``cfm_batch_budget``) and the model is built without e3nn's
     TorchScript code generation (dynamo cannot trace TorchScript; see
-    :mod:`cfm_plugins.static.mace`).
+    :mod:`cfm_plugins.static_shapes.mace`).
     """
     import mace.cli.run_train as rt
 
-    from cfm_plugins.ops.patching import is_patched
-    from cfm_plugins.static.forward import installed
+    from cfm_plugins.api import installed_static_forward, is_patched
 
     saved = {
         name: getattr(rt, name)
@@ -346,13 +343,13 @@ def install(config) -> callable:
             model, output_args = stock_configure(*args, **kwargs)
             hook.cfm_patch_model(model=model, config=config)
         else:
-            from cfm_plugins.static import mace as static_mace
+            from cfm_plugins.api import MACE_SPEC, e3nn_codegen_off, without_torchscript
 
-            with static_mace.e3nn_codegen_off():
+            with e3nn_codegen_off():
                 model, output_args = stock_configure(*args, **kwargs)
-            model = static_mace.without_torchscript(model)
+            model = without_torchscript(model)
             hook.cfm_patch_model(model=model, config=config)
-            hook.cfm_static_forward(model=model, config=config, spec=static_mace.MACE_SPEC)
+            hook.cfm_static_forward(model=model, config=config, spec=MACE_SPEC)
         if recorder is not None:
             recorder.attach(model)
         return model, output_args
@@ -369,7 +366,7 @@ def install(config) -> callable:
         if hasattr(out, "modules"):
             if recorder is not None:
                 recorder.detach_copy(out)
-            if is_patched(out) or installed(out) is not None:
+            if is_patched(out) or installed_static_forward(out) is not None:
                 hook.cfm_unpatch_model(model=out, config=config)
         return out
 

@@ -149,7 +149,7 @@ def _files(leaf) -> list[_File]:
 def _h5_structures(f: _File, local):
     import h5py
 
-    from cfm_plugins.plan.readers import h5_read
+    from cfm_plugins.api import h5_read
 
     h5, size = f.leaf.file, f.leaf.batch_size
     batch, batch_no = None, -1
@@ -214,8 +214,7 @@ class _Progress:
 def _read_file(f: _File, local, count: bool, r_max: float, counter: str, progress) -> dict:
     """Read structures ``local`` of ``f``: atoms, element sets, what is not finite, and (``count``)
     the edges at ``r_max``."""
-    from cfm_plugins.plan.readers import Block
-    from cfm_plugins.plan.sizes import _count_block
+    from cfm_plugins.api import Block, count_block
     from cfm_plugins_adapters.mace.data_checks import bad_values
 
     structures = _h5_structures if f.fmt == "h5" else _lmdb_structures
@@ -245,7 +244,7 @@ def _read_file(f: _File, local, count: bool, r_max: float, counter: str, progres
         if count and len(part):
             block = Block(0, atoms[lo : lo + len(part)], np.concatenate(pos), np.stack(cells))
             block.pbc = np.stack(pbcs)
-            e, b = _count_block(block, r_max, counter)
+            e, b = count_block(block, r_max, counter)
             edges[lo : lo + len(part)] = e
             for k, why in b.items():
                 bad[int(part[k])] = why
@@ -262,13 +261,13 @@ def _read_file(f: _File, local, count: bool, r_max: float, counter: str, progres
 
 # ------------------------------------------------------------------------------ the cache
 def _cache_hit(f: _File, r_max: float, dirs) -> dict | None:
-    from cfm_plugins.plan import cache
+    from cfm_plugins.api import plan_cache
 
     if f.fmt not in ("h5", "lmdb"):
         return None
-    k = cache.key(f.path, f.fmt, r_max)
+    k = plan_cache.key(f.path, f.fmt, r_max)
     for d in dirs:
-        hit = cache.load(d, k)
+        hit = plan_cache.load(d, k)
         if hit is not None and len(hit["atoms"]) == f.n:
             hit["folder"] = d
             return hit
@@ -278,8 +277,7 @@ def _cache_hit(f: _File, r_max: float, dirs) -> dict | None:
 def _write_cache(f: _File, r_max: float, folder: str, parts: list[dict], counter: str) -> bool:
     """Write ``f``'s entry from every rank's ``parts`` (``local`` indices and what was read);
     False where they do not cover the file or have no edges."""
-    from cfm_plugins.plan import cache
-    from cfm_plugins.plan.sizes import FileSizes
+    from cfm_plugins.api import FileSizes, plan_cache
 
     atoms = np.full(f.n, -1, np.int64)
     edges = np.full(f.n, -1, np.int64)
@@ -300,7 +298,7 @@ def _write_cache(f: _File, r_max: float, folder: str, parts: list[dict], counter
     sizes = FileSizes(f.path, f.fmt, atoms, edges, np.zeros(f.n, bool), dict(sorted(bad.items())))
     sizes.counter = counter
     checks = {"labels": labels, "zsets": [list(s) for s in sets], "zset": zset}
-    return cache.save(folder, cache.key(f.path, f.fmt, r_max), sizes, checks) is not None
+    return plan_cache.save(folder, plan_cache.key(f.path, f.fmt, r_max), sizes, checks) is not None
 
 
 # ------------------------------------------------------------------------------ the pass
@@ -318,7 +316,7 @@ def _what(f: _File, i: int, text: str) -> str:
 
 
 def _lazy_pass(files: list[_File], tags: list[DataTag], need_edges: bool, atoms, edges) -> None:
-    from cfm_plugins.plan.neighbours import backend
+    from cfm_plugins.api import neighbour_counter
     from cfm_plugins_adapters.mace import data_checks
 
     t0 = time.perf_counter()
@@ -341,7 +339,7 @@ def _lazy_pass(files: list[_File], tags: list[DataTag], need_edges: bool, atoms,
         count = need_edges and (hit is None or (hit["edges"][f.local] < 0).any())
         plan.append((fresh or count, count))
     total = sum(len(f.local) for f, (read, _) in zip(files, plan) if read)
-    counter = backend(None) if any(count for _, count in plan) else ""
+    counter = neighbour_counter(None) if any(count for _, count in plan) else ""
     progress = _Progress(total, loud=rank == 0 or not gathered)
     labels, elements = [], []
     parts = {}

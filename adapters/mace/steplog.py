@@ -1,9 +1,10 @@
 """Timing of mace's training steps: the step log (option ``step_log=PATH``) and ``cost=auto``.
 
 ``mace.tools.train.take_step`` is wrapped (:meth:`StepRecorder.wrap_take_step`). For every
-optimizer step each rank measures the compute of the step (:class:`cfm_plugins.steptime.StepTimer`:
-wall time from the start of the step to its last gradient bucket handed to DDP's all-reduce, and
-the training thread's CPU time of the step; the waits for other ranks are in neither) and
+optimizer step each rank measures the compute of the step
+(:class:`cfm_plugins.step_timer.StepTimer`: wall time from the start of the step to its last
+gradient bucket handed to DDP's all-reduce, and the training thread's CPU time of the step; the
+waits for other ranks are in neither) and
 hands it with the batch's atoms, edges and graphs to the training sampler when that wants step
 times (``cost=auto``).
 
@@ -18,8 +19,7 @@ from __future__ import annotations
 
 import time
 
-from cfm_plugins.steplog import StepLogWriter
-from cfm_plugins.steptime import StepTimer, batch_totals, hand_over
+from cfm_plugins.api import StepLogWriter, StepTimer, batch_totals, hand_over
 
 
 class StepRecorder:

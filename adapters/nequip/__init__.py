@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 
-from cfm_plugins.hookspec import hookimpl
+from cfm_plugins.api import hookimpl
 
 log = logging.getLogger("cfm_plugins.nequip")
 
@@ -71,8 +71,7 @@ def cfm_configure(config):
 
 @hookimpl
 def cfm_before_trainer(config, dist, argv):
-    from cfm_plugins.manager import Session
-    from cfm_plugins.options import TrainerSettings
+    from cfm_plugins.api import Session, TrainerSettings
     from cfm_plugins_adapters.nequip import seams
 
     if not serves(argv):
@@ -99,7 +98,7 @@ def cfm_before_trainer(config, dist, argv):
 
 @hookimpl
 def cfm_graph_sizes(dataset, indices, need_edges):
-    from cfm_plugins.sizes import GraphSizes
+    from cfm_plugins.api import GraphSizes
     from cfm_plugins_adapters.nequip.loader import is_nequip_dataset, local_sizes
 
     if not is_nequip_dataset(dataset):

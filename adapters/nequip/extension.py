@@ -19,13 +19,13 @@ TARGET = "nequip.nn._tp_scatter_base"
 
 
 def _register(module) -> None:
-    from cfm_plugins.ops import _backend
+    from cfm_plugins.api import declare_operators
     from cfm_plugins_adapters.nequip.modifier import register
 
     register(module.TensorProductScatter)
     # declare the cfm:: operators, so that a model compiled with `nequip-compile --modifiers
     # enable_CFMFused` loads (NequIPCalculator.from_compiled_model) without importing cfm_plugins
-    _backend.declare_operators()
+    declare_operators()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -20,7 +20,7 @@ import logging
 
 import lightning
 
-from cfm_plugins.nonfinite import LossGuard, dataset_source, name_structures
+from cfm_plugins.api import LossGuard, dataset_source, name_structures
 
 log = logging.getLogger("cfm_plugins.nequip")
 

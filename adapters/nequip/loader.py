@@ -25,8 +25,7 @@ import logging
 import numpy as np
 from torch.utils.data import DataLoader, Subset
 
-from cfm_plugins.sampler.batch_sampler import BatchSamplerWrapper
-from cfm_plugins.sizes import shard_indices
+from cfm_plugins.api import BatchSamplerWrapper, shard_indices
 
 log = logging.getLogger("cfm_plugins.nequip")
 

@@ -42,7 +42,7 @@ class _EdgeIndexCache:
         self._value = None
 
     def get(self, edge_dst: torch.Tensor, edge_src: torch.Tensor) -> torch.Tensor:
-        from cfm_plugins.ops._backend import tracing
+        from cfm_plugins.api import tracing
 
         if tracing(
             edge_dst
@@ -83,7 +83,7 @@ def fused_class():
             ``forward`` returns the receiver sums directly (same arguments, same result)."""
 
             def __init__(self, old: TensorProductScatter):
-                from cfm_plugins.ops.conv_tp import FusedConvTP
+                from cfm_plugins.api import FusedConvTP
 
                 torch.nn.Module.__init__(self)  # the stock __init__ would build a second e3nn TP
                 self.feature_irreps_in = old.feature_irreps_in
@@ -128,7 +128,7 @@ def form():
     module (product and scatter) becomes :func:`fused_class`; all of a model's or none."""
     from nequip.nn._tp_scatter_base import TensorProductScatter
 
-    from cfm_plugins.ops.kernel_table import Form
+    from cfm_plugins.api import Form
 
     cls = fused_class()
 
@@ -152,7 +152,7 @@ def form():
 def register_form() -> None:
     """Put :func:`form` first in the ``conv_tp`` kernel's forms (idempotent), so that every route to
     the swap (the ``fused`` plugin's ``cfm_patch_model``, this modifier) fuses the whole module."""
-    from cfm_plugins.ops.kernel_table import add_form
+    from cfm_plugins.api import add_form
 
     add_form("conv_tp", form())
 
@@ -162,7 +162,7 @@ def fuse(model: torch.nn.Module) -> int:
     kernel table. Returns the number swapped: 0 (with a warning saying why) when the model has
     none, or when one of them cannot be fused (then none is: the model runs stock). All or none,
     because nequip refuses models that mix two subclasses carrying the same modifier."""
-    from cfm_plugins.ops.patching import patch_model
+    from cfm_plugins.api import patch_model
 
     register_form()
     report = patch_model(model, ("conv_tp",))
@@ -180,7 +180,7 @@ def fuse(model: torch.nn.Module) -> int:
 
 def unfuse(model: torch.nn.Module) -> int:
     """Undo :func:`fuse` (in place). Returns the number of modules restored."""
-    from cfm_plugins.ops.patching import unpatch_model
+    from cfm_plugins.api import unpatch_model
 
     register_form()
     return unpatch_model(model, ("conv_tp",)).total

@@ -18,7 +18,7 @@ import copy
 import dataclasses
 import logging
 
-from cfm_plugins.steptime import wants_step_times
+from cfm_plugins.api import wants_step_times
 
 log = logging.getLogger("cfm_plugins.nequip")
 

@@ -2,14 +2,14 @@
 callback).
 
 :class:`StepLog` is a Lightning callback. It times every training step's compute
-(:class:`cfm_plugins.steptime.StepTimer`: wall time to DDP's last gradient bucket, and the training
-thread's CPU time) and hands it with the batch's atoms, edges and graphs to the training sampler
-when that wants step times (``cost=auto``). With a ``path``, for every training and validation
-batch it writes one JSON line to ``PATH.rank<R>.jsonl`` (the class lists the fields);
+(:class:`cfm_plugins.step_timer.StepTimer`: wall time to DDP's last gradient bucket, and the
+training thread's CPU time) and hands it with the batch's atoms, edges and graphs to the training
+sampler when that wants step times (``cost=auto``). With a ``path``, for every training and
+validation batch it writes one JSON line to ``PATH.rank<R>.jsonl`` (the class lists the fields);
 :func:`cfm_plugins.steplog.load_imbalance` turns those into the load imbalance factor (LIF)
-``sum_steps max_rank / sum_steps mean_rank``. Under ``cfm-run`` the adapter adds it to the
-Trainer's callbacks when ``step_log`` is set or a feature needs step times; in a config:
-``{_target_: cfm_plugins_adapters.nequip.steplog.StepLog, path: PATH}``.
+``sum_steps max_rank / sum_steps mean_rank``. Under ``cfm-run`` the adapter adds it to the Trainer's
+callbacks when ``step_log`` is set or a feature needs step times; in a config: ``{_target_:
+cfm_plugins_adapters.nequip.steplog.StepLog, path: PATH}``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import time
 
 import lightning
 
-from cfm_plugins.steplog import StepLogWriter
-from cfm_plugins.steptime import StepTimer, batch_totals, hand_over
+from cfm_plugins.api import StepLogWriter, StepTimer, batch_totals, hand_over
 
 
 def _session():

@@ -11,7 +11,7 @@ committee and unit handling, same results), except that:
   periodic cell, no atoms) is a ``ValueError`` naming the atoms (:mod:`.atoms_checks`);
 - ``skin=`` keeps the neighbour list between MD steps (:mod:`.mace_graph`; default on CUDA);
 - ``static_shapes=True`` pads every evaluation to a budget that grows in steps (each logged), and
-  ``compile=`` compiles the forward with forces once per budget (:mod:`cfm_plugins.static`).
+  ``compile=`` compiles the forward with forces once per budget (:mod:`cfm_plugins.static_shapes`).
 This module imports mace; ``cfm_plugins.calculators`` imports it when ``CFMCalculator`` is used.
 """
 
@@ -160,14 +160,14 @@ class CFMCalculator(MACECalculator):
                 "rebuilds the model from its configuration and would drop the fused modules; use "
                 "compile='default' (ours, fused kernels inside) or fused=False for mace's compile"
             )
-        from cfm_plugins.static.forward import check_compile_mode
+        from cfm_plugins.static_shapes.forward import check_compile_mode
 
         check_compile_mode(compile, device, compile_backend)
         if compile != "off" and compile_mode is not None:
             raise ValueError("give compile= (cfm-plugins) or compile_mode= (mace's), not both")
         if budget_headroom < 0:
             raise ValueError(f"budget_headroom={budget_headroom!r} must be >= 0")
-        from cfm_plugins.calculators.neighbours import default_skin
+        from cfm_plugins.calculators.skin_list import default_skin
 
         skin = default_skin(skin, device, compile_mode)
         if skin is not None and compile_mode is not None:
@@ -246,8 +246,8 @@ class CFMCalculator(MACECalculator):
                 "the first step, so it pays on long runs only (docs/inference.md)"
             )
         if compile != "off" or self.static_shapes:
-            from cfm_plugins.static import mace as static_mace
-            from cfm_plugins.static.forward import install
+            from cfm_plugins.static_shapes import mace as static_mace
+            from cfm_plugins.static_shapes.forward import install
 
             for model in self.models:
                 install(
@@ -261,7 +261,7 @@ class CFMCalculator(MACECalculator):
     def _without_torchscript(self) -> None:
         """Compiling needs models without TorchScript (e3nn's code generation): rebuild those that
         hold it."""
-        from cfm_plugins.static.mace import holds_torchscript, without_torchscript
+        from cfm_plugins.static_shapes.mace import holds_torchscript, without_torchscript
 
         for i, model in enumerate(self.models):
             if holds_torchscript(model):
@@ -318,11 +318,11 @@ class CFMCalculator(MACECalculator):
         return self._padded(graphs).to(self.device)
 
     def _padded(self, graphs):
-        """``graphs`` as one :class:`~cfm_plugins.static.mace.PaddedBatch` in the models' dtype,
-        padded to the budget (made from the first batch, raised in steps by a larger one,
+        """``graphs`` as one :class:`~cfm_plugins.static_shapes.mace.PaddedBatch` in the models'
+        dtype, padded to the budget (made from the first batch, raised in steps by a larger one,
         logged)."""
-        from cfm_plugins.static.budget import BudgetTracker, budget_for
-        from cfm_plugins.static.mace import PaddingCollater, batch_sizes
+        from cfm_plugins.static_shapes.budget import BudgetTracker, budget_for
+        from cfm_plugins.static_shapes.mace import PaddingCollater, batch_sizes
 
         if self.budget is None:
             self.budget = BudgetTracker(

@@ -5,7 +5,7 @@ would build the neighbour list from scratch and every other field of the graph a
 node attributes, weights, cell tensors, empty labels). :class:`MDGraphs` keeps the graph of the
 last structure whose configuration (atomic numbers, cell, periodicity, head, weights, properties)
 was the same, and replaces only what depends on positions: the positions, the edges and their
-shifts (:class:`~cfm_plugins.calculators.neighbours.SkinNeighbourList`), and the cell tensors mace
+shifts (:class:`~cfm_plugins.calculators.skin_list.SkinNeighbourList`), and the cell tensors mace
 derives from the cell its neighbour list returns (which, in a non-periodic direction, depends on the
 positions). Any other change of the configuration makes the graph again with ``from_config``.
 ``tests/calculators/test_mace_graph.py`` compares every field with ``from_config``'s.
@@ -18,7 +18,7 @@ import copy
 import numpy as np
 import torch
 
-from cfm_plugins.calculators.neighbours import SkinNeighbourList
+from cfm_plugins.calculators.skin_list import SkinNeighbourList
 
 __all__ = ["MDGraphs", "mace_cell"]
 

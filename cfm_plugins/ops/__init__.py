@@ -3,9 +3,8 @@
 - :class:`FusedSymmetricContraction` (MACE's product basis) in ``symmetric_contraction.py``
 - :class:`FusedConvTP` (channelwise tensor product + scatter) in ``conv_tp.py``
 - :class:`FusedSkipTP` (MACE's skip connection, a per-element linear map) in ``skip_tp.py``
-- :func:`configure`: the runtime settings of the kernels (GPU backend, Triton tiles, autotuning,
-  deterministic weight gradients), for a Python user; the ``fused`` plugin calls it at start with
-  its options.
+- :func:`configure`: the runtime settings of the kernels (GPU backend, Triton tiles, autotuning),
+  for a Python user; the ``fused`` plugin calls it at start with its options.
 
 The sparse coefficient lists (*what* is computed) live in ``descriptors/``; the compiled kernels
 (*how* it runs) are torch operators built from ``cuda/`` and loaded by ``_library.py``;
@@ -31,12 +30,11 @@ def configure(
     backend: str | None = None,
     tiles: str | None = None,
     autotune: bool | None = None,
-    deterministic: bool | None = None,
 ) -> dict:
     """Set the runtime settings of the fused kernels for this process, before they run.
 
     The ``fused`` plugin calls it at start with its options (``fused_backend``, ``fused_tiles``,
-    ``fused_autotune``, ``fused_deterministic``); a Python user (e.g. of
+    ``fused_autotune``); a Python user (e.g. of
     :class:`~cfm_plugins.calculators.CFMCalculator`) calls it directly. The kernels read these
     settings at each launch and never the environment. Every argument left ``None`` keeps its
     current value; all are checked before any is set.
@@ -45,11 +43,9 @@ def configure(
         backend: the kernels of the ``cfm::`` operators on CUDA tensors: ``"auto"`` (default:
             Triton where it imports, else the C++ CUDA kernels), ``"triton"`` or ``"cuda"``.
         tiles: Triton tiles to pin, ``KERNEL[:DTYPE]=TILE`` entries, comma separated (e.g.
-            ``"tp_segment=8x32/w4,tp_edge:float64=4x32/w4/defer"``); ``""`` for the built-in
+            ``"tp_segment=8x32/w8,tp_edge:float64=4x32/w4"``); ``""`` for the built-in
             per-kernel, per-dtype defaults.
         autotune: time the tile alternatives at the first launch of each shape on the GPU.
-        deterministic: ``True`` (default): weight gradients without float atomics, reproducible
-            bit for bit; ``False`` lets the contraction's weight gradient use atomic adds.
 
     Returns:
         The settings before the call, as keyword arguments: ``configure(**previous)`` restores
@@ -79,8 +75,6 @@ def configure(
         configs.set_tiles(tiles)
     if autotune is not None:
         configs.set_autotune(autotune)
-    if deterministic is not None:
-        configs.set_deterministic(deterministic)
     return previous
 
 
@@ -93,7 +87,6 @@ def settings() -> dict:
         "backend": gpu_backend(),
         "tiles": configs.tiles(),
         "autotune": configs.autotuning(),
-        "deterministic": configs.deterministic(),
     }
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from cfm_plugins.ops import _backend
-from cfm_plugins.ops._shared_e3nn import SharesE3nnModule, module_device
+from cfm_plugins.ops._fused_module import FusedE3nnModule, module_device
 from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors import conv_tp as _desc
 from cfm_plugins.ops.kernel_types import Form, Kernel
@@ -98,7 +98,6 @@ def edge_csr(edge_index: torch.Tensor, num_nodes: int) -> EdgeCSR:
 # ----------------------------------------------------------------------------------------------
 # Pure-torch fallback (same tables, same arithmetic order; autograd does every derivative).
 # ----------------------------------------------------------------------------------------------
-_FLOAT_DTYPES = (torch.float32, torch.float64)
 
 
 class _TorchTables:
@@ -166,7 +165,7 @@ class _ColumnPermutation(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # The module.
 # ----------------------------------------------------------------------------------------------
-class FusedConvTP(SharesE3nnModule, torch.nn.Module):
+class FusedConvTP(FusedE3nnModule):
     """e3nn uvu ``TensorProduct`` + ``scatter_sum`` as one fused op (see module docstring).
 
     It keeps e3nn's attributes (irreps_in1/irreps_in2/irreps_out, instructions, weight_numel).
@@ -185,32 +184,22 @@ class FusedConvTP(SharesE3nnModule, torch.nn.Module):
     follows ``.to()``; ``forward`` is TorchScript-compatible.
     """
 
-    #: the coefficients stay float64 under .to(dtype) (the kernels read them in double)
-    F64_BUFFERS = ("_tp_coef", "_tp_coef_t")
+    OPERATORS = "conv_tp"
+    PREFIX = "_tp"
     #: the pure-torch path's tables, rebuilt after a move
     DERIVED = ("_torch_tabs",)
 
     def __init__(self, tp: torch.nn.Module, device: torch.device | None = None):
-        super().__init__()
         desc, paths = _desc.from_e3nn(tp)
-        device = torch.device(device) if device is not None else module_device(tp)
-        self.irreps_in1 = tp.irreps_in1
-        self.irreps_in2 = tp.irreps_in2
-        self.irreps_out = tp.irreps_out
-        self.instructions = tp.instructions
-        self.weight_numel = tp.weight_numel
+        super().__init__(tp, desc, device)  # weights are inputs: none shared
         self.shared_weights = False
         self.internal_weights = False
-        self._in1_dim = tp.irreps_in1.dim
-        self._in2_dim = tp.irreps_in2.dim
-        self.descriptor = desc
         self.paths = paths
-        self._share_state_of(tp)  # buffers and compiled submodules (no weights: they are inputs)
         perm_in = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_in1])
         perm_out = _desc.channel_last_permutation([(m, ir.dim) for m, ir in tp.irreps_out])
         self._identity_in = bool((perm_in == np.arange(len(perm_in))).all())
         self._identity_out = bool((perm_out == np.arange(len(perm_out))).all())
-        i64 = dict(dtype=torch.int64, device=device)
+        i64 = dict(dtype=torch.int64, device=self._tp_ints.device)
         self.register_buffer("_cl_perm_in", torch.as_tensor(perm_in, **i64), persistent=False)
         self.register_buffer(
             "_cl_perm_in_inv", torch.as_tensor(np.argsort(perm_in), **i64), persistent=False
@@ -219,19 +208,7 @@ class FusedConvTP(SharesE3nnModule, torch.nn.Module):
         self.register_buffer(
             "_cl_perm_out_inv", torch.as_tensor(np.argsort(perm_out), **i64), persistent=False
         )
-        # the descriptor as the operators take it (conv_tp_ops.h): tables, transposed tables, sizes
-        self._register_descriptor("_tp", desc, device)
-        self._tp_meta: list[int] = desc.meta()
         self.__dict__["_torch_tabs"] = {}
-
-    @classmethod
-    def from_e3nn(cls, tp: torch.nn.Module, device: torch.device | None = None) -> "FusedConvTP":
-        return cls(tp, device=device)
-
-    def __prepare_scriptable__(self):
-        """Called by ``torch.jit.script``: the scripted module names the operator library it
-        needs."""
-        return _backend.carry_operator_note(self, "conv_tp")
 
     def extra_repr(self) -> str:
         return (
@@ -243,47 +220,13 @@ class FusedConvTP(SharesE3nnModule, torch.nn.Module):
     # -- eager-only helpers (a scripted model skips the checks and always runs the operators) --
     @torch.jit.unused
     def _check(self, x, y, w, edge_index):
-        if not (
-            isinstance(x, torch.Tensor)
-            and isinstance(y, torch.Tensor)
-            and isinstance(w, torch.Tensor)
-        ):
-            raise ValueError("FusedConvTP: node_feats, edge_attrs and tp_weights must be tensors")
-        if x.dtype not in _FLOAT_DTYPES:
-            raise ValueError(
-                f"FusedConvTP: node_feats dtype {x.dtype}; float32 or float64 expected"
-            )
-        if y.dtype != x.dtype or w.dtype != x.dtype:
-            raise ValueError(
-                f"FusedConvTP: dtype mismatch: node_feats {x.dtype}, edge_attrs {y.dtype}, "
-                f"tp_weights {w.dtype}"
-            )
-        if not (x.device == y.device == w.device == edge_index.device):
-            raise ValueError("FusedConvTP: inputs on different devices")
-        if x.device != self._tp_ints.device:
-            raise ValueError(
-                f"FusedConvTP: inputs on {x.device} but the module's tables on "
-                f"{self._tp_ints.device}; move the model with .to(device)"
-            )
-        if x.dim() != 2 or x.shape[1] != self._in1_dim:
-            raise ValueError(
-                f"FusedConvTP: node_feats shape {tuple(x.shape)}; expected [num_nodes, "
-                f"{self._in1_dim}] ({self.irreps_in1})"
-            )
-        if y.dim() != 2 or y.shape[1] != self._in2_dim:
-            raise ValueError(
-                f"FusedConvTP: edge_attrs shape {tuple(y.shape)}; expected [num_edges, "
-                f"{self._in2_dim}] ({self.irreps_in2})"
-            )
-        if w.dim() != 2 or w.shape[1] != self.weight_numel:
-            raise ValueError(
-                f"FusedConvTP: tp_weights shape {tuple(w.shape)}; expected [num_edges, "
-                f"{self.weight_numel}] (weight_numel)"
-            )
-        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-            raise ValueError(
-                f"FusedConvTP: edge_index shape {tuple(edge_index.shape)}; expected [2, num_edges]"
-            )
+        floats = {"node_feats": x, "edge_attrs": y, "tp_weights": w}
+        self._check_floats(floats)
+        self._check_devices({**floats, "edge_index": edge_index}, self._tp_ints.device, "tables")
+        self._check_shape("node_feats", x, ("num_nodes", self._in1_dim), str(self.irreps_in1))
+        self._check_shape("edge_attrs", y, ("num_edges", self._in2_dim), str(self.irreps_in2))
+        self._check_shape("tp_weights", w, ("num_edges", self.weight_numel), "weight_numel")
+        self._check_shape("edge_index", edge_index, (2, "num_edges"))
         if edge_index.dtype not in (torch.int64, torch.int32):
             raise ValueError(
                 f"FusedConvTP: edge_index dtype {edge_index.dtype}; int64 or int32 expected"
@@ -306,18 +249,6 @@ class FusedConvTP(SharesE3nnModule, torch.nn.Module):
         csr = edge_csr(edge_index, x.shape[0])
         graph = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]
         return graph, _backend.choose(x.device) != "torch"
-
-    @torch.jit.unused
-    def prepare_kernels(self) -> None:
-        """Choose this module's kernels for the device of its buffers and build what their first
-        launch would, now (:func:`cfm_plugins.ops._backend.prepare_kernels`)."""
-        if not _backend.runs_triton(self._tp_ints.device):
-            return
-        from cfm_plugins.ops.triton import conv_tp as triton_tp
-
-        triton_tp.prepare(
-            [self._tp_ints, self._tp_coef], [self._tp_ints_t, self._tp_coef_t], self._tp_meta
-        )
 
     @torch.jit.unused
     def _eager_reorder(self, t: torch.Tensor, to_channel_last: bool) -> torch.Tensor:

@@ -22,7 +22,7 @@ import logging
 import torch
 
 from cfm_plugins.ops import _backend, _debug
-from cfm_plugins.ops._shared_e3nn import SharesE3nnModule, module_device
+from cfm_plugins.ops._fused_module import FusedE3nnModule, module_device
 from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors import skip_tp as _desc
 from cfm_plugins.ops.kernel_types import Form, Kernel
@@ -91,7 +91,7 @@ def _declared() -> bool:
     return _DECLARED[0]
 
 
-class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
+class FusedSkipTP(FusedE3nnModule):
     """e3nn's ``FullyConnectedTensorProduct(irreps_in, Ex0e, irreps_out)`` with internal weights,
     for a one-hot second input, as a per-element linear map (see the module docstring).
 
@@ -124,47 +124,26 @@ class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
     ``RealAgnosticResidualInteractionBlock`` and their ``Density`` variants.
     """
 
-    #: the coefficients stay float64 under .to(dtype) (the kernels read them in double)
-    F64_BUFFERS = ("_sk_coef", "_sk_coef_t")
+    OPERATORS = "skip_tp"
+    PREFIX = "_sk"
 
     def __init__(self, tp: torch.nn.Module, device: torch.device | None = None):
-        super().__init__()
         desc = _desc.from_e3nn(tp)  # a ValueError saying why, for a module it does not describe
         # asked here, never first inside a compiled graph (its answer, cached, would recompile it)
         _declared(), _debug.force_torch(), _debug.check_one_hot()
-        device = torch.device(device) if device is not None else module_device(tp)
-        self.irreps_in1 = tp.irreps_in1
-        self.irreps_in2 = tp.irreps_in2
-        self.irreps_out = tp.irreps_out
-        self.instructions = tp.instructions
-        self.weight_numel = tp.weight_numel
+        super().__init__(tp, desc, device)  # weight, output_mask, compiled submodules
         self.internal_weights = True
         self.shared_weights = True
-        self.descriptor = desc
         self.num_elements = desc.num_elements
-        self._in1_dim = int(tp.irreps_in1.dim)
-        self._in2_dim = int(tp.irreps_in2.dim)
-        self._share_state_of(tp)  # weight, output_mask, compiled submodules
-        self._register_descriptor("_sk", desc, device)
-        self._sk_meta: list[int] = desc.meta()
         self.gpu_kernels = False
         self._stock_only = False  # set once a second input turned out not to be a one-hot
         self._checked = False
-
-    @classmethod
-    def from_e3nn(cls, tp: torch.nn.Module, device: torch.device | None = None) -> FusedSkipTP:
-        return cls(tp, device=device)
 
     def enable_gpu_kernels(self, on: bool = True) -> FusedSkipTP:
         """Run the Triton kernel on CUDA tensors (the kernel table does it where ``skip_tp`` is
         named in the request, never under ``auto``)."""
         self.gpu_kernels = bool(on)
         return self
-
-    def __prepare_scriptable__(self):
-        """Called by ``torch.jit.script``: the scripted module names the operator library it
-        needs."""
-        return _backend.carry_operator_note(self, "skip_tp")
 
     def extra_repr(self) -> str:
         d = self.descriptor
@@ -176,32 +155,16 @@ class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
     # -- eager-only helpers (a scripted model skips the checks) --------------------------------
     @torch.jit.unused
     def _check(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-            raise ValueError("FusedSkipTP: node_feats and node_attrs must be tensors")
-        w = self.weight
-        if x.dtype not in (torch.float32, torch.float64) or x.dtype != w.dtype:
-            raise ValueError(
-                f"FusedSkipTP: node_feats must be {w.dtype} like the weights, got {x.dtype}"
-            )
-        if y.dtype != x.dtype:
-            raise ValueError(
-                f"FusedSkipTP: node_attrs must be {x.dtype} like node_feats, got {y.dtype}"
-            )
-        if x.device != w.device or y.device != w.device:
-            raise ValueError(
-                f"FusedSkipTP: node_feats on {x.device} and node_attrs on {y.device}, but the "
-                f"weights on {w.device}; move the model with .to(device)"
-            )
-        if x.dim() != 2 or x.shape[1] != self._in1_dim:
-            raise ValueError(
-                f"FusedSkipTP: node_feats shape {tuple(x.shape)}; expected [num_nodes, "
-                f"{self._in1_dim}] ({self.irreps_in1})"
-            )
-        if y.dim() != 2 or y.shape[1] != self._in2_dim or y.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"FusedSkipTP: node_attrs shape {tuple(y.shape)}; expected [{x.shape[0]}, "
-                f"{self._in2_dim}] (one-hot of the {self.num_elements} elements per node)"
-            )
+        inputs = {"node_feats": x, "node_attrs": y}
+        self._check_floats(inputs, like=self.weight)
+        self._check_devices(inputs, self.weight.device, "weights")
+        self._check_shape("node_feats", x, ("num_nodes", self._in1_dim), str(self.irreps_in1))
+        self._check_shape(
+            "node_attrs",
+            y,
+            (x.shape[0], self._in2_dim),
+            f"one-hot of the {self.num_elements} elements per node",
+        )
 
     @torch.jit.unused
     def _runs_kernels(self, x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -238,24 +201,10 @@ class FusedSkipTP(SharesE3nnModule, torch.nn.Module):
         return x.shape[0] > 0 and _backend.choose(x.device) != "torch" and _declared()
 
     @torch.jit.unused
-    def prepare_kernels(self) -> None:
-        """Choose this module's kernels for the device of its buffers and build what their first
-        launch would, now (:func:`cfm_plugins.ops._backend.prepare_kernels`)."""
-        device = self._sk_ints.device
-        if device.type == "cuda" and not self.gpu_kernels:
-            return
-        if not _backend.runs_triton(device):
-            return
-        from cfm_plugins.ops.triton import skip_tp as triton_skip
-
-        dtype = "float64" if self.weight.dtype == torch.float64 else "float32"
-        triton_skip.prepare(self._desc_tensors(), self._desc_t_tensors(), self._sk_meta, dtype)
-
-    def _desc_tensors(self) -> list[torch.Tensor]:
-        return [self._sk_ints, self._sk_coef]
-
-    def _desc_t_tensors(self) -> list[torch.Tensor]:
-        return [self._sk_ints_t, self._sk_coef_t]
+    def _runs_triton(self, device: torch.device) -> bool:
+        """Whether the operators run their Triton kernels here: on CUDA tensors only where the
+        GPU kernels are on (:meth:`enable_gpu_kernels`)."""
+        return (device.type != "cuda" or self.gpu_kernels) and _backend.runs_triton(device)
 
     def forward(self, node_feats: torch.Tensor, node_attrs: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():

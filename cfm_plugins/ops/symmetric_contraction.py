@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from cfm_plugins.ops import _backend, cueq_regime
+from cfm_plugins.ops._fused_module import FusedModule
 from cfm_plugins.ops._tensor_cache import TensorCache
 from cfm_plugins.ops.descriptors.symmetric_contraction import SCDescriptor, build_descriptor
 from cfm_plugins.ops.kernel_types import Form, Kernel
@@ -171,7 +172,7 @@ def _mace_symmetric_contraction_class():
     return SymmetricContraction
 
 
-class FusedSymmetricContraction(torch.nn.Module):
+class FusedSymmetricContraction(FusedModule):
     """Drop-in for mace's ``SymmetricContraction`` sharing its parameters (see module doc).
 
     Build it with :meth:`from_mace` (wrap an existing module) or :meth:`from_irreps` (build a mace
@@ -190,6 +191,8 @@ class FusedSymmetricContraction(torch.nn.Module):
     ``CFM_PLUGINS_FORCE_TORCH=1``) a pure-torch evaluation of the same descriptor runs
     (:mod:`cfm_plugins.ops._backend` chooses).
     """
+
+    OPERATORS = "symmetric_contraction"
 
     def __init__(self, module: torch.nn.Module, use_kernel: bool = True) -> None:
         super().__init__()
@@ -248,11 +251,6 @@ class FusedSymmetricContraction(torch.nn.Module):
             self._padded,
         ]
 
-    def __prepare_scriptable__(self):
-        """Called by ``torch.jit.script``: the scripted module names the operator library it
-        needs."""
-        return _backend.carry_operator_note(self, "symmetric_contraction")
-
     # -- construction / conversion -------------------------------------------------------------
     @classmethod
     def from_mace(
@@ -295,26 +293,11 @@ class FusedSymmetricContraction(torch.nn.Module):
     # -- inputs (eager only: a scripted or compiled model skips these checks) -------------------
     @torch.jit.unused
     def _check(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        w = self.contractions[0].weights_max
+        self._check_floats({"x": x}, like=w)
+        self._check_devices({"x": x}, w.device, "weights")
         L = self.descriptor.num_ell
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(
-                f"x must be a tensor [nodes, {self.channels}, {L}], got {type(x).__name__}"
-            )
-        if x.dim() != 3 or x.shape[1] != self.channels or x.shape[2] != L:
-            raise ValueError(
-                f"x must have shape [nodes, {self.channels}, {L}] (channels, (lmax+1)^2), "
-                f"got {list(x.shape)}"
-            )
-        wdt = self.contractions[0].weights_max.dtype
-        if x.dtype not in (torch.float32, torch.float64) or x.dtype != wdt:
-            raise ValueError(
-                f"x must be {wdt} like the weights (float32 or float64), got {x.dtype}"
-            )
-        if x.device != self.contractions[0].weights_max.device:
-            raise ValueError(
-                f"x is on {x.device} but the weights are on "
-                f"{self.contractions[0].weights_max.device}"
-            )
+        self._check_shape("x", x, ("nodes", self.channels, L), "channels, (lmax+1)^2")
         self._check_y(y, x.shape[0])
 
     @torch.jit.unused
@@ -328,19 +311,13 @@ class FusedSymmetricContraction(torch.nn.Module):
         # shapes and types here; the values (one-hot, indices in range) where the nodes are grouped
         # by element, in the same device-to-host copy (node_groups)
         if y.dtype in _INDEX_DTYPES:
-            if y.dim() != 1 or y.shape[0] != n:
-                raise ValueError(
-                    f"integer y must be element indices of shape [{n}], got {list(y.shape)}"
-                )
-            return
-        if not y.is_floating_point():
+            self._check_shape("y", y, (n,), "element indices")
+        elif not y.is_floating_point():
             raise ValueError(
                 f"y must be a floating one-hot [nodes, {E}] or integer indices, got {y.dtype}"
             )
-        if y.dim() != 2 or y.shape[0] != n or y.shape[1] != E:
-            raise ValueError(
-                f"one-hot y must have shape [{n}, {E}] (nodes, num_elements), got {list(y.shape)}"
-            )
+        else:
+            self._check_shape("y", y, (n, E), "one-hot: nodes, num_elements")
 
     @torch.jit.unused
     def _eager_backend(self, x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -490,15 +467,8 @@ class FusedSymmetricContraction(torch.nn.Module):
         return order.contiguous(), chunk_ptr.contiguous()
 
     @torch.jit.unused
-    def prepare_kernels(self) -> None:
-        """Choose this module's kernels for the device of its buffers and build what their first
-        launch would, now (:func:`cfm_plugins.ops._backend.prepare_kernels`)."""
-        desc = self._desc_tensors()
-        if not _backend.runs_triton(desc[0].device):
-            return
-        from cfm_plugins.ops.triton import symmetric_contraction as triton_sc
-
-        triton_sc.prepare(desc, self._meta, desc[0].device)
+    def operator_tables(self) -> tuple:
+        return self._desc_tensors(), self._meta
 
     def _desc_tensors(self) -> list[torch.Tensor]:
         """The descriptor tables in the order of the operators' ``desc`` argument (sc_ops.h)."""

@@ -9,8 +9,8 @@ user's own data files, before a large run (docs/plan.md).
 - :mod:`.planning`: binpack's bins from the sampler's own code next to the trainer's own batches
   (``DistributedSampler`` + :func:`~cfm_plugins.sampler.fixed_count_batches`), LIF and balance;
 - :mod:`.predict`: step time (a saved ``cost=auto`` fit or coefficients) and gradient all-reduce;
-- :mod:`.report`: the tables, the JSON and the strong-scaling picture; :mod:`.cli`: the command.
+- :mod:`.report`: the tables, the JSON and the picture; :mod:`.cli`: the command; ``--compare``:
+  :mod:`.compare`, the other trainers' samplers modelled in :mod:`.peer_samplers`.
 
-It sits beside ``cli`` at the top of the package's layers: it reads the sampler and the binpack
-plugin's capacity rule, and nothing imports it.
+At the top of the package's layers: it reads the sampler and binpack's capacity rule.
 """

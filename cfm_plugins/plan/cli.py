@@ -186,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive(float, "--latency"),
         help="latency per message in microseconds (overrides the interconnect's)",
     )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also plan the other trainers' samplers at every --ranks: DistributedSampler with "
+        "--batch-size, HydraGNN's node budget, fairchem's and metatrain's max_atoms (at "
+        "binpack's capacity in atoms), and print them beside binpack",
+    )
     p.add_argument("--png", metavar="PATH", help="write the strong-scaling picture here")
     p.add_argument("--json", metavar="PATH", help="write everything as JSON here")
     p.add_argument(
@@ -516,6 +523,8 @@ def run(args) -> dict:
         "warnings": planned["warnings"],
         "seconds": {"sizes": read_s, "plan": plan_s},
     }
+    if args.compare:
+        plan["compare"] = _compare(p, planned["capacity"], allreduce, args.ranks)
     if model is not None:
         plan["time"] = {
             "model": model.formula() + " per step and rank",
@@ -541,6 +550,41 @@ def run(args) -> dict:
             ),
         }
     return plan
+
+
+def _compare(p: Prepared, capacity: float, allreduce, ranks) -> dict:
+    """The rows of every sampler at every rank count (:func:`.compare.compare_ranks`): the
+    peers' budget is binpack's capacity where it packs atoms, else the capacity binpack's rule
+    gives atoms."""
+    from dataclasses import replace
+
+    from .compare import compare_ranks
+    from .planning import packing_costs
+
+    opts = p.opts
+    if opts.cost == "atoms":
+        budget, rule = capacity, "binpack's capacity"
+    else:
+        atoms_opts = replace(opts, cost="atoms", max_tokens=None, fit=None)
+        budget = packing_costs(p.atoms, None, atoms_opts)[1]
+        rule = f"binpack's capacity rule in atoms (binpack packs {opts.cost} costs)"
+    costs = packing_costs(p.atoms, p.edges, opts)[0]
+    rows = []
+    for w in ranks:
+        rows += compare_ranks(
+            p.atoms,
+            p.edges,
+            w,
+            budget,
+            batch_size=opts.batch_size,
+            seed=opts.seed,
+            epoch=opts.epoch,
+            drop_last=opts.stock_drop_last,
+            model=p.model,
+            allreduce_s=allreduce(w) if allreduce is not None else 0.0,
+            binpack=(costs, capacity, opts),
+        )
+    return {"budget_atoms": budget, "budget_rule": rule, "rows": rows}
 
 
 def _jsonable(obj):
@@ -574,6 +618,10 @@ def main(argv=None) -> int:
     from . import report
 
     print(report.text(plan))
+    if plan.get("compare"):
+        from .compare import compare_text
+
+        print("\n" + "\n".join(compare_text(plan)))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(_jsonable(plan), fh, indent=1)

@@ -99,6 +99,17 @@ def gradient_bytes(params: int, dtype: str) -> int:
     return int(params) * (8 if dtype == "float64" else 4)
 
 
+def fmt_time(s: float) -> str:
+    """Seconds for people: ms, s, min or h."""
+    if s >= 3600:
+        return f"{s / 3600:.2f} h"
+    if s >= 120:
+        return f"{s / 60:.2f} min"
+    if s >= 1:
+        return f"{s:.2f} s"
+    return f"{s * 1e3:.1f} ms"
+
+
 def parse_linear(text: str) -> StepCost:
     """``C0,A[,B[,G]]`` seconds (per step, per atom, per edge, per graph) as a StepCost.
 

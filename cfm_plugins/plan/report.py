@@ -10,15 +10,7 @@
 
 from __future__ import annotations
 
-
-def _fmt_time(s: float) -> str:
-    if s >= 3600:
-        return f"{s / 3600:.2f} h"
-    if s >= 120:
-        return f"{s / 60:.2f} min"
-    if s >= 1:
-        return f"{s:.2f} s"
-    return f"{s * 1e3:.1f} ms"
+from .predict import fmt_time as _fmt_time
 
 
 def efficiency(results: list[dict], key: str) -> dict[int, float]:

@@ -285,7 +285,7 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
                 f"{initial_cost_label(config)}: "
                 "evaluation loaders keep the initial cost under cost=auto"
             )
-    from cfm_plugins.sampler.report import count
+    from cfm_plugins.sampler.balance import count
 
     said = (
         f"binpack {role}: {count(len(sampler), 'step')} on each of "
@@ -373,7 +373,7 @@ def log_balance(samplers, config, dist) -> None:
     (option ``step_log``, or ``cost=auto``), the measured one, over every rank's compute times
     (a few collectives, on every rank alike: call it on every rank)."""
     from cfm_plugins.sampler.autocost import WARMUP_STEPS
-    from cfm_plugins.sampler.report import count
+    from cfm_plugins.sampler.balance import count
 
     iterated = [s for s in samplers if s.planned_lif()[1]]
     # mace builds its training loader twice: the one that trained has the timed steps, or the

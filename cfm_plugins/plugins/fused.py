@@ -7,7 +7,7 @@ walks the model with the kernel table (:mod:`cfm_plugins.ops.kernel_table`).
 
 Options (declared here, read only here): ``fused_kernels``, which kernels (``auto``: every kernel
 the model has a module for); ``fused_backend``, which kernels the operators run on CUDA tensors;
-``fused_tiles``, ``fused_autotune`` and ``fused_deterministic``, how the Triton kernels launch.
+``fused_tiles`` and ``fused_autotune``, how the Triton kernels launch.
 They are checked at start (:func:`cfm_configure`, a bad value is a usage error before any work)
 and handed to :func:`cfm_plugins.ops.configure` there, once, in the process that runs the model:
 no kernel reads the environment.
@@ -58,7 +58,7 @@ def cfm_declare_options():
             "",
             "Triton tiles to pin instead of the built-in per-kernel, per-dtype defaults: "
             "KERNEL[:DTYPE]=TILE entries, comma separated, e.g. "
-            "tp_segment=8x32/w4,tp_edge:float64=4x32/w4/defer (docs/gpu.md, Tuning); empty: "
+            "tp_segment=8x32/w8,tp_edge:float64=4x32/w4 (docs/gpu.md, Tuning); empty: "
             "the defaults",
         ),
         Option(
@@ -67,13 +67,6 @@ def cfm_declare_options():
             False,
             "time the Triton tile alternatives at the first launch of each kernel, dtype and size "
             "on the GPU and keep the fastest (pinned tiles are not timed)",
-        ),
-        Option(
-            "fused_deterministic",
-            bool,
-            True,
-            "weight gradients without float atomics, reproducible bit for bit; false lets the "
-            "Triton contraction's weight gradient use atomic adds",
         ),
     ]
 
@@ -145,7 +138,6 @@ def launch_settings(config) -> dict:
         "backend": config.get("fused_backend") or "auto",
         "tiles": tiles,
         "autotune": bool(config.get("fused_autotune")),
-        "deterministic": bool(config.get("fused_deterministic")),
     }
 
 

@@ -3,10 +3,11 @@
 Bin packing fills every batch nearly to the same number of atoms; this feature pads each batch of a
 loader to one budget of atoms, edges and graphs (``static_shapes``, on when the plugin is enabled),
 so that the model sees one shape and ``torch.compile`` (option ``compile``) compiles it once. The
-budget is fixed before the epoch from the bin-packing plan (:mod:`cfm_plugins.static.budget`); the
-pad atoms form inert pad graphs whose outputs are cut off before the trainer's loss and metrics
-(:mod:`cfm_plugins.static.forward`), so losses, gradients and metrics are those of the unpadded
-batch. ``compile=reduce-overhead`` (CUDA graphs) needs a GPU.
+budget is fixed before the epoch from the bin-packing plan
+(:mod:`cfm_plugins.static_shapes.budget`); the pad atoms form inert pad graphs whose outputs are cut
+off before the trainer's loss and metrics (:mod:`cfm_plugins.static_shapes.forward`), so losses,
+gradients and metrics are those of the unpadded batch. ``compile=reduce-overhead`` (CUDA graphs)
+needs a GPU.
 
 Why a feature plugin and not part of an adapter: like ``binpack`` and ``fused`` it acts through
 hooks that every adapter calls at its seams (``cfm_batch_budget`` where a loader is built,
@@ -23,7 +24,7 @@ import numpy as np
 
 from cfm_plugins.hookspec import hookimpl
 
-log = logging.getLogger("cfm_plugins.static")
+log = logging.getLogger("cfm_plugins.static_shapes")
 
 _FORWARDS: weakref.WeakSet = (
     weakref.WeakSet()
@@ -40,8 +41,8 @@ PAD_WARN = {"atoms": 0.10, "edges": 0.25}
 @hookimpl
 def cfm_declare_options():
     from cfm_plugins.options import Option
-    from cfm_plugins.static import COMPILE_BACKENDS, COMPILE_MODES
-    from cfm_plugins.static.budget import DEFAULT_HEADROOM
+    from cfm_plugins.static_shapes import COMPILE_BACKENDS, COMPILE_MODES
+    from cfm_plugins.static_shapes.budget import DEFAULT_HEADROOM
 
     return [
         Option(
@@ -101,7 +102,7 @@ def resolve_device(config) -> str:
 
 @hookimpl
 def cfm_configure(config):
-    from cfm_plugins.static.forward import check_compile_mode
+    from cfm_plugins.static_shapes.forward import check_compile_mode
 
     if config.get("budget_headroom") < 0:
         raise ValueError(
@@ -143,8 +144,8 @@ def global_sizes(sizes, dist) -> tuple[np.ndarray, np.ndarray]:
 
 @hookimpl
 def cfm_batch_budget(batch_sampler, sizes, config, dist, role):
-    from cfm_plugins.sampler.report import count
-    from cfm_plugins.static.budget import BudgetTracker, budget_of_plans, padding_overhead
+    from cfm_plugins.sampler.balance import count
+    from cfm_plugins.static_shapes.budget import BudgetTracker, budget_of_plans, padding_overhead
 
     if not config.get("static_shapes"):
         return None
@@ -212,7 +213,7 @@ def warn_padding(pad, role, dist, config) -> None:
 
 @hookimpl
 def cfm_static_forward(model, config, spec):
-    from cfm_plugins.static import forward
+    from cfm_plugins.static_shapes import forward
 
     fwd = forward.install(
         model,
@@ -227,14 +228,14 @@ def cfm_static_forward(model, config, spec):
 
 @hookimpl
 def cfm_unpatch_model(model, config):
-    from cfm_plugins.static.forward import remove
+    from cfm_plugins.static_shapes.forward import remove
 
     remove(model)
 
 
 @hookimpl
 def cfm_after_trainer(config, dist, exit_code):
-    from cfm_plugins.static.forward import compile_counts
+    from cfm_plugins.static_shapes.forward import compile_counts
 
     if config.get("compile") == "off":
         return

@@ -10,7 +10,7 @@
   (``costs.py``); :func:`fit_step_times`, :class:`StepCost`, :class:`CostCalibration`
   (``autocost.py``, numpy only: a per-graph cost fitted on the run's own step times).
 - :func:`balance_report`, :func:`plot_batches`, :func:`fixed_count_batches`,
-  :func:`load_imbalance_factor` (``report.py``): how good a packing is.
+  :func:`load_imbalance_factor` (``balance.py``): how good a packing is.
 
 The two samplers are imported lazily: ``from cfm_plugins.sampler import pack`` imports no torch.
 """
@@ -18,11 +18,7 @@ The two samplers are imported lazily: ``from cfm_plugins.sampler import pack`` i
 # The packers the benchmark compares against and the paper's workload live beside the benchmark
 # (benchmarks/baselines.py, benchmarks/workload.py), not in the package.
 from .autocost import CostCalibration, StepCost, fit_step_times
-from .bins import Packing
-from .costs import LinearCostFit, calibrate_linear_cost, fit_counts, fit_linear_cost, graph_costs
-from .even_dims import pack_even_dims
-from .packing import lower_bound_bins, pack, pack_even
-from .report import (
+from .balance import (
     BalanceReport,
     balance_report,
     draw_batches,
@@ -30,6 +26,10 @@ from .report import (
     load_imbalance_factor,
     plot_batches,
 )
+from .bins import Packing
+from .costs import LinearCostFit, calibrate_linear_cost, fit_counts, fit_linear_cost, graph_costs
+from .even_dims import pack_even_dims
+from .packing import lower_bound_bins, pack, pack_even
 
 __all__ = [
     "pack",

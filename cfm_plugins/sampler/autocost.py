@@ -26,17 +26,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .balance import load_imbalance_factor
 from .costs import fit_counts
 from .packing import CALIBRATION_LEVELS, check_levels
-from .report import load_imbalance_factor
 
 log = logging.getLogger("cfm_plugins.sampler")
 
 TERMS = ("atoms", "edges", "graphs")
 CLOCKS = ("cpu", "wall")
 STATE_VERSION = 1
-#: how :func:`fit_step_times` picks among the candidate models
-SELECT_RULES = ("best", "most", "fewest")
 #: the first steps a process runs pay one-off costs (allocation, lazy initialisation, DDP's
 #: buckets): neither fitted nor counted in the measured balance
 WARMUP_STEPS = 3
@@ -202,7 +200,6 @@ def fit_step_times(
     folds: int = 5,
     clock: str = "cpu",
     outlier_cutoff: float | None = OUTLIER_CUTOFF,
-    select: str = "best",
 ) -> StepCost:
     """Fit step times of ``S`` steps on ``R`` ranks (four ``(S, R)`` arrays).
 
@@ -217,15 +214,10 @@ def fit_step_times(
     coefficients of a fit are ill-determined while its predictions are not; what is scored is
     the prediction that matters.
 
-    The kept model (``select="best"``) has the lowest cross-validated mean squared error of the
-    per-step maximum; among the models within a rounding margin of it (a count whose coefficient
-    came out 0 predicts the same), the one with the fewest counts. It is refitted on every record
-    kept. For comparisons (``tools.autocost_sim``): ``select="most"``, the most counts among the
-    models whose error is within one standard error of the best, or ``"fewest"``, the fewest such
-    counts (the usual one-standard-error rule).
+    The kept model has the lowest cross-validated mean squared error of the per-step maximum;
+    among the models within a rounding margin of it (a count whose coefficient came out 0 predicts
+    the same), the one with the fewest counts. It is refitted on every record kept.
     """
-    if select not in SELECT_RULES:
-        raise ValueError(f"select={select!r}: expected one of {', '.join(SELECT_RULES)}")
     t, na, ne, ng = (np.asarray(x, dtype=np.float64) for x in (times, atoms, edges, graphs))
     if t.ndim != 2 or not (t.shape == na.shape == ne.shape == ng.shape):
         raise ValueError(
@@ -260,17 +252,12 @@ def fit_step_times(
                 )
                 pred = _predict(coef, c0, na[test], ne[test], ng[test])
                 sq[test] = (pred.max(axis=1) - measured_max[test]) ** 2
-            mse = float(sq.mean())
-            se = float(sq.std(ddof=1) / np.sqrt(steps)) if steps > 1 else 0.0
-            scored.append((terms, mse, se))
+            scored.append((terms, float(sq.mean())))
     best = min(scored, key=lambda s: s[1])
-    # "best": the equals of the best (a count whose coefficient came out 0 predicts the same)
-    margin = (
-        best[2] if select != "best" else 1e-9 * best[1] + (1e-9 * float(measured_max.mean())) ** 2
-    )
+    # the equals of the best (a count whose coefficient came out 0 predicts the same)
+    margin = 1e-9 * best[1] + (1e-9 * float(measured_max.mean())) ** 2
     eligible = [s for s in scored if s[1] <= best[1] + margin]
-    sign = -1 if select == "most" else 1
-    terms, mse, _ = min(eligible, key=lambda s: (sign * len(s[0]), s[1]))
+    terms, mse = min(eligible, key=lambda s: (len(s[0]), s[1]))
     coef, c0, r2 = _fit_terms(t.ravel(), na.ravel(), ne.ravel(), ng.ravel(), terms)
     table = tuple((s[0], float(np.sqrt(s[1]))) for s in sorted(scored, key=lambda s: s[1]))
     return StepCost(

@@ -36,10 +36,10 @@ from .autocost import (
     predicted_lif,
     too_few_steps,
 )
+from .balance import count, load_imbalance_factor
 from .bins import Packing, check_capacity, check_world_size, packing_from_bins, validate_costs
 from .even_dims import pack_even_dims
 from .packing import pack, pack_even, pack_levels
-from .report import count, load_imbalance_factor
 from .weighting import LossScale, check_loss_weighting, check_reduction, per_sample_scales
 
 log = logging.getLogger("cfm_plugins.sampler")
@@ -447,7 +447,7 @@ class BinPackBatchSampler(Sampler):
     def record_time(self, wall_s: float | None = None, cpu_s: float | None = None) -> None:
         """One timed training step of this rank (its compute time, wall-clock and/or thread CPU
         seconds), for the measured balance (:meth:`step_times`); adapters hand every timed step
-        over (:func:`cfm_plugins.steptime.hand_over`)."""
+        over (:func:`cfm_plugins.step_timer.hand_over`)."""
         self._times.extend(
             (
                 -1.0 if wall_s is None else float(wall_s),

@@ -578,10 +578,28 @@ def _split_bins(bins: list, target: int) -> list:
     """Split off the last sample of the bin holding the most, until there are ``target`` bins or
     every bin holds one sample (splitting never breaks the capacity)."""
     bins = list(bins)
-    while len(bins) < target and any(len(b) > 1 for b in bins):
-        k = int(np.argmax([len(b) for b in bins]))
-        bins[k : k + 1] = [bins[k][:-1], bins[k][-1:]]
-    return bins
+    lens = np.array([len(b) for b in bins], dtype=np.int64)
+    splits = min(target - len(bins), int(np.maximum(lens - 1, 0).sum()))
+    if splits <= 0:
+        return bins
+    # One split at a time takes the first of the longest bins, so the longest are cut down to a
+    # level (the lowest with at most ``splits`` samples above it), then the first of those at the
+    # level lose one more; a bin's split-off samples follow it one by one, in their order.
+    lo, hi = 1, int(lens.max())
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(np.maximum(lens - mid, 0).sum()) <= splits:
+            hi = mid
+        else:
+            lo = mid + 1
+    keep = np.minimum(lens, lo)
+    extra = splits - int((lens - keep).sum())
+    keep[np.flatnonzero(lens >= lo)[:extra]] -= 1
+    out = []
+    for b, k in zip(bins, keep.tolist()):
+        out.append(b[:k])
+        out.extend(b[j : j + 1] for j in range(k, len(b)))
+    return out
 
 
 def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Packing:

@@ -5,34 +5,18 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
-import sys
 
-from tests.helpers import ROOT, clean_env
+from tests.helpers import run_module
 from tests.helpers.records import check_record, rows_of
 
 
 def test_kernels_smoke_run_on_cpu_times_both_kernels_in_every_mode_and_names_what_is_missing(
     tmp_path,
 ):
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gpu_kernels",
-            "--device",
-            "cpu",
-            "--quick",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=600,
+    res = run_module(
+        "benchmarks.gpu_kernels", *"--device cpu --quick --out".split(), str(tmp_path), timeout=570
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-3000:]
     rows = [
         [c.strip() for c in line.split("|")]
         for line in res.stdout.splitlines()
@@ -56,31 +40,13 @@ def test_kernels_time_each_layer_and_the_train_steps_chain(tmp_path):
     product block gives scalars only), rows labelled by layer; ``train``: the conv TP's forces
     through
     the edge attributes and the weights, a chain of its own (other gradients than ``bwd2``'s)."""
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gpu_kernels",
-            "--device",
-            "cpu",
-            "--quick",
-            "--ways",
-            "fused",
-            "--layers",
-            "0",
-            "1",
-            "--modes",
-            "train",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=600,
+    res = run_module(
+        "benchmarks.gpu_kernels",
+        *"--device cpu --quick --ways fused --layers 0 1 --modes train --out".split(),
+        str(tmp_path),
+        timeout=570,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-3000:]
     rows = [
         [c.strip() for c in line.split("|")]
         for line in res.stdout.splitlines()
@@ -119,31 +85,13 @@ def test_kernels_tile_sweep_times_every_tile_config_of_each_triton_kernel_agains
 ):
     from cfm_plugins.ops.triton.configs import configs_for
 
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gpu_kernels",
-            "--device",
-            "cpu",
-            "--quick",
-            "--ways",
-            "fused",
-            "--kernels",
-            "tp",
-            "--modes",
-            "fwd",
-            "--tiles",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=600,
+    res = run_module(
+        "benchmarks.gpu_kernels",
+        *"--device cpu --quick --ways fused --kernels tp --modes fwd --tiles --out".split(),
+        str(tmp_path),
+        timeout=570,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-3000:]
     rows = [
         [c.strip() for c in line.split("|")]
         for line in res.stdout.splitlines()

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
 from benchmarks import gpu_mace
-from tests.helpers import ROOT, clean_env
+from tests.helpers import run_module
 from tests.helpers.records import check_record, rows_of
 
 LOG = """\
@@ -72,30 +71,14 @@ def test_step_ratios_are_to_stock_and_cueq_of_the_same_group_whichever_runs_firs
 
 
 def test_smoke_run_on_cpu_names_what_it_cannot_run_and_writes_the_step_record(tmp_path):
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gpu_mace",
-            "--device",
-            "cpu",
-            "--quick",
-            "--dtypes",
-            "float64",
-            "--no-epoch",
-            "--tiles-also",
-            "tp_segment=8x32/w4",
-            "--zero-filled-also",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=600,
+    res = run_module(
+        "benchmarks.gpu_mace",
+        *"--device cpu --quick --dtypes float64 --no-epoch".split(),
+        *"--tiles-also tp_segment=8x32/w4 --zero-filled-also --out".split(),
+        str(tmp_path),
+        timeout=570,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-3000:]
     rows = {
         line.split("|")[4].strip(): line
         for line in res.stdout.splitlines()
@@ -122,28 +105,14 @@ def test_smoke_run_on_cpu_names_what_it_cannot_run_and_writes_the_step_record(tm
 
 
 def test_a_misspelt_tiles_value_stops_the_run_before_any_model_is_built(tmp_path):
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gpu_mace",
-            "--device",
-            "cpu",
-            "--quick",
-            "--no-epoch",
-            "--tiles-also",
-            "tp_segmnt=8x32/w4",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=600,
+    res = run_module(
+        "benchmarks.gpu_mace",
+        *"--device cpu --quick --no-epoch --tiles-also tp_segmnt=8x32/w4 --out".split(),
+        str(tmp_path),
+        timeout=570,
     )
-    assert res.returncode != 0 and "--tiles-also 'tp_segmnt=8x32/w4'" in res.stderr
-    assert "unknown kernel 'tp_segmnt'" in res.stderr and "| float64 |" not in res.stdout
+    assert res.returncode != 0 and "--tiles-also 'tp_segmnt=8x32/w4'" in res.stdout
+    assert "unknown kernel 'tp_segmnt'" in res.stdout and "| float64 |" not in res.stdout
     assert not any(tmp_path.iterdir())  # no record
 
 
@@ -402,34 +371,16 @@ def test_epoch_smoke_run_on_cpu_times_the_fair_table_ways_and_the_compile(tmp_pa
     """The new rows of the epoch table run on a CPU with tiny settings: stock with binpack's
     batches, the kernels with mace's batches, binpack + fused + static with compile=default over
     2 epochs (its compile table); cuEquivariance with binpack is named as not installed."""
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gpu_mace",
-            "--device",
-            "cpu",
-            "--quick",
-            "--no-steps",
-            "--epoch-ways",
-            "stock+binpack",
-            "cueq+binpack",
-            "fused-only",
-            "fused+static",
-            "--static-epochs",
-            "2",
-            "--work",
-            str(tmp_path / "work"),
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=1200,
+    res = run_module(
+        "benchmarks.gpu_mace",
+        *"--device cpu --quick --no-steps --static-epochs 2 --epoch-ways".split(),
+        *"stock+binpack cueq+binpack fused-only fused+static --work".split(),
+        str(tmp_path / "work"),
+        "--out",
+        str(tmp_path / "out"),
+        timeout=570,
     )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-6000:]
     rec = check_record(tmp_path / "out", "gpu_mace_epoch_quick", "benchmarks.gpu_mace")
     epochs = {r[0]: r for r in rows_of(rec, "epoch")}
     assert list(epochs) == [

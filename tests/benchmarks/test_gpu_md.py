@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from benchmarks import gpu_mace
-from tests.helpers import ROOT, clean_env
+from tests.helpers import run_module
 from tests.helpers.records import check_record, rows_of
 
 
 def test_md_smoke_run_on_cpu_times_each_way_and_compares_forces(tmp_path):
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gpu_md",
-            "--device",
-            "cpu",
-            "--atoms",
-            "32",
-            "--dtypes",
-            "float64",
-            "--hidden",
-            "8x0e+8x1o",
-            "--steps",
-            "2",
-            "--repeats",
-            "1",
-            "--ways",
-            "stock",
-            "fused[cuda]",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=600,
+    res = run_module(
+        "benchmarks.gpu_md",
+        *"--device cpu --atoms 32 --dtypes float64 --hidden 8x0e+8x1o --steps 2".split(),
+        *"--repeats 1 --ways stock fused[cuda] --out".split(),
+        str(tmp_path),
+        timeout=570,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-3000:]
     rows = {
         line.split("|")[3].strip(): [c.strip() for c in line.split("|")]
         for line in res.stdout.splitlines()
@@ -66,25 +41,13 @@ def test_md_smoke_run_on_cpu_times_each_way_and_compares_forces(tmp_path):
 
 
 def test_md_rejects_an_unknown_way_before_building_anything():
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.gpu_md",
-            "--device",
-            "cpu",
-            "--ways",
-            "stock",
-            "fused[triton]+captured",
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
+    res = run_module(
+        "benchmarks.gpu_md",
+        *"--device cpu --ways stock fused[triton]+captured".split(),
         timeout=120,
     )
-    assert res.returncode == 2 and "invalid choice: 'fused[triton]+captured'" in res.stderr, (
-        res.stderr[-2000:]
+    assert res.returncode == 2 and "invalid choice: 'fused[triton]+captured'" in res.stdout, (
+        res.stdout[-2000:]
     )
 
 

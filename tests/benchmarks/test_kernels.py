@@ -5,22 +5,14 @@ which passes its options on), each writing its record."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
-from tests.helpers import ROOT, clean_env
+from tests.helpers import run_module
 from tests.helpers.records import check_record, rows_of
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
-    res = subprocess.run(
-        [sys.executable, "-m", *argv],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=900,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
+    res = run_module(*argv, timeout=570)
+    assert res.returncode == 0, res.stdout[-3000:]
     return res
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks import record
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_module
 
 #: what a user runs (``python -m benchmarks.<name>``); the rest of benchmarks/ is shared code
 BENCHMARKS = (
@@ -22,6 +22,7 @@ BENCHMARKS = (
     "mace_train",
     "nequip_train",
     "hydragnn_mace",
+    "hydragnn_samplers",
     "static_train",
     "static_shapes",
     "convergence",
@@ -106,14 +107,8 @@ def test_a_smoke_run_as_a_module_records_its_own_command(tmp_path):
     """``python -m benchmarks.static_shapes ...`` on tiny sets: the record names that command."""
     out = tmp_path / "records"
     argv = ["--cuni", "6", "--clusters", "12", "--table3", "300", "--world", "2", "--epochs", "1"]
-    res = subprocess.run(
-        [sys.executable, "-m", "benchmarks.static_shapes", *argv, "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
+    res = run_module("benchmarks.static_shapes", *argv, "--out", str(out), timeout=570)
+    assert res.returncode == 0, res.stdout[-3000:]
     rec = json.loads((out / "static_shapes.json").read_text())
     assert rec["command"].endswith(f"-m benchmarks.static_shapes {' '.join(argv)} --out {out}")
     assert rec["benchmark"] == "benchmarks/static_shapes.py"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cfm_plugins.calculators import CFMCalculator
-from cfm_plugins.calculators.neighbours import CUDA_SKIN, default_skin
+from cfm_plugins.calculators.skin_list import CUDA_SKIN, default_skin
 from tests.helpers.mace_models import structures
 
 

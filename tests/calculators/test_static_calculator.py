@@ -34,7 +34,7 @@ def test_padded_md_evaluations_equal_unpadded_and_rebudget_in_logged_steps(
         static_shapes=True,
     )
     frames = sorted(structures(), key=len)  # growing sizes: the budget must grow
-    with caplog.at_level(logging.INFO, logger="cfm_plugins.static"):
+    with caplog.at_level(logging.INFO, logger="cfm_plugins.static_shapes"):
         for atoms in frames:
             e0, f0, s0 = results(fused64, atoms)
             e1, f1, s1 = results(padded, atoms)

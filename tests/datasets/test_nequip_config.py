@@ -44,7 +44,7 @@ def test_a_run_killed_after_an_epoch_leaves_last_ckpt_of_that_epoch(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
+        timeout=570,
         cwd=tmp_path,
         env=clean_env(PYTHONPATH=str(ROOT)),
     )

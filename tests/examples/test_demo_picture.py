@@ -10,9 +10,9 @@ import pytest
 from cfm_plugins.config import Config
 from cfm_plugins.datasets.cuni import make_dataset
 from cfm_plugins.distributed import DistInfo
+from cfm_plugins.graph_sizes import GraphSizes
 from cfm_plugins.manager import create_manager
 from cfm_plugins.options import TrainerSettings
-from cfm_plugins.sizes import GraphSizes
 from tests.helpers import load_example
 
 

@@ -1,10 +1,10 @@
 """Helpers the test modules share (fixtures live in the conftest.py files): real processes and real
 MPI.
 
-``from tests.helpers import ROOT, BIN, clean_env, run_mpi``: the repository root is on the path
-through pytest's ``pythonpath`` option (pyproject.toml). The builders of small models live in the
-submodules (``mace_models``, ``nequip_models``, ``hydragnn_models``), imported by the tests that
-need that trainer, so that importing this package imports none.
+``from tests.helpers import ROOT, BIN, clean_env, run_mpi, run_module``: the repository root is on
+the path through pytest's ``pythonpath`` option (pyproject.toml). The builders of small models live
+in the submodules (``mace_models``, ``nequip_models``, ``hydragnn_models``), imported by the tests
+that need that trainer, so that importing this package imports none.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,21 @@ import pytest
 from cfm_plugins.testing import BIN, clean_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the longest a test's subprocess may run: pytest-timeout's 600 s (pyproject.toml) less 30 s, so
+#: that a subprocess past it fails its test with the subprocess's output
+SUBPROCESS_LIMIT_S = 570
 
-__all__ = ["ROOT", "BIN", "clean_env", "import_triton", "load_example", "mpirun_cmd", "run_mpi"]
+__all__ = [
+    "ROOT",
+    "BIN",
+    "clean_env",
+    "import_triton",
+    "load_example",
+    "mpirun_cmd",
+    "run_mpi",
+    "run_module",
+    "run_process",
+]
 
 
 def import_triton():
@@ -65,6 +79,8 @@ def run_mpi(
 def run_process(args: list[str], timeout: float = 300, env=None, cwd=None):
     """Run ``args`` in a clean environment (or ``env``) and return the finished process
     (stdout+stderr in .stdout)."""
+    if timeout > SUBPROCESS_LIMIT_S:
+        raise ValueError(f"timeout={timeout}: above SUBPROCESS_LIMIT_S ({SUBPROCESS_LIMIT_S} s)")
     return subprocess.run(
         args,
         stdout=subprocess.PIPE,
@@ -74,3 +90,15 @@ def run_process(args: list[str], timeout: float = 300, env=None, cwd=None):
         env=env or clean_env(),
         cwd=cwd or ROOT,
     )
+
+
+def run_module(
+    module: str, *args, np: int | None = None, timeout: float = 300, env=None, cwd=None
+) -> subprocess.CompletedProcess:
+    """Run ``python -m module args...`` with this interpreter, as :func:`run_process` runs a
+    command (a clean environment or ``env``, the repository root or ``cwd``, stdout+stderr in
+    .stdout); with ``np``, under ``mpirun -np np`` (:func:`run_mpi`)."""
+    command = [sys.executable, "-m", module, *map(str, args)]
+    if np is not None:
+        return run_mpi(command, np, timeout, env, cwd)
+    return run_process(command, timeout, env, cwd)

@@ -39,13 +39,7 @@ def op_args(fused, x, edge_index):
     csr = edge_csr(edge_index, x.shape[0])
     graph_t = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]
     xc = x if fused._identity_in else x.index_select(1, fused._cl_perm_in)
-    return (
-        xc.detach().contiguous(),
-        graph_t,
-        [fused._tp_ints, fused._tp_coef],
-        [fused._tp_ints_t, fused._tp_coef_t],
-        fused._tp_meta,
-    )
+    return xc.detach().contiguous(), graph_t, *fused.operator_tables()
 
 
 def edge_gradients(g, xc, y, w, g_t, desc, desc_t, meta, subsets) -> list:

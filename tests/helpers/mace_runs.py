@@ -120,7 +120,7 @@ def run_tiny(
     return run_process(
         [CFM_RUN, "--enable", enable, *options, "--", "mace_run_train"]
         + [*tiny_args(folder, "x", epochs), *extra],
-        timeout=600,
+        timeout=570,
         cwd=folder,
     )
 
@@ -161,7 +161,7 @@ def binpack_fused_run(tmp_path_factory) -> tuple[Path, int, str]:
                     *small(mace_args(folder, "both")),
                     f"--cfm-step-log={folder / 'steps_both'}",
                 ],
-                timeout=600,
+                timeout=570,
             )
             done.write_text(json.dumps({"returncode": out.returncode, "stdout": out.stdout}))
         run = json.loads(done.read_text())
@@ -208,7 +208,7 @@ def launched_run(
         cfm = [CFM_RUN, *LAUNCH_OPTIONS, *options, "--"]
         trainer = ["mace_run_train", *launch_args(folder, device), f"--cfm-step-log={folder}/steps"]
         if launcher == "mpirun":
-            out = run_mpi(cfm + trainer, timeout=600, env=clean_env(**env))
+            out = run_mpi(cfm + trainer, timeout=570, env=clean_env(**env))
             return out.returncode, out.stdout
         if launcher == "torchrun":
             out = subprocess.run(
@@ -216,13 +216,13 @@ def launched_run(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                timeout=600,
+                timeout=570,
                 env=clean_env(**env),
                 cwd=ROOT,
             )
             return out.returncode, out.stdout
         tasks = run_as_srun_tasks(
-            cfm + trainer, 2, step=LAUNCHERS.index(launcher), timeout=600, **env
+            cfm + trainer, 2, step=LAUNCHERS.index(launcher), timeout=570, **env
         )
         return max(abs(code) for code, _ in tasks), "".join(text for _, text in tasks)
 

@@ -57,7 +57,7 @@ def op_args(fused, y: torch.Tensor):
     """The static arguments of the ``cfm::skip_tp_*`` operators for a fused module and a one-hot
     ``y``: ``(order, elem_ptr, desc, desc_t, meta)``."""
     order, elem_ptr = element_groups(y, fused.num_elements)
-    return order, elem_ptr, fused._desc_tensors(), fused._desc_t_tensors(), fused._sk_meta
+    return order, elem_ptr, *fused.operator_tables()
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

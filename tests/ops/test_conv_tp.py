@@ -390,7 +390,7 @@ def test_torch_compile_double_backward_matches_eager():
     equals eager, around the channel-last reorderings too (``0e+1o`` in, l<=2 out: neither is the
     identity). A custom autograd function whose backward applies itself again gave second
     derivatives off by 5e-4 there: traced, the reorderings are plain ``index_select``."""
-    from cfm_plugins.static.forward import configure_dynamo
+    from cfm_plugins.static_shapes.forward import configure_dynamo
 
     configure_dynamo()
     tp = mace_tp("0e+1o", 2, 4)
@@ -418,7 +418,7 @@ def test_opcheck_custom_ops():
     csr = ctp.edge_csr(ei, x.shape[0])
     xc = x.detach().index_select(1, fused._cl_perm_in).requires_grad_()
     graph_ = [csr.sender, csr.receiver, csr.rperm, csr.rptr, csr.sperm, csr.sptr]
-    desc = ([fused._tp_ints, fused._tp_coef], [fused._tp_ints_t, fused._tp_coef_t], fused._tp_meta)
+    desc = fused.operator_tables()
     torch.library.opcheck(torch.ops.cfm.conv_tp_fwd.default, (xc, y, w, graph_, *desc))
     g = torch.randn(x.shape[0], fused.descriptor.dim_out, dtype=torch.float64, requires_grad=True)
     torch.library.opcheck(
@@ -478,10 +478,9 @@ def test_cuda_weight_gradient_past_2_31_elements():
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_cuda_triton_edge_tiles_match_the_default(dtype, launch_settings):
-    """Every tile of Triton's edge kernel (configs.py: the default and the alternatives a tile sweep
-    or autotuning picks, ``/presort`` and ``/defer`` among them), compiled for the GPU: the edge
-    gradients of each gradient subset equal the default tile's, bit for bit where only the order
-    of the edges changes (``/presort``), to round-off where the sums are taken in another order."""
+    """Every tile of Triton's edge kernel (configs.py: the default and the alternatives autotuning
+    picks from), compiled for the GPU: the edge gradients of each gradient subset equal the default
+    tile's, to round-off (the sums over channels are taken in other tiles)."""
     from cfm_plugins.ops import triton as triton_kernels
     from cfm_plugins.ops.triton import configs
 
@@ -512,9 +511,6 @@ def test_cuda_triton_edge_tiles_match_the_default(dtype, launch_settings):
             assert rel_err(a.cpu(), b.cpu()) < (1e-12 if dtype == torch.float64 else 1e-5), (
                 tile.label()
             )
-        if tile.presort:  # the same sums as its tile without /presort, in the edges' receiver order
-            for a, c in zip(got, edge_grads(dataclasses.replace(tile, presort=False))):
-                assert torch.equal(a, c), tile.label()
 
 
 @needs_cuda

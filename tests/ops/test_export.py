@@ -136,7 +136,7 @@ def test_create_lammps_model_on_patched_model(models, tmp_path):
             )
         )
     for name, job in zip(files, jobs):
-        _, err = job.communicate(timeout=600)
+        _, err = job.communicate(timeout=570)
         assert job.returncode == 0, err[-3000:]
         assert (tmp_path / f"{name}.model-lammps.pt").exists()
     # without our library, torch.jit.load fails; the file names what to load (issue 24)
@@ -172,7 +172,7 @@ def test_create_lammps_model_on_patched_model(models, tmp_path):
         capture_output=True,
         text=True,
         env=clean_env(),
-        timeout=600,
+        timeout=570,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-1] == "False"  # cfm_plugins itself was never imported

@@ -126,8 +126,8 @@ def test_a_traced_fused_mace_train_step_sizes_nothing_by_values():
     from torch._dynamo.backends.common import aot_autograd
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    from cfm_plugins.static import forward
-    from cfm_plugins.static.mace import MACE_SPEC, e3nn_codegen_off
+    from cfm_plugins.static_shapes import forward
+    from cfm_plugins.static_shapes.mace import MACE_SPEC, e3nn_codegen_off
 
     with e3nn_codegen_off():
         model = tiny_mace(

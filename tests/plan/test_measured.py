@@ -19,15 +19,12 @@ written: planned 1.014, measured 1.04 to 1.08 over 5 timed steps, tolerance 0.13
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import clean_env
+from tests.helpers import run_module
 from tests.helpers.mace_runs import binpack_fused_run
 
-PLAN = [sys.executable, "-m", "cfm_plugins.plan"]
 #: the run's options (tests/helpers/mace_runs.py's mace_args) as cfm-plan takes them
 PLAN_ARGS = ["--ranks", "2", "--batch-size", "4", "--seed", "7", "--device", "cpu"]
 PLAN_ARGS += ["--dtype", "float64", "--r-max", "4.0"]
@@ -42,14 +39,10 @@ def run(tmp_path_factory):
 
 def _plan(folder, tmp_path, epoch):
     out = tmp_path / f"plan{epoch}.json"
-    res = subprocess.run(
-        [*PLAN, str(folder / "train.xyz"), *PLAN_ARGS, "--epoch", str(epoch), "--json", str(out)],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        timeout=300,
+    res = run_module(
+        "cfm_plugins.plan", folder / "train.xyz", *PLAN_ARGS, "--epoch", epoch, "--json", out
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-3000:]
     return json.loads(out.read_text())
 
 

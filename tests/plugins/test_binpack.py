@@ -11,9 +11,9 @@ import pytest
 
 from cfm_plugins.config import Config
 from cfm_plugins.distributed import DistInfo
+from cfm_plugins.graph_sizes import GraphSizes
 from cfm_plugins.manager import create_manager
 from cfm_plugins.options import TrainerSettings
-from cfm_plugins.sizes import GraphSizes
 
 
 def batch_sampler(role: str, n: int, rank: int = 0, world_size: int = 2):

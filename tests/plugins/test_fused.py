@@ -26,7 +26,6 @@ OPTIONS = {  # name -> (type, default) as cfm-run --list shows them
     "fused_backend": ("str {auto,cuda,triton}", "'auto'"),
     "fused_tiles": ("str", "''"),
     "fused_autotune": ("bool", "False"),
-    "fused_deterministic": ("bool", "True"),
 }
 
 
@@ -94,27 +93,28 @@ def test_auto_cannot_be_mixed_with_names_and_unknown_names_are_refused():
 
 def test_the_options_are_the_kernels_settings_once_started(settings_kept):
     fused_config()  # the defaults, whatever was set before
-    assert ops.settings() == {
-        "backend": "auto",
-        "tiles": "",
-        "autotune": False,
-        "deterministic": True,
-    }
-    fused_config(
-        fused_tiles="tp_edge:float64=4x32/w4/defer",
-        fused_autotune="true",
-        fused_deterministic="false",
-        fused_backend="cuda",
-    )
+    assert ops.settings() == {"backend": "auto", "tiles": "", "autotune": False}
+    fused_config(fused_tiles="tp_edge:float64=4x32/w4", fused_autotune="true", fused_backend="cuda")
     assert ops.settings() == {
         "backend": "cuda",
-        "tiles": "tp_edge:float64=4x32/w4/defer",
+        "tiles": "tp_edge:float64=4x32/w4",
         "autotune": True,
-        "deterministic": False,
     }
     from cfm_plugins.ops.triton import configs
 
-    assert configs.pins() == {("tp_edge", "float64"): configs.TileConfig(4, 32, 4, defer=True)}
+    assert configs.pins() == {("tp_edge", "float64"): configs.TileConfig(4, 32, 4)}
+
+
+@pytest.mark.parametrize("value", ["false", "true"])
+def test_the_retired_deterministic_option_is_an_error_saying_what_to_do(settings_kept, value):
+    """``fused_deterministic`` chose atomic adds for the weight gradients (never timed); they are
+    gone, and setting the option, to either value, says so at start, not "unknown option"."""
+    with pytest.raises(ValueError) as err:
+        fused_config(fused_deterministic=value)
+    said = str(err.value)
+    assert f"cfm-plugins option fused_deterministic={value!r}: the Triton weight gradients" in said
+    assert "always reduced in a fixed order" in said and "drop the option" in said
+    assert "unknown" not in said
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])

@@ -6,10 +6,10 @@ from __future__ import annotations
 from benchmarks.static_shapes import cuni_sizes
 from cfm_plugins.config import Config
 from cfm_plugins.distributed import DistInfo
+from cfm_plugins.graph_sizes import GraphSizes
 from cfm_plugins.manager import create_manager
 from cfm_plugins.options import TrainerSettings
-from cfm_plugins.sizes import GraphSizes
-from cfm_plugins.static.budget import bin_sizes, padding_overhead
+from cfm_plugins.static_shapes.budget import bin_sizes, padding_overhead
 
 
 def test_padded_budget_of_the_example_cuni_set_at_the_default_capacity_pads_under_three_percent():

@@ -7,22 +7,22 @@ import json
 
 import pytest
 
-# run as a module from the repository root (run_mpi's working directory), which puts the root on
+from tests.helpers import run_module
+
+# run as a module from the repository root (run_module's working directory), which puts the root on
 # the script's path: it imports benchmarks.workload
 SCRIPT = "tests.scripts.sampler_shards"
 pytestmark = pytest.mark.mpi
 
 
-def _run(mpi, mode):
-    import sys
-
-    proc = mpi([sys.executable, "-m", SCRIPT, mode], np=2, timeout=180)
+def _run(mode):
+    proc = run_module(SCRIPT, mode, np=2, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return proc.stdout
 
 
-def test_shards_agree_and_cover_every_sample(mpi):
-    out = _run(mpi, "agree")
+def test_shards_agree_and_cover_every_sample():
+    out = _run("agree")
     line = next(ln for ln in out.splitlines() if ln.startswith("OK "))
     info = json.loads(line[3:])
     assert len(info["steps"]) == 1 and info["steps"][0] > 0  # same number of steps on both ranks
@@ -33,8 +33,8 @@ def test_shards_agree_and_cover_every_sample(mpi):
     assert "RAISED" not in out
 
 
-def test_diverging_rank_raises_checksum_error_on_every_rank(mpi):
-    out = _run(mpi, "diverge")
+def test_diverging_rank_raises_checksum_error_on_every_rank():
+    out = _run("diverge")
     raised = [ln for ln in out.splitlines() if ln.startswith("RAISED")]
     assert len(raised) == 2, out[-4000:]  # both ranks raised, nobody hung
     for ln in raised:
@@ -45,21 +45,19 @@ def test_diverging_rank_raises_checksum_error_on_every_rank(mpi):
         )
 
 
-def test_overlapping_shards_raise_on_every_rank(mpi):
-    out = _run(mpi, "overlap")
+def test_overlapping_shards_raise_on_every_rank():
+    out = _run("overlap")
     raised = [ln for ln in out.splitlines() if ln.startswith("RAISED")]
     assert len(raised) == 2, out[-4000:]
     for ln in raised:
         assert "ValueError" in ln and "shards overlap" in ln and "sample 0 on ranks 0, 1" in ln
 
 
-def test_cost_auto_every_rank_plans_with_rank_0s_fit(mpi):
+def test_cost_auto_every_rank_plans_with_rank_0s_fit():
     """cost=auto on 2 real ranks: the records of epoch 0 are gathered once, rank 0's fit is used
     everywhere (each rank's records carry noise of its own), the plans after it agree (checksum),
     every sample is seen once per epoch, and the fit finds the step-time model used."""
-    import sys
-
-    proc = mpi([sys.executable, "-m", "tests.scripts.autocost_ranks"], np=2, timeout=180)
+    proc = run_module("tests.scripts.autocost_ranks", np=2, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("OK "))
     info = json.loads(line[3:])
@@ -78,21 +76,19 @@ def test_cost_auto_every_rank_plans_with_rank_0s_fit(mpi):
 
 
 @pytest.mark.parametrize("mode", ["mace", "hydragnn-atoms", "hydragnn-auto", "nequip"])
-def test_a_rank_that_reads_a_loader_once_more_does_not_block(mpi, mode):
+def test_a_rank_that_reads_a_loader_once_more_does_not_block(mode):
     """Issue 83 on 2 real ranks (tests/scripts/uneven_passes.py): rank 0 reads a batch of the
     training loader and the whole validation loader before training, rank 1 neither (HydraGNN's
     update_config, a rank-0 preview); then both train two epochs, a collective per step. The
     adapters' loaders (mace's, HydraGNN's, and NequIP's Lightning wrapper) call no collective while
     they are iterated, so nothing blocks; every epoch trains every graph on both ranks in the same
     number of steps and evaluates every graph once."""
-    import sys
-
     if mode == "mace":
         pytest.importorskip("mace", reason="mace-torch is not installed (`make venv`)")
     if mode.startswith("hydragnn"):
         pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
         pytest.importorskip("hydragnn", reason="HydraGNN is not installed (`make venv`)")
-    proc = mpi([sys.executable, "-m", "tests.scripts.uneven_passes", mode], np=2, timeout=180)
+    proc = run_module("tests.scripts.uneven_passes", mode, np=2, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("OK "))
     info = json.loads(line[3:])

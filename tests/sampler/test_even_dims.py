@@ -9,7 +9,7 @@ import pytest
 
 from cfm_plugins.sampler.even_dims import check_dims, pack_even_dims
 from cfm_plugins.sampler.packing import pack, pack_even
-from cfm_plugins.static.budget import bin_sizes
+from cfm_plugins.static_shapes.budget import bin_sizes
 
 
 def mixed_density_set(n=120, seed=0):

@@ -16,8 +16,8 @@ from cfm_plugins.sampler import (
     lower_bound_bins,
     pack,
 )
+from cfm_plugins.sampler.balance import repeated_pairs
 from cfm_plugins.sampler.packing import deal, pack_even, pack_levels, round_up, sort_descending
-from cfm_plugins.sampler.report import repeated_pairs
 
 
 def reference_deal(s, cap, nb, add):
@@ -379,7 +379,7 @@ def test_packing_module_does_not_import_torch():
 
     code = (
         "import sys; import cfm_plugins.sampler as s; s.pack([1.0,2.0],4,1); "
-        "from cfm_plugins.sampler import report, costs; assert 'torch' not in sys.modules, 'torch'"
+        "from cfm_plugins.sampler import balance, costs; assert 'torch' not in sys.modules, 'torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

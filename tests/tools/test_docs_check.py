@@ -1,6 +1,8 @@
 """The docs check (``tools/docs_check.py``, ``make docs-check``): it finds the blocks a user
-copies, honours its directives, runs shell and Python blocks as a user would (``cd`` and names
-carry over), and fails on a copyable block without a directive and on a broken link or anchor."""
+copies, honours its directives, runs a page's blocks in order as a reader would (one shell session:
+``cd`` and variables carry over; one Python interpreter: names carry over; no hidden set-up), and
+fails on a copyable block without a directive, on a block that needs a later one and on a broken
+link or anchor."""
 
 import textwrap
 
@@ -123,11 +125,14 @@ def test_blocks_run_in_order_as_one_user_session(tmp_path, capsys):
         {"n": 2}
         '''
 
-        <!-- docs-check: before
-        import json
-        -->
+        <!-- docs-check: run -->
         '''python
-        n = json.load(open("data.json"))["n"]   # the shell's cd carried over
+        import json
+        '''
+
+        <!-- docs-check: run -->
+        '''python
+        n = json.load(open("data.json"))["n"]   # the shell's cd and the import carried over
         '''
 
         <!-- docs-check: expect n=2 yes -->
@@ -144,7 +149,75 @@ def test_blocks_run_in_order_as_one_user_session(tmp_path, capsys):
     )
     assert run(path) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
-    assert "5 blocks passed, 0 failed, 0 skipped" in out
+    assert "6 blocks passed, 0 failed, 0 skipped" in out
+
+
+def test_shell_blocks_share_their_variables_and_python_starts_from_the_shell(tmp_path, capsys):
+    path = write(
+        tmp_path,
+        "vars.md",
+        """\
+        <!-- docs-check: run -->
+        '''bash
+        export RUN_NAME=first OMP_NUM_THREADS=2
+        unset HOME
+        steps=(1 2 3)
+        '''
+
+        <!-- docs-check: expect first 2 3 home:unset -->
+        '''bash
+        echo "$RUN_NAME $OMP_NUM_THREADS ${#steps[@]} home:${HOME-unset}"
+        '''
+
+        <!-- docs-check: run -->
+        '''bash
+        export RUN_NAME=second
+        '''
+
+        <!-- docs-check: expect second from python -->
+        '''python
+        import os
+        print(os.environ["RUN_NAME"], "from python")
+        '''
+        """,
+    )
+    assert run(path) == 0, capsys.readouterr().out
+    assert "4 blocks passed, 0 failed" in capsys.readouterr().out
+
+
+def test_a_block_that_needs_a_later_block_fails(tmp_path, capsys):
+    """Blocks run in page order: a name or a variable a later block defines is not there yet."""
+    path = write(
+        tmp_path,
+        "later.md",
+        """\
+        <!-- docs-check: run -->
+        '''python
+        print(model_name)
+        '''
+
+        <!-- docs-check: run -->
+        '''python
+        model_name = "my.model"
+        '''
+
+        <!-- docs-check: run -->
+        '''bash
+        test -n "$DATA_DIR"
+        '''
+
+        <!-- docs-check: run -->
+        '''bash
+        export DATA_DIR=examples/out/data
+        '''
+        """,
+    )
+    assert run(path) == 1
+    out = capsys.readouterr().out
+    assert "NameError: name 'model_name' is not defined" in out
+    statuses = [ln.split()[0] for ln in out.splitlines() if ln.startswith(("PASS", "FAIL"))]
+    assert statuses[:4] == ["FAIL", "PASS", "FAIL", "PASS"]
+    assert "2 blocks passed, 2 failed" in out
 
 
 def test_a_failing_block_a_missing_replacement_and_a_bad_parse_fail(tmp_path, capsys):
@@ -200,7 +273,7 @@ def test_a_file_level_skip_and_an_unknown_directive(tmp_path, capsys):
         docs_check.parse(bad)
 
 
-def test_directives_on_several_lines_and_a_before_that_takes_the_rest():
+def test_directives_on_several_lines_and_no_hidden_set_up():
     body = """replace -np 4 => -np 2
     timeout 600; skip: a reason; with a semicolon
     """
@@ -209,11 +282,5 @@ def test_directives_on_several_lines_and_a_before_that_takes_the_rest():
         ("timeout", "600"),
         ("skip", "a reason; with a semicolon"),
     ]
-    body = """venv .venv-nequip
-    before: import os
-    x = 1; y = 2
-    """
-    assert docs_check.parse_directives(body, "x.md:1") == [
-        ("venv", ".venv-nequip"),
-        ("before", "import os\nx = 1; y = 2"),
-    ]
+    with pytest.raises(docs_check.DocError, match="unknown docs-check directive 'before'"):
+        docs_check.parse_directives("before: import os", "x.md:1")

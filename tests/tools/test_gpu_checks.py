@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import ROOT, clean_env
+from tests.helpers import ROOT, clean_env, run_module
 from tools.gpu_checks.__main__ import CALLS, commands
 
 
@@ -66,7 +66,7 @@ def test_every_gpu_command_parses_its_options():
         text=True,
         env=clean_env(),
         cwd=ROOT,
-        timeout=600,
+        timeout=570,
     )
     assert res.returncode == 0 and "BAD []" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
     from cfm_plugins.ops.kernel_table import check_kernels
@@ -97,14 +97,7 @@ def test_run_sh_without_a_bundle_says_what_to_make_and_stops(tmp_path):
 
 
 def _smoke(call: str, tmp_path) -> Path:
-    res = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_checks", call, "--smoke", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=3000,
-    )
+    res = run_module("tools.gpu_checks", call, "--smoke", "--out", str(tmp_path), timeout=570)
     out = tmp_path / call
     logs = sorted(out.glob("*.log"))
     assert res.returncode == 0, res.stdout[-3000:] + "".join(p.read_text()[-2000:] for p in logs)

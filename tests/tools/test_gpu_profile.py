@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
-from tests.helpers import ROOT, clean_env
+from tests.helpers import run_module
 
 
 def _profile(out, *options: str) -> None:
     """``python -m tools.gpu_profile --device cpu --quick OPTIONS --out OUT``, which succeeds."""
-    res = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_profile", "--device", "cpu", "--quick", *options]
-        + ["--out", str(out)],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=600,
+    res = run_module(
+        "tools.gpu_profile", "--device", "cpu", "--quick", *options, "--out", out, timeout=570
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-3000:]
 
 
 def test_profile_smoke_run_on_cpu_shows_the_fused_operators_only_in_the_fused_step(tmp_path):

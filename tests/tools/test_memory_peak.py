@@ -3,37 +3,19 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
-from tests.helpers import ROOT, clean_env
+from tests.helpers import run_module
 
 
 def test_memory_peak_smoke_run_on_cpu_accounts_for_the_whole_peak_and_names_our_operators(tmp_path):
     out = tmp_path / "peak.md"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tools.memory_peak",
-            "--device",
-            "cpu",
-            "--quick",
-            "--ways",
-            "stock",
-            "fused",
-            "--top",
-            "1000",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=ROOT,
-        timeout=600,
+    res = run_module(
+        "tools.memory_peak",
+        *"--device cpu --quick --ways stock fused --top 1000 --out".split(),
+        str(out),
+        timeout=570,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-3000:]
     sections = dict(part.split("\n", 1) for part in out.read_text().split("### ")[1:])
     assert [k.rsplit(": ", 1)[1] for k in sections] == ["stock", "fused"]
     for way, body in zip(("stock", "fused"), sections.values()):

@@ -4,25 +4,16 @@ with the host time of both ways and their ratio (a smoke run: timings are not as
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
-from tests.helpers import ROOT, clean_env, import_triton
+from tests.helpers import clean_env, import_triton, run_module
 
 
 def test_every_variant_gets_a_row_with_both_times():
     import_triton()
     env = clean_env()
     env.pop("TRITON_INTERPRET", None)
-    res = subprocess.run(
-        [sys.executable, "-m", "tools.triton_host", "--reps", "2"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
+    res = run_module("tools.triton_host", "--reps", "2", timeout=570, env=env)
+    assert res.returncode == 0, res.stdout[-3000:]
     rows = re.findall(r"^\| (\S+) \| ([\d.]+) ms \| ([\d.]+) ms \| ([\d.]+)x \|$", res.stdout, re.M)
     names = [r[0] for r in rows]
     assert names[:5] == ["tp_segment", "tp_segment[T]", "tp_edge[w,y]", "tp_edge[w]", "tp_edge[y]"]

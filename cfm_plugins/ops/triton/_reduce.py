@@ -108,5 +108,5 @@ def element_sum(
             num_warps=cfg.num_warps,
         )
 
-    launch("sc_reduce", "float64" if coeff.dtype == torch.float64 else "float32", W, run)
+    launch("sc_reduce", coeff, W, run)
     return gc

@@ -8,10 +8,9 @@ alternatives may spill: they are what autotuning may pick on the user's GPU.
 
 :func:`pick` chooses the config of a launch: a test's :func:`override`, a tile pinned by
 :func:`set_tiles` (option ``fused_tiles``), the interpreter's config, or the default (the fastest
-of the default and its alternatives with :func:`set_autotune`, option ``fused_autotune``). The
-launch settings (pinned tiles, autotuning, :func:`deterministic` weight gradients) are set once,
-before the kernels run (:func:`cfm_plugins.ops.configure`), and only read at a launch: no launch
-reads the environment.
+of the default and its alternatives with :func:`set_autotune`, option ``fused_autotune``).
+:func:`launch` launches a kernel with it (:func:`run_tile` passes the tile). The settings are set
+once, before the kernels run (:func:`cfm_plugins.ops.configure`): no launch reads the environment.
 """
 
 from __future__ import annotations
@@ -33,14 +32,14 @@ __all__ = [
     "override",
     "autotuning",
     "configs_for",
+    "dtype_name",
     "parse_label",
     "parse_tiles",
     "pins",
     "set_tiles",
     "tiles",
     "set_autotune",
-    "deterministic",
-    "set_deterministic",
+    "run_tile",
     "TILES_SYNTAX",
 ]
 
@@ -48,26 +47,15 @@ __all__ = [
 @dataclass(frozen=True)
 class TileConfig:
     """Tile of one program: ``block_rows`` nodes (contraction) or edges (conv TP) by
-    ``block_c`` channels, with ``num_warps`` warps (wavefronts on AMD). Conv TP kernel variants
-    (:mod:`cfm_plugins.ops.triton.conv_tp`): ``defer``, sums over edges (``tp_segment``) or channels
-    (``tp_edge``) once per program rather than per block; ``presort``: ``tp_segment`` reads the
-    other ends of the edges in CSR order, one dependent load fewer per block; ``tp_edge`` walks the
-    edges in
-    the receivers' order, so that a block's edges read the same receiver's gradient rows."""
+    ``block_c`` channels, with ``num_warps`` warps (wavefronts on AMD)."""
 
     block_rows: int
     block_c: int
     num_warps: int = 4
     num_stages: int = 1
-    defer: bool = False
-    presort: bool = False
 
     def label(self) -> str:
-        return (
-            f"{self.block_rows}x{self.block_c}/w{self.num_warps}"
-            + ("/defer" if self.defer else "")
-            + ("/presort" if self.presort else "")
-        )
+        return f"{self.block_rows}x{self.block_c}/w{self.num_warps}"
 
 
 _F32, _F64 = "float32", "float64"
@@ -91,59 +79,21 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
         _F32: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
         _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)],
     },
-    # conv TP. tp_segment's defaults (it also sets tp_segment_t's tile) sum over edges once per
-    # program and read the other ends presorted: timed on an H100 against 8x32/w4 at 4000 nodes, the
-    # forward took 0.34x (f32) and 0.24x (f64), forward+backward+double backward 0.61x and 0.54x
-    # (docs/benchmarks.md). Then the other variants and the plain tiles, the former defaults first.
-    # The w8 tiles hold about half the registers per thread of w4 (sm_90: f32 108 vs 168, f64 198 vs
-    # 254).
+    # conv TP (ops/triton/conv_tp.py). tp_segment's tile also sets tp_segment_t's. The defaults
+    # timed fastest in GPU tile sweeps, beside these alternatives; the w8 tiles hold about half
+    # the registers per thread of w4.
     "tp_segment": {
-        _F32: [
-            TileConfig(8, 32, 4, defer=True, presort=True),
-            TileConfig(8, 32, 4),
-            TileConfig(8, 32, 4, defer=True),
-            TileConfig(8, 32, 8, defer=True, presort=True),
-            TileConfig(16, 32, 8, defer=True, presort=True),
-            TileConfig(8, 32, 4, presort=True),
-            TileConfig(16, 32, 4),
-            TileConfig(8, 64, 4),
-            TileConfig(8, 32, 8),
-            TileConfig(16, 32, 8),
-        ],
-        _F64: [
-            TileConfig(4, 32, 4, defer=True, presort=True),
-            TileConfig(8, 32, 4),
-            TileConfig(8, 32, 8, defer=True),
-            TileConfig(8, 32, 8, defer=True, presort=True),
-            TileConfig(8, 32, 4, presort=True),
-            TileConfig(4, 32, 4),
-            TileConfig(8, 32, 8),
-        ],
+        _F32: [TileConfig(8, 32, 4), TileConfig(8, 32, 8), TileConfig(16, 32, 8)],
+        _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)],
     },
-    # tp_edge's deferred sums (over channels, once per pair) timed as the plain tile on an H100, and
-    # on an H200 in float64 (4x32/w4/defer: the whole chain alone 0.94x, the train step the same).
-    # Its presorted tiles (edges in the receivers' order) timed as the plain tile on an H200
-    # (0.98-1.02x).
     "tp_edge": {
         _F32: [
             TileConfig(8, 32, 4),
-            TileConfig(8, 32, 4, presort=True),
-            TileConfig(8, 32, 4, defer=True, presort=True),
-            TileConfig(8, 32, 4, defer=True),
-            TileConfig(8, 32, 8, defer=True),
             TileConfig(16, 32, 4),
             TileConfig(8, 32, 8),
             TileConfig(16, 32, 8),
         ],
-        _F64: [
-            TileConfig(8, 32, 4),
-            TileConfig(8, 32, 4, presort=True),
-            TileConfig(4, 32, 4, defer=True, presort=True),
-            TileConfig(8, 32, 8, defer=True),
-            TileConfig(4, 32, 4, defer=True),
-            TileConfig(4, 32, 4),
-            TileConfig(8, 32, 8),
-        ],
+        _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4), TileConfig(8, 32, 8)],
     },
     "sc_reduce": {
         _F32: [TileConfig(1, 512, 4)],
@@ -187,7 +137,6 @@ def configs_for(kernel: str, dtype_name: str) -> list[TileConfig]:
 
 
 _AUTOTUNE = [False]  # set_autotune
-_DETERMINISTIC = [True]  # set_deterministic
 
 
 def autotuning() -> bool:
@@ -201,56 +150,40 @@ def set_autotune(on: bool) -> None:
     _AUTOTUNE[0] = bool(on)
 
 
-def deterministic() -> bool:
-    """Whether weight gradients are reduced without float atomics, in a fixed order (bitwise
-    reproducible; :func:`set_deterministic`, default on)."""
-    return _DETERMINISTIC[0]
-
-
-def set_deterministic(on: bool) -> None:
-    """``True`` (default): the contraction's weight gradient is summed per element in a fixed
-    order. ``False``: it is added with ``tl.atomic_add`` (one pass less, not reproducible bit for
-    bit; the ``fused_deterministic`` option)."""
-    _DETERMINISTIC[0] = bool(on)
-
-
 #: what :func:`parse_tiles` takes, for error messages and the option's help
 TILES_SYNTAX = (
     "KERNEL[:DTYPE]=TILE entries, comma separated, e.g. "
-    "tp_segment=8x32/w4,tp_edge:float64=4x32/w4/defer (DTYPE float32 or float64, both if left "
-    "out; TILE ROWSxCHANNELS/wWARPS in powers of two, /defer and /presort on tp_* only)"
+    "tp_segment=8x32/w8,tp_edge:float64=4x32/w4 (DTYPE float32 or float64, both if left out; "
+    "TILE ROWSxCHANNELS/wWARPS in powers of two)"
 )
-_LABEL = re.compile(r"(\d+)x(\d+)/w(\d+)((?:/defer|/presort)*)")
-_VARIANTS = {"defer": ("tp_segment", "tp_edge"), "presort": ("tp_segment", "tp_edge")}
+_LABEL = re.compile(r"(\d+)x(\d+)/w(\d+)((?:/[a-z]+)*)")
 _PINS: tuple = ("", {})  # (set_tiles's text, what it parsed to)
 
 
 def parse_label(label: str, kernel: str | None = None) -> TileConfig:
-    """The tile of a label as :meth:`TileConfig.label` writes it (``8x32/w4``, ``8x32/w8/defer``,
-    ``8x32/w4/defer/presort``): sizes and warps powers of two (Triton's ``tl.arange`` needs them),
-    variants only on the kernels that have them (``kernel``, if given)."""
+    """The tile of a label as :meth:`TileConfig.label` writes it (``8x32/w4``): sizes and warps
+    powers of two (Triton's ``tl.arange`` needs them). ``kernel``, if given, names the kernel in a
+    message."""
     m = _LABEL.fullmatch(label.strip())
     if not m:
+        raise ValueError(f"tile {label!r}: expected ROWSxCHANNELS/wWARPS, e.g. 8x32/w4")
+    if m.group(4):
         raise ValueError(
-            f"tile {label!r}: expected ROWSxCHANNELS/wWARPS with optional /defer and /presort, "
-            "e.g. 8x32/w4 or 8x32/w8/defer"
+            f"tile {label!r}: {m.group(4)} is no tile variant (the conv TP's /defer and /presort "
+            "variants are gone: tp_segment always sums once per program over its edges in CSR "
+            f"order, tp_edge has one kernel); write {label.strip()[: m.start(4)]}"
+            + (f" for {kernel}" if kernel else "")
         )
     rows, cols, warps = (int(v) for v in m.groups()[:3])
     for name, v in (("rows", rows), ("channels", cols), ("warps", warps)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"tile {label!r}: {name} must be a power of two, got {v}")
-    flags = [f for f in m.group(4).split("/") if f]
-    for f in flags:
-        if kernel is not None and kernel not in _VARIANTS[f]:
-            raise ValueError(
-                f"tile {label!r}: /{f} is a variant of {', '.join(_VARIANTS[f])} only, not {kernel}"
-            )
-    return TileConfig(rows, cols, warps, defer="defer" in flags, presort="presort" in flags)
+    return TileConfig(rows, cols, warps)
 
 
 def parse_tiles(text: str) -> dict[tuple[str, str | None], TileConfig]:
     """The tiles of ``text``: ``KERNEL[:DTYPE]=TILE`` entries, comma separated
-    (:data:`TILES_SYNTAX`), e.g. ``tp_segment=8x32/w4/defer,tp_edge:float64=4x32/w4/defer``.
+    (:data:`TILES_SYNTAX`), e.g. ``tp_segment=8x32/w8,tp_edge:float64=4x32/w4``.
 
     Args:
         text: the entries; empty entries are ignored, so ``""`` pins nothing.
@@ -330,7 +263,6 @@ def pick(
     dtype_name: str,
     rows: int,
     run=None,
-    idempotent: bool = True,
     fit: tuple[int, int] | None = None,
 ) -> TileConfig:
     """The config of one launch. ``run(config)`` launches the kernel with a config; it is called
@@ -347,8 +279,7 @@ def pick(
       the tile size;
     - otherwise the default, or with autotuning on (:func:`set_autotune`, the ``fused_autotune``
       option) the fastest of the default and its alternatives, timed once per kernel, dtype and
-      size class (power-of-two bucket of the rows) in the process. Kernels that accumulate with
-      atomics (``idempotent=False``) are never autotuned (a timing run would add twice)."""
+      size class (power-of-two bucket of the rows) in the process."""
     from cfm_plugins.ops.triton._codegen import interpreting
 
     if kernel in _OVERRIDE:
@@ -365,7 +296,7 @@ def pick(
             min(cap.block_rows, _pow2(fit[0])), min(cap.block_c, _pow2(fit[1])), cap.num_warps
         )
     candidates = configs_for(kernel, dtype_name)
-    if run is None or not idempotent or len(candidates) == 1 or not _AUTOTUNE[0]:
+    if run is None or len(candidates) == 1 or not _AUTOTUNE[0]:
         return candidates[0]
     key = (kernel, dtype_name, max(1, rows - 1).bit_length())
     best = _TUNED.get(key)
@@ -387,20 +318,30 @@ def pick(
     return best
 
 
-def launch(
-    kernel: str,
-    dtype_name: str,
-    rows: int,
-    run,
-    idempotent: bool = True,
-    fit: tuple[int, int] | None = None,
-) -> TileConfig:
-    """Launch ``run`` with the config :func:`pick` chooses (same arguments) and check, at its first
-    launch, that Triton's compiled kernel (what ``run`` returns) does not spill
-    (:func:`note_spills`)."""
-    cfg = pick(kernel, dtype_name, rows, run, idempotent, fit)
-    note_spills(kernel, dtype_name, cfg, run(cfg))
+def dtype_name(t) -> str:
+    """``"float64"`` or ``"float32"``: the dtype of a launch's floating tensor ``t``, as
+    :data:`DEFAULTS` keys it."""
+    return "float64" if str(t.dtype) == "torch.float64" else "float32"
+
+
+def launch(kernel: str, like, rows: int, run, fit: tuple[int, int] | None = None) -> TileConfig:
+    """Launch ``run(config)`` with the config :func:`pick` chooses for the dtype of the tensor
+    ``like`` (``rows``, ``fit``: as there) and check, at its first launch, that Triton's compiled
+    kernel (what ``run`` returns) does not spill (:func:`note_spills`). The config."""
+    name = dtype_name(like)
+    cfg = pick(kernel, name, rows, run, fit)
+    note_spills(kernel, name, cfg, run(cfg))
     return cfg
+
+
+def run_tile(fn, grid, cfg: TileConfig, args, rows: str, cols: str = "BLOCK_C", **constexprs):
+    """``fn[grid](*args)``: the jitted kernel ``fn`` with the tile ``cfg`` as its block-size
+    constexprs ``rows`` and ``cols``, its warps and stages, and the further ``constexprs``; what
+    every ``run(config)`` of :func:`launch` does. The compiled kernel."""
+    blocks = {rows: cfg.block_rows, cols: cfg.block_c}
+    return fn[grid](
+        *args, **blocks, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages
+    )
 
 
 def note_spills(kernel: str, dtype_name: str, cfg: TileConfig, compiled) -> None:

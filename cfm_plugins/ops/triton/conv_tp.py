@@ -9,7 +9,6 @@ CG entries are float literals (exact in float64), row offsets constants. Two ker
   a segmented, atomic-free, deterministic sum over each node's edges, no per-edge message;
 - ``edge`` (edge-attribute and weight gradients, :func:`_gen_edge`): per block of edges, no atomics.
 
-Variants chosen by the tile config (:mod:`.configs`): ``defer`` and ``presort`` (:func:`source`).
 Outputs the kernels store whole are not zero-filled (:func:`_output`). Double backward needs no
 kernel of its own: the form is trilinear and the operators' C++ autograd writes every derivative
 with these two operators again.
@@ -27,7 +26,7 @@ import torch
 from cfm_plugins.ops._debug import UNFILLED_ENV, unfilled
 from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton._codegen import Writer, fmt_float, tl_sum
-from cfm_plugins.ops.triton.configs import launch
+from cfm_plugins.ops.triton.configs import launch, run_tile
 
 __all__ = ["TPTables", "fwd", "bwd", "source", "kernel_variants", "UNFILLED_ENV"]
 
@@ -167,35 +166,24 @@ def _mask_names(w: Writer, t: TPTables, rows: str) -> dict[int, str]:
     return names
 
 
-def _gen_segment(
-    t: TPTables, defer: bool = False, presort: bool = False, name: str = "tp_segment"
-) -> str:
+def _gen_segment(t: TPTables, name: str = "tp_segment") -> str:
     """out[n, k, c] = sum over the node's edges of sum_q R_q x[other, i_q, c] w[p, c].
 
     One program per node and channel tile, looping over the node's edges ``BLOCK_E`` at a time
     through the CSR grouping (edges sorted by receiver for the forward, by sender for the
     gradient). Per block of edges the edge attributes, each path's weights and each input row are
-    loaded once (``[BLOCK_E, BLOCK_C]`` gathers of the other end's rows), every output row takes
-    the sum over the block's edges of its pairs' products, and the node's rows stay in registers
-    until one store: a segmented, atomic-free scatter, deterministic, with no per-edge message in
-    memory. Per-edge weights are read once. A node without edges stores zeros.
+    loaded once (``[BLOCK_E, BLOCK_C]`` gathers of the other end's rows), and every output row adds
+    its pairs' products to a ``[BLOCK_E, BLOCK_C]`` tile of per-lane partial sums; each row sums
+    over its edges once, after the loop, and is stored once: a segmented, atomic-free scatter,
+    deterministic, with no per-edge message in memory. Per-edge weights are read once. A node
+    without edges stores zeros.
+
+    ``other_ptr`` holds the other end of each edge already in CSR order (the launcher gathers it
+    once, ``other[perm]``), so a block's node rows wait on one index load, not two in a row.
 
     Compile time: for a MACE-MP-medium layer (0e+1o x spherical harmonics l<=3, 40 output rows,
     ~100 pairs) this kernel is ~250 lines; Triton's coalescing pass costs grow with the square of
-    a kernel's memory operations, which is why the loads are per row and per path (not per pair).
-
-    ``defer``: each output row accumulates a ``[BLOCK_E, BLOCK_C]`` tile of per-lane partial sums
-    and sums over its edges once, after the loop, instead of once per block of edges (the default).
-    The sum over a block's edges crosses warps (sm_90, 8x32/w4: 40 rows, 120 barriers per block of 8
-    edges in the PTX); deferred, it happens once per program. A ``[BLOCK_C]`` accumulator is
-    replicated over the rows' threads, so the 40-row forward holds about the same registers (165 vs
-    168 on sm_90); the transposed kernel, 4 rows, more (134 vs 94). Sums in another order: equal to
-    round-off, deterministic. With ``presort``, ``tp_segment``'s default tile (configs.py).
-
-    ``presort``: ``other_ptr`` holds the other end of each edge already in CSR order (the launcher
-    gathers it once, ``other[perm]``), so a block's node rows wait on one index load (``perm``
-    and the other end load side by side) instead of two in a row (``perm``, then ``other[e]``).
-    Same sums in the same order: bit for bit the plain kernel's results."""
+    a kernel's memory operations, which is why the loads are per row and per path (not per pair)."""
     w = Writer()
     w("@triton.jit")
     w(
@@ -208,15 +196,14 @@ def _gen_segment(
     w("lo = tl.load(ptr_ptr + n)")
     w("hi = tl.load(ptr_ptr + n + 1)")
     outs = sorted({k for pairs in t.path_pairs for _, k, _ in pairs})
-    shape = "[BLOCK_E, BLOCK_C]" if defer else "[BLOCK_C]"
     for k in outs:
-        w(f"acc{k} = tl.full({shape}, 0, out_ptr.dtype.element_ty)")
+        w(f"acc{k} = tl.full([BLOCK_E, BLOCK_C], 0, out_ptr.dtype.element_ty)")
     w("for k0 in range(lo, hi, BLOCK_E):")
     w.indent()
     w("ks = k0 + tl.arange(0, BLOCK_E)")
     w("em = ks < hi")
     w("e = tl.load(perm_ptr + ks, mask=em, other=0)")
-    w(f"src = tl.load(other_ptr + {'ks' if presort else 'e'}, mask=em, other=0)")
+    w("src = tl.load(other_ptr + ks, mask=em, other=0)")
     for j in t.edge_components():
         w(f"y{j} = tl.load(y_ptr + e * s_ye + {j} * s_yd, mask=em, other=0.0)")
     masks = _mask_names(w, t, "em")
@@ -238,79 +225,48 @@ def _gen_segment(
                 loaded_x.add(i)
             w(f"r{p}_{q} = ({_pair_coef(ents)})[:, None]")
             terms.setdefault(k, []).append(f"r{p}_{q} * x{i} * w{p}")
-        # the path's output rows take their sums here, so that its weights and CG factors die
+        # the path's output rows take their products here, so that its weights and CG factors die
         # before the next path's load (all paths' live at once spilled in float64)
         for k, parts in terms.items():
-            total = " + ".join(parts)
-            w(f"acc{k} += {total if defer else tl_sum(total, 0)}")
+            w(f"acc{k} += {' + '.join(parts)}")
     w.dedent()
     w("orow = out_ptr + n * " + str(t.dim_out))
     for k in outs:  # TPTables.out_width reads these stores: the launchers leave the output unfilled
-        w(
-            f"tl.store(orow + {k} + cols, {tl_sum(f'acc{k}', 0) if defer else f'acc{k}'}, "
-            f"mask=cols < {t.out_row_mul[k]})"
-        )
+        w(f"tl.store(orow + {k} + cols, {tl_sum(f'acc{k}', 0)}, mask=cols < {t.out_row_mul[k]})")
     return w.text()
 
 
-def _gen_edge(
-    t: TPTables,
-    need_y: bool,
-    need_w: bool,
-    defer: bool = False,
-    presort: bool = False,
-    name: str = "tp_edge",
-) -> str:
+def _gen_edge(t: TPTables, need_y: bool, need_w: bool, name: str = "tp_edge") -> str:
     """Per edge: gw[p, c] = sum_q R_q x[i_q, c] g[k_q, c]; gy[j] = sum_entries coef * sum_c x g w.
 
     One program per ``BLOCK_E`` edges, looping over channel tiles at run time (not unrolled: a
     kernel's compile time grows with the square of its memory operations); the weight gradient of
     each (edge, path, channel) is written once, the edge-attribute gradient is a sum over channels
-    inside the program. No atomics.
-
-    ``defer``: each edge-attribute gradient accumulates a ``[BLOCK_E, BLOCK_C]`` tile over the pairs
-    and channel tiles and sums over channels once, at the end, instead of one sum over channels per
-    pair and channel tile (the default: ~100 pairs, each a sum across lanes). Costs one tile of
-    registers per edge component (16 for l<=3). Sums in another order: equal to round-off.
-
-    ``presort``: the programs walk the edges in the receivers' CSR order (``perm_ptr``; the launcher
-    passes the senders and receivers gathered in that order, once per launch), not in the edges' own
-    order, which in MACE's graphs is the senders'. The largest rows an edge reads are its receiver's
-    gradient rows (``dim_out``: 40 rows of the channels for a MACE-MP-medium layer, ten times its
-    sender's ``dim_in``); in receiver order the edges of a block, and of neighbouring programs, read
-    the same ones. Each edge computes what it computes in the plain kernel: the same results, bit
-    for
-    bit. An autotuning alternative (configs.py)."""
+    inside the program. No atomics."""
     w = Writer()
     # E, the edge count, changes with every batch: specialised (divisible by 16 or not, equal to 1),
     # each edge kernel would compile again for every class of it a run meets. It only bounds the
     # mask of the last block, where the hint buys nothing.
     w('@triton.jit(do_not_specialize=["E"])')
     w(
-        f"def {name}(sender_ptr, receiver_ptr, {'perm_ptr, ' if presort else ''}x_ptr, s_xn, s_xd, "
-        "g_ptr, s_gn, s_gd, y_ptr, s_ye, s_yd, w_ptr, s_we, s_wd, gy_ptr, s_gye, gw_ptr, s_gwe, "
-        "E, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):"
+        f"def {name}(sender_ptr, receiver_ptr, x_ptr, s_xn, s_xd, g_ptr, s_gn, s_gd, y_ptr, s_ye, "
+        "s_yd, w_ptr, s_we, s_wd, gy_ptr, s_gye, gw_ptr, s_gwe, E, BLOCK_E: tl.constexpr, "
+        "BLOCK_C: tl.constexpr):"
     )
     w.indent()
     # 64-bit rows: eid * s_we passes 2**31 from 2**31 / weights-per-edge edges (1.68M for 128
-    # channels of 0e+1o with l<=3: 1280 weights an edge); in 32 bits it wrapped, an illegal address
-    # on an H200 the position in the walk: the edge itself, or (presort) where perm holds it,
-    # sender_ptr and receiver_ptr holding the ends in perm's order
-    at = "ks" if presort else "eid"
-    w(f"{at} = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)")
-    w(f"em = {at} < E")
-    if presort:
-        w("eid = tl.load(perm_ptr + ks, mask=em, other=0)")
-    w(f"snd = tl.load(sender_ptr + {at}, mask=em, other=0)")
-    w(f"rcv = tl.load(receiver_ptr + {at}, mask=em, other=0)")
+    # channels of 0e+1o with l<=3: 1280 weights an edge); in 32 bits it wraps
+    w("eid = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)")
+    w("em = eid < E")
+    w("snd = tl.load(sender_ptr + eid, mask=em, other=0)")
+    w("rcv = tl.load(receiver_ptr + eid, mask=em, other=0)")
     w("xrow = x_ptr + snd[:, None] * s_xn")
     w("grow = g_ptr + rcv[:, None] * s_gn")
     w("wrow = w_ptr + eid[:, None] * s_we")
     gy_seen: set[int] = set()
     if need_y:  # edge-attribute gradients: sums over every channel tile
-        shape = "[BLOCK_E, BLOCK_C]" if defer else "[BLOCK_E]"
         for j in t.edge_components():
-            w(f"gy{j} = tl.full({shape}, 0, gy_ptr.dtype.element_ty)")
+            w(f"gy{j} = tl.full([BLOCK_E], 0, gy_ptr.dtype.element_ty)")
     w(
         f"for c0 in range(0, {t.max_mul}, BLOCK_C):  # a runtime loop: one copy of the body to "
         "compile"
@@ -346,8 +302,7 @@ def _gen_edge(
                 w(f"r{p}_{q} = ({_pair_coef(ents)})[:, None]")
                 gw_terms.append(f"r{p}_{q} * x{i} * g{k}")
             if need_y:  # added at once: no per-pair sum stays live to the end of the tile
-                product = f"x{i} * g{k} * w{p}"
-                w(f"d{p}_{q} = {product if defer else tl_sum(product, 1)}")
+                w(f"d{p}_{q} = {tl_sum(f'x{i} * g{k} * w{p}', 1)}")
                 for j, c in ents:
                     w(f"gy{j} += {fmt_float(c)} * d{p}_{q}")
                     gy_seen.add(j)
@@ -358,10 +313,7 @@ def _gen_edge(
             )
     w.dedent()
     for j in sorted(gy_seen):
-        w(
-            f"tl.store(gy_ptr + eid * s_gye + {j}, {tl_sum(f'gy{j}', 1) if defer else f'gy{j}'}, "
-            "mask=em)"
-        )
+        w(f"tl.store(gy_ptr + eid * s_gye + {j}, gy{j}, mask=em)")
     return w.text()
 
 
@@ -380,25 +332,15 @@ def function_name(kernel: str, transposed: bool = False, **flags) -> str:
     return "tp_edge_" + "w" * bool(flags.get("need_w")) + "y" * bool(flags.get("need_y"))
 
 
-def source(
-    t: TPTables,
-    kernel: str,
-    defer: bool = False,
-    presort: bool = False,
-    transposed: bool = False,
-    **flags,
-) -> str:
+def source(t: TPTables, kernel: str, transposed: bool = False, **flags) -> str:
     """The module source of one kernel: ``segment`` (any tables, plain or ``transposed``: only the
-    name differs) or ``edge`` (need_y, need_w; plain tables); ``defer``: the deferred-sum variant
-    (:func:`_gen_segment`, :func:`_gen_edge`); ``presort``: the segment kernel reading the other
-    ends in CSR order, the edge kernel walking the edges in the receivers' order. The function is
-    named by
-    :func:`function_name`."""
+    name differs; :func:`_gen_segment`) or ``edge`` (need_y, need_w; plain tables;
+    :func:`_gen_edge`). The function is named by :func:`function_name`."""
     name = function_name(kernel, transposed, **flags)
     if kernel == "segment":
-        body = _gen_segment(t, defer, presort, name)
+        body = _gen_segment(t, name)
     elif kernel == "edge":
-        body = _gen_edge(t, flags["need_y"], flags["need_w"], defer, presort, name)
+        body = _gen_edge(t, flags["need_y"], flags["need_w"], name)
     else:
         raise ValueError(f"unknown conv TP kernel {kernel!r}")
     return _HEADER + body
@@ -438,10 +380,6 @@ def prepare(desc, desc_t, meta) -> None:
 def _meta_t(meta) -> list:
     """The ``meta`` of the transposed tables: input and output widths swapped."""
     return [meta[1], meta[0], meta[2], meta[3], meta[4]]
-
-
-def _dtype_name(x: torch.Tensor) -> str:
-    return "float64" if x.dtype == torch.float64 else "float32"
 
 
 def _check(op: str, x, y, w, graph, desc, meta) -> list:
@@ -489,37 +427,15 @@ def _segment(t: TPTables, node_in, y, w, ptr, perm, other, out, transposed: bool
     n = out.shape[0]
     if n == 0 or y.shape[0] == 0:
         return
+    kern = _KERNELS.get(t, "segment", transposed=transposed)
+    args = [ptr, perm, other.index_select(0, perm), node_in, *node_in.stride()]
+    args += [y, *y.stride(), w, *w.stride(), out]  # the other ends in CSR order, gathered once
 
     def run(cfg):
         grid = (n, math.ceil(t.max_mul / cfg.block_c))
-        kern = _KERNELS.get(
-            t, "segment", defer=cfg.defer, presort=cfg.presort, transposed=transposed
-        )
-        ends = other.index_select(0, perm) if cfg.presort else other
-        return kern[grid](
-            ptr,
-            perm,
-            ends,
-            node_in,
-            *node_in.stride(),
-            y,
-            *y.stride(),
-            w,
-            *w.stride(),
-            out,
-            BLOCK_E=cfg.block_rows,
-            BLOCK_C=cfg.block_c,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
+        return run_tile(kern, grid, cfg, args, "BLOCK_E")
 
-    launch(
-        "tp_segment",
-        _dtype_name(node_in),
-        y.shape[0],
-        run,
-        fit=(_codegen.widest_segment(ptr), t.max_mul),
-    )
+    launch("tp_segment", node_in, y.shape[0], run, fit=(_codegen.widest_segment(ptr), t.max_mul))
 
 
 def _uninitialised(shape, like: torch.Tensor) -> torch.Tensor:
@@ -578,48 +494,15 @@ def bwd(g, x, y, w, graph, desc, desc_t, meta, need_x, need_y, need_w):
     if t_t is not None:
         _segment(t_t, g, y, w, graph[_SPTR], graph[_SPERM], graph[_RECEIVER], gx, transposed=True)
     if t is not None:
+        kern = _KERNELS.get(t, "edge", need_y=bool(need_y), need_w=bool(need_w))
+        args = [graph[_SENDER], graph[_RECEIVER], x, *x.stride(), g, *g.stride(), y, *y.stride()]
+        args += [w, *w.stride(), gy, gy.stride(0) if need_y else 0, gw]
+        args += [gw.stride(0) if need_w else 0, E]
 
         def run(cfg):
-            grid = (math.ceil(E / cfg.block_rows),)
-            perm = graph[_RPERM]
-            # a slice of the edges (the C++ autograd's weight gradient in slices) keeps the whole
-            # graph's perm: it walks its own order
-            presort = cfg.presort and perm.numel() == E
-            ends = (graph[_SENDER], graph[_RECEIVER])
-            if (
-                presort
-            ):  # the ends in the receivers' order, gathered once per launch, then the order
-                ends = (ends[0].index_select(0, perm), ends[1].index_select(0, perm), perm)
-            kern = _KERNELS.get(
-                t,
-                "edge",
-                defer=cfg.defer,
-                presort=presort,
-                need_y=bool(need_y),
-                need_w=bool(need_w),
-            )
-            return kern[grid](
-                *ends,
-                x,
-                *x.stride(),
-                g,
-                *g.stride(),
-                y,
-                *y.stride(),
-                w,
-                *w.stride(),
-                gy,
-                gy.stride(0) if need_y else 0,
-                gw,
-                gw.stride(0) if need_w else 0,
-                E,
-                BLOCK_E=cfg.block_rows,
-                BLOCK_C=cfg.block_c,
-                num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages,
-            )
+            return run_tile(kern, (math.ceil(E / cfg.block_rows),), cfg, args, "BLOCK_E")
 
-        launch("tp_edge", _dtype_name(x), E, run, fit=(E, t.max_mul))
+        launch("tp_edge", x, E, run, fit=(E, t.max_mul))
     return gx, gy, gw
 
 

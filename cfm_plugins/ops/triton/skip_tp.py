@@ -17,6 +17,8 @@ where the ``skip_tp`` kernel was named (``fused_kernels``; :mod:`cfm_plugins.ops
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 import triton
@@ -24,7 +26,7 @@ import triton.language as tl
 
 from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton._codegen import interpreting
-from cfm_plugins.ops.triton.configs import launch, pick
+from cfm_plugins.ops.triton.configs import TileConfig, launch, pick, run_tile
 
 __all__ = ["SkipTables", "fwd", "bwd", "prepare", "specimen", "TILE_NODES", "KERNELS"]
 
@@ -104,18 +106,24 @@ _TABLES = _codegen.TableCache(lambda desc, meta: SkipTables(desc, meta, False))
 _TABLES_T = _codegen.TableCache(lambda desc, meta: SkipTables(desc, meta, True))
 
 
-def prepare(desc, desc_t, meta, dtype_name: str = "float32") -> None:
+def prepare(desc, desc_t, meta) -> None:
     """Parse both orientations' tables on the host and keep the job tables of the tiles a launch
-    in ``dtype_name`` picks on their device, now, outside any compiled or captured region (on a GPU
+    in either dtype picks on their device, now, outside any compiled or captured region (on a GPU
     the first parse is a device-to-host copy, and a table made inside a CUDA graph's warm-up would
     live in its memory pool)."""
     device = desc[0].device
     t = _TABLES.get(desc, meta)
-    for tables in (t, _TABLES_T.get(desc_t, meta)):
-        cfg = pick("skip_apply", dtype_name, 0, fit=_apply_fit(tables))
-        tables.apply_jobs(max(16, cfg.block_c), device)
-    cfg = pick("skip_wgrad", dtype_name, 0, fit=_wgrad_fit(t))
-    t.wgrad_jobs(max(16, cfg.block_rows), max(16, cfg.block_c), device)
+    for dtype_name in ("float32", "float64"):
+        for tables in (t, _TABLES_T.get(desc_t, meta)):
+            tile = _dot_tile(pick("skip_apply", dtype_name, 0, fit=_apply_fit(tables)))
+            tables.apply_jobs(tile.block_c, device)
+        tile = _dot_tile(pick("skip_wgrad", dtype_name, 0, fit=_wgrad_fit(t)))
+        t.wgrad_jobs(tile.block_rows, tile.block_c, device)
+
+
+def _dot_tile(cfg: TileConfig) -> TileConfig:
+    """``cfg`` with rows and channels of at least 16: ``tl.dot``'s smallest tile."""
+    return replace(cfg, block_rows=max(16, cfg.block_rows), block_c=max(16, cfg.block_c))
 
 
 def _apply_fit(t: SkipTables) -> tuple[int, int]:
@@ -319,8 +327,10 @@ def _use_dot(x: torch.Tensor) -> bool:
     return not (x.dtype == torch.float64 and torch.version.hip is not None)
 
 
-def _dtype_name(x: torch.Tensor) -> str:
-    return "float64" if x.dtype == torch.float64 else "float32"
+def _dot_flags(x: torch.Tensor) -> dict:
+    """The kernels' constexprs ``IEEE`` (float32 ``tl.dot`` in IEEE precision, never TF32) and
+    ``DOT`` (:func:`_use_dot`) for inputs like ``x``."""
+    return dict(IEEE=x.dtype == torch.float32, DOT=_use_dot(x))
 
 
 def _check(op: str, x, w, order, elem_ptr, desc, desc_t, meta) -> None:
@@ -369,34 +379,18 @@ def _apply(t: SkipTables, desc, order, elem_ptr, src, w, dst) -> None:
     ints = desc[0]
     nb = t.n_blocks
 
-    def run(cfg):
-        jobs = t.apply_jobs(max(16, cfg.block_c), src.device)
-        return _jitted("skip_apply")[(slots, jobs.shape[0])](
-            order,
-            elem_ptr,
-            src,
-            w,
-            dst,
-            jobs,
-            ints,
-            ints[3 * nb :],
-            ints[4 * nb + 1 :],
-            desc[1],
-            E,
-            t.dim_src,
-            t.dim_dst,
-            TILE=TILE_NODES,
-            BLOCK_M=max(16, cfg.block_rows),  # tl.dot's smallest tile
-            BLOCK_W=max(16, cfg.block_c),
-            BLOCK_K=32,
-            BLOCK_E=max(16, triton.next_power_of_2(E)),
-            IEEE=src.dtype == torch.float32,
-            DOT=_use_dot(src),
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
+    tables = [ints, ints[3 * nb :], ints[4 * nb + 1 :], desc[1], E, t.dim_src, t.dim_dst]
+    fixed = dict(TILE=TILE_NODES, BLOCK_K=32, BLOCK_E=max(16, triton.next_power_of_2(E)))
+    fixed.update(_dot_flags(src))
 
-    launch("skip_apply", _dtype_name(src), n, run, fit=_apply_fit(t))
+    def run(cfg):
+        tile = _dot_tile(cfg)
+        jobs = t.apply_jobs(tile.block_c, src.device)
+        args = [order, elem_ptr, src, w, dst, jobs, *tables]
+        kern = _jitted("skip_apply")
+        return run_tile(kern, (slots, jobs.shape[0]), tile, args, "BLOCK_M", "BLOCK_W", **fixed)
+
+    launch("skip_apply", src, n, run, fit=_apply_fit(t))
 
 
 def _uninitialised(shape, like: torch.Tensor) -> torch.Tensor:
@@ -439,30 +433,18 @@ def bwd(g, x, w, order, elem_ptr, desc, desc_t, meta, need_x, need_w):
         t = _TABLES.get(desc, meta)
         E = t.num_elements
 
+        tables = [desc[0][4 * t.n_blocks + 1 :], desc[1], t.dim_src, t.dim_dst]
+
         def run(cfg):
-            bu, bw = max(16, cfg.block_rows), max(16, cfg.block_c)  # tl.dot's smallest tile
-            jobs = t.wgrad_jobs(bu, bw, x.device)
-            return _jitted("skip_wgrad")[(E, jobs.shape[0])](
-                order,
-                elem_ptr,
-                x,
-                g,
-                gw,
-                jobs,
-                desc[0][4 * t.n_blocks + 1 :],
-                desc[1],
-                t.dim_src,
-                t.dim_dst,
-                BLOCK_U=bu,
-                BLOCK_W=bw,
-                BLOCK_R=32,
-                IEEE=x.dtype == torch.float32,
-                DOT=_use_dot(x),
-                num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages,
+            tile = _dot_tile(cfg)
+            jobs = t.wgrad_jobs(tile.block_rows, tile.block_c, x.device)
+            args = [order, elem_ptr, x, g, gw, jobs, *tables]
+            kern, grid = _jitted("skip_wgrad"), (E, jobs.shape[0])
+            return run_tile(
+                kern, grid, tile, args, "BLOCK_U", "BLOCK_W", BLOCK_R=32, **_dot_flags(x)
             )
 
-        launch("skip_wgrad", _dtype_name(x), x.shape[0], run, fit=_wgrad_fit(t))
+        launch("skip_wgrad", x, x.shape[0], run, fit=_wgrad_fit(t))
     return gx, gw
 
 

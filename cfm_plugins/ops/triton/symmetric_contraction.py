@@ -22,20 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cfm_plugins.ops.triton import _codegen, configs
+from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton._codegen import Writer, tl_sum
-from cfm_plugins.ops.triton.configs import TileConfig, launch
+from cfm_plugins.ops.triton.configs import TileConfig, launch, run_tile
 
 __all__ = ["SCTables", "fwd", "bwd", "bwd2", "source", "kernel_variants", "CHUNK"]
 
 #: Nodes per chunk of one element in the module's ``chunk_ptr`` (symmetric_contraction.CHUNK): the
 #: grid has ceil(CHUNK / BLOCK_N) tiles per chunk; longer chunks are still covered by striding.
 CHUNK = 128
-
-
-def atomics() -> bool:
-    """Whether weight gradients are added with atomics (``fused_deterministic=false``)."""
-    return not configs.deterministic()
 
 
 @dataclass(frozen=True)
@@ -266,28 +261,22 @@ def _zeros(w: Writer, names) -> None:
         w(f"{n} = zero")
 
 
-def _weight_grad_base(w: Writer, atomic: bool) -> None:
-    if atomic:
-        w("gcb = gc_ptr + elem * (R * Cp) + cols")
-    else:
-        w("gcb = gc_ptr + (tl.load(slot_ptr + chunk) + sub) * (R * Cp) + cols")
-        w("again = s != first")
+def _weight_grad_base(w: Writer) -> None:
+    w("gcb = gc_ptr + (tl.load(slot_ptr + chunk) + sub) * (R * Cp) + cols")
+    w("again = s != first")
 
 
-def _weight_grad(w: Writer, value: str, atomic: bool) -> None:
+def _weight_grad(w: Writer, value: str) -> None:
     """Add the tile's sum over nodes of ``value`` to row ``r`` of the weight gradient: its own
-    slot of the partial buffer (stored on the program's first tile, added after), or atomically."""
-    if atomic:
-        w(f"tl.atomic_add(gcb + r * Cp, {tl_sum(value, 0)}, mask=cmask)")
-    else:
-        w("pp = gcb + r * Cp")
-        # `!= 0`: Triton 3.9's interpreter splats the scalar `again` as int32 and then refuses
-        # the mask ("mask has unsupported dtype"); compiled, the kernels are the same instructions
-        # (sm_90 and gfx942 assembly compared with Triton 3.7.1 and 3.9.0)
-        w(
-            f"tl.store(pp, tl.load(pp, mask=(cmask & again) != 0, other=0.0) + "
-            f"{tl_sum(value, 0)}, mask=cmask)"
-        )
+    slot of the partial buffer (stored on the program's first tile, added after)."""
+    w("pp = gcb + r * Cp")
+    # `!= 0`: Triton 3.9's interpreter splats the scalar `again` as int32 and then refuses
+    # the mask ("mask has unsupported dtype"); compiled, the kernels are the same instructions
+    # (sm_90 and gfx942 assembly compared with Triton 3.7.1 and 3.9.0)
+    w(
+        f"tl.store(pp, tl.load(pp, mask=(cmask & again) != 0, other=0.0) + "
+        f"{tl_sum(value, 0)}, mask=cmask)"
+    )
 
 
 def _walk_open(w: Writer, t: SCTables, lay: _Layout, reverse: bool) -> None:
@@ -384,7 +373,7 @@ def _g_loads(t: SCTables) -> list[str]:
     ]
 
 
-def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
+def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool) -> str:
     """d/dx by the reverse walk: entering monomial j computes P_j and seeds its adjoint
     A_d = sum_terms coeff * g; leaving it (all its children done) adds A_d P_{d-1} to gx[l] and
     A_d x_l to the parent's adjoint. d/dcoeff: the tile's sum of g_o P_j per term."""
@@ -398,7 +387,7 @@ def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
     w.indent()
     _prologue(w, t, _g_loads(t))
     if need_gc:
-        _weight_grad_base(w, atomic)
+        _weight_grad_base(w)
     _zeros(w, [f"P{d}" for d in range(1, D + 1)] + [f"X{d}" for d in range(1, D + 1)])
     if need_gx:
         _zeros(w, [f"A{d}" for d in range(1, D + 1)] + [f"gx{l}" for l in range(t.L)])
@@ -412,7 +401,7 @@ def _gen_bwd(t: SCTables, need_gx: bool, need_gc: bool, atomic: bool) -> str:
         if need_gx:
             w(f"seed += {_coef()} * go")
         if need_gc:
-            _weight_grad(w, "go * p", atomic)
+            _weight_grad(w, "go * p")
 
     _term_loop(w, lay, term)
     if need_gx:
@@ -442,7 +431,6 @@ def _gen_bwd2(
     need_gc: bool,
     has_dx: bool,
     has_dc: bool,
-    atomic: bool,
 ) -> str:
     """Gradients of <dx, gx> + <dcoeff, gc> (gx, gc: the backward of <g, out>) with respect to g, x
     and coeff. Entering monomial j: P_j and its tangent T_j along dx; gg_o += coeff T_j + dcoeff
@@ -467,7 +455,7 @@ def _gen_bwd2(
         need_gc and has_dx
     )  # d/dcoeff of <g, sum coeff T>; the dcoeff term has no coeff in it
     if gc_needed:
-        _weight_grad_base(w, atomic)
+        _weight_grad_base(w)
     names = [f"P{d}" for d in range(1, D + 1)] + [f"X{d}" for d in range(1, D + 1)]
     if has_dx:
         names += [f"T{d}" for d in range(1, D + 1)] + [f"DX{d}" for d in range(1, D + 1)]
@@ -496,7 +484,7 @@ def _gen_bwd2(
         if gc_needed or need_gx:
             _pick_g(w, t)
         if gc_needed:
-            _weight_grad(w, "go * tv", atomic)
+            _weight_grad(w, "go * tv")
         if need_gx:
             if has_dx:
                 w(f"st += go * {_coef()}")
@@ -546,8 +534,8 @@ _HEADER = (
 
 
 def source(t: SCTables, kernel: str, **flags) -> str:
-    """The module source of one kernel variant: ``fwd``; ``bwd`` (need_gx, need_gc, atomic);
-    ``bwd2`` (need_gg, need_gx, need_gc, has_dx, has_dc, atomic).
+    """The module source of one kernel variant: ``fwd``; ``bwd`` (need_gx, need_gc); ``bwd2``
+    (need_gg, need_gx, need_gc, has_dx, has_dc).
 
     Generated per descriptor *shape*: the number of components L, of output components O and the
     correlation order are unrolled into register tiles and uniform branches (``if depth == ...``,
@@ -567,7 +555,7 @@ def source(t: SCTables, kernel: str, **flags) -> str:
     if kernel == "fwd":
         body = _gen_fwd(t)
     elif kernel == "bwd":
-        body = _gen_bwd(t, flags["need_gx"], flags["need_gc"], flags.get("atomic", False))
+        body = _gen_bwd(t, flags["need_gx"], flags["need_gc"])
     elif kernel == "bwd2":
         body = _gen_bwd2(
             t,
@@ -576,7 +564,6 @@ def source(t: SCTables, kernel: str, **flags) -> str:
             flags["need_gc"],
             flags["has_dx"],
             flags["has_dc"],
-            flags.get("atomic", False),
         )
     else:
         raise ValueError(f"unknown symmetric contraction kernel {kernel!r}")
@@ -622,18 +609,14 @@ def _walk(tables, device) -> torch.Tensor:
     return hit[1]
 
 
-def prepare(desc, meta, device) -> None:
+def prepare(desc, meta) -> None:
     """Do now what the first launch with these descriptor tensors would: parse them on the host
-    (on a GPU one device-to-host copy) and copy the walk table to ``device``. Called outside any
+    (on a GPU one device-to-host copy) and copy the walk table to their device. Called outside any
     compiled or captured region (:func:`cfm_plugins.ops._backend.prepare_kernels`): inside a CUDA
     graph's warm-up the copy would be a synchronisation and the kept walk table an allocation of
     the graph's memory pool that no output tracks (torch refuses it: "Detected 2 tensor(s) in the
     cudagraph pool not tracked as outputs")."""
-    _walk(_TABLES.get(desc, meta), device)
-
-
-def _dtype_name(x: torch.Tensor) -> str:
-    return "float64" if x.dtype == torch.float64 else "float32"
+    _walk(_TABLES.get(desc, meta), desc[0].device)
 
 
 def _check(op: str, x, coeff, elem, order, chunk_ptr, desc, meta) -> None:
@@ -692,9 +675,7 @@ def _grid(cfg: TileConfig, n: int, n_chunks: int, channels: int) -> tuple[tuple,
       ``d out / d x``; the weight gradient ``d out / d coeff[e]`` is a sum over the element's
       nodes: each program writes the sum over its tile into its own slot of a partial buffer
       (:class:`_WeightGrad`), and :mod:`._reduce` adds the slots of each element in a fixed order
-      (deterministic, no atomics). With ``fused_deterministic=false``
-      (:func:`cfm_plugins.ops.configure`) the programs add into ``coeff``'s gradient with
-      ``tl.atomic_add`` instead (not reproducible bit for bit; not timed on a GPU yet);
+      (deterministic, no atomics: a run repeats bit for bit);
     - double backward: the walk with the tangent (``T[j] = T[parent] x[last] + P[parent]
       dx[last]``) and the reverse of both, as ``cuda/symmetric_contraction/sc_math.h`` does per
       node."""
@@ -715,7 +696,7 @@ def _common(x, coeff, elem, order, chunk_ptr, slots, walk):
 
 class _WeightGrad:
     """The weight gradient of one launch: a partial buffer (one slot per program with nodes)
-    reduced per element in a fixed order, or (atomics) the gradient itself, zeroed, added into.
+    reduced per element in a fixed order.
 
     Chunk ``k``'s programs with nodes are its first ``min(ceil(len_k / block_n), split)``; their
     slots follow the previous chunk's (``slots[k]``, computed on the device). The buffer's size
@@ -725,20 +706,9 @@ class _WeightGrad:
     none."""
 
     def __init__(
-        self,
-        coeff: torch.Tensor,
-        chunk_ptr: torch.Tensor,
-        n: int,
-        split: int,
-        block_n: int,
-        atomic: bool,
+        self, coeff: torch.Tensor, chunk_ptr: torch.Tensor, n: int, split: int, block_n: int
     ):
         E, R, Cp = coeff.shape
-        self.atomic = atomic
-        if atomic:
-            self.target = torch.zeros(E, R, Cp, dtype=coeff.dtype, device=coeff.device)
-            self.slots = chunk_ptr  # not read
-            return
         n_chunks = chunk_ptr.numel() - 1
         tiles = torch.clamp(
             torch.div(
@@ -753,8 +723,6 @@ class _WeightGrad:
     def finish(
         self, coeff, elem, order, chunk_ptr, channels: int, split: int, block_n: int
     ) -> torch.Tensor:
-        if self.atomic:
-            return self.target
         from cfm_plugins.ops.triton._reduce import element_sum
 
         return element_sum(
@@ -762,40 +730,50 @@ class _WeightGrad:
         )
 
 
-def fwd(x, coeff, elem, order, chunk_ptr, desc, meta):
-    """``cfm::symmetric_contraction_fwd``: out [N, out_dim] in mace's layout."""
-    op = "cfm::symmetric_contraction_fwd"
-    _check(op, x, coeff, elem, order, chunk_ptr, desc, meta)
-    out = torch.empty(x.shape[0], meta[4], dtype=x.dtype, device=x.device)
-    if x.shape[0] == 0:
-        return out
-    kern, walk = _kernel(desc, meta, "fwd", x.device)
-    n_chunks = chunk_ptr.numel() - 1
-    args = _common(
-        x, coeff, elem, order, chunk_ptr, chunk_ptr, walk
-    )  # no weight gradient: no slots
+def _walk_launch(kernel: str, flags: dict, ins: tuple, outputs: list, gc: bool | None):
+    """Launch the walk kernel ``sc_<kernel>`` of ``flags`` for the operator's inputs ``ins``
+    (``x, coeff, elem, order, chunk_ptr, desc, meta``) with the tile :func:`launch` picks. Its
+    arguments: those of ``_ARGS``, then ``outputs`` (the kernel's own, up to its weight-gradient
+    pointer), then for ``bwd`` and ``bwd2`` (``gc`` not None) the weight gradient's partial buffer
+    (:class:`_WeightGrad`, where ``gc``) and its sizes. The weight gradient, reduced per element,
+    where ``gc``; else None."""
+    x, coeff, elem, order, chunk_ptr, desc, meta = ins
+    kern, walk = _kernel(desc, meta, kernel, x.device, **flags)
+    n, n_chunks, channels = x.shape[0], chunk_ptr.numel() - 1, meta[6]
+    _, R, Cp = coeff.shape
+    result = {}
 
     def run(cfg):
-        grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
-        return kern[grid](
-            *args,
-            meta[6],
-            split,
-            out,
-            BLOCK_N=cfg.block_rows,
-            BLOCK_C=cfg.block_c,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
+        grid, split = _grid(cfg, n, n_chunks, channels)
+        wg = _WeightGrad(coeff, chunk_ptr, n, split, cfg.block_rows) if gc else None
+        args = _common(x, coeff, elem, order, chunk_ptr, wg.slots if wg else chunk_ptr, walk)
+        args += [channels, split, *outputs]
+        if gc is not None:
+            args += [wg.target if wg else x.new_empty(0), R, Cp]
+        compiled = run_tile(kern, grid, cfg, args, "BLOCK_N")
+        if wg is not None:
+            result["gc"] = wg.finish(coeff, elem, order, chunk_ptr, channels, split, cfg.block_rows)
+        return compiled
 
-    launch("sc_fwd", _dtype_name(x), x.shape[0], run, fit=_fit(chunk_ptr, meta))
+    launch(f"sc_{kernel}", x, n, run, fit=_fit(chunk_ptr, meta))
+    return result.get("gc")
+
+
+def fwd(x, coeff, elem, order, chunk_ptr, desc, meta):
+    """``cfm::symmetric_contraction_fwd``: out [N, out_dim] in mace's layout."""
+    ins = (x, coeff, elem, order, chunk_ptr, desc, meta)
+    _check("cfm::symmetric_contraction_fwd", *ins)
+    out = torch.empty(x.shape[0], meta[4], dtype=x.dtype, device=x.device)
+    if x.shape[0] > 0:
+        _walk_launch("fwd", {}, ins, [out], None)  # no weight gradient: no slots
     return out
 
 
 def bwd(gout, x, coeff, elem, order, chunk_ptr, desc, meta, need_gx, need_gc):
     """``cfm::symmetric_contraction_bwd``: (d/dx, d/dcoeff) of <gout, out>."""
     op = "cfm::symmetric_contraction_bwd"
-    _check(op, x, coeff, elem, order, chunk_ptr, desc, meta)
+    ins = (x, coeff, elem, order, chunk_ptr, desc, meta)
+    _check(op, *ins)
     _check_like(op, "gout", gout, x, [x.shape[0], meta[4]])
     none = x.new_empty(0)
     if not (need_gx or need_gc):
@@ -803,51 +781,9 @@ def bwd(gout, x, coeff, elem, order, chunk_ptr, desc, meta, need_gx, need_gc):
     gx = x.new_empty(x.shape) if need_gx else none
     if x.shape[0] == 0:
         return (gx, torch.zeros_like(coeff) if need_gc else none)
-    atomic = atomics()
-    kern, walk = _kernel(
-        desc,
-        meta,
-        "bwd",
-        x.device,
-        need_gx=bool(need_gx),
-        need_gc=bool(need_gc),
-        atomic=atomic and need_gc,
-    )
-    n_chunks = chunk_ptr.numel() - 1
-    E, R, Cp = coeff.shape
-    result = {}
-
-    def run(cfg):
-        grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
-        wg = (
-            _WeightGrad(coeff, chunk_ptr, x.shape[0], split, cfg.block_rows, atomic)
-            if need_gc
-            else None
-        )
-        args = _common(x, coeff, elem, order, chunk_ptr, wg.slots if wg else chunk_ptr, walk)
-        compiled = kern[grid](
-            *args,
-            meta[6],
-            split,
-            gout,
-            *gout.stride(),
-            gx,
-            wg.target if wg else none,
-            R,
-            Cp,
-            BLOCK_N=cfg.block_rows,
-            BLOCK_C=cfg.block_c,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-        if wg is not None:
-            result["gc"] = wg.finish(coeff, elem, order, chunk_ptr, meta[6], split, cfg.block_rows)
-        return compiled
-
-    launch(
-        "sc_bwd", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta)
-    )
-    return gx, result.get("gc", none)
+    flags = dict(need_gx=bool(need_gx), need_gc=bool(need_gc))
+    gc = _walk_launch("bwd", flags, ins, [gout, *gout.stride(), gx], bool(need_gc))
+    return gx, none if gc is None else gc
 
 
 def bwd2(
@@ -856,7 +792,8 @@ def bwd2(
     """``cfm::symmetric_contraction_bwd2``: gradients of <dx, gx> + <dcoeff, gc> with respect to
     (gout, x, coeff), where (gx, gc) is ``bwd`` of (gout, x, coeff)."""
     op = "cfm::symmetric_contraction_bwd2"
-    _check(op, x, coeff, elem, order, chunk_ptr, desc, meta)
+    ins = (x, coeff, elem, order, chunk_ptr, desc, meta)
+    _check(op, *ins)
     _check_like(op, "gout", gout, x, [x.shape[0], meta[4]])
     has_dx, has_dc = dx is not None and dx.numel() > 0, dcoeff is not None and dcoeff.numel() > 0
     if has_dx:
@@ -875,59 +812,19 @@ def bwd2(
         if need_gx:
             gx2.zero_()
         return gg, gx2, (torch.zeros_like(coeff) if gc_wanted else none)
-    atomic = atomics()
-    kern, walk = _kernel(
-        desc,
-        meta,
-        "bwd2",
-        x.device,
+    flags = dict(
         need_gg=bool(need_ggout),
         need_gx=bool(need_gx),
         need_gc=gc_computed,
         has_dx=has_dx,
         has_dc=has_dc,
-        atomic=atomic and gc_computed,
     )
-    n_chunks = chunk_ptr.numel() - 1
-    E, R, Cp = coeff.shape
     dx_args = [dx, *dx.stride()] if has_dx else [none, 0, 0, 0]
     dc_args = [dcoeff, *dcoeff.stride()] if has_dc else [none, 0, 0, 0]
-    result = {}
-
-    def run(cfg):
-        grid, split = _grid(cfg, x.shape[0], n_chunks, meta[6])
-        wg = (
-            _WeightGrad(coeff, chunk_ptr, x.shape[0], split, cfg.block_rows, atomic)
-            if gc_computed
-            else None
-        )
-        args = _common(x, coeff, elem, order, chunk_ptr, wg.slots if wg else chunk_ptr, walk)
-        compiled = kern[grid](
-            *args,
-            meta[6],
-            split,
-            gout,
-            *gout.stride(),
-            *dx_args,
-            *dc_args,
-            gg,
-            gx2,
-            wg.target if wg else none,
-            R,
-            Cp,
-            BLOCK_N=cfg.block_rows,
-            BLOCK_C=cfg.block_c,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-        if wg is not None:
-            result["gc"] = wg.finish(coeff, elem, order, chunk_ptr, meta[6], split, cfg.block_rows)
-        return compiled
-
-    launch(
-        "sc_bwd2", _dtype_name(x), x.shape[0], run, idempotent=not atomic, fit=_fit(chunk_ptr, meta)
-    )
-    gc = result.get("gc", torch.zeros_like(coeff) if gc_wanted else none)
+    outputs = [gout, *gout.stride(), *dx_args, *dc_args, gg, gx2]
+    gc = _walk_launch("bwd2", flags, ins, outputs, gc_computed)
+    if gc is None:
+        gc = torch.zeros_like(coeff) if gc_wanted else none
     return gg, gx2, gc
 
 
@@ -974,9 +871,5 @@ def specimen(t: SCTables, channels: int, dtype_name: str, split: int = 8) -> dic
 
 def compiled_name(kernel: str, flags: dict) -> str:
     """A readable name of a kernel variant (``bwd[gx,gc]``) for reports."""
-    on = [
-        k.replace("need_", "").replace("has_", "")
-        for k, v in sorted(flags.items())
-        if v and k != "atomic"
-    ]
+    on = [k.replace("need_", "").replace("has_", "") for k, v in sorted(flags.items()) if v]
     return f"sc_{kernel}" + (f"[{','.join(on)}]" if on else "")

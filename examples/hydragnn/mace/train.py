@@ -74,8 +74,10 @@ def main(config_file, log_name=None, seed=0):
     random.seed(seed)  # split_dataset shuffles with Python's random: the same split on every rank
     trainset, valset, testset = split_dataset(dataset, training["perc_train"], False)
 
+    # Training.Batching (HydraGNN's node-budget batches), when the config has it, as
+    # hydragnn.preprocess.load_data.dataset_loading_and_splitting passes it
     train_loader, val_loader, test_loader = hydragnn.preprocess.create_dataloaders(
-        trainset, valset, testset, training["batch_size"]
+        trainset, valset, testset, training["batch_size"], batching=training.get("Batching")
     )
     config = hydragnn.utils.input_config_parsing.update_config(
         config, train_loader, val_loader, test_loader

@@ -62,7 +62,7 @@ def train(work, enable: str, label: str):
             "--seed",
             str(SEED),
         ],
-        timeout=900,
+        timeout=570,
         cwd=work,
     )
     assert out.returncode == 0, out.stdout[-6000:]
@@ -154,7 +154,7 @@ def test_checkpoint_loads_in_hydragnn_alone_and_fused_equals_it(work, fused_run)
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
+        timeout=570,
     )
     assert out.returncode == 0, out.stdout[-4000:]
     assert "fused: loaded in HydraGNN alone; 24 graphs" in out.stdout

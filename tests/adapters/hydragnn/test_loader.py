@@ -96,3 +96,48 @@ def test_loader_seam_serves_the_source_keywords_and_names_what_it_cannot():
         "8",
         "later=1",
     ]
+
+
+def test_hydragnns_node_budget_sets_binpacks_capacity_unless_given_and_is_said_once(caplog):
+    """HydraGNN's Training.Batching under binpack: its max_nodes becomes max_tokens and its
+    oversized_sample binpack's oversize where the user set neither; max_tokens given wins; a cost
+    not counted in atoms without max_tokens is refused, naming the key and what to set."""
+    import logging
+
+    from cfm_plugins.config import Config
+    from cfm_plugins.manager import create_manager
+    from cfm_plugins.options import UsageError
+    from cfm_plugins_adapters.hydragnn.loader import take_over_batching
+
+    def config(**options):
+        c = Config(enabled=["hydragnn", "binpack"], options=options)
+        create_manager(c)
+        return c
+
+    caplog.set_level(logging.INFO, logger="cfm_plugins.hydragnn")
+    batching = {"mode": "node_budget", "max_nodes": 300, "oversized_sample": "single"}
+    c = config()
+    for rank in (1, 0, 0):
+        take_over_batching({**batching, "max_graphs": 10}, c, rank)
+    assert c.get("max_tokens") == 300.0 and c.get("oversize") == "solo"
+    assert c.option_sources["max_tokens"] == "NeuralNetwork.Training.Batching.max_nodes"
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "HydraGNN's NeuralNetwork.Training.Batching (mode node_budget, max_nodes 300) is replaced "
+        "by binpack's batches: capacity 300 atoms, its max_nodes (binpack's max_tokens is not "
+        "set); max_graphs 10 is not applied (bins hold any graph count)"
+    ]  # rank 0, once
+
+    c = config(max_tokens=500, oversize="skip", cost="edges")
+    take_over_batching(batching, c, 0)
+    assert c.get("max_tokens") == 500.0 and c.get("oversize") == "skip"
+    assert (
+        caplog.records[-1]
+        .getMessage()
+        .endswith("capacity max_tokens=500 (binpack's; max_nodes unused)")
+    )
+    take_over_batching(batching, c := config(cost="auto"), 0)  # planned in atoms at first
+    assert c.get("max_tokens") == 300.0
+    for options in ({"cost": "edges"}, {"cost": "linear", "cost_b": 0.5}):
+        with pytest.raises(UsageError, match=r"Batching\.max_nodes \(300 nodes\): set binpack's"):
+            take_over_batching(batching, config(**options), 0)

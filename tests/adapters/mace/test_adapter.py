@@ -98,7 +98,7 @@ def test_fused_first_step_loss_equals_stock(data):
             stderr=subprocess.STDOUT,
             text=True,
             env=clean_env(),
-            timeout=600,
+            timeout=570,
             cwd=data,
         )
         assert out.returncode == 0, out.stdout[-4000:]
@@ -125,7 +125,7 @@ def test_fused_first_step_loss_equals_stock(data):
         stderr=subprocess.STDOUT,
         text=True,
         env=clean_env(),
-        timeout=600,
+        timeout=570,
         cwd=data,
     )
     assert out.returncode == 0, out.stdout[-4000:]

@@ -198,7 +198,7 @@ def run_lazy(folder, args):
     from tests.helpers.mace_runs import CFM_RUN
 
     cmd = [CFM_RUN, "--enable", "mace,binpack", "-o", "cost=edges", "--", "mace_run_train", *args]
-    return run_mpi(cmd, timeout=600, cwd=folder)
+    return run_mpi(cmd, timeout=570, cwd=folder)
 
 
 def _cached_edges(folder, path, r_max=4.0):

@@ -67,7 +67,7 @@ def test_mpirun_nonfinite_skip_trains_without_those_steps_and_names_them(tmp_pat
             "mace_run_train",
             *tiny_args(tmp_path, "x", 2),
         ],
-        timeout=600,
+        timeout=570,
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout[-4000:]

@@ -11,10 +11,10 @@ from torch.utils.data import ConcatDataset
 
 from cfm_plugins.config import Config
 from cfm_plugins.distributed import DistInfo
+from cfm_plugins.graph_sizes import GraphSizes
 from cfm_plugins.manager import create_manager
 from cfm_plugins.options import TrainerSettings
 from cfm_plugins.sampler import BinPackBatchSampler
-from cfm_plugins.sizes import GraphSizes
 from cfm_plugins_adapters.mace.loader import (
     EpochAdvancing,
     batch_sampler_for,

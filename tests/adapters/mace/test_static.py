@@ -40,7 +40,7 @@ def test_mpirun_static_shapes_give_the_same_validation_metrics(data, tmp_path_fa
             "mace_run_train",
             *small(mace_args(data, "static", epochs=2)),
         ],
-        timeout=600,
+        timeout=570,
     )
     assert out.returncode == 0, out.stdout[-4000:]
     assert "every batch padded to" in out.stdout
@@ -67,7 +67,7 @@ def test_mpirun_compiled_run_compiles_once_per_shape_and_not_after_the_first_epo
             "mace_run_train",
             *small(mace_args(data, "compiled", epochs=2)),
         ],
-        timeout=1200,
+        timeout=570,
     )
     assert out.returncode == 0, out.stdout[-4000:]
     summary = re.findall(

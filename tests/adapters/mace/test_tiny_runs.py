@@ -29,7 +29,7 @@ def test_mpirun_validation_set_smaller_than_the_ranks_completes(tmp_path):
             "mace_run_train",
             *tiny_args(tmp_path, "small", 1),
         ],
-        timeout=600,
+        timeout=570,
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout[-4000:]
@@ -70,7 +70,7 @@ def test_restart_latest_continues_at_the_epoch_mace_resumes(tmp_path):
             stderr=subprocess.STDOUT,
             text=True,
             env=clean_env(),
-            timeout=600,
+            timeout=570,
             cwd=tmp_path,
         )
         assert out.returncode == 0, out.stdout[-4000:]
@@ -96,7 +96,7 @@ def test_the_adapter_serving_the_command_is_enabled_so_ranks_train_one_model(tmp
     make_tiny_set(tmp_path, n_train=6, n_valid=2)
     out = run_mpi(
         [CFM_RUN, "--", "mace_run_train", *tiny_args(tmp_path, "served", 1)],
-        timeout=600,
+        timeout=570,
         env=clean_env(CFM_PLUGINS=",,,"),
     )
     assert out.returncode == 0, out.stdout[-4000:]
@@ -131,7 +131,7 @@ def test_cost_auto_fits_after_epoch_0_and_restart_latest_plans_the_same_batches(
                 f"--cfm-step-log={tmp_path / log}",
                 *extra,
             ],
-            timeout=600,
+            timeout=570,
             cwd=tmp_path,
         )
         assert out.returncode == 0, out.stdout[-4000:]

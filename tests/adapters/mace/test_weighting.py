@@ -4,7 +4,6 @@ evaluation loaders (hence mace's validation and test metrics) untouched."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -13,16 +12,17 @@ from cfm_plugins.config import Config
 from cfm_plugins.distributed import DistInfo
 from cfm_plugins.manager import Session, create_manager
 from cfm_plugins.options import TrainerSettings
+from tests.helpers import run_module
 
 SCRIPT = "tests.scripts.mace_loss_weights"
 
 
-def test_per_sample_weighs_every_graph_and_atom_alike_in_maces_loss_on_two_ranks(mpi):
+def test_per_sample_weighs_every_graph_and_atom_alike_in_maces_loss_on_two_ranks():
     """Gradients of mace's WeightedEnergyForcesStressLoss at one probe per graph and per atom, over
     one epoch of a binpack plan on 2 ranks (sharded sizes, gloo, DDP): under per_sample every graph
     weighs S/N in the energy and stress terms and every atom S/A in the forces term; under stock
     the same plan weighs them unequally."""
-    proc = mpi([sys.executable, "-m", SCRIPT], np=2, timeout=300)
+    proc = run_module(SCRIPT, np=2, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     runs = {
         d["weighting"]: d

@@ -73,8 +73,8 @@ def _run(folder: Path, name: str, ranks: int, options=(), extra=(), plugins=True
 def _launch(command: list[str], ranks: int, folder: Path) -> subprocess.CompletedProcess:
     """``command`` on ``ranks`` MPI ranks (one: a plain process) in ``folder``."""
     if ranks > 1:
-        return run_mpi(command, np=ranks, timeout=600, cwd=folder)
-    return run_process(command, timeout=600, cwd=folder)
+        return run_mpi(command, np=ranks, timeout=570, cwd=folder)
+    return run_process(command, timeout=570, cwd=folder)
 
 
 def initial_eval(folder: Path, name: str) -> dict:

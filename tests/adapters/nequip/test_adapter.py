@@ -91,7 +91,7 @@ def runs(tmp_path_factory):
             "a",
             f"hydra.run.dir={tmp / 'a'}",
         ],
-        timeout=600,
+        timeout=570,
     )
     b = run_mpi(
         [
@@ -104,7 +104,7 @@ def runs(tmp_path_factory):
             "b",
             f"hydra.run.dir={tmp / 'b'}",
         ],
-        timeout=600,
+        timeout=570,
     )
     out.update(a=a, b=b)
     return out
@@ -262,7 +262,7 @@ def test_nequip_compile_aotinductor_with_the_fused_modifier(runs):
         stderr=subprocess.STDOUT,
         text=True,
         env=clean_env(),
-        timeout=900,
+        timeout=570,
         cwd=runs["tmp"],
     )
     assert out.returncode == 0, out.stdout[-4000:]
@@ -336,7 +336,7 @@ def auto_runs(tmp_path_factory):
                 f"hydra.run.dir={tmp / name}",
                 *extra,
             ],
-            timeout=600,
+            timeout=570,
         )
         assert runs[name].returncode == 0, runs[name].stdout[-4000:]
     return runs

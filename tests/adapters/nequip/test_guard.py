@@ -73,7 +73,7 @@ def test_nequip_binpack_stops_and_the_rank_whose_batch_gave_it_names_it(data):
     whose batch holds structure 4 names it and its non-finite predictions, the other says its
     batch was finite. No checkpoint is written."""
     tmp, train = data
-    out = run_mpi(command(tmp, "error", "nequip,binpack"), timeout=600)
+    out = run_mpi(command(tmp, "error", "nequip,binpack"), timeout=570)
     assert out.returncode != 0, out.stdout[-4000:]
     said = errors(out.stdout)
     assert len(said) == 2, out.stdout[-4000:]
@@ -88,7 +88,7 @@ def test_nequip_binpack_stops_and_the_rank_whose_batch_gave_it_names_it(data):
 
 def test_nequip_binpack_nonfinite_skip_completes_with_finite_weights(data):
     tmp, train = data
-    out = run_mpi(command(tmp, "skip", "nequip,binpack", "-o", "nonfinite=skip"), timeout=600)
+    out = run_mpi(command(tmp, "skip", "nequip,binpack", "-o", "nonfinite=skip"), timeout=570)
     assert out.returncode == 0, out.stdout[-4000:]
     summaries = [line for line in out.stdout.splitlines() if "training step(s) of" in line]
     assert len(summaries) == 2, out.stdout[-4000:]
@@ -111,7 +111,7 @@ def test_nequip_without_binpack_stops_too_and_says_how_to_have_the_structures_na
         stderr=subprocess.STDOUT,
         text=True,
         env=clean_env(),
-        timeout=600,
+        timeout=570,
     )
     assert out.returncode != 0, out.stdout[-4000:]
     said = errors(out.stdout)

@@ -110,7 +110,7 @@ def test_nequip_train_with_ddp_spawn_stops_at_start_saying_why(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
+        timeout=570,
         env=clean_env(),
     )
     assert out.returncode != 0

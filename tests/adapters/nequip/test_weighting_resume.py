@@ -67,7 +67,7 @@ def test_a_resumed_run_weighs_its_loss_per_sample_as_the_first_run_did(tmp_path)
                 f"hydra.run.dir={tmp_path / name}",
                 *extra,
             ],
-            timeout=600,
+            timeout=570,
         )
         assert out.returncode == 0, out.stdout[-4000:]
         return out.stdout

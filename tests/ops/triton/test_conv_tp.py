@@ -18,7 +18,7 @@ from cfm_plugins.ops.conv_tp import FusedConvTP
 from cfm_plugins.ops.triton import _codegen
 from cfm_plugins.ops.triton import conv_tp as ttp
 from cfm_plugins.ops.triton.configs import TileConfig, override
-from tests.helpers.conv_tp_cases import edge_gradients, graph, inputs, op_args, reference, rel_err
+from tests.helpers.conv_tp_cases import graph, inputs, op_args, reference, rel_err
 from tests.helpers.mace_models import mace_tp
 
 pytestmark = pytest.mark.usefixtures("triton_cpu")
@@ -127,8 +127,7 @@ def test_outputs_are_zero_filled_when_asked(triton_cpu, monkeypatch, debug_switc
         assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
 
-@pytest.mark.parametrize("defer", [False, True], ids=["plain", "defer"])
-def test_outputs_left_unfilled_are_stored_whole(triton_cpu, poisoned, defer):
+def test_outputs_left_unfilled_are_stored_whole(triton_cpu, poisoned):
     """MACE's tables store every column of the forward's output and of each gradient, an isolated
     node's row included, so the launchers leave those tensors unfilled: filled with NaN first, with
     channel tiles and edge blocks smaller than the problem, they equal the C++ kernels' results."""
@@ -140,7 +139,7 @@ def test_outputs_left_unfilled_are_stored_whole(triton_cpu, poisoned, defer):
             g, *args, True, True, True
         )
 
-    with override(tp_segment=TileConfig(2, 4, defer=defer), tp_edge=TileConfig(4, 4, defer=defer)):
+    with override(tp_segment=TileConfig(2, 4), tp_edge=TileConfig(4, 4)):
         got = passes()
     assert poisoned == [(6, meta[1]), (6, meta[0]), tuple(y.shape), tuple(w.shape)]
     with triton_cpu():
@@ -198,12 +197,12 @@ def test_stored_width_of_a_set_of_columns():
     assert ttp._width([1, 2]) is None and ttp._width([0, 2]) is None
 
 
-@pytest.mark.parametrize("tile", [None, TileConfig(4, 4, presort=True)], ids=["default", "presort"])
+@pytest.mark.parametrize("tile", [None, TileConfig(4, 4)], ids=["default", "small"])
 def test_weight_gradient_of_an_edge_slice_is_those_rows_of_the_whole(triton_cpu, tile):
     """The double backward sums its second weight-gradient term slice by slice of edges (the C++
     autograd, add_weight_term_in_slices): sender, receiver, y and w sliced, the CSR pointers and the
-    node tensors whole. The Triton kernel must give those rows of the whole gradient; the presorted
-    edge tile too, whose receivers' order (the whole graph's perm) does not fit a slice."""
+    node tensors whole. The Triton kernel must give those rows of the whole gradient, with a tile
+    as large as the problem and with one smaller (blocks that straddle the slice's ends)."""
     tp = mace_tp("0e+1o", 2, 4)
     fused = FusedConvTP.from_e3nn(tp)
     N, E, a, b = 6, 30, 11, 26
@@ -360,10 +359,10 @@ def test_tiles_smaller_than_the_problem(triton_cpu):
 @pytest.mark.parametrize(
     "dtype,tol", [(torch.float64, 1e-12), (torch.float32, F32_TOL)], ids=["f64", "f32"]
 )
-def test_deferred_sums_match_the_cpp_kernels(triton_cpu, dtype, tol):
-    """The ``defer`` variants (one sum over edges, or over channels, per program): tiles smaller
-    than the problem (several edge blocks per node, several channel tiles per edge), an isolated
-    node, gradient subsets that launch each edge kernel variant, against the C++ kernels."""
+def test_small_tiles_and_every_gradient_subset_match_the_cpp_kernels(triton_cpu, dtype, tol):
+    """Tiles smaller than the problem (several edge blocks per node, summed once per program;
+    several channel tiles per edge), an isolated node, gradient subsets that launch each edge
+    kernel, against the C++ kernels."""
     _, (xc, y, w, g_t, desc, desc_t, meta), g = tiled_case(seed=8, isolated=2, dtype=dtype)
     subsets = [(True, True, True), (False, True, False), (False, True, True), (True, False, True)]
     ttp._KERNELS._hits.clear()  # so that what ran is what this test launched
@@ -378,10 +377,16 @@ def test_deferred_sums_match_the_cpp_kernels(triton_cpu, dtype, tol):
             if wanted
         ]
 
-    with override(tp_segment=TileConfig(2, 4, defer=True), tp_edge=TileConfig(4, 4, defer=True)):
+    with override(tp_segment=TileConfig(2, 4), tp_edge=TileConfig(4, 4)):
         got = passes()
-    launched = {(key[1], dict(key[2])["defer"]) for key in ttp._KERNELS._hits}
-    assert {("segment", True), ("edge", True)} <= launched  # the deferred kernels ran
+    launched = {(key[1], tuple(key[2])) for key in ttp._KERNELS._hits}
+    assert launched == {
+        ("segment", (("transposed", False),)),
+        ("segment", (("transposed", True),)),
+        ("edge", (("need_w", True), ("need_y", True))),
+        ("edge", (("need_w", False), ("need_y", True))),
+        ("edge", (("need_w", True), ("need_y", False))),
+    }
     with triton_cpu():
         ref = passes()
     assert torch.all(got[0][2] == 0)  # the isolated node receives nothing
@@ -389,85 +394,22 @@ def test_deferred_sums_match_the_cpp_kernels(triton_cpu, dtype, tol):
         assert b.abs().max() > 0 and rel_err(a, b) < tol
 
 
-@pytest.mark.parametrize("defer", [False, True], ids=["plain", "defer"])
-def test_presorted_ends_give_the_same_results_bit_for_bit(triton_cpu, defer):
-    """``presort`` changes where the segment kernel reads the other end of an edge (CSR order,
-    gathered once by the launcher), not the sums: the node outputs (forward) and node-feature
-    gradients (the transposed kernel) equal the kernel without it, bit for bit."""
-    fused, (xc, y, w, g_t, desc, desc_t, meta), g = tiled_case(seed=10, isolated=3)
-    results = []
-    ttp._KERNELS._hits.clear()  # so that what ran is what this test launched
-    for presort in (False, True):
-        with override(tp_segment=TileConfig(2, 4, defer=defer, presort=presort)):
-            results.append(
-                (
-                    torch.ops.cfm.conv_tp_fwd(xc, y, w, g_t, desc, desc_t, meta),
-                    torch.ops.cfm.conv_tp_bwd(
-                        g, xc, y, w, g_t, desc, desc_t, meta, True, False, False
-                    )[0],
-                )
-            )
-    launched = {
-        (key[1], dict(key[2])["defer"], dict(key[2]).get("presort")) for key in ttp._KERNELS._hits
-    }
-    assert {("segment", defer, False), ("segment", defer, True)} <= launched
-    for a, b in zip(*results):
-        assert b.abs().max() > 0 and torch.equal(a, b)
-    assert "other_ptr + ks" in ttp.source(
-        ttp.TPTables.from_descriptor(fused.descriptor), "segment", presort=True
-    )
-
-
-@pytest.mark.parametrize("defer", [False, True], ids=["plain", "defer"])
-def test_edges_in_receiver_order_give_the_same_results_bit_for_bit(triton_cpu, defer):
-    """``presort`` makes the edge kernel walk the edges in the receivers' order (the senders and
-    receivers gathered once by the launcher), so that a block's edges read the same receiver's
-    rows; each edge's gradients are computed as before: every subset of the edge gradients (each
-    edge kernel variant) equals the kernel without it, bit for bit, on tiles smaller than the
-    problem with an isolated node."""
-    fused, (xc, y, w, g_t, desc, desc_t, meta), g = tiled_case(seed=12, isolated=4)
-    subsets = [(False, True, True), (False, True, False), (False, False, True)]
-    results = []
-    ttp._KERNELS._hits.clear()  # so that what ran is what this test launched
-    for presort in (False, True):
-        with override(tp_edge=TileConfig(4, 4, defer=defer, presort=presort)):
-            results.append(edge_gradients(g, xc, y, w, g_t, desc, desc_t, meta, subsets))
-    launched = {
-        (key[1], dict(key[2])["defer"], dict(key[2]).get("presort")) for key in ttp._KERNELS._hits
-    }
-    assert {("edge", defer, False), ("edge", defer, True)} <= launched
-    assert len(results[1]) == 4
-    for a, b in zip(*results):
-        assert b.abs().max() > 0 and torch.equal(a, b)
-    edge = ttp.source(
-        ttp.TPTables.from_descriptor(fused.descriptor),
-        "edge",
-        presort=True,
-        need_y=True,
-        need_w=True,
-    )
-    assert "eid = tl.load(perm_ptr + ks" in edge  # the plain kernel's source is the one GPUs timed:
-    assert "perm_ptr" not in ttp.source(
-        ttp.TPTables.from_descriptor(fused.descriptor), "edge", need_y=True, need_w=True
-    )
-
-
-def test_deferred_source_sums_once_per_program():
-    """In the ``defer`` sources every sum (``tl.reduce``) comes after the loop over edge blocks or
-    channel tiles, next to the stores; in the default ones the segment kernel sums inside it."""
+def test_segment_source_sums_once_per_program_over_presorted_ends():
+    """The segment kernel (forward and transposed) sums each output row once, after its loop over
+    edge blocks, next to the store, and reads the other ends of the edges in CSR order
+    (``other_ptr + ks``, gathered once by the launcher); the edge kernel sums over channels inside
+    its loop over channel tiles and walks the edges in their own order."""
     d = FusedConvTP.from_e3nn(mace_tp("0e+1o", 2, 3)).descriptor
     t = ttp.TPTables.from_descriptor(d)
 
     def reduce_depths(src):  # indentation (in levels) of the lines that sum
         return {(len(ln) - len(ln.lstrip())) // 4 for ln in src.splitlines() if "tl.reduce(" in ln}
 
-    assert reduce_depths(ttp.source(t, "segment")) == {2}  # def body 1, loop body 2
-    assert reduce_depths(ttp.source(t, "segment", defer=True)) == {1}
-    assert reduce_depths(
-        ttp.source(ttp.TPTables.from_descriptor(d.transpose()), "segment", defer=True)
-    ) == {1}
-    assert reduce_depths(ttp.source(t, "edge", need_y=True, need_w=True)) == {2}
-    assert reduce_depths(ttp.source(t, "edge", defer=True, need_y=True, need_w=True)) == {1}
+    for tables in (t, ttp.TPTables.from_descriptor(d.transpose())):
+        segment = ttp.source(tables, "segment")
+        assert reduce_depths(segment) == {1} and "other_ptr + ks" in segment  # def body 1
+    edge = ttp.source(t, "edge", need_y=True, need_w=True)
+    assert reduce_depths(edge) == {2} and "perm_ptr" not in edge  # loop body 2
 
 
 def test_kernel_cache_generates_each_variant_once(triton_cpu):
@@ -481,14 +423,14 @@ def test_kernel_cache_generates_each_variant_once(triton_cpu):
         calls.append(kernel)
         return ttp.source(t, kernel, **flags)
 
-    cache = _codegen.KernelCache("tp", generate)
+    cache = _codegen.KernelCache("tp", generate, ttp.function_name)
     t = ttp.TPTables.from_descriptor(d)
-    first = cache.get(t, "segment", defer=False)
-    assert cache.get(t, "segment", defer=False) is first and len(calls) == 1
-    assert cache.get(t, "segment", defer=True) is not first and len(calls) == 2
+    first = cache.get(t, "segment", transposed=False)
+    assert cache.get(t, "segment", transposed=False) is first and len(calls) == 1
+    assert cache.get(t, "segment", transposed=True) is not first and len(calls) == 2
     twin = ttp.TPTables.from_descriptor(d)
     assert twin == t and twin is not t
-    assert cache.get(twin, "segment", defer=False) is first and len(calls) == 3
+    assert cache.get(twin, "segment", transposed=False) is first and len(calls) == 3
 
 
 def test_empty_graph_and_bad_input():

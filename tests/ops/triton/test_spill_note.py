@@ -79,9 +79,12 @@ def test_launch_runs_the_default_tile_once_and_notes_what_the_launch_returned(
         launched.append(cfg)
         return types.SimpleNamespace(n_spills=1352)
 
+    import torch
+
+    like = torch.zeros(0, dtype=torch.float64)  # a launch's tensor: its dtype picks the tile
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        cfg = configs.launch("tp_segment", "float64", 300_000, run)
-        configs.launch("tp_segment", "float64", 300_000, run)
+        cfg = configs.launch("tp_segment", like, 300_000, run)
+        configs.launch("tp_segment", like, 300_000, run)
     assert cfg == configs.DEFAULTS["tp_segment"]["float64"][0]
     assert launched == [cfg, cfg]
     msgs = warnings_of(caplog)

@@ -2,8 +2,8 @@
 interpreter on CPU, registered as the ``cfm::symmetric_contraction_*`` operators' CPU kernels:
 against mace-torch's own module (forward, backward, double backward, float64 and float32), against
 the C++ kernels (every double-backward flag combination), gradcheck/gradgradcheck, opcheck,
-non-contiguous and expanded inputs, tiles smaller than the problem, the atomic weight gradient
-(``fused_deterministic=false``), and the generated source and its cache.
+non-contiguous and expanded inputs, tiles smaller than the problem, the weight gradient's partial
+slots, and the generated source and its cache.
 
 Most cases use node features 0e+1o (4 components per channel: 30 monomials at correlation 3), the
 MACE size (0e+1o+2e+3o, 16 components) appears where it is cheap enough for the interpreter
@@ -273,12 +273,10 @@ def test_tiles_smaller_than_the_problem(triton_cpu, monkeypatch):
         assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
 
-@pytest.mark.parametrize("atomic", [False, True], ids=["deterministic", "atomics"])
-def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, launch_settings, atomic):
+def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu):
     """The traced forward's chunk list (``_static_chunks``: the real chunks, then empty ones at n)
     gives the exact chunk list's results bit for bit, forward and both backwards, and the C++
     kernels' too."""
-    launch_settings(deterministic=not atomic)
     fused = FusedSymmetricContraction.from_mace(small_sc(5, 3, 4))
     fused._chunk = 4
     x, idx, _ = inputs(19, 5, 4, 4, torch.float64)
@@ -315,7 +313,7 @@ def test_the_empty_chunks_of_a_traced_forward_change_nothing(triton_cpu, launch_
             assert a[keep].shape == b.shape and a[~torch.isin(present, keep)].abs().max() == 0
             a, c = a[keep], c[keep]
         assert b.abs().max() > 0
-        assert torch.equal(a, b) if not atomic else rel_err(a, b) < 1e-12
+        assert torch.equal(a, b)
         assert rel_err(c, b) < 1e-12
 
 
@@ -327,46 +325,11 @@ def test_the_weight_gradient_slots_follow_the_tiles_with_nodes():
     coeff = torch.zeros(3, 2, 16, dtype=torch.float64)
     exact = torch.tensor([0, 3, 5, 6, 9, 12, 15, 16])
     padded = torch.cat([exact, torch.full((5,), 16)])
-    a = tsc._WeightGrad(coeff, exact, 16, split=4, block_n=2, atomic=False)
-    b = tsc._WeightGrad(coeff, padded, 16, split=4, block_n=2, atomic=False)
+    a = tsc._WeightGrad(coeff, exact, 16, split=4, block_n=2)
+    b = tsc._WeightGrad(coeff, padded, 16, split=4, block_n=2)
     assert a.slots.tolist() == [0, 2, 3, 4, 6, 8, 10]  # tiles with nodes: 2, 1, 1, 2, 2, 2, 1
     assert b.slots.tolist() == a.slots.tolist() + [11] * 5  # the empty chunks write nothing
     assert a.target.shape[0] == min(7 * 4, 8 + 7) and b.target.shape[0] == min(12 * 4, 8 + 12) >= 11
-
-
-def test_atomic_weight_gradient_matches_the_deterministic_reduction(monkeypatch, launch_settings):
-    """``deterministic=False`` (the ``fused_deterministic`` option) reaches the weight-gradient
-    launches through the operators: they add atomically, to the deterministic sums' round-off."""
-    fused = FusedSymmetricContraction.from_mace(small_sc(3, 2, 3))
-    x, idx, _ = inputs(15, 3, 4, 3, torch.float64)
-    coeff, static = op_args(fused, x, idx)
-    gout = torch.randn(x.shape[0], fused.descriptor.out_dim, dtype=x.dtype)
-    dx = torch.randn_like(x)
-    used = []
-
-    class Spy(tsc._WeightGrad):
-        def __init__(self, *args):
-            super().__init__(*args)
-            used.append(self.atomic)
-
-    monkeypatch.setattr(tsc, "_WeightGrad", Spy)
-
-    def weight_gradients():
-        return (
-            torch.ops.cfm.symmetric_contraction_bwd(gout, x, coeff, *static, False, True)[1],
-            torch.ops.cfm.symmetric_contraction_bwd2(
-                gout, x, coeff, dx, None, *static, False, False, True
-            )[2],
-        )
-
-    launch_settings(deterministic=True)
-    det = weight_gradients()
-    assert used == [False, False]
-    launch_settings(deterministic=False)
-    atom = weight_gradients()
-    assert used[2:] == [True, True]
-    for a, b in zip(atom, det):
-        assert b.abs().max() > 0 and rel_err(a, b) < 1e-12
 
 
 def test_empty_input_and_bad_input():
@@ -389,7 +352,7 @@ def test_generated_source_and_cache(tmp_path, monkeypatch):
     """The tables read from the operator's tensors equal the descriptor's; the source is a pure
     function of them; a module is written once under its content hash and imported from there."""
     fused = FusedSymmetricContraction.from_mace(small_sc(3, 3, 2))
-    from_op = tsc.SCTables.from_operator(fused._desc_tensors(), fused._meta)
+    from_op = tsc.SCTables.from_operator(*fused.operator_tables())
     assert from_op == tsc.SCTables.from_descriptor(fused.descriptor)
     src = tsc.source(
         from_op, "bwd2", need_gg=True, need_gx=True, need_gc=True, has_dx=True, has_dc=False
@@ -398,7 +361,7 @@ def test_generated_source_and_cache(tmp_path, monkeypatch):
         from_op, "bwd2", need_gg=True, need_gx=True, need_gc=True, has_dx=True, has_dc=False
     )
     assert "tl.atomic_add" not in src and "def sc_bwd2(" in src
-    assert "tl.atomic_add" in tsc.source(from_op, "bwd", need_gx=False, need_gc=True, atomic=True)
+    assert "tl.atomic_add" not in tsc.source(from_op, "bwd", need_gx=False, need_gc=True)
     monkeypatch.setenv("CFM_PLUGINS_TRITON_CACHE", str(tmp_path))
     mod = _codegen.load_source("sc_test", src)
     files = list(tmp_path.glob("sc_test_*.py"))

@@ -28,22 +28,16 @@ def test_every_listed_tile_reads_back_from_its_label():
         for cfgs in per_dtype.values():
             for cfg in cfgs:
                 assert configs.parse_label(cfg.label(), kernel) == cfg
-    assert configs.parse_label("16x32/w8/defer/presort") == TileConfig(
-        16, 32, 8, defer=True, presort=True
-    )
+    assert configs.parse_label("16x32/w8") == TileConfig(16, 32, 8)
 
 
 def test_pinned_tiles_win_over_the_defaults_per_kernel_and_dtype(gpu_branch):
     default = configs.pick("tp_segment", "float32", 1000)
     assert default == configs.DEFAULTS["tp_segment"]["float32"][0]
-    gpu_branch(tiles=" tp_segment=8x32/w8/defer/presort, tp_edge:float64=4x32/w4/defer ,")
-    assert configs.pick("tp_segment", "float32", 1000) == TileConfig(
-        8, 32, 8, defer=True, presort=True
-    )
-    assert configs.pick("tp_segment", "float64", 1000) == TileConfig(
-        8, 32, 8, defer=True, presort=True
-    )
-    assert configs.pick("tp_edge", "float64", 1000) == TileConfig(4, 32, 4, defer=True)
+    gpu_branch(tiles=" tp_segment=8x32/w8, tp_edge:float64=4x32/w8 ,")
+    assert configs.pick("tp_segment", "float32", 1000) == TileConfig(8, 32, 8)
+    assert configs.pick("tp_segment", "float64", 1000) == TileConfig(8, 32, 8)
+    assert configs.pick("tp_edge", "float64", 1000) == TileConfig(4, 32, 8)
     assert configs.pick("tp_edge", "float32", 1000) == configs.DEFAULTS["tp_edge"]["float32"][0]
     assert configs.pick("sc_fwd", "float64", 1000) == configs.DEFAULTS["sc_fwd"]["float64"][0]
     gpu_branch(tiles="tp_edge=8x32/w8,tp_edge:float64=4x32/w4")  # the dtype's own pin first
@@ -56,14 +50,12 @@ def test_pinned_tiles_win_over_the_defaults_per_kernel_and_dtype(gpu_branch):
 
 
 def test_a_pinned_kernel_is_not_autotuned(gpu_branch):
-    gpu_branch(autotune=True, tiles="tp_segment=16x32/w8/defer/presort")
+    gpu_branch(autotune=True, tiles="tp_segment=16x32/w8")
 
     def run(cfg):
         raise AssertionError("a pinned kernel must not be timed")
 
-    assert configs.pick("tp_segment", "float32", 300_000, run) == TileConfig(
-        16, 32, 8, defer=True, presort=True
-    )
+    assert configs.pick("tp_segment", "float32", 300_000, run) == TileConfig(16, 32, 8)
 
 
 @pytest.mark.parametrize(
@@ -73,8 +65,9 @@ def test_a_pinned_kernel_is_not_autotuned(gpu_branch):
         ("tp_segment=8x32", "expected ROWSxCHANNELS/wWARPS"),
         ("tp_segment=8x24/w4", "channels must be a power of two, got 24"),
         ("tp_segment=8x32/w3", "warps must be a power of two, got 3"),
-        ("sc_bwd=8x32/w4/presort", "/presort is a variant of tp_segment, tp_edge only, not sc_bwd"),
-        ("sc_fwd=16x32/w4/defer", "/defer is a variant of tp_segment, tp_edge only, not sc_fwd"),
+        ("tp_segment=8x32/w4/defer/presort", "/defer/presort is no tile variant"),
+        ("tp_edge=4x32/w4/presort", "tp_edge has one kernel); write 4x32/w4 for tp_edge"),
+        ("sc_fwd=16x32/w4/defer", "/defer is no tile variant"),
         ("tp_edge:float16=8x32/w4", "dtype 'float16': float32 or float64"),
         ("tp_edge 8x32/w4", "expected KERNEL[:DTYPE]=TILE"),
     ],
@@ -118,16 +111,13 @@ def test_a_pinned_tile_is_the_one_a_launch_uses(triton_cpu, launch_settings, mon
             *torch.ops.cfm.conv_tp_bwd(g, xc, y, w, g_t, desc, desc_t, meta, True, True, True),
         )
 
-    launch_settings(tiles="tp_segment:float64=2x4/w4/defer,tp_edge=4x4/w2")
+    launch_settings(tiles="tp_segment:float64=2x4/w4,tp_edge=4x4/w2")
     got = passes()
-    assert set(launched) == {
-        ("tp_segment", TileConfig(2, 4, 4, defer=True)),
-        ("tp_edge", TileConfig(4, 4, 2)),
-    }
+    assert set(launched) == {("tp_segment", TileConfig(2, 4, 4)), ("tp_edge", TileConfig(4, 4, 2))}
     launched.clear()
     launch_settings(tiles="")
     passes()
-    assert TileConfig(2, 4, 4, defer=True) not in {cfg for _, cfg in launched}
+    assert TileConfig(2, 4, 4) not in {cfg for _, cfg in launched}
     with triton_cpu():
         ref = passes()
     for a, b in zip(got, ref):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from mace.data.neighborhood import get_neighborhood
 
-from cfm_plugins.calculators.neighbours import SkinNeighbourList, check_skin
+from cfm_plugins.calculators.skin_list import SkinNeighbourList, check_skin
 from tests.helpers.mace_models import random_walk, structures
 
 CUTOFF = 5.0

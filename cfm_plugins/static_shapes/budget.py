@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-log = logging.getLogger("cfm_plugins.static")
+log = logging.getLogger("cfm_plugins.static_shapes")
 
 #: default headroom over the fullest planned bin, for edges and graphs (and atoms when the cost is
 # not atoms)

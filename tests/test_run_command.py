@@ -7,22 +7,14 @@ import subprocess
 import pytest
 import yaml
 
-from tests.helpers import BIN, ROOT, clean_env, run_mpi
+from tests.helpers import BIN, ROOT, clean_env, run_mpi, run_process
 
 CFM_RUN = str(BIN / "cfm-run")
 PROBE = "tests/scripts/rank_probe.py"
 
 
 def run(*args, timeout=120):
-    return subprocess.run(
-        [CFM_RUN, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        env=clean_env(),
-        cwd=ROOT,
-    )
+    return run_process([CFM_RUN, *args], timeout)
 
 
 def test_list_shows_installed_plugins():
@@ -45,7 +37,7 @@ def test_missing_command_and_missing_script_are_clear_errors():
 
 
 def test_an_unknown_log_level_is_a_usage_error_naming_where_it_came_from(monkeypatch, capsys):
-    from cfm_plugins.cli import main
+    from cfm_plugins.run_command import main
 
     monkeypatch.setenv("CFM_LOG_LEVEL", "loud")
     for argv, says in (
@@ -184,14 +176,7 @@ def test_a_rank_killed_outright_leaves_no_config_copy(tmp_path):
 
 
 def test_features_without_an_adapter_for_the_command_stop_at_start():
-    out = subprocess.run(
-        [CFM_RUN, "--enable", "binpack,fused", "--", "python", PROBE],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=120,
-        env=clean_env(),
-    )
+    out = run("--enable", "binpack,fused", "--", "python", PROBE)
     assert out.returncode == 2, out.stdout
     assert "binpack, fused work(s) through a trainer adapter" in out.stdout
     listed = out.stdout.split("installed adapters: ", 1)[1].split(")", 1)[0].split(", ")

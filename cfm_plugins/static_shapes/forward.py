@@ -1,7 +1,7 @@
 """The forward that runs padded batches, compiled once per shape: :class:`StaticForward`.
 
 A trainer calls its model with a dict of tensors and reads a dict of outputs. When the batch was
-padded to a budget (see :mod:`cfm_plugins.static.budget`), the adapter's batch adds the key
+padded to a budget (see :mod:`cfm_plugins.static_shapes.budget`), the adapter's batch adds the key
 :data:`REAL_SIZES` to that dict: the real graphs, atoms and edges at the front of every tensor.
 :class:`StaticForward`, installed as the model's ``forward`` (an instance attribute, so
 ``model(...)``, DDP and forward hooks reach it unchanged), takes the key out, runs the model's own
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cfm_plugins.static import COMPILE_BACKENDS, COMPILE_MODES
+from cfm_plugins.static_shapes import COMPILE_BACKENDS, COMPILE_MODES
 
-log = logging.getLogger("cfm_plugins.static")
+log = logging.getLogger("cfm_plugins.static_shapes")
 
 #: key of the model's input dict holding ``(graphs, atoms, edges)`` of the real batch, then the
 # padded sizes
@@ -180,7 +180,7 @@ class StaticForward:
     Args:
         model: the model (the module whose ``forward`` this replaces; the class's own forward runs).
         spec: the :class:`ModelSpec` of the trainer's models.
-        compile: one of :data:`~cfm_plugins.static.COMPILE_MODES`.
+        compile: one of :data:`~cfm_plugins.static_shapes.COMPILE_MODES`.
         dynamic: ``False`` (padded batches: one graph per budget) or ``None`` (dynamo's default).
         backend: ``inductor`` (generated kernels) or ``aot_eager`` (the same graphs, forward and
             backward, run op by op: no code generation, which takes many minutes on a small CPU).
@@ -268,8 +268,8 @@ class StaticForward:
 
     def __reduce__(self):
         raise TypeError(
-            "a model with a StaticForward cannot be pickled: call cfm_plugins.static.remove(model) "
-            "first (the adapters do it before saving)"
+            "a model with a StaticForward cannot be pickled: call "
+            "cfm_plugins.static_shapes.remove(model) first (the adapters do it before saving)"
         )
 
 

@@ -41,4 +41,4 @@ def __getattr__(name):
         from . import forward
 
         return getattr(forward, name)
-    raise AttributeError(f"module 'cfm_plugins.static' has no attribute {name!r}")
+    raise AttributeError(f"module 'cfm_plugins.static_shapes' has no attribute {name!r}")

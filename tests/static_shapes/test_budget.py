@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cfm_plugins.sampler import pack
-from cfm_plugins.static.budget import (
+from cfm_plugins.static_shapes.budget import (
     EDGE_MULTIPLE,
     Budget,
     BudgetTracker,
@@ -83,7 +83,7 @@ def test_tracker_raises_the_budget_once_for_a_batch_that_does_not_fit(caplog):
     assert (
         t.fit(100, 1024, 4) is t.budget and t.raises == 0
     )  # exactly full still fits (one pad atom, one pad graph)
-    with caplog.at_level(logging.INFO, logger="cfm_plugins.static"):
+    with caplog.at_level(logging.INFO, logger="cfm_plugins.static_shapes"):
         new = t.fit(90, 2000, 4)
     assert t.raises == 1 and new.edges >= 2200 and new.atoms == 101 and new.graphs == 5
     assert (

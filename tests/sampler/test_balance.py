@@ -11,7 +11,7 @@ import pytest
 from benchmarks.baselines import BASELINES
 from benchmarks.workload import paper_mix
 from cfm_plugins.sampler import Packing, balance_report, pack, plot_batches
-from cfm_plugins.sampler.report import co_batched_pairs, fixed_count_batches, repeated_pairs
+from cfm_plugins.sampler.balance import co_batched_pairs, fixed_count_batches, repeated_pairs
 
 C = np.array([5, 4, 3, 3, 2, 2, 1, 1, 1], float)  # total 22
 
@@ -91,7 +91,7 @@ def test_the_picture_sets_the_trainers_batches_beside_the_bins_with_each_sides_l
     that waits for its step's slowest rank gets a hatched bar."""
     import matplotlib.pyplot as plt
 
-    from cfm_plugins.sampler.report import draw_batches, load_imbalance_factor
+    from cfm_plugins.sampler.balance import draw_batches, load_imbalance_factor
 
     rng = np.random.default_rng(3)
     c = rng.integers(4, 300, 30).astype(float)
@@ -129,7 +129,7 @@ def test_the_picture_sets_the_trainers_batches_beside_the_bins_with_each_sides_l
 
 def test_measured_and_planned_lif_are_one_definition():
     """The mace step logs' LIF (per-rank times, steps every rank ran) is the report's LIF."""
-    from cfm_plugins.sampler.report import load_imbalance_factor
+    from cfm_plugins.sampler.balance import load_imbalance_factor
     from cfm_plugins.steplog import load_imbalance
 
     ranks = [
@@ -158,7 +158,7 @@ def test_lif_of_the_epochs_after_the_calibration():
 
 
 def test_counts_are_said_in_the_singular_or_the_plural():
-    from cfm_plugins.sampler.report import count
+    from cfm_plugins.sampler.balance import count
 
     assert [count(1, "step"), count(2, "step"), count(0, "epoch"), count(3, "pass")] == [
         "1 step",

@@ -1,14 +1,14 @@
 """mace's side of static shapes: padded mace batches, the outputs' levels, what compiling needs.
 
 Imported by the mace adapter (training) and by ``CFMCalculator`` (MD), the two places that meet mace
-models; it imports mace (nothing else in ``cfm_plugins.static`` does).
+models; it imports mace (nothing else in ``cfm_plugins.static_shapes`` does).
 
 **Padded batches.** :class:`PaddingCollater` replaces a mace DataLoader's collate function: it
 appends inert pad graphs (:func:`pad_graphs`) so that the batch has exactly the loader's budget of
-atoms, edges and graphs (:class:`cfm_plugins.static.budget.BudgetTracker`), and returns a
+atoms, edges and graphs (:class:`cfm_plugins.static_shapes.budget.BudgetTracker`), and returns a
 :class:`PaddedBatch`, whose attributes are views of the *real* structures only: mace's losses and
-metrics need no change, and :class:`cfm_plugins.static.forward.StaticForward` cuts the model's
-outputs back by :data:`OUTPUT_LEVELS`.
+metrics need no change, and :class:`cfm_plugins.static_shapes.forward.StaticForward` cuts the
+model's outputs back by :data:`OUTPUT_LEVELS`.
 
 **Compiling** (mace-torch 0.3.16 with e3nn 0.4.4): the model that was built and patched is
 compiled in place; :class:`TracedSwaps` and :func:`e3nn_codegen_off` / :func:`without_torchscript`
@@ -23,7 +23,7 @@ import torch
 from mace.tools.torch_geometric.batch import Batch
 from mace.tools.torch_geometric.data import Data
 
-from cfm_plugins.static.forward import REAL_SIZES, ModelSpec
+from cfm_plugins.static_shapes.forward import REAL_SIZES, ModelSpec
 
 #: what each key of mace's ``AtomicData`` (0.3.16) holds, for building pad graphs: per atom, per
 # edge : (``edge_index`` is concatenated along its last dimension), else per graph. A key not listed
@@ -184,8 +184,8 @@ class PaddedBatch(Batch):
     get. Its attributes (``batch.energy``, ``batch.forces``, ``batch.ptr``, ``batch.weight``,
     ``num_graphs``, ...) are views of the real structures only: mace's losses and metrics see the
     unpadded batch. ``to_dict()`` (what mace hands to the model) gives the whole padded batch plus
-    the real sizes, and the model's :class:`~cfm_plugins.static.forward.StaticForward` cuts its
-    outputs back to the real graphs and atoms (:data:`OUTPUT_LEVELS`). ``to(device)`` moves the
+    the real sizes, and the model's :class:`~cfm_plugins.static_shapes.forward.StaticForward` cuts
+    its outputs back to the real graphs and atoms (:data:`OUTPUT_LEVELS`). ``to(device)`` moves the
     padded tensors once (without blocking when they are pinned: mace's loaders pin them with
     ``--pin_memory``) and makes the views again on the device.
     """
@@ -233,7 +233,8 @@ class PaddedBatch(Batch):
         return int(p.ptr.numel() - 1), int(p.batch.numel()), int(p["edge_index"].shape[1])
 
     def to_dict(self) -> dict:
-        """The padded batch for the model, with :data:`~cfm_plugins.static.forward.REAL_SIZES`."""
+        """The padded batch for the model, with
+        :data:`~cfm_plugins.static_shapes.forward.REAL_SIZES`."""
         out = self.__padded__.to_dict()
         out[REAL_SIZES] = self.__real__ + self.padded_sizes()
         return out
@@ -268,8 +269,8 @@ class PaddingCollater:
 
     Args:
         collate: the loader's own collate function (mace's ``Collater``).
-        tracker: the loader's :class:`~cfm_plugins.static.budget.BudgetTracker` (raised, with a log
-            line, by a batch that does not fit).
+        tracker: the loader's :class:`~cfm_plugins.static_shapes.budget.BudgetTracker` (raised,
+            with a log line, by a batch that does not fit).
         distance: length of every pad edge and side of the pad cell: more than the model's cutoff.
     """
 
@@ -387,7 +388,8 @@ def without_torchscript(model):
     return rebuilt.to(device=param.device, dtype=param.dtype)
 
 
-#: what static shapes must know of mace's models (:class:`~cfm_plugins.static.forward.ModelSpec`)
+#: what static shapes must know of mace's models
+#: (:class:`~cfm_plugins.static_shapes.forward.ModelSpec`)
 MACE_SPEC = ModelSpec(
     output_levels=OUTPUT_LEVELS,
     grad_inputs=("positions",),

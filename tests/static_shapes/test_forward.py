@@ -9,8 +9,8 @@ import pickle
 import pytest
 import torch
 
-from cfm_plugins.static import forward
-from cfm_plugins.static.forward import REAL_SIZES, check_compile_mode, cut
+from cfm_plugins.static_shapes import forward
+from cfm_plugins.static_shapes.forward import REAL_SIZES, check_compile_mode, cut
 
 
 class Toy(torch.nn.Module):

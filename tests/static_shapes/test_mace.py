@@ -18,9 +18,9 @@ from mace.tools.torch_geometric.dataloader import Collater, DataLoader
 from mace.tools.train import evaluate
 
 from cfm_plugins.ops.patching import patch_model
-from cfm_plugins.static import forward
-from cfm_plugins.static.budget import Budget, BudgetTracker
-from cfm_plugins.static.mace import MACE_SPEC, PaddedBatch, PaddingCollater
+from cfm_plugins.static_shapes import forward
+from cfm_plugins.static_shapes.budget import Budget, BudgetTracker
+from cfm_plugins.static_shapes.mace import MACE_SPEC, PaddedBatch, PaddingCollater
 from tests.helpers.mace_models import build_model, structures
 
 RTOL = 1e-10
@@ -172,7 +172,7 @@ def test_padded_validation_metrics_equal_the_unpadded_ones(items, fused):
 def test_a_batch_over_the_budget_raises_it_once_and_is_never_cut(items, caplog):
     t = tracker(Budget(atoms=40, edges=1024, graphs=2))
     collate = PaddingCollater(Collater([None], [None]), t, distance=10.0)
-    with caplog.at_level(logging.INFO, logger="cfm_plugins.static"):
+    with caplog.at_level(logging.INFO, logger="cfm_plugins.static_shapes"):
         b = collate(items)
     assert t.raises == 1 and "over the budget" in caplog.text
     assert b.real_sizes[0] == len(items) and b.padded_sizes() == (
@@ -235,7 +235,7 @@ def test_a_float64_model_rebuilt_without_torchscript_keeps_its_weights_exactly()
     """``without_torchscript`` (compile != off of a loaded model that holds e3nn's TorchScript)
     rebuilds the model in its weights' dtype: built in torch's default float32 and loaded after,
     every float64 weight came back rounded (~1e-7 relative)."""
-    from cfm_plugins.static.mace import holds_torchscript, without_torchscript
+    from cfm_plugins.static_shapes.mace import holds_torchscript, without_torchscript
 
     model = build_model(0, torch.float64)
     assert holds_torchscript(model) and torch.get_default_dtype() == torch.float32
