@@ -265,10 +265,17 @@ def _why(key: str, figure: str, p: dict, b: dict, n: int) -> str:
         return "too few structures for the ranks: both repeat some to fill them"
     if p["repeated"] >= 0.05 * n:
         return f"it repeats whole batches to fill the ranks ({p['repeated']:,} structures)"
+    if figure == "lif_atoms":
+        return (
+            "binpack's bins are all full in atoms (its cost here) and each step takes bins even "
+            "in edges (step_balance=edges), which the step time follows: their atoms differ a "
+            "little"
+        )
     if figure != "steps":
         return (
-            "binpack balances atoms (its cost here) in bins all full at the budget: a step's "
-            "bins differ in edges as the structures' densities do"
+            "binpack balances atoms (its cost here) in bins all full at the budget: the bins "
+            "differ in edges as the structures' densities do, as far as its steps cannot even "
+            "them out"
         )
     return ""
 

@@ -211,7 +211,9 @@ def cfm_needs_edges(config: Config) -> bool:
         config: the run's configuration.
 
     Returns:
-        ``True`` when edges are needed.
+        ``True`` when edges are needed; ``"wanted"`` when they are used where the sizes carry
+        them (an adapter counts them, but a graph without edges is no error: its sizes then
+        come without edges, ``None``); ``False`` when not used.
     """
 
 

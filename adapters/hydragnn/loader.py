@@ -67,9 +67,9 @@ def balanced_loader(
     hook, config, dist = session.hook, session.config, session.dist
     n = len(dataset)
     indices = shard_indices(n, dist)
-    sizes = hook.cfm_graph_sizes(
-        dataset=dataset, indices=indices, need_edges=any(hook.cfm_needs_edges(config=config))
-    )
+    wants = hook.cfm_needs_edges(config=config)  # True: needed; "wanted": used where present
+    need_edges = True if True in wants else ("wanted" if any(wants) else False)
+    sizes = hook.cfm_graph_sizes(dataset=dataset, indices=indices, need_edges=need_edges)
     if sizes is None:
         log.warning(
             "%s split: no plugin reads the sizes of a %s; HydraGNN's own sampler is kept",

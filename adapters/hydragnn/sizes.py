@@ -33,15 +33,16 @@ def is_pyg_dataset(dataset) -> bool:
 
 def graph_size(data, index: int, need_edges: bool = True) -> tuple[int, int]:
     """(atoms, edges) of one graph; edges ``-1`` when the graph has no ``edge_index`` and none are
-    needed. A graph without ``edge_index`` where an edge-based cost needs it is an error naming it:
-    counting its edges as 0 would hide a data set built without its neighbour lists."""
+    needed (``need_edges`` not ``True``: ``"wanted"`` uses them where present). A graph without
+    ``edge_index`` where an edge-based cost needs it is an error naming it: counting its edges as
+    0 would hide a data set built without its neighbour lists."""
     if data is None:
         raise ValueError(
             f"graph {index} of the dataset could not be read (the dataset returned None)"
         )
     edge_index = getattr(data, "edge_index", None)
     if edge_index is None:
-        if need_edges:
+        if need_edges is True:
             raise ValueError(
                 f"graph {index} of the dataset has no edge_index, and the binpack cost needs edge "
                 "counts (cost=edges, or linear with cost_b > 0): use cost=atoms (or linear with "

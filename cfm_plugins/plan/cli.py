@@ -60,6 +60,7 @@ def _ranks(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from cfm_plugins.plugins.binpack import STEP_BALANCE_OPTIONS
     from cfm_plugins.sampler.packing import OVERSIZE_POLICIES
 
     from .neighbours import BACKENDS
@@ -138,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=OVERSIZE_POLICIES,
         default="error",
         help="binpack's oversize: a structure costlier than the capacity (default error)",
+    )
+    p.add_argument(
+        "--step-balance",
+        choices=STEP_BALANCE_OPTIONS,
+        default="edges",
+        help="binpack's step_balance: what the bins of one step are made even in: edges (with "
+        "--cost atoms, where the edge counts are read: --r-max) or the cost itself (default "
+        "edges)",
     )
     p.add_argument(
         "--keep-isolated",
@@ -434,6 +443,7 @@ def prepare(args) -> Prepared:
         oversize=args.oversize,
         seeds=args.seeds,
         stock_drop_last=not args.stock_pad,
+        step_balance=args.step_balance,
     )
     edges = edges if (edges >= 0).all() else None
     if args.oversize == "error" and args.max_tokens is not None and kind != "fit":

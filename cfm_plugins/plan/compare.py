@@ -33,14 +33,15 @@ SAMPLERS = {
 }
 
 
-def _planner(key, atoms, capacity, ranks, *, batch_size, seed, epoch, drop_last, binpack):
-    """A function of no arguments that makes the packing of sampler ``key``."""
+def _planner(key, atoms, edges, capacity, ranks, *, batch_size, seed, epoch, drop_last, binpack):
+    """A function of no arguments that makes the packing of sampler ``key`` (binpack's as the
+    training sampler plans it: with ``cost=atoms`` its steps even in ``edges``, where given)."""
     from . import peer_samplers
     from .planning import PlanOptions, binpack_plan
 
     if key == "binpack":
         costs, cap, opts = binpack or (atoms, capacity, PlanOptions(seed=seed, epoch=epoch))
-        return lambda: binpack_plan(costs, cap, ranks, opts)
+        return lambda: binpack_plan(costs, cap, ranks, opts, edges)
     fn = peer_samplers.PEERS[key]
     kw = {"batch_size": batch_size, "drop_last": drop_last} if key == "distributed" else {}
     return lambda: fn(atoms, capacity, ranks, seed=seed, epoch=epoch, **kw)
@@ -141,6 +142,7 @@ def compare_ranks(
         make = _planner(
             key,
             atoms,
+            edges,
             capacity,
             ranks,
             batch_size=batch_size,

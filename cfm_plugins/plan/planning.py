@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cfm_plugins.plugins.binpack import GPU_TOKEN_RANGE, default_capacity
+from cfm_plugins.plugins.binpack import GPU_TOKEN_RANGE, default_capacity, steps_by_edges
 from cfm_plugins.sampler import balance_report, fixed_count_batches, graph_costs
 from cfm_plugins.sampler import load_imbalance_factor as lif_of
 from cfm_plugins.sampler.autocost import fitted_costs
@@ -36,7 +36,9 @@ class PlanOptions:
     clamp of the default capacity). ``seed``/``epoch``: binpack packs epoch ``e`` from
     ``seed + e``; the trainer's DistributedSampler orders are seeded ``seed + k`` for
     ``k < seeds``. ``stock_drop_last``: the trainer's sampler drops the last ``n % ranks``
-    structures (mace) instead of repeating some (torch's default, HydraGNN).
+    structures (mace) instead of repeating some (torch's default, HydraGNN). ``step_balance``:
+    binpack's option: ``edges`` (under ``cost=atoms`` the bins of a step are chosen by their
+    edges, where the edges are known) or ``cost``.
     """
 
     batch_size: int = 8
@@ -52,6 +54,7 @@ class PlanOptions:
     oversize: str = "error"
     seeds: int = 5
     stock_drop_last: bool = True
+    step_balance: str = "edges"
 
 
 def packing_costs(atoms, edges, opts: PlanOptions) -> tuple[np.ndarray, float, str]:
@@ -163,11 +166,14 @@ def _summary(packing, costs, capacity, ranks, atoms, edges, model, step_extra):
     return out
 
 
-def binpack_plan(costs, capacity, ranks: int, opts: PlanOptions):
+def binpack_plan(costs, capacity, ranks: int, opts: PlanOptions, edges=None):
     """The training sampler's packing of ``opts.epoch`` at ``ranks`` (global bins, step order):
     :class:`~cfm_plugins.sampler.BinPackBatchSampler` itself, with the options the plugin gives a
-    training loader (``repeat``, shuffled, the seed, the oversize policy)."""
+    training loader (``repeat``, shuffled, the seed, the oversize policy, and under ``cost=atoms``
+    with ``step_balance=edges`` the ``edges`` as its ``step_sizes``, where given)."""
     from cfm_plugins.sampler import BinPackBatchSampler
+
+    by_edges = edges is not None and steps_by_edges(opts.cost, opts.step_balance)
 
     sampler = BinPackBatchSampler(
         costs,
@@ -178,6 +184,7 @@ def binpack_plan(costs, capacity, ranks: int, opts: PlanOptions):
         oversize=opts.oversize,
         shuffle=True,
         repeat=True,
+        step_sizes=edges if by_edges else None,
     )
     if opts.epoch:
         sampler.set_epoch(opts.epoch)
@@ -198,7 +205,7 @@ def plan_ranks(
     over ``opts.seeds`` orders (each figure's median, min and max)."""
     atoms = np.asarray(atoms)
     n = len(atoms)
-    packing = binpack_plan(costs, capacity, ranks, opts)
+    packing = binpack_plan(costs, capacity, ranks, opts, edges)
     binpack = _summary(packing, costs, capacity, ranks, atoms, edges, model, allreduce_s)
     binpack["repeated"] = len(packing.repeated)
     binpack["skipped"] = len(packing.skipped)

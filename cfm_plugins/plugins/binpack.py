@@ -1,7 +1,8 @@
 """binpack: balanced bin-packing batches (Algorithm 1 of the MACE paper) on every rank.
 
-Its options (``max_tokens``, ``cost``, ``cost_a``, ``cost_b``, ``calibrate_steps``,
-``recalibrate_every``, ``oversize``, ``seed``, ``loss_weighting``, ``nonfinite``) are declared in
+Its options (``max_tokens``, ``cost``, ``cost_a``, ``cost_b``, ``step_balance``,
+``calibrate_steps``, ``recalibrate_every``, ``oversize``, ``seed``, ``loss_weighting``,
+``nonfinite``) are declared in
 :func:`cfm_declare_options` (``cfm-run --list`` shows them). The default capacity
 (:func:`default_capacity`) is the trainer's batch size times the mean graph cost, at least the
 largest graph, clamped on GPUs. Each epoch is re-packed from ``seed + epoch``.
@@ -85,6 +86,15 @@ def cfm_declare_options():
             "edge weight of the linear cost (with cost=auto: of the calibration plans)",
         ),
         Option(
+            "step_balance",
+            str,
+            "edges",
+            "what the bins of one step are made even in: edges (where cost counts atoms only: "
+            "full bins all hold about max_tokens atoms, and a step's time follows its edges) or "
+            "the cost itself",
+            STEP_BALANCE_OPTIONS,
+        ),
+        Option(
             "calibrate_steps",
             int,
             0,
@@ -139,11 +149,21 @@ def cfm_needs_adapter():
 
 
 COST_OPTIONS = ("atoms", "edges", "linear", "auto")
+STEP_BALANCE_OPTIONS = ("edges", "cost")
+
+
+def steps_by_edges(cost: str, step_balance: str) -> bool:
+    """Whether the bins of a step are chosen by their edges rather than their cost: under
+    ``cost=atoms`` with ``step_balance=edges`` (the other costs hold the edges already)."""
+    return cost == "atoms" and step_balance == "edges"
 
 
 @hookimpl
 def cfm_needs_edges(config):
-    return config.get("cost") != "atoms"
+    if config.get("cost") != "atoms":
+        return True
+    # step_balance=edges uses the edges where the sizes carry them
+    return "wanted" if steps_by_edges("atoms", config.get("step_balance")) else False
 
 
 @hookimpl
@@ -220,6 +240,9 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
     them to; the clock: :func:`step_clock`), and from the next epoch on the plans use a cost
     fitted on those times (see :mod:`cfm_plugins.sampler.autocost`). Evaluation loaders keep the
     initial cost (their steps run forward only) and are never reweighted.
+
+    ``cost=atoms`` with ``step_balance=edges`` (the default): the bins of one step are chosen by
+    their edges (the sampler's ``step_sizes``), where the graphs' sizes carry them on every rank.
     """
     from cfm_plugins.sampler import BinPackBatchSampler
 
@@ -277,8 +300,15 @@ def cfm_batch_sampler(dataset, sizes, config, dist, role, trainer):
             f"{'thread CPU' if clock == 'cpu' else 'wall-clock'} time"
         )
     else:
+        by_edges = steps_by_edges(cost, config.get("step_balance")) and sizes.edges is not None
+        if dist.world_size > 1 and dist.comm is not None:  # every rank alike (a collective)
+            by_edges = bool(dist.comm.allreduce(int(by_edges), op=reduce_op(dist.comm, "MIN")))
         sampler = BinPackBatchSampler(
-            costs, capacity, atoms=sizes.atoms if role == "train" else None, **common
+            costs,
+            capacity,
+            atoms=sizes.atoms if role == "train" else None,
+            step_sizes=sizes.edges if by_edges else None,
+            **common,
         )
         if cost == "auto":
             cost = (

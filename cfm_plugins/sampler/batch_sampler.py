@@ -37,7 +37,14 @@ from .autocost import (
     too_few_steps,
 )
 from .balance import count, load_imbalance_factor
-from .bins import Packing, check_capacity, check_world_size, packing_from_bins, validate_costs
+from .bins import (
+    Packing,
+    check_capacity,
+    check_world_size,
+    packing_from_bins,
+    validate_costs,
+    validate_step_sizes,
+)
 from .even_dims import pack_even_dims
 from .packing import pack, pack_even, pack_levels
 from .weighting import LossScale, check_loss_weighting, check_reduction, per_sample_scales
@@ -91,6 +98,13 @@ def gather_shards(costs: np.ndarray, local_indices, comm) -> np.ndarray:
     return out
 
 
+def _digest(values) -> str | None:
+    """A digest of a per-sample array (``None`` for none): what the ranks compare of it."""
+    if values is None:
+        return None
+    return hashlib.blake2b(np.ascontiguousarray(values).tobytes(), digest_size=16).hexdigest()
+
+
 class BinPackBatchSampler(Sampler):
     """Yields this rank's batches (lists of dataset indices) of a balanced bin-packing plan.
 
@@ -132,10 +146,14 @@ class BinPackBatchSampler(Sampler):
             :mod:`cfm_plugins.sampler.weighting`).
         even: bins of nearly equal cost instead of full ones, as many; a settable attribute
             (the ``static`` feature sets it, and :attr:`even_dims`).
+        step_sizes: ``None``, or a size per sample (finite, >= 0; indexed like ``costs``, a
+            shard with ``local_indices``, gathered like the costs) whose bin sums choose the
+            bins of each step instead of the bins' costs (``pack``'s ``step_sizes``: edges,
+            where the cost counts atoms); part of the options the ranks compare.
 
     Raises:
-        ValueError: a bad ``rank``, ``world_size``, ``seed``, ``capacity`` or cost (naming the
-            sample); a plan the options cannot make (a sample over the capacity under
+        ValueError: a bad ``rank``, ``world_size``, ``seed``, ``capacity``, cost or step size
+            (naming the sample); a plan the options cannot make (a sample over the capacity under
             ``oversize="error"``, too few samples for the ranks without ``repeat`` or
             ``evaluation``); shards that overlap or leave gaps; ranks with different global
             costs; ``loss_weighting="per_sample"`` without ``atoms``. Raised at construction,
@@ -172,6 +190,7 @@ class BinPackBatchSampler(Sampler):
         atoms=None,
         loss_weighting: str = "stock",
         even: bool = False,
+        step_sizes=None,
     ):
         # world_size and capacity first (rank is checked against world_size; comm against both);
         # oversize and the costs are checked by ``pack``, which runs at the end of the constructor
@@ -204,6 +223,10 @@ class BinPackBatchSampler(Sampler):
             self._check_comm(comm)
         self.costs = validate_costs(self._global(costs, local_indices))
         self.atoms = None if atoms is None else self._global(atoms, local_indices, check=False)
+        if step_sizes is not None:  # checked as given (this rank's shard), then gathered
+            step_sizes = validate_step_sizes(step_sizes, np.size(costs))
+            step_sizes = self._global(step_sizes, local_indices, check=False)
+        self.step_sizes = validate_step_sizes(step_sizes, len(self.costs))
         if self.atoms is not None and self.atoms.shape != self.costs.shape:
             raise ValueError(
                 f"atoms has {self.atoms.size} entries, costs {self.costs.size}: give one atom "
@@ -293,6 +316,7 @@ class BinPackBatchSampler(Sampler):
             ("even", self.even),
             ("even_dims", self.even_dims is not None),
             ("loss_weighting", self.loss_weighting),
+            ("step_sizes", _digest(self.step_sizes)),
         )
 
     def _verify(self) -> None:
@@ -331,7 +355,12 @@ class BinPackBatchSampler(Sampler):
         """The (global) packing of epoch ``epoch``, before ``drop_last``, without changing the
         sampler's epoch: what the epochs ahead will hold (padded batches size their budget from
         it)."""
-        options = dict(oversize=self.oversize, evaluation=self.evaluation, repeat=self.repeat)
+        options = dict(
+            oversize=self.oversize,
+            evaluation=self.evaluation,
+            repeat=self.repeat,
+            step_sizes=self.step_sizes,
+        )
         args = (self.capacity, self.world_size, self._pack_seed(epoch))
         if not self.even:  # full bins (Algorithm 1)
             return pack(self.costs, *args, **options)

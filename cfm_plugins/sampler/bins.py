@@ -4,8 +4,9 @@ A leaf of the sampler: numpy only, no import of the other sampler modules. The p
 (:func:`~cfm_plugins.sampler.packing.pack`, :func:`~cfm_plugins.sampler.packing.pack_even`,
 :func:`~cfm_plugins.sampler.even_dims.pack_even_dims`, ...) check their inputs with
 :func:`validate_costs`, :func:`check_capacity` and :func:`check_world_size`, and turn dealt bins
-into a plan with :func:`arrange_steps` (bins sorted by cost, cut into steps of ``world_size``) or
-:func:`packing_from_bins` (bins already in step order).
+into a plan with :func:`arrange_steps` (bins sorted by cost, or by the sums of ``step_sizes``
+(:func:`validate_step_sizes`), cut into steps of ``world_size``) or :func:`packing_from_bins`
+(bins already in step order).
 """
 
 from __future__ import annotations
@@ -166,19 +167,43 @@ def validate_costs(costs) -> np.ndarray:
         raise ValueError(f"costs must be a 1-D array of per-sample costs, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError("costs is empty: the dataset has no samples to batch")
+    return _finite_numbers(
+        arr,
+        "costs",
+        "cost",
+        "> 0",
+        "; check the atom/edge counts of these samples or remove them from the dataset",
+    )
+
+
+def _finite_numbers(arr: np.ndarray, name: str, what: str, rule: str, hint: str = ""):
+    """``arr`` as float64, finite and ``rule`` (``"> 0"`` or ``">= 0"``); ``ValueError`` naming
+    the first bad sample otherwise."""
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise ValueError(f"costs must be numeric, got dtype {arr.dtype}")
+        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
     arr = arr.astype(np.float64, copy=False)
-    bad = ~np.isfinite(arr) | (arr <= 0)
+    bad = ~np.isfinite(arr) | ((arr <= 0) if rule == "> 0" else (arr < 0))
     if bad.any():
         where = np.flatnonzero(bad)
         i = int(where[0])
         raise ValueError(
-            f"sample {i} has cost {float(arr[i])!r}: every cost must be finite and > 0 "
-            f"({len(where)} bad sample(s), first ones {where[:5].tolist()}); "
-            f"check the atom/edge counts of these samples or remove them from the dataset"
+            f"sample {i} has {what} {float(arr[i])!r}: every {what} must be finite and {rule} "
+            f"({len(where)} bad sample(s), first ones {where[:5].tolist()}){hint}"
         )
     return arr
+
+
+def validate_step_sizes(step_sizes, n: int) -> np.ndarray | None:
+    """``step_sizes`` (``None`` or one size per sample, finite and >= 0) as a float64 vector;
+    ``ValueError`` naming the first bad sample otherwise."""
+    if step_sizes is None:
+        return None
+    arr = np.asarray(step_sizes)
+    if arr.ndim != 1 or len(arr) != n:
+        raise ValueError(
+            f"step_sizes must hold one size per sample ({n}), got shape {np.shape(step_sizes)}"
+        )
+    return _finite_numbers(arr, "step_sizes", "step size", ">= 0")
 
 
 def check_capacity(capacity) -> float:
@@ -202,11 +227,13 @@ def check_world_size(world_size) -> int:
 
 
 def arrange_steps(
-    order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, capacity=None
+    order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, capacity=None, step_sizes=None
 ) -> Packing:
     """The plan of samples dealt into bins: bins sorted by cost and cut into steps of ``w``
     (ranks of a step get bins of nearly equal cost), the step order and the bin-to-rank mapping
-    shuffled with ``rng``.
+    shuffled with ``rng``. With ``step_sizes`` the bins are sorted by their sums of it instead
+    (full bins all cost about the capacity in atoms; sorted by their edges, the ranks of a step
+    get bins of nearly equal edges too).
 
     No sort over the samples: each goes to ``offsets[its bin's position] + its slot``. Inside a
     bin samples keep the order they were dealt in; the batch sampler shuffles each batch as it
@@ -220,11 +247,14 @@ def arrange_steps(
         w: ranks (bins per step).
         rng: a ``numpy.random.Generator``, or ``None`` for the deterministic order.
         solo, skipped, capacity: recorded in the plan (see :class:`Packing`).
+        step_sizes: ``None``, or a size per sample (indexed like the packer's costs, checked by
+            :func:`validate_step_sizes`) whose bin sums choose the bins of each step.
 
     Returns:
         The :class:`Packing`.
     """
-    bin_cost = np.bincount(item_bin, weights=sizes, minlength=n_bins)
+    key = sizes if step_sizes is None else np.asarray(step_sizes, np.float64)[order]
+    bin_cost = np.bincount(item_bin, weights=key, minlength=n_bins)
     if rng is None:
         by_cost = np.argsort(bin_cost, kind="stable")
     else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bins import Packing, arrange_steps, check_capacity, validate_costs
+from .bins import Packing, arrange_steps, check_capacity, validate_costs, validate_step_sizes
 from .packing import even_out, pack
 
 #: slacks over the mean fill of the cost tried in turn (as
@@ -79,10 +79,13 @@ def _assign(sizes: np.ndarray, limits: np.ndarray, n_bins: int, order: np.ndarra
     return item_bin, slot
 
 
-def _joint(c, sizes, keep, full: Packing, n_bins: int, cap: float, rng) -> Packing | None:
+def _joint(
+    c, sizes, keep, full: Packing, n_bins: int, cap: float, rng, step_sizes=None
+) -> Packing | None:
     """The samples ``keep`` (sizes ``sizes``: the cost, then the dims) in ``n_bins`` bins even in
-    every dimension (the first slacks at which all fit), ``full``'s solo bins after them;
-    ``None`` if none fits them."""
+    every dimension (the first slacks at which all fit), ``full``'s solo bins after them, cut
+    into steps by cost (by ``step_sizes`` where given: :func:`.bins.arrange_steps`); ``None`` if
+    none fits them."""
     mean, largest = sizes.sum(axis=0) / n_bins, sizes.max(axis=0)
     same_as_cost = (sizes == sizes[:, :1]).all(axis=0)
     for slack in [
@@ -118,6 +121,7 @@ def _joint(c, sizes, keep, full: Packing, n_bins: int, cap: float, rng) -> Packi
             solo,
             full.skipped,
             float(limits[0]),
+            step_sizes=step_sizes,
         )
         p.limits = tuple(float(x) for x in limits)
         return p
@@ -150,7 +154,8 @@ def pack_even_dims(costs, dims, capacity, world_size, seed=None, **kwargs) -> Pa
         costs, capacity, world_size, seed: as :func:`~cfm_plugins.sampler.packing.pack`.
         dims: per-sample sizes, ``(n, k)`` (or ``(n,)`` for one), finite and >= 0, indexed like
             ``costs``: the dimensions a padded batch pays for besides the cost.
-        **kwargs: ``pack``'s keywords (``oversize``, ``evaluation``, ``repeat``).
+        **kwargs: ``pack``'s keywords (``oversize``, ``evaluation``, ``repeat``,
+            ``step_sizes``).
 
     Returns:
         A :class:`~cfm_plugins.sampler.bins.Packing` whose ``limits`` give each dimension's
@@ -184,5 +189,6 @@ def pack_even_dims(costs, dims, capacity, world_size, seed=None, **kwargs) -> Pa
             n_bins,
             cap,
             np.random.default_rng(seed) if seed is not None else None,
+            validate_step_sizes(kwargs.get("step_sizes"), len(c)),
         )
     return p if p is not None else even_out(full, c, cap, world_size, seed, **kwargs)

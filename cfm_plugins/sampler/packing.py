@@ -29,6 +29,7 @@ from .bins import (
     check_world_size,
     packing_from_bins,
     validate_costs,
+    validate_step_sizes,
 )
 from .bins import offsets_from_counts as offsets_from_counts
 
@@ -258,6 +259,7 @@ def pack(
     oversize: str = "error",
     evaluation: bool = False,
     repeat: bool = False,
+    step_sizes=None,
 ) -> Packing:
     """Pack samples into bins of at most ``capacity`` total cost, ``world_size`` bins per step.
 
@@ -288,6 +290,10 @@ def pack(
             per step, the plan of one rank is split and, where that is not enough, samples are
             repeated until every rank has a batch at every step, as torch's
             ``DistributedSampler`` pads (:func:`fill_with_repeats`).
+        step_sizes: ``None`` (the bins of a step are chosen by their cost), or a size per
+            sample, finite and >= 0 (e.g. edges, where the cost counts atoms): the bins are
+            sorted by their sums of it before they are cut into steps, so the ranks of a step
+            get bins of nearly equal ``step_sizes`` (the same bins as without it).
 
     Returns:
         A :class:`Packing`: bins ``[s*world_size:(s+1)*world_size]`` form step ``s``, bin
@@ -296,13 +302,14 @@ def pack(
         or repeated.
 
     Raises:
-        ValueError: a bad cost (naming the sample), a capacity or ``world_size`` that is not a
-            positive number, an unknown ``oversize``, a sample costlier than ``capacity`` under
-            ``oversize="error"`` (naming it and the capacity that fits it), every sample
-            skipped, or a set too small to give every rank a non-empty batch at every step
-            without ``evaluation`` or ``repeat`` (saying what helps).
+        ValueError: a bad cost or step size (naming the sample), a capacity or ``world_size``
+            that is not a positive number, an unknown ``oversize``, a sample costlier than
+            ``capacity`` under ``oversize="error"`` (naming it and the capacity that fits it),
+            every sample skipped, or a set too small to give every rank a non-empty batch at
+            every step without ``evaluation`` or ``repeat`` (saying what helps).
     """
     c = validate_costs(costs)
+    steps_by = validate_step_sizes(step_sizes, len(c))
     cap = check_capacity(capacity)
     w = check_world_size(world_size)
     if oversize not in OVERSIZE_POLICIES:
@@ -351,7 +358,7 @@ def pack(
     n_bins = round_up(lb + n_solo, w) - n_solo
     if n_norm + n_solo < w or n_bins > n_norm:
         return _too_few_samples(
-            c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total
+            c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total, steps_by
         )
     rng = np.random.default_rng(seed) if seed is not None else None
 
@@ -363,7 +370,7 @@ def pack(
         item_bin, slot, n_bins = deal(sizes, cap, n_bins, w, monotone=monotone)
         if n_bins > n_norm:  # only possible for tiny inputs
             return _too_few_samples(
-                c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total
+                c, cap, w, seed, oversize, evaluation, repeat, n_bins + n_solo, total, steps_by
             )
         _fill_empty_bins(item_bin, slot, n_bins)
     else:
@@ -375,7 +382,9 @@ def pack(
         item_bin = np.concatenate([item_bin, np.arange(n_bins, n_bins + n_solo, dtype=np.int64)])
         slot = np.concatenate([slot, np.zeros(n_solo, np.int64)])
         n_bins += n_solo
-    return arrange_steps(order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, cap)
+    return arrange_steps(
+        order, sizes, item_bin, slot, n_bins, w, rng, solo, skipped, cap, step_sizes=steps_by
+    )
 
 
 def pack_even(costs, capacity, world_size, seed=None, **kwargs) -> Packing:
@@ -396,7 +405,8 @@ def pack_even(costs, capacity, world_size, seed=None, **kwargs) -> Packing:
 
     Args:
         costs, capacity, world_size, seed: as :func:`pack`.
-        **kwargs: :func:`pack`'s keywords (``oversize``, ``evaluation``, ``repeat``).
+        **kwargs: :func:`pack`'s keywords (``oversize``, ``evaluation``, ``repeat``,
+            ``step_sizes``).
 
     Returns:
         A :class:`Packing` whose ``capacity`` is the lowered capacity its bins were dealt to.
@@ -544,13 +554,17 @@ def pack_levels(
     )
 
 
-def _too_few_samples(c, cap, w, seed, oversize, evaluation, repeat, bins_needed, total) -> Packing:
+def _too_few_samples(
+    c, cap, w, seed, oversize, evaluation, repeat, bins_needed, total, step_sizes=None
+) -> Packing:
     """The plan for a set that cannot fill ``w`` non-empty bins per step, or the error saying what
     helps."""
     if evaluation:
         return deal_over_ranks(pack(c, cap, 1, seed, oversize=oversize), c, w)
     if repeat:
-        return fill_with_repeats(pack(c, cap, 1, seed, oversize=oversize), c, w, seed)
+        return fill_with_repeats(
+            pack(c, cap, 1, seed, oversize=oversize), c, w, seed, step_sizes=step_sizes
+        )
     n = len(c)
     if n < w:
         helps = (
@@ -602,7 +616,9 @@ def _split_bins(bins: list, target: int) -> list:
     return out
 
 
-def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Packing:
+def fill_with_repeats(
+    packing: Packing, costs, world_size: int, seed=None, step_sizes=None
+) -> Packing:
     """Deal the bins of a one-rank ``packing`` over ``world_size`` ranks for training, no rank
     empty.
 
@@ -610,8 +626,8 @@ def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Pa
     or each holds one sample; the bins still missing hold one repeated sample each, chosen at
     random from ``seed`` (so each epoch repeats others), in index order without one. Every
     sample is in at least one bin; fewer than ``world_size`` are repeated, as torch's
-    ``DistributedSampler`` pads its index list. Bins are sorted by cost into steps (shuffled with
-    a seed), as :func:`pack` does.
+    ``DistributedSampler`` pads its index list. Bins are sorted by cost (by their sums of
+    ``step_sizes`` where given) into steps (shuffled with a seed), as :func:`pack` does.
     """
     w = check_world_size(world_size)
     c = np.asarray(costs, dtype=np.float64)
@@ -630,7 +646,8 @@ def fill_with_repeats(packing: Packing, costs, world_size: int, seed=None) -> Pa
             w,
             missing,
         )
-    cost = np.array([c[b].sum() for b in bins])
+    key = c if step_sizes is None else np.asarray(step_sizes, np.float64)
+    cost = np.array([key[b].sum() for b in bins])
     if rng is None:
         by_cost = np.argsort(cost, kind="stable")
     else:

@@ -96,3 +96,28 @@ def test_the_peers_rows_are_their_models_figures():
     lines = table(rows, timed=False)
     assert lines[0].count("|") == len(COLUMNS) + 1 and "epoch (atoms)" in lines[0]
     assert all(ln.count("|") == len(COLUMNS) + 1 for ln in lines)
+
+
+def test_binpacks_row_plans_its_steps_even_in_the_edges_and_step_balance_cost_does_not(
+    xyz, tmp_path
+):
+    from cfm_plugins.plan.planning import PlanOptions, binpack_plan
+
+    atoms = np.random.default_rng(2).integers(4, 120, 400)
+    edges = atoms * np.random.default_rng(3).integers(10, 40, 400)
+    rows = {r["key"]: r for r in compare_ranks(atoms, edges, 4, 600, seed=1, memory=False)}
+    opts = PlanOptions(seed=1)
+    want = figures(binpack_plan(atoms, 600, 4, opts, edges), atoms, edges, 4, 600)
+    assert {k: rows["binpack"][k] for k in want} == want
+    plain = figures(binpack_plan(atoms, 600, 4, opts), atoms, edges, 4, 600)
+    assert want["lif_edges"] < plain["lif_edges"] and want["steps"] == plain["steps"]
+    # cfm-plan's flag: --step-balance cost plans as the option does
+    lifs = {}
+    for balance in ("edges", "cost"):
+        argv = [xyz, "--ranks", "4", "--r-max", "4.0", "--batch-size", "4", "--device", "cpu"]
+        argv += ["--seeds", "1", "--compare", "--step-balance", balance]
+        argv += ["--json", tmp_path / f"{balance}.json"]
+        assert main([str(a) for a in argv]) == 0
+        plan = json.loads((tmp_path / f"{balance}.json").read_text())
+        lifs[balance] = {r["key"]: r["lif_edges"] for r in plan["compare"]["rows"]}["binpack"]
+    assert lifs["edges"] <= lifs["cost"]

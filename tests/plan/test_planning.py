@@ -105,3 +105,32 @@ def test_the_memory_range_of_the_paper():
     assert "above the 2000 atoms" in memory_check(3000, 3072, "cuda", "float64", "atoms")
     assert "below the 800 atoms" in memory_check(500, 500, "cuda", "float32", "atoms")
     assert memory_check(3000, 3072, "cpu", "float64", "atoms") is None
+
+
+def test_under_cost_atoms_binpack_plans_its_steps_even_in_the_edges_as_the_sampler_does():
+    rng = np.random.default_rng(5)
+    atoms = rng.integers(1, 200, 800)
+    edges = atoms * rng.integers(4, 60, 800)
+    opts = PlanOptions(batch_size=6, seed=3, epoch=1, device="cpu")
+    costs, capacity, _ = packing_costs(atoms, edges, opts)
+    sampler = BinPackBatchSampler(
+        costs, capacity, rank=0, world_size=4, seed=3, repeat=True, step_sizes=edges
+    )
+    sampler.set_epoch(1)
+    plan = binpack_plan(costs, capacity, 4, opts, edges)
+    assert plan.checksum() == sampler.plan().checksum()
+    by_cost = binpack_plan(
+        costs, capacity, 4, PlanOptions(**{**vars(opts), "step_balance": "cost"}), edges
+    )
+    assert by_cost.checksum() == binpack_plan(costs, capacity, 4, opts).checksum()  # no edges
+    assert by_cost.checksum() != plan.checksum()
+    # cost=edges: the cost holds the edges already; no step sizes
+    e_opts = PlanOptions(batch_size=6, seed=3, epoch=1, device="cpu", cost="edges")
+    e_costs, e_cap, _ = packing_costs(atoms, edges, e_opts)
+    assert binpack_plan(e_costs, e_cap, 4, e_opts, edges).checksum() == (
+        binpack_plan(e_costs, e_cap, 4, e_opts).checksum()
+    )
+    # make_plan's binpack row is this plan
+    out = make_plan(atoms, edges, [4], opts)
+    rep = balance_report(plan, costs, capacity, 4)
+    assert out["results"][0]["binpack"]["lif"] == rep.lif

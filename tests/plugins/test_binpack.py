@@ -211,3 +211,54 @@ def lif_of(step_costs) -> float:
     from cfm_plugins.sampler import load_imbalance_factor
 
     return load_imbalance_factor(step_costs)
+
+
+def test_step_balance_is_a_declared_option_defaulting_to_edges():
+    from cfm_plugins.plugins.binpack import cfm_declare_options
+
+    option = {o.name: o for o in cfm_declare_options()}["step_balance"]
+    assert option.default == "edges" and tuple(option.choices) == ("edges", "cost")
+    with pytest.raises(Exception, match="step_balance"):
+        create_manager(Config(enabled=["binpack"], options={"step_balance": "atoms"}))
+
+
+@pytest.mark.parametrize(
+    "options, wants",
+    [
+        ({}, "wanted"),  # cost=atoms, step_balance=edges: used where the sizes carry them
+        ({"step_balance": "cost"}, False),
+        ({"cost": "edges"}, True),
+        ({"cost": "edges", "step_balance": "cost"}, True),
+        ({"cost": "auto"}, True),
+    ],
+)
+def test_the_edges_are_asked_for_where_the_cost_or_the_step_balance_uses_them(options, wants):
+    config = Config(enabled=["binpack"], options=options)
+    assert create_manager(config).hook.cfm_needs_edges(config=config) == [wants]
+
+
+def sampler_with_edges(options, sizes):
+    config = Config(enabled=["binpack"], options={"max_tokens": "400", **options})
+    return create_manager(config).hook.cfm_batch_sampler(
+        dataset=None,
+        sizes=sizes,
+        config=config,
+        dist=DistInfo(rank=0, world_size=2),
+        role="train",
+        trainer=LINEAR,
+    )
+
+
+def test_under_cost_atoms_the_steps_are_chosen_by_the_edges_under_cost_edges_by_the_cost():
+    rng = np.random.default_rng(4)
+    atoms = rng.integers(1, 200, 300)
+    edges = atoms * rng.integers(4, 60, 300)
+    with_edges = GraphSizes(atoms, edges)
+    s = sampler_with_edges({}, with_edges)
+    np.testing.assert_array_equal(s.step_sizes, edges)
+    from cfm_plugins.sampler import pack
+
+    assert s.plan().checksum() == pack(atoms, 400, 2, 0, repeat=True, step_sizes=edges).checksum()
+    assert sampler_with_edges({"step_balance": "cost"}, with_edges).step_sizes is None
+    assert sampler_with_edges({"cost": "edges", "max_tokens": "9e9"}, with_edges).step_sizes is None
+    assert sampler_with_edges({}, GraphSizes(atoms)).step_sizes is None  # no edges read: the cost

@@ -45,6 +45,23 @@ def test_diverging_rank_raises_checksum_error_on_every_rank():
         )
 
 
+def test_shards_of_step_sizes_are_gathered_and_make_the_steps_even_in_them():
+    """Each rank gives its shard of the edges as step_sizes: one plan (checksum), every sample
+    once, and the steps' edges more even than those of the plan without them."""
+    plain = json.loads(next(ln for ln in _run("agree").splitlines() if ln.startswith("OK "))[3:])
+    info = json.loads(next(ln for ln in _run("edges").splitlines() if ln.startswith("OK "))[3:])
+    assert info["steps"] == plain["steps"] and info["samples"] == plain["samples"]
+    assert info["edge_imbalance"] < plain["edge_imbalance"], (info, plain)
+
+
+def test_ranks_with_different_step_sizes_raise_on_every_rank():
+    out = _run("edges_diverge")
+    raised = [ln for ln in out.splitlines() if ln.startswith("RAISED")]
+    assert len(raised) == 2, out[-4000:]
+    for ln in raised:
+        assert "disagree on the batch plan" in ln and "options differ: step_sizes" in ln, ln
+
+
 def test_overlapping_shards_raise_on_every_rank():
     out = _run("overlap")
     raised = [ln for ln in out.splitlines() if ln.startswith("RAISED")]

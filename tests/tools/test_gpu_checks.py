@@ -15,7 +15,8 @@ from tools.gpu_checks.__main__ import CALLS, commands
 def test_the_calls_run_what_the_issue_asks_within_their_limits(tmp_path):
     """Call a: the 2-rank gloo test, the per-module profile at 4000 atoms (both dtypes, cueq and
     ours), the eager step at 500/2000/4000 atoms (both dtypes, stock, cueq, ours), the float64
-    compiled step; call b: the fair epoch table and the float32 compiled step. Every command has
+    compiled step; call b: the fair epoch table, the float32 compiled step and the kernels'
+    efficiency table on the GPU. Every command has
     its own timeout, and the sum of those of a call fits a device command (600 s) with the
     call's limit below it."""
     limit_a, a = commands("a", False, tmp_path)
@@ -33,6 +34,7 @@ def test_the_calls_run_what_the_issue_asks_within_their_limits(tmp_path):
     ways = "stock stock+binpack cueq cueq+binpack fused-only fused fused+static"
     assert f"--epoch-ways {ways}" in b[0] and "--epoch-structures 300" in b[0]
     assert "--mode default" in b[1] and "float32" in b[1]
+    assert "benchmarks.efficiency --device cuda" in b[2]
     assert "--device cpu" not in text_a + text_b and "--quick" not in text_a + text_b
     for limit, items in (CALLS["a"], CALLS["b"]):
         assert limit <= 560 and sum(s for s, _, _ in items) >= limit  # the limit binds

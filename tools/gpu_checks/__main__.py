@@ -80,6 +80,12 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
                 "symmetric_contraction conv_tp skip_tp --out {out}/capture_default_f32.md",
                 None,
             ),
+            (
+                90,
+                "{py} -m benchmarks.efficiency --device cuda --rounds 3 --budget 4 "
+                "--out {out}/records",
+                None,
+            ),
         ],
     ),
 }

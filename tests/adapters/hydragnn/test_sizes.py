@@ -36,9 +36,9 @@ def sampler(dataset, cost: str):
     config = Config(enabled=["hydragnn", "binpack"], options={"cost": cost, "max_tokens": "12"})
     pm = create_manager(config)
     dist = DistInfo()
-    sizes = pm.hook.cfm_graph_sizes(
-        dataset=dataset, indices=None, need_edges=any(pm.hook.cfm_needs_edges(config=config))
-    )
+    wants = pm.hook.cfm_needs_edges(config=config)  # as the adapter's loader asks
+    need_edges = True if True in wants else ("wanted" if any(wants) else False)
+    sizes = pm.hook.cfm_graph_sizes(dataset=dataset, indices=None, need_edges=need_edges)
     return pm.hook.cfm_batch_sampler(
         dataset=dataset,
         sizes=sizes,
