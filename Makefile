@@ -46,10 +46,12 @@ demo: venv
 
 # the wheel as a cluster user installs it (docs/install.md): `python -m build --no-isolation --wheel`
 # against .venv's torch, installed with --no-deps into a fresh venv holding only torch and the plain
-# dependencies, where one fused kernel runs against plain torch (tools/wheel_check.sh; in .ci/run)
+# dependencies, where one fused kernel runs against plain torch (tools/wheel_check.sh; in .ci/run);
+# WHEEL_CUDA=1 also compiles the CUDA kernels into it (sm_80, sm_90) where nvcc is found
+WHEEL_CUDA ?=
 .PHONY: wheel-check
 wheel-check: venv
-	PY=$(PY) TORCH_VERSION=$(TORCH_VERSION) bash tools/wheel_check.sh
+	PY=$(PY) TORCH_VERSION=$(TORCH_VERSION) CUDA=$(WHEEL_CUDA) bash tools/wheel_check.sh
 
 # ruff's lint and format check over the tree, then the import contracts (layers, no circles, no
 # adapter in the core) with import-linter; both configured in pyproject.toml

@@ -5,7 +5,9 @@
 # operator library loads and one fused kernel (cfm::conv_tp_fwd, forward and gradients) matches its
 # stock counterpart, plain torch's gather, product and index_add. `make wheel-check` runs it (CI:
 # .ci/run). PY: the Python that builds (default .venv/bin/python); TORCH_VERSION: the fresh venv's
-# torch (default 2.13.0, the Makefile's); KEEP=1 keeps the work folder (printed).
+# torch (default 2.13.0, the Makefile's); KEEP=1 keeps the work folder (printed); CUDA=1 (where nvcc
+# is found) also builds the CUDA kernels into the wheel for sm_80 and sm_90 and checks they are in it
+# (the CUDA compile check of `make cuda-check`, without compiling the CPU library a second time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -24,9 +26,20 @@ mkdir "$work/src"
 git ls-files -z --cached --others --exclude-standard |
     while IFS= read -r -d '' f; do if [[ -e $f ]]; then printf '%s\0' "$f"; fi; done |
     tar --null -T - -cf - | tar -xf - -C "$work/src"
-quiet "$PY" -m build --no-isolation --wheel --outdir "$work/dist" "$work/src"
+cuda=0
+if [[ ${CUDA:-} == 1 ]]; then
+    if command -v nvcc >/dev/null; then cuda=1; else echo "nvcc not found: the wheel has no CUDA kernels"; fi
+fi
+CFM_PLUGINS_CUDA=$cuda CFM_PLUGINS_CUDA_ARCH="80;90" \
+    quiet "$PY" -m build --no-isolation --wheel --outdir "$work/dist" "$work/src"
 wheel=$(ls "$work"/dist/cfm_plugins-*.whl)
 echo "built $(basename "$wheel") in $((SECONDS - start)) s"
+if [[ $cuda == 1 ]]; then
+    "$PY" -c 'import sys, zipfile; sys.exit(not any(n.startswith("cfm_plugins/_C_cuda")
+                                                for n in zipfile.ZipFile(sys.argv[1]).namelist()))' \
+        "$wheel" || { echo "the wheel has no cfm_plugins/_C_cuda library"; exit 1; }
+    echo "CUDA kernels compiled for sm_80 and sm_90 and in the wheel"
+fi
 
 # a fresh venv of the same Python: torch first, then the wheel without its dependencies and those
 "$PY" -m venv "$work/venv" # on the base interpreter, not inside .venv

@@ -367,38 +367,6 @@ def test_static_epochs_below_two_stop_before_any_run():
     assert exc.value.code == 2
 
 
-def test_epoch_smoke_run_on_cpu_times_the_fair_table_ways_and_the_compile(tmp_path):
-    """The new rows of the epoch table run on a CPU with tiny settings: stock with binpack's
-    batches, the kernels with mace's batches, binpack + fused + static with compile=default over
-    2 epochs (its compile table); cuEquivariance with binpack is named as not installed."""
-    res = run_module(
-        "benchmarks.gpu_mace",
-        *"--device cpu --quick --no-steps --static-epochs 2 --epoch-ways".split(),
-        *"stock+binpack cueq+binpack fused-only fused+static --work".split(),
-        str(tmp_path / "work"),
-        "--out",
-        str(tmp_path / "out"),
-        timeout=570,
-    )
-    assert res.returncode == 0, res.stdout[-6000:]
-    rec = check_record(tmp_path / "out", "gpu_mace_epoch_quick", "benchmarks.gpu_mace")
-    epochs = {r[0]: r for r in rows_of(rec, "epoch")}
-    assert list(epochs) == [
-        "stock+binpack",
-        "cueq+binpack",
-        "fused",
-        "fused+binpack+static+default",
-    ], res.stdout[-3000:]
-    assert "not installed" in epochs["cueq+binpack"][1]
-    for way in ("stock+binpack", "fused", "fused+binpack+static+default"):
-        assert float(epochs[way][1]) > 0, (way, epochs[way])
-    (compiled,) = rows_of(rec, "compile")
-    assert compiled[0] == "fused+binpack+static+default" and str(compiled[1]) == "2"
-    assert float(compiled[2]) > 0 and float(compiled[3]) > 0
-    log = (tmp_path / "work" / "fused_binpack_static_default" / "train.log").read_text()
-    assert "compile" in log.lower()
-
-
 def test_fused_kernels_option_swaps_only_the_kernels_named():
     """``--fused-kernels conv_tp`` (the step without another kernel): prepare swaps the conv TPs
     and leaves the contractions stock; a misspelt name stops the run before any model."""

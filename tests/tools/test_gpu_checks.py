@@ -121,6 +121,20 @@ def test_call_a_smoke_run_on_cpu_writes_the_profile_the_step_record_and_the_comp
 
 
 def test_call_b_smoke_run_on_cpu_writes_the_epoch_record_with_its_compile_table(tmp_path):
+    """The epoch table's ways on a CPU with tiny settings: stock with binpack's batches, the
+    kernels with mace's batches, binpack + fused + static with compile=default over 2 epochs (its
+    compile table); cuEquivariance with binpack is named as not installed."""
     out = _smoke("b", tmp_path)
     epoch = json.loads((out / "records" / "gpu_mace_epoch_quick.json").read_text())
     assert [t["name"] for t in epoch["tables"]] == ["epoch", "compile"]
+    tables = {t["name"]: t for t in epoch["tables"]}
+    rows = {r[0]: r for r in tables["epoch"]["rows"]}
+    assert list(rows) == ["stock+binpack", "cueq+binpack", "fused", "fused+binpack+static+default"]
+    assert "not installed" in rows["cueq+binpack"][1]
+    for way in ("stock+binpack", "fused", "fused+binpack+static+default"):
+        assert float(rows[way][1]) > 0, (way, rows[way])
+    (compiled,) = tables["compile"]["rows"]
+    assert compiled[0] == "fused+binpack+static+default" and str(compiled[1]) == "2"
+    assert float(compiled[2]) > 0 and float(compiled[3]) > 0
+    log = (out / "work" / "fused_binpack_static_default" / "train.log").read_text()
+    assert "compile" in log.lower()

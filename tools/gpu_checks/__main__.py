@@ -70,7 +70,7 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
                 "fused-only fused fused+static --static-epochs 5 "
                 "--epoch-timeout 70 70 90 90 60 60 200 --work /tmp/cfm_epochs --out {out}/records",
                 "{py} -m benchmarks.gpu_mace --device cpu --quick --no-steps --epoch-ways "
-                "stock+binpack cueq+binpack fused fused+static --static-epochs 2 "
+                "stock+binpack cueq+binpack fused-only fused+static --static-epochs 2 "
                 "--work {out}/work --out {out}/records",
             ),
             (
