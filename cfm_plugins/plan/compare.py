@@ -47,12 +47,6 @@ def _planner(key, atoms, edges, capacity, ranks, *, batch_size, seed, epoch, dro
     return lambda: fn(atoms, capacity, ranks, seed=seed, epoch=epoch, **kw)
 
 
-def _bin_sums(packing, values) -> np.ndarray:
-    v = np.asarray(values, dtype=np.float64)
-    ids = np.repeat(np.arange(len(packing)), packing.bin_sizes())
-    return np.bincount(ids, weights=v[packing.indices], minlength=len(packing))
-
-
 def figures(packing, atoms, edges, ranks, capacity, model=None, allreduce_s=0.0) -> dict:
     """The figures of one packing (see the module notes); the epoch in seconds with a step-time
     ``model`` (``predict(atoms, edges, graphs)``), else in atoms (the sum of each step's
@@ -61,7 +55,7 @@ def figures(packing, atoms, edges, ranks, capacity, model=None, allreduce_s=0.0)
     out = {"steps": steps}
     if steps == 0:
         return out
-    bin_atoms = _bin_sums(packing, atoms)
+    bin_atoms = packing.bin_costs(atoms)
     largest = float(bin_atoms.max())
     seen = np.bincount(packing.indices, minlength=len(atoms))
     out.update(
@@ -73,7 +67,7 @@ def figures(packing, atoms, edges, ranks, capacity, model=None, allreduce_s=0.0)
     )
     bin_edges = None
     if edges is not None:
-        bin_edges = _bin_sums(packing, edges)
+        bin_edges = packing.bin_costs(edges)
         out["lif_edges"] = load_imbalance_factor(bin_edges.reshape(steps, ranks))
     if model is not None:
         zeros = np.zeros(len(packing))
