@@ -91,6 +91,35 @@ def conv_tp_costs(desc, nodes: int, edges: int, itemsize: int) -> dict[str, Cost
     return {d: Cost(factor[d] * u, itemsize * moved[d] + index) for d in DIRECTIONS}
 
 
+def conv_tp_radial_costs(desc, nodes: int, edges: int, hidden: int, itemsize: int) -> dict:
+    """Per direction, the cost of the conv TP with the radial MLP's last layer inside
+    (``cfm::conv_tp_radial_*``, ``hidden`` = K): the conv TP's passes (``u`` per pass, as in
+    :func:`conv_tp_costs`) and ``G = 2 E K W`` per edge GEMM (the weights made again where a
+    pass reads them; ``gh = gw wr^T``; ``gwr = h^T gw``). Forward ``u + G``; backward (node
+    features, edge attributes, h) ``3u + 3G``; double backward (three radial forwards and the
+    radial backward once per cotangent) ``10u + 12G``. Bytes as :func:`conv_tp_costs` with ``h``
+    ([E, K]) and ``wr`` ([K, W]) in place of the per-edge weights, which are never stored."""
+    base = conv_tp_costs(desc, nodes, edges, itemsize)
+    ne = int(desc.num_entries)
+    s = sum(
+        int(desc.path_mul[p]) * (int(desc.path_pair_start[p + 1]) - int(desc.path_pair_start[p]))
+        for p in range(desc.num_paths)
+    )
+    u = edges * (2 * ne + 3 * s)
+    G = 2 * edges * hidden * int(desc.weight_numel)
+    x, out = nodes * desc.dim_in, nodes * desc.dim_out
+    y, h, wr = edges * desc.dim_edge, edges * hidden, hidden * int(desc.weight_numel)
+    index = 2 * edges * INDEX_BYTES
+    moved = {
+        "forward": x + y + h + wr + out,
+        "backward": out + x + y + h + wr + (x + y + h),
+        "double backward": (out + x + y + h + wr) + (x + y + h) + (out + x + y + h + wr),
+    }
+    flops = {"forward": u + G, "backward": 3 * u + 3 * G, "double backward": 10 * u + 12 * G}
+    assert set(base) == set(flops)
+    return {d: Cost(flops[d], itemsize * moved[d] + index) for d in DIRECTIONS}
+
+
 def symmetric_contraction_fold_flops(desc, elements: int) -> int:
     """FLOPs of folding the weights into per-element coefficients, ``coeff[e, row, c] = sum_k
     A[row, k] W[e, k, c]``: one multiply-add per (row, k) of every block, channel and element
@@ -289,7 +318,8 @@ def _with_default_dtype(dtype, make):
         torch.set_default_dtype(previous)
 
 
-def build_conv_tp(dtype, device, nodes: int) -> Case:
+def _conv_tp_inputs(dtype, device, nodes: int):
+    """(bench module, tp, fused conv TP, nodes, edges, edge_index, x, y) of the conv TP workload."""
     import mace  # noqa: F401  (before e3nn)
     import torch
     from e3nn import o3
@@ -301,8 +331,6 @@ def build_conv_tp(dtype, device, nodes: int) -> Case:
     tp = bench.build_tp(dtype).to(device)
     fused = FusedConvTP.from_e3nn(tp)
     gen = torch.Generator().manual_seed(0)
-    edges = ei.shape[1]
-    edge_index = torch.from_numpy(ei).to(device)
     x = torch.randn(nodes, tp.irreps_in1.dim, generator=gen, dtype=dtype).to(device)
     y = o3.spherical_harmonics(
         o3.Irreps.spherical_harmonics(bench.LMAX),
@@ -310,6 +338,13 @@ def build_conv_tp(dtype, device, nodes: int) -> Case:
         True,
         normalization="component",
     ).to(device)
+    return bench, tp, fused, nodes, ei.shape[1], torch.from_numpy(ei).to(device), x, y, gen
+
+
+def build_conv_tp(dtype, device, nodes: int) -> Case:
+    import torch
+
+    bench, tp, fused, nodes, edges, edge_index, x, y, gen = _conv_tp_inputs(dtype, device, nodes)
     w = torch.randn(edges, tp.weight_numel, generator=gen, dtype=dtype).to(device)
     wrt = tuple(t.clone().requires_grad_(True) for t in (x, y, w))
     calls = _directions(lambda a, b, c: fused(a, b, c, edge_index), wrt, ())
@@ -318,6 +353,31 @@ def build_conv_tp(dtype, device, nodes: int) -> Case:
         f"{nodes} atoms, {edges} edges (CuNi fcc, r_max {bench.R_MAX} A); node features "
         f"{bench.CHANNELS}x({bench.HIDDEN}), spherical harmonics l<={bench.LMAX}",
         conv_tp_costs(fused.descriptor, nodes, edges, itemsize),
+        calls,
+    )
+
+
+def build_conv_tp_radial(dtype, device, nodes: int) -> Case:
+    """The conv TP of :func:`build_conv_tp` with its weights made inside from h [E, 64] and the
+    radial MLP's last layer (``conv_tp_radial``)."""
+    import torch
+    from e3nn import nn
+
+    hidden = 64
+    _, tp, fused, nodes, edges, edge_index, x, y, gen = _conv_tp_inputs(dtype, device, nodes)
+    torch.manual_seed(0)
+    mlp = _with_default_dtype(
+        dtype, lambda: nn.FullyConnectedNet([8, hidden, tp.weight_numel], torch.nn.functional.silu)
+    ).to(device)
+    last = mlp[len(mlp) - 1]
+    fused.use_radial(last, gpu=True)
+    h = torch.randn(edges, hidden, generator=gen, dtype=dtype).to(device)
+    wrt = tuple(t.clone().requires_grad_(True) for t in (x, y, h))
+    calls = _directions(lambda a, b, c: fused(a, b, c, edge_index), wrt, (last.weight,))
+    return Case(
+        f"the conv TP's workload with h [{edges}, {hidden}] and the radial MLP's last layer "
+        f"[{hidden}, {tp.weight_numel}] in place of the per-edge weights",
+        conv_tp_radial_costs(fused.descriptor, nodes, edges, hidden, x.element_size()),
         calls,
     )
 
@@ -398,12 +458,11 @@ def build_skip_tp(dtype, device, nodes: int) -> Case:
 
 #: the efficiency entry of each kernel of the kernel table, by its name there. A kernel the table
 #: holds without an entry here is named in the output and the record's notes (no row). An entry
-#: under another name (a variant of a kernel, such as the conv TP with its radial MLP fused if that
-#: lands as an option of ``conv_tp``) is measured after the table's kernels. The radial MLP fused
-#: into the conv TP (issue 86) gets its entry here when it exists.
+#: under another name (a variant of a kernel) is measured after the table's kernels.
 SPECS: dict[str, Spec] = {
     "symmetric_contraction": Spec("symmetric contraction", build_symmetric_contraction),
     "conv_tp": Spec("conv TP + scatter", build_conv_tp),
+    "conv_tp_radial": Spec("conv TP + radial layer", build_conv_tp_radial),
     "skip_tp": Spec("skip connection", build_skip_tp),
 }
 

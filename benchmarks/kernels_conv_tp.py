@@ -113,6 +113,14 @@ def worker(args) -> dict:
         _, gy, _ = torch.autograd.grad(loss, (xs, ys, ws), create_graph=True)
         return torch.autograd.grad((gy * gy).sum(), (xs, ws))
 
+    return dict(timed_case(step, args, N, E), backend=backend)
+
+
+def timed_case(step, args, atoms: int, edges: int) -> dict:
+    """The case's row: ``step`` run ``args.repeat`` times after a warm-up (median time), the
+    process's peak RSS and its rise above the RSS before the first call."""
+    import numpy as np
+
     base = rss_mib()
     times = []
     for _ in range(args.repeat + 1):
@@ -121,22 +129,24 @@ def worker(args) -> dict:
         times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return dict(
-        atoms=N,
-        edges=E,
+        atoms=atoms,
+        edges=edges,
         dtype=args.dtype,
         impl=args.impl,
         mode=args.mode,
-        backend=backend,
         time_s=float(np.median(times[1:])),
         peak_mib=peak,
         rise_mib=peak - base,
     )
 
 
-def run_case(graph_file, dtype, impl, mode, repeat, threads, timeout, mem_limit) -> dict:
+def run_case(
+    graph_file, dtype, impl, mode, repeat, threads, timeout, mem_limit, script=None
+) -> dict:
+    """One case in a fresh process running ``script``'s worker (default: this file's)."""
     cmd = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        str(Path(script or __file__).resolve()),
         "--worker",
         "--graph",
         str(graph_file),

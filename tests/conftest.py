@@ -108,6 +108,7 @@ COSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tests/static_shapes/test_forward.py", "test_compiled_*", ("compile",)),
     # the Triton interpreter over whole MACE models
     ("tests/ops/triton/test_register_mace.py", "*", ("interpreter",)),
+    ("tests/ops/triton/test_conv_tp_radial.py", "*", ("slow",)),
     # benchmarks and maintainers' tools run end to end
     *(
         (folder, name, ("bench",))
@@ -152,6 +153,26 @@ def pytest_collection_modifyitems(config, items):
             marks.add("gpu")
         for mark in sorted(marks):
             item.add_marker(mark)
+    items[:] = heavy_files_first(items, root)
+
+
+#: the weight of a test by its heaviest cost marker (a trainer run costs most, a slow test least)
+HEAVY = {"trainer": 4, "mpi": 3, "compile": 3, "interpreter": 3, "bench": 2, "slow": 1}
+
+
+def heavy_files_first(items, root) -> list:
+    """``items`` with the heaviest files first (the sum of their tests' :data:`HEAVY` weights),
+    each file's tests together and in their order: pytest-xdist's ``--dist loadfile`` hands files
+    out in this order, so the long files start early instead of ending the run on one worker."""
+    by_file: dict = {}
+    for item in items:
+        by_file.setdefault(str(item.path), []).append(item)
+    heavy = {
+        f: sum(max((HEAVY.get(m.name, 0) for m in it.iter_markers()), default=0) for it in group)
+        for f, group in by_file.items()
+    }
+    order = sorted(by_file, key=lambda f: -heavy[f])  # stable: ties keep collection order
+    return [item for f in order for item in by_file[f]]
 
 
 @pytest.fixture

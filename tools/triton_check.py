@@ -10,12 +10,13 @@ interaction layer, the larger one).
 Every kernel variant a MACE run launches (inference, forces, force training; symmetric contraction
 ``fwd``, ``bwd[gx]``, ``bwd[gc,gx]``, ``bwd[gc]``, ``bwd2[dx,gc,gg,gx]``, ``bwd2[dc,dx,gc,gg,gx]``;
 conv TP ``segment``, ``segment[T]`` (node-feature gradient), ``edge[w,y]``, ``edge[w]``,
-``edge[y]``; the weight-gradient reduction; the skip connection's ``skip_apply`` and
-``skip_wgrad``, 128x0e+128x1o with 89 elements), in float32 and float64, in its default tile
-config and every autotuning alternative (``cfm_plugins/ops/triton/configs.py``), is compiled with
-``triton.compile`` for sm_80 (A100), sm_90 (H100/H200), gfx90a (MI250X) and gfx942 (MI300), as a
-launch would specialise it (:mod:`cfm_plugins.ops.triton.aot`). ``--kernels skip_apply
-skip_wgrad`` compiles those kernel families only (their names as the table shows them).
+``edge[y]``; the radial conv TP ``tp_radial_*``, K = 64; the weight-gradient reduction; the skip
+connection's ``skip_apply`` and ``skip_wgrad``, 128x0e+128x1o with 89 elements), in float32 and
+float64, in its default tile config and every autotuning alternative
+(``cfm_plugins/ops/triton/configs.py``), is compiled with ``triton.compile`` for sm_80 (A100),
+sm_90 (H100/H200), gfx90a (MI250X) and gfx942 (MI300), as a launch would specialise it
+(:mod:`cfm_plugins.ops.triton.aot`). ``--kernels skip_apply skip_wgrad`` compiles those kernel
+families only (their names as the table shows them).
 
 Prints one row per (kernel, dtype, config, target): registers per thread (VGPRs on AMD), spill
 bytes (to memory; on AMD the SGPRs spilled into VGPR lanes are shown apart: no memory traffic),
@@ -95,6 +96,7 @@ def _sources():
     """(family, variant name, module name, source, function name, specimen per dtype, block-size
     constexpr names) of every kernel."""
     from cfm_plugins.ops.triton import conv_tp as ttp
+    from cfm_plugins.ops.triton import conv_tp_radial as ttr
     from cfm_plugins.ops.triton import skip_tp as tskip
     from cfm_plugins.ops.triton import symmetric_contraction as tsc
 
@@ -112,19 +114,21 @@ def _sources():
                 ("BLOCK_N", "BLOCK_C"),
             )
         )
-    for kernel, transposed, flags in ttp.kernel_variants():
-        tpt = tp_transposed if transposed else tp_plain
-        out.append(
-            (
-                "tp_" + kernel,
-                ttp.compiled_name(kernel, transposed, flags),
-                f"check_tp_{kernel}",
-                ttp.source(tpt, kernel, transposed=transposed, **flags),
-                ttp.function_name(kernel, transposed, **flags),
-                {d: ttp.specimen(tpt, d) for d in ("float32", "float64")},
-                ("BLOCK_E", "BLOCK_C"),
+    # the conv TP, and the radial conv TP (K = 64): families tp_*, tp_radial_*
+    for mod, family, tag in ((ttp, "tp_", "tp"), (ttr, "tp_radial_", "tpr")):
+        for kernel, transposed, flags in mod.kernel_variants():
+            tpt = tp_transposed if transposed else tp_plain
+            out.append(
+                (
+                    family + kernel,
+                    mod.compiled_name(kernel, transposed, flags),
+                    f"check_{tag}_{kernel}",
+                    mod.source(tpt, kernel, transposed=transposed, **flags),
+                    mod.function_name(kernel, transposed, **flags),
+                    {d: mod.specimen(tpt, d) for d in ("float32", "float64")},
+                    ("BLOCK_E", "BLOCK_C"),
+                )
             )
-        )
     for kernel in tskip.KERNELS:  # plain kernels (no descriptor in them): "plain:" + module
         _fn, names, _fixed = tskip.kernel_function(kernel)
         out.append(
@@ -169,8 +173,12 @@ def _sources():
 
 
 def _constants(module: str, function: str, dtype: str, target: str) -> tuple:
-    """The fixed constexprs of a plain kernel (``plain:skip_tp``) as a launch on ``target`` sets
-    them."""
+    """The fixed constexprs of a plain kernel (``plain:skip_tp``) or a radial conv TP kernel
+    (``check_tpr_*``) as a launch on ``target`` sets them."""
+    if module.startswith("check_tpr_"):
+        from cfm_plugins.ops.triton import conv_tp_radial as ttr
+
+        return tuple(sorted(ttr.aot_constants(dtype, target).items()))
     if module != "plain:skip_tp":
         return ()
     from cfm_plugins.ops.triton import skip_tp as tskip

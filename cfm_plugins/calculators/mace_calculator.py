@@ -142,7 +142,9 @@ class CFMCalculator(MACECalculator):
         if not fused:
             kernels = ()
         else:
-            kernels = kernel_names() if auto else check_kernels(kernels, "CFMCalculator kernels")
+            kernels = (
+                kernel_names(auto=True) if auto else check_kernels(kernels, "CFMCalculator kernels")
+            )
         if default_dtype not in ("", "float32", "float64"):
             raise ValueError(
                 f"default_dtype={default_dtype!r}; expected 'float32', 'float64' or '' (the "

@@ -188,6 +188,12 @@ class FusedConvTP(FusedE3nnModule):
     PREFIX = "_tp"
     #: the pure-torch path's tables, rebuilt after a move
     DERIVED = ("_torch_tabs",)
+    #: the radial fusion (:mod:`cfm_plugins.ops.conv_tp_radial`, :meth:`use_radial`): ``tp_weights``
+    #: is the radial MLP's last hidden layer h [E, K]; the weights are ``h @ (radial_weight /
+    #: radial_norm)``, made inside ``cfm::conv_tp_radial_*`` and never stored
+    radial: bool
+    radial_gpu: bool
+    radial_norm: float
 
     def __init__(self, tp: torch.nn.Module, device: torch.device | None = None):
         desc, paths = _desc.from_e3nn(tp)
@@ -209,6 +215,22 @@ class FusedConvTP(FusedE3nnModule):
             "_cl_perm_out_inv", torch.as_tensor(np.argsort(perm_out), **i64), persistent=False
         )
         self.__dict__["_torch_tabs"] = {}
+        self.use_radial(None)
+
+    @torch.jit.unused
+    def use_radial(self, layer: torch.nn.Module | None, gpu: bool = False) -> None:
+        """Take the per-edge weights as ``h @ layer's weight`` (``layer``: the last, linear layer
+        of e3nn's ``FullyConnectedNet``, scaled as e3nn scales it) from now on, with ``h`` passed
+        in place of ``tp_weights``; ``None`` goes back to ``tp_weights``. The layer's parameter is
+        referenced, not registered: the state_dict stays e3nn's. ``gpu``: run the radial kernels
+        on CUDA tensors too (Triton); else the weights are made there with a GEMM first."""
+        self.radial = layer is not None
+        self.radial_gpu = bool(gpu) and layer is not None
+        # a plain attribute (a parameter of the block's radial MLP, not of this module)
+        self.__dict__["radial_weight"] = layer.weight if layer is not None else torch.empty(0)
+        self.radial_norm = (
+            float((layer.h_in * layer.var_in / layer.var_out) ** 0.5) if layer is not None else 1.0
+        )
 
     def extra_repr(self) -> str:
         return (
@@ -225,7 +247,13 @@ class FusedConvTP(FusedE3nnModule):
         self._check_devices({**floats, "edge_index": edge_index}, self._tp_ints.device, "tables")
         self._check_shape("node_feats", x, ("num_nodes", self._in1_dim), str(self.irreps_in1))
         self._check_shape("edge_attrs", y, ("num_edges", self._in2_dim), str(self.irreps_in2))
-        self._check_shape("tp_weights", w, ("num_edges", self.weight_numel), "weight_numel")
+        if self.radial:
+            K = self.radial_weight.shape[0]
+            self._check_shape(
+                "tp_weights", w, ("num_edges", K), "the radial MLP's last hidden layer"
+            )
+        else:
+            self._check_shape("tp_weights", w, ("num_edges", self.weight_numel), "weight_numel")
         self._check_shape("edge_index", edge_index, (2, "num_edges"))
         if edge_index.dtype not in (torch.int64, torch.int32):
             raise ValueError(
@@ -297,6 +325,24 @@ class FusedConvTP(FusedE3nnModule):
         else:
             x = self._eager_reorder(node_feats, True)
         x, y, w = x.contiguous(), edge_attrs.contiguous(), tp_weights.contiguous()
+        if self.radial:
+            wr = self.radial_weight / self.radial_norm  # as e3nn's layer scales its weight
+            if use_ops and (
+                x.device.type == "cpu"
+                or (not scripting and self.radial_gpu and self._radial_triton(x))
+            ):
+                out = torch.ops.cfm.conv_tp_radial_fwd(
+                    x,
+                    y,
+                    w,
+                    wr.contiguous(),
+                    graph,
+                    [self._tp_ints, self._tp_coef],
+                    [self._tp_ints_t, self._tp_coef_t],
+                    self._tp_meta,
+                )
+                return self._to_e3nn_layout(out, scripting)
+            w = w @ wr  # the weights first, then the plain kernel (no radial kernel here)
         if use_ops:
             out = torch.ops.cfm.conv_tp_fwd(
                 x,
@@ -309,6 +355,17 @@ class FusedConvTP(FusedE3nnModule):
             )
         else:
             out = self._torch_forward(x, y, w, graph)
+        return self._to_e3nn_layout(out, scripting)
+
+    @torch.jit.unused
+    def _radial_triton(self, x: torch.Tensor) -> bool:
+        """Whether the radial operators have Triton kernels for ``x``'s device."""
+        from cfm_plugins.ops import triton as triton_kernels
+
+        return _backend.runs_triton(x.device) and "conv_tp_radial_fwd" in triton_kernels.OPERATORS
+
+    def _to_e3nn_layout(self, out: torch.Tensor, scripting: bool) -> torch.Tensor:
+        """The operators' channel-last output in e3nn's layout."""
         if self._identity_out:
             return out
         if scripting:
@@ -384,6 +441,11 @@ def _install_in_block(block, attr, fused) -> None:
 
 
 def _restore_in_block(fused, block, attr) -> None:
+    if fused.radial:  # the radial MLP (conv_tp_radial.RadialHidden) stops at h for this module only
+        stock = getattr(block, "conv_tp_weights", None).__dict__.get("_stock")
+        if stock is not None:
+            block.conv_tp_weights = stock
+        fused.use_radial(None)
     setattr(block, attr, fused.to_e3nn())
     restore_radial_silu(block)
     if getattr(block, "conv_fusion", None) == CONV_FUSION:

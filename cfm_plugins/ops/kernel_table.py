@@ -39,6 +39,7 @@ __all__ = [
 BUILTINS = {
     "symmetric_contraction": "cfm_plugins.ops.symmetric_contraction",
     "conv_tp": "cfm_plugins.ops.conv_tp",
+    "conv_tp_radial": "cfm_plugins.ops.conv_tp_radial",
     "skip_tp": "cfm_plugins.ops.skip_tp",
 }
 
@@ -67,8 +68,9 @@ def kernels() -> dict[str, Kernel]:
     return dict(_table())
 
 
-def kernel_names() -> tuple[str, ...]:
-    return tuple(_table())
+def kernel_names(auto: bool = False) -> tuple[str, ...]:
+    """The kernels' names; ``auto``: those ``fused_kernels=auto`` runs (:attr:`Kernel.auto`)."""
+    return tuple(name for name, k in _table().items() if k.auto or not auto)
 
 
 def register_kernel(kernel: Kernel, replace: bool = False) -> Kernel:

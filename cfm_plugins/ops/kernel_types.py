@@ -54,8 +54,10 @@ class Form:
 @dataclass(frozen=True)
 class Kernel:
     """A fused kernel: its name (the value users write in ``fused_kernels``), one line saying
-    what it replaces, and its forms, tried in order for every module of a model."""
+    what it replaces, and its forms, tried in order for every module of a model. ``auto``: part of
+    ``fused_kernels=auto``; a kernel no measurement has shown faster runs only where named."""
 
     name: str
     summary: str
     forms: tuple[Form, ...]
+    auto: bool = True

@@ -95,8 +95,9 @@ def _walk(model: torch.nn.Module):
 
 
 def find_modules(model: torch.nn.Module, kernels=None) -> dict[str, list[str]]:
-    """Names of the stock modules each of ``kernels`` would swap in ``model`` (nothing changes)."""
-    names = check_kernels(kernel_names() if kernels is None else kernels)
+    """Names of the stock modules each of ``kernels`` (default: those of ``auto``) would swap in
+    ``model`` (nothing changes)."""
+    names = check_kernels(kernel_names(auto=True) if kernels is None else kernels)
     return {k: [name for name, *_ in hits] for k, hits in _matches(model, names, {}).items()}
 
 
@@ -127,14 +128,15 @@ def _matches(model, names, already):
 
 
 def patch_model(model: torch.nn.Module, kernels=None) -> PatchReport:
-    """Swap the modules of ``kernels`` (default: every registered kernel) in ``model``, in place.
+    """Swap the modules of ``kernels`` (default: every kernel of ``fused_kernels=auto``) in
+    ``model``, in place.
 
     A module that cannot be fused is left as it is with a warning saying why (for an
     ``all_or_none`` form, every module of that form is). Patching twice swaps nothing more.
     ``kernels`` given (not ``None``, ``auto``) also turns on what a form keeps for a request that
     names it (``Form.named``: the skip connection's untimed GPU kernel).
     """
-    names = check_kernels(kernel_names() if kernels is None else kernels)
+    names = check_kernels(kernel_names(auto=True) if kernels is None else kernels)
     report = PatchReport({k: [] for k in names})
     made = {}
     named = kernels is not None  # the request names its kernels (not auto): forms' ``named`` run
@@ -165,7 +167,8 @@ def patch_model(model: torch.nn.Module, kernels=None) -> PatchReport:
 
 
 def unpatch_model(model: torch.nn.Module, kernels=None) -> PatchReport:
-    """Undo :func:`patch_model` (in place) for ``kernels`` (default: every registered kernel)."""
+    """Undo :func:`patch_model` (in place) for ``kernels`` (default: every registered kernel; the
+    report then lists the opt-in kernels only where they had swapped something)."""
     names = check_kernels(kernel_names() if kernels is None else kernels)
     forms = _forms(names)
     report = PatchReport({k: [] for k in names})
@@ -176,6 +179,9 @@ def unpatch_model(model: torch.nn.Module, kernels=None) -> PatchReport:
             hit[1].restore(module, parent, attr)
             report.swapped[hit[0]].append(name)
             walk.send(True)
+    if kernels is None:
+        auto = kernel_names(auto=True)
+        report.swapped = {k: v for k, v in report.swapped.items() if v or k in auto}
     return report
 
 

@@ -6,8 +6,9 @@ compatible. Every trainer adapter asks for the swap through the ``cfm_patch_mode
 walks the model with the kernel table (:mod:`cfm_plugins.ops.kernel_table`).
 
 Options (declared here, read only here): ``fused_kernels``, which kernels (``auto``: every kernel
-the model has a module for); ``fused_backend``, which kernels the operators run on CUDA tensors;
-``fused_tiles`` and ``fused_autotune``, how the Triton kernels launch.
+the model has a module for, except the opt-in ``conv_tp_radial``); ``fused_backend``, which
+kernels the operators run on CUDA tensors; ``fused_tiles`` and ``fused_autotune``, how the Triton
+kernels launch.
 They are checked at start (:func:`cfm_configure`, a bad value is a usage error before any work)
 and handed to :func:`cfm_plugins.ops.configure` there, once, in the process that runs the model:
 no kernel reads the environment.
@@ -37,10 +38,11 @@ def cfm_declare_options():
             "fused_kernels",
             str,
             AUTO,
-            "comma list of the kernels to swap in: symmetric_contraction, conv_tp, skip_tp (or "
-            "a registered one); auto: every kernel the model has a module for (a kernel named "
-            "here that the model lacks is reported with a warning; skip_tp runs its GPU kernel "
-            "only when named, since no GPU has timed it)",
+            "comma list of the kernels to swap in: symmetric_contraction, conv_tp, "
+            "conv_tp_radial, skip_tp (or a registered one); auto: every kernel the model has a "
+            "module for except conv_tp_radial, which runs only when named with conv_tp (a kernel "
+            "named here that the model lacks is reported with a warning; skip_tp runs its GPU "
+            "kernel only when named, since no GPU has timed it)",
         ),
         Option(
             "fused_backend",

@@ -8,6 +8,10 @@
 
 #if defined(__CUDACC__)
 #define CFM_HD __host__ __device__ __forceinline__
+#define CFM_HD_LOCAL static __host__ __device__ __forceinline__
 #else
 #define CFM_HD inline
+// A free function with internal linkage: each translation unit (one per instruction set on the CPU)
+// keeps its own copy, so the linker never hands one instruction set's code to another's caller.
+#define CFM_HD_LOCAL static inline
 #endif

@@ -53,7 +53,7 @@ struct StridedLanes {
 
 // R[q] for pairs [q0, q1) with a stride (threads of a block share the work on the GPU).
 template <typename T>
-CFM_HD void pair_coefs(const DescView& d, const T* CFM_RESTRICT y, T* CFM_RESTRICT R, int q0, int qstride) {
+CFM_HD_LOCAL void pair_coefs(const DescView& d, const T* CFM_RESTRICT y, T* CFM_RESTRICT R, int q0, int qstride) {
   for (int q = q0; q < d.n_pairs; q += qstride) {
     T r = T(0);
     for (int t = d.pair_ent_start[q]; t < d.pair_ent_start[q + 1]; ++t) r += T(d.ent_coef[t]) * y[d.ent_j[t]];
@@ -63,11 +63,11 @@ CFM_HD void pair_coefs(const DescView& d, const T* CFM_RESTRICT y, T* CFM_RESTRI
 
 // The one multiply chain of the forward form (same order on CPU and GPU).
 template <typename T>
-CFM_HD T message_term(T r, T x, T w) { return (r * x) * w; }
+CFM_HD_LOCAL T message_term(T r, T x, T w) { return (r * x) * w; }
 
 // acc[out_q + c] += R[q] * in[in_q + c] * w[woff_p + c] for every pair of every path.
 template <typename T, typename Lanes>
-CFM_HD void message_accumulate(const DescView& d, const T* CFM_RESTRICT R, const T* CFM_RESTRICT in,
+CFM_HD_LOCAL void message_accumulate(const DescView& d, const T* CFM_RESTRICT R, const T* CFM_RESTRICT in,
                                const T* CFM_RESTRICT w, T* CFM_RESTRICT acc, const Lanes& lanes) {
   for (int p = 0; p < d.n_paths; ++p) {
     const int C = d.path_mul[p];
@@ -85,7 +85,7 @@ CFM_HD void message_accumulate(const DescView& d, const T* CFM_RESTRICT R, const
 // paths' channels): then the edge kernels store every element of a weight-gradient row (a path
 // without pairs stores zeros) and its output needs no zero fill. The descriptor builder lays the
 // weights out so (e3nn's flat layout); any other layout zeroes the row in the kernel first.
-CFM_HD bool weights_tiled(const DescView& d, long long dw) {
+CFM_HD_LOCAL bool weights_tiled(const DescView& d, long long dw) {
   long long off = 0;
   for (int p = 0; p < d.n_paths; ++p) {
     if (d.path_woff[p] != off) return false;
@@ -96,10 +96,10 @@ CFM_HD bool weights_tiled(const DescView& d, long long dw) {
 
 // Per-channel pieces of the per-edge gradients.
 template <typename T>
-CFM_HD T weight_grad_term(T r, T x, T g) { return r * (x * g); }
+CFM_HD_LOCAL T weight_grad_term(T r, T x, T g) { return r * (x * g); }
 
 template <typename T>
-CFM_HD T edge_attr_grad_term(T x, T g, T w) { return (x * g) * w; }
+CFM_HD_LOCAL T edge_attr_grad_term(T x, T g, T w) { return (x * g) * w; }
 
 }  // namespace conv_tp
 }  // namespace cfm

@@ -10,26 +10,54 @@ namespace cfm {
 namespace conv_tp {
 namespace {
 
-DescView view(const Tables& t) {
-  const int P = t.n_paths, Q = t.n_pairs;
-  const int* i = t.ints;
-  return DescView{P, Q, t.n_ents, i, i + P, i + 2 * P, i + 3 * P + 1, i + 3 * P + 1 + Q, i + 3 * P + 1 + 2 * Q,
-                  i + 3 * P + 2 + 3 * Q, t.coef};
-}
-
 struct CpuRunner {
   template <typename T>
   static void segment(const Tables& t, int64_t n, const int64_t* ptr, const int64_t* perm, const int64_t* other,
                       const T* node_in, int64_t din, const T* y, int64_t dy, const T* w, int64_t dw, T* out,
                       int64_t dout) {
-    segment_accumulate<T>(view(t), n, ptr, perm, other, node_in, din, y, dy, w, dw, out, dout, at::get_num_threads());
+#if defined(CFM_CONV_TP_HAVE_AVX2)
+    if (use_avx2())
+      return avx2::segment_accumulate<T>(desc_view(t), n, ptr, perm, other, node_in, din, y, dy, w, dw, out, dout,
+                                         at::get_num_threads());
+#endif
+    generic::segment_accumulate<T>(desc_view(t), n, ptr, perm, other, node_in, din, y, dy, w, dw, out, dout,
+                                   at::get_num_threads());
   }
   template <typename T>
   static void edge_grads(const Tables& t, int64_t n_edges, const int64_t* sender, const int64_t* receiver,
                          const T* x, int64_t dx, const T* g, int64_t dg, const T* y, int64_t dy, const T* w,
                          int64_t dw, T* gy, T* gw) {
-    conv_tp::edge_grads<T>(view(t), n_edges, sender, receiver, x, dx, g, dg, y, dy, w, dw, gy, gw,
+#if defined(CFM_CONV_TP_HAVE_AVX2)
+    if (use_avx2())
+      return avx2::edge_grads<T>(desc_view(t), n_edges, sender, receiver, x, dx, g, dg, y, dy, w, dw, gy, gw,
+                                 at::get_num_threads());
+#endif
+    generic::edge_grads<T>(desc_view(t), n_edges, sender, receiver, x, dx, g, dg, y, dy, w, dw, gy, gw,
                            at::get_num_threads());
+  }
+  template <typename T>
+  static void segment_radial(const Tables& t, int64_t n, const int64_t* ptr, const int64_t* perm,
+                             const int64_t* other, const T* node_in, int64_t din, const T* y, int64_t dy, const T* h,
+                             int64_t K, const T* wr, int64_t dw, T* out, int64_t dout) {
+#if defined(CFM_CONV_TP_HAVE_AVX2)
+    if (use_avx2())
+      return avx2::segment_accumulate_radial<T>(desc_view(t), n, ptr, perm, other, node_in, din, y, dy, h, K, wr,
+                                                dw, out, dout, at::get_num_threads());
+#endif
+    generic::segment_accumulate_radial<T>(desc_view(t), n, ptr, perm, other, node_in, din, y, dy, h, K, wr, dw,
+                                          out, dout, at::get_num_threads());
+  }
+  template <typename T>
+  static void edge_grads_radial(const Tables& t, int64_t n_edges, const int64_t* sender, const int64_t* receiver,
+                                const T* x, int64_t dx, const T* g, int64_t dg, const T* y, int64_t dy, const T* h,
+                                int64_t K, const T* wr, int64_t dw, T* gy, T* gh, T* gwr) {
+#if defined(CFM_CONV_TP_HAVE_AVX2)
+    if (use_avx2())
+      return avx2::edge_grads_radial<T>(desc_view(t), n_edges, sender, receiver, x, dx, g, dg, y, dy, h, K, wr, dw,
+                                        gy, gh, gwr, at::get_num_threads());
+#endif
+    generic::edge_grads_radial<T>(desc_view(t), n_edges, sender, receiver, x, dx, g, dg, y, dy, h, K, wr, dw, gy,
+                                  gh, gwr, at::get_num_threads());
   }
 };
 
@@ -226,6 +254,116 @@ std::tuple<Tensor, Tensor, Tensor> bwd_autograd(const Tensor& g, const Tensor& x
   return {r[0], r[1], r[2]};
 }
 
+// ---- the radial form's autograd. With T(x, y, w, g) = <g, F(x, y, w)> and w = h @ wr, every
+// derivative of (gx, gy, gh, gwr) is again a radial call with a cotangent in one argument's place:
+// <ax, gx> = T(ax, y, w, g), <ay, gy> = T(x, ay, w, g), <ah, gh> = T(x, y, ah @ wr, g) and
+// <awr, gwr> = T(x, y, h @ awr, g); so every higher derivative exists. ----
+Tensor call_radial_fwd(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& wr, const Vec& graph,
+                       const Vec& desc, const Vec& desc_t, const std::vector<int64_t>& meta) {
+  static auto op = op_handle(kRadialFwd).typed<decltype(radial_fwd<CpuRunner>)>();
+  return op.call(x, y, h, wr, graph, desc, desc_t, meta);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> call_radial_bwd(const Tensor& g, const Tensor& x, const Tensor& y,
+                                                           const Tensor& h, const Tensor& wr, const Vec& graph,
+                                                           const Vec& desc, const Vec& desc_t,
+                                                           const std::vector<int64_t>& meta, bool nx, bool ny,
+                                                           bool nh, bool nwr) {
+  static auto op = op_handle(kRadialBwd).typed<decltype(radial_bwd<CpuRunner>)>();
+  return op.call(g, x, y, h, wr, graph, desc, desc_t, meta, nx, ny, nh, nwr);
+}
+
+struct RadialBwdFn : Function<RadialBwdFn> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& g, const Tensor& x, const Tensor& y,
+                               const Tensor& h, const Tensor& wr, Vec graph, Vec desc, Vec desc_t,
+                               std::vector<int64_t> meta, bool nx, bool ny, bool nh, bool nwr) {
+    ctx->set_materialize_grads(false);
+    save(ctx, {g, x, y, h, wr}, graph, desc, desc_t, meta);
+    ctx->saved_data["need"] = c10::List<bool>({nx, ny, nh, nwr});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [gx, gy, gh, gwr] = call_radial_bwd(g, x, y, h, wr, graph, desc, desc_t, meta, nx, ny, nh, nwr);
+    return {gx, gy, gh, gwr};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
+    Saved s = load(ctx, 5);
+    const Tensor &g = s.front[0], &x = s.front[1], &y = s.front[2], &h = s.front[3], &wr = s.front[4];
+    const bool ng = ctx->needs_input_grad(0), nx = ctx->needs_input_grad(1), ny = ctx->needs_input_grad(2),
+               nh = ctx->needs_input_grad(3), nwr = ctx->needs_input_grad(4);
+    const auto need = ctx->saved_data["need"].toBoolList();
+    Tensor a[4];
+    for (int i = 0; i < 4; ++i)
+      if (need[i] && grads[i].defined()) a[i] = grads[i].contiguous();
+    grads.clear();
+    Tensor dg, dx, dy, dh, dwr;
+    // cotangent i takes the place of argument (x, y, h, wr)[i]; that argument's own gradient is not
+    // part of the term (the form is linear in it)
+    for (int i = 0; i < 4; ++i) {
+      if (!a[i].defined()) continue;
+      const Tensor& xi = i == 0 ? a[i] : x;
+      const Tensor& yi = i == 1 ? a[i] : y;
+      const Tensor& hi = i == 2 ? a[i] : h;
+      const Tensor& wi = i == 3 ? a[i] : wr;
+      if (ng) acc(dg, call_radial_fwd(xi, yi, hi, wi, s.graph, s.desc, s.desc_t, s.meta));
+      const bool bx = nx && i != 0, by = ny && i != 1, bh = nh && i != 2, bwr = nwr && i != 3;
+      if (bx || by || bh || bwr) {
+        auto [b_x, b_y, b_h, b_wr] = call_radial_bwd(g, xi, yi, hi, wi, s.graph, s.desc, s.desc_t, s.meta, bx, by,
+                                                      bh, bwr);
+        if (bx) acc(dx, b_x);
+        if (by) acc(dy, b_y);
+        if (bh) acc(dh, b_h);
+        if (bwr) acc(dwr, b_wr);
+      }
+      a[i].reset();
+    }
+    variable_list res(13);
+    res[0] = dg;
+    res[1] = dx;
+    res[2] = dy;
+    res[3] = dh;
+    res[4] = dwr;
+    return res;
+  }
+};
+
+struct RadialFwdFn : Function<RadialFwdFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& wr,
+                        Vec graph, Vec desc, Vec desc_t, std::vector<int64_t> meta) {
+    ctx->set_materialize_grads(false);
+    save(ctx, {x, y, h, wr}, graph, desc, desc_t, meta);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return call_radial_fwd(x, y, h, wr, graph, desc, desc_t, meta);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool nx = ctx->needs_input_grad(0), ny = ctx->needs_input_grad(1), nh = ctx->needs_input_grad(2),
+               nwr = ctx->needs_input_grad(3);
+    variable_list res(8);
+    if (!grads[0].defined() || !(nx || ny || nh || nwr)) return res;
+    Saved s = load(ctx, 4);
+    auto [gx, gy, gh, gwr] = call_radial_bwd(grads[0].contiguous(), s.front[0], s.front[1], s.front[2], s.front[3],
+                                              s.graph, s.desc, s.desc_t, s.meta, nx, ny, nh, nwr);
+    if (nx) res[0] = gx;
+    if (ny) res[1] = gy;
+    if (nh) res[2] = gh;
+    if (nwr) res[3] = gwr;
+    return res;
+  }
+};
+
+Tensor radial_fwd_autograd(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& wr, at::TensorList graph,
+                           at::TensorList desc, at::TensorList desc_t, at::IntArrayRef meta) {
+  return RadialFwdFn::apply(x, y, h, wr, graph.vec(), desc.vec(), desc_t.vec(), meta.vec());
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> radial_bwd_autograd(const Tensor& g, const Tensor& x, const Tensor& y,
+                                                               const Tensor& h, const Tensor& wr,
+                                                               at::TensorList graph, at::TensorList desc,
+                                                               at::TensorList desc_t, at::IntArrayRef meta, bool nx,
+                                                               bool ny, bool nh, bool nwr) {
+  auto r = RadialBwdFn::apply(g, x, y, h, wr, graph.vec(), desc.vec(), desc_t.vec(), meta.vec(), nx, ny, nh, nwr);
+  return {r[0], r[1], r[2], r[3]};
+}
+
 }  // namespace
 }  // namespace conv_tp
 }  // namespace cfm
@@ -233,19 +371,27 @@ std::tuple<Tensor, Tensor, Tensor> bwd_autograd(const Tensor& g, const Tensor& x
 TORCH_LIBRARY_FRAGMENT(cfm, m) {
   m.def(cfm::conv_tp::kSchemaFwd);
   m.def(cfm::conv_tp::kSchemaBwd);
+  m.def(cfm::conv_tp::kSchemaRadialFwd);
+  m.def(cfm::conv_tp::kSchemaRadialBwd);
 }
 
 TORCH_LIBRARY_IMPL(cfm, CPU, m) {
   m.impl("conv_tp_fwd", &cfm::conv_tp::fwd<cfm::conv_tp::CpuRunner>);
   m.impl("conv_tp_bwd", &cfm::conv_tp::bwd<cfm::conv_tp::CpuRunner>);
+  m.impl("conv_tp_radial_fwd", &cfm::conv_tp::radial_fwd<cfm::conv_tp::CpuRunner>);
+  m.impl("conv_tp_radial_bwd", &cfm::conv_tp::radial_bwd<cfm::conv_tp::CpuRunner>);
 }
 
 TORCH_LIBRARY_IMPL(cfm, Meta, m) {
   m.impl("conv_tp_fwd", &cfm::conv_tp::fwd_meta);
   m.impl("conv_tp_bwd", &cfm::conv_tp::bwd_meta);
+  m.impl("conv_tp_radial_fwd", &cfm::conv_tp::radial_fwd_meta);
+  m.impl("conv_tp_radial_bwd", &cfm::conv_tp::radial_bwd_meta);
 }
 
 TORCH_LIBRARY_IMPL(cfm, Autograd, m) {
   m.impl("conv_tp_fwd", &cfm::conv_tp::fwd_autograd);
   m.impl("conv_tp_bwd", &cfm::conv_tp::bwd_autograd);
+  m.impl("conv_tp_radial_fwd", &cfm::conv_tp::radial_fwd_autograd);
+  m.impl("conv_tp_radial_bwd", &cfm::conv_tp::radial_bwd_autograd);
 }

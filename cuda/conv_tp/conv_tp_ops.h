@@ -8,10 +8,12 @@
 // Graph: [sender, receiver, rperm, rptr, sperm, sptr] (int64; CSR by receiver and by sender).
 // x [N, dim_in] channel-last, y [E, dim_edge], w [E, weight_numel]; output [N, dim_out].
 #pragma once
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
 #include "cfm_ops.h"
+#include "conv_tp_math.h"
 
 namespace cfm {
 namespace conv_tp {
@@ -25,6 +27,20 @@ inline const char* kSchemaFwd =
 inline const char* kSchemaBwd =
     "conv_tp_bwd(Tensor g, Tensor x, Tensor y, Tensor w, Tensor[] graph, Tensor[] desc, Tensor[] desc_t, "
     "int[] meta, bool need_x, bool need_y, bool need_w) -> (Tensor, Tensor, Tensor)";
+
+constexpr const char* kRadialFwd = "cfm::conv_tp_radial_fwd";
+constexpr const char* kRadialBwd = "cfm::conv_tp_radial_bwd";
+
+// The radial form: the weights are w = h @ wr (h [E, K], wr [K, weight_numel]: the last linear
+// layer of the radial MLP), made per block of edges inside the kernels and never stored.
+// conv_tp_radial_bwd returns (gx, gy, gh, gwr) = d<g, fwd>/d(x, y, h, wr).
+inline const char* kSchemaRadialFwd =
+    "conv_tp_radial_fwd(Tensor x, Tensor y, Tensor h, Tensor wr, Tensor[] graph, Tensor[] desc, Tensor[] desc_t, "
+    "int[] meta) -> Tensor";
+inline const char* kSchemaRadialBwd =
+    "conv_tp_radial_bwd(Tensor g, Tensor x, Tensor y, Tensor h, Tensor wr, Tensor[] graph, Tensor[] desc, "
+    "Tensor[] desc_t, int[] meta, bool need_x, bool need_y, bool need_h, bool need_wr) "
+    "-> (Tensor, Tensor, Tensor, Tensor)";
 
 // The descriptor tables as raw pointers (host or device memory, like the tensors).
 struct Tables {
@@ -66,6 +82,14 @@ inline void check_inputs(const char* op, const Tensor& x, const Tensor& y, const
   TORCH_CHECK(graph[kSender].numel() == y.size(0) && graph[kReceiver].numel() == y.size(0), op,
               ": one sender and receiver per edge expected");
   TORCH_CHECK(graph[kRptr].numel() >= 1 && graph[kSptr].numel() == graph[kRptr].numel(), op, ": bad CSR pointers");
+}
+
+// The tables as the kernels read them (conv_tp_math.h).
+inline DescView desc_view(const Tables& t) {
+  const int P = t.n_paths, Q = t.n_pairs;
+  const int* i = t.ints;
+  return DescView{P, Q, t.n_ents, i, i + P, i + 2 * P, i + 3 * P + 1, i + 3 * P + 1 + Q, i + 3 * P + 1 + 2 * Q,
+                  i + 3 * P + 2 + 3 * Q, t.coef};
 }
 
 template <typename T>
@@ -146,6 +170,103 @@ inline std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor& g, const Tensor
   Tensor gx = need_x ? at::empty_symint({graph[kSptr].sym_size(0) - 1, c10::SymInt(meta[0])}, x.options())
                      : at::empty({0}, x.options());
   return {gx, pick(y, need_y), pick(w, need_w)};
+}
+
+// ---- the radial form (CPU). Runner: segment_radial<T>(Tables, n_nodes, ptr, perm, other, node_in, din,
+//      y, dy, h, K, wr, dw, out, dout) and edge_grads_radial<T>(Tables, n_edges, sender, receiver, x, dx, g,
+//      dg, y, dy, h, K, wr, dw, gy, gh, gwr) ----
+inline int64_t weight_width(const Tables& t) {  // the weight columns the paths read (host tables)
+  const DescView d = desc_view(t);
+  int64_t width = 0;
+  for (int p = 0; p < d.n_paths; ++p) width = std::max<int64_t>(width, int64_t(d.path_woff[p]) + d.path_mul[p]);
+  return width;
+}
+
+inline void check_radial(const char* op, const Tables& t, const Tensor& x, const Tensor& y, const Tensor& h,
+                         const Tensor& wr, at::TensorList graph, int64_t dim_in) {
+  check_inputs(op, x, y, h, graph, dim_in);
+  check_same(op, x, wr, "wr");
+  TORCH_CHECK(wr.dim() == 2 && wr.is_contiguous() && wr.size(0) == h.size(1), op,
+              ": wr must be a contiguous [K, weight_numel] with K = h.size(1) = ", h.size(1), ", got ", wr.sizes());
+  TORCH_CHECK(wr.size(1) >= weight_width(t), op, ": wr has ", wr.size(1), " columns, the paths read ",
+              weight_width(t));
+}
+
+template <typename Runner>
+void segment_radial(const Tables& t, const Tensor& node_in, const Tensor& y, const Tensor& h, const Tensor& wr,
+                    const Tensor& ptr, const Tensor& perm, const Tensor& other, Tensor& out) {
+  AT_DISPATCH_FLOATING_TYPES(node_in.scalar_type(), "cfm::conv_tp_radial segment", [&] {
+    Runner::template segment_radial<scalar_t>(
+        t, out.size(0), cdata<int64_t>(ptr), cdata<int64_t>(perm), cdata<int64_t>(other), cdata<scalar_t>(node_in),
+        node_in.size(1), cdata<scalar_t>(y), y.size(1), cdata<scalar_t>(h), h.size(1), cdata<scalar_t>(wr),
+        wr.size(1), out.data_ptr<scalar_t>(), out.size(1));
+  });
+}
+
+template <typename Runner>
+Tensor radial_fwd(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& wr, at::TensorList graph,
+                  at::TensorList desc, at::TensorList desc_t, at::IntArrayRef meta) {
+  Tables t = unpack(kRadialFwd, x, desc, meta);
+  check_radial(kRadialFwd, t, x, y, h, wr, graph, meta[0]);
+  const bool runs = y.size(0) > 0;
+  Tensor out = runs ? at::empty({graph[kRptr].size(0) - 1, meta[1]}, x.options())
+                    : at::zeros({graph[kRptr].size(0) - 1, meta[1]}, x.options());
+  if (runs) segment_radial<Runner>(t, x, y, h, wr, graph[kRptr], graph[kRperm], graph[kSender], out);
+  return out;
+}
+
+template <typename Runner>
+std::tuple<Tensor, Tensor, Tensor, Tensor> radial_bwd(const Tensor& g, const Tensor& x, const Tensor& y,
+                                                      const Tensor& h, const Tensor& wr, at::TensorList graph,
+                                                      at::TensorList desc, at::TensorList desc_t,
+                                                      at::IntArrayRef meta, bool need_x, bool need_y, bool need_h,
+                                                      bool need_wr) {
+  Tables t = unpack(kRadialBwd, x, desc, meta);
+  check_radial(kRadialBwd, t, x, y, h, wr, graph, meta[0]);
+  check_float(kRadialBwd, g, "g");
+  check_same(kRadialBwd, x, g, "g");
+  TORCH_CHECK(g.dim() == 2 && g.size(0) == graph[kRptr].size(0) - 1 && g.size(1) == meta[1], kRadialBwd,
+              ": g must be [N, ", meta[1], "], got ", g.sizes());
+  const bool runs = y.size(0) > 0;
+  Tensor gx = !need_x ? none_like(x)
+              : runs  ? at::empty({graph[kSptr].size(0) - 1, meta[0]}, x.options())
+                      : at::zeros({graph[kSptr].size(0) - 1, meta[0]}, x.options());
+  Tensor gy = need_y ? at::empty_like(y) : none_like(y);
+  Tensor gh = need_h ? at::empty_like(h) : none_like(h);
+  Tensor gwr = !need_wr ? none_like(wr) : runs ? at::empty_like(wr) : at::zeros_like(wr);
+  if (!runs) return {gx, gy, gh, gwr};
+  if (need_x) {
+    std::vector<int64_t> meta_t{meta[1], meta[0], meta[2], meta[3], meta[4]};
+    Tables tt = unpack(kRadialBwd, x, desc_t, meta_t);
+    segment_radial<Runner>(tt, g, y, h, wr, graph[kSptr], graph[kSperm], graph[kReceiver], gx);
+  }
+  if (need_y || need_h || need_wr) {
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cfm::conv_tp_radial edge_grads", [&] {
+      Runner::template edge_grads_radial<scalar_t>(
+          t, y.size(0), cdata<int64_t>(graph[kSender]), cdata<int64_t>(graph[kReceiver]), cdata<scalar_t>(x),
+          x.size(1), cdata<scalar_t>(g), g.size(1), cdata<scalar_t>(y), y.size(1), cdata<scalar_t>(h), h.size(1),
+          cdata<scalar_t>(wr), wr.size(1), need_y ? gy.data_ptr<scalar_t>() : nullptr,
+          need_h ? gh.data_ptr<scalar_t>() : nullptr, need_wr ? gwr.data_ptr<scalar_t>() : nullptr);
+    });
+  }
+  return {gx, gy, gh, gwr};
+}
+
+inline Tensor radial_fwd_meta(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& wr,
+                              at::TensorList graph, at::TensorList desc, at::TensorList desc_t, at::IntArrayRef meta) {
+  return at::empty_symint({graph[kRptr].sym_size(0) - 1, c10::SymInt(meta[1])}, x.options());
+}
+
+inline std::tuple<Tensor, Tensor, Tensor, Tensor> radial_bwd_meta(const Tensor& g, const Tensor& x, const Tensor& y,
+                                                                  const Tensor& h, const Tensor& wr,
+                                                                  at::TensorList graph, at::TensorList desc,
+                                                                  at::TensorList desc_t, at::IntArrayRef meta,
+                                                                  bool need_x, bool need_y, bool need_h,
+                                                                  bool need_wr) {
+  auto pick = [](const Tensor& t, bool needed) { return needed ? at::empty_like(t) : at::empty({0}, t.options()); };
+  Tensor gx = need_x ? at::empty_symint({graph[kSptr].sym_size(0) - 1, c10::SymInt(meta[0])}, x.options())
+                     : at::empty({0}, x.options());
+  return {gx, pick(y, need_y), pick(h, need_h), pick(wr, need_wr)};
 }
 
 }  // namespace conv_tp

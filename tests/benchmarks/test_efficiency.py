@@ -15,11 +15,11 @@ from tests.helpers import ROOT, clean_env
 from tests.helpers.records import check_record, rows_of
 
 
-def test_conv_tp_counts_of_one_path_equal_a_hand_count():
+def _one_path_descriptor():
+    """2x1o (x) 1o -> 2x0e, one uvu path: the 3j symbol of (1, 1, 0) is diagonal, so three
+    entries (i = j, k = 0), each its own pair (i, k); two channels per pair."""
     from cfm_plugins.ops.descriptors.conv_tp import build
 
-    # 2x1o (x) 1o -> 2x0e, one uvu path: the 3j symbol of (1, 1, 0) is diagonal, so three
-    # entries (i = j, k = 0), each its own pair (i, k); two channels per pair
     desc, _ = build(
         [(2, 1)],
         [(1, 1)],
@@ -27,6 +27,11 @@ def test_conv_tp_counts_of_one_path_equal_a_hand_count():
         [(0, 0, 0, "uvu", True, 1.0)],
         lambda a, b, c: np.eye(3).reshape(3, 3, 1) / math.sqrt(3),
     )
+    return desc
+
+
+def test_conv_tp_counts_of_one_path_equal_a_hand_count():
+    desc = _one_path_descriptor()
     assert (desc.num_entries, desc.num_pairs, desc.dim_in, desc.dim_out) == (3, 3, 6, 2)
     nodes, edges = 4, 5
     costs = efficiency.conv_tp_costs(desc, nodes, edges, itemsize=4)
@@ -41,6 +46,18 @@ def test_conv_tp_counts_of_one_path_equal_a_hand_count():
     assert costs["backward"].bytes == 4 * (out + 2 * (x + y + w)) + index == 504
     assert costs["double backward"].bytes == 4 * (2 * out + 3 * (x + y + w)) + index == 732
     assert costs["forward"].intensity == pytest.approx(120 / 308)
+
+
+def test_conv_tp_radial_counts_add_the_weight_gemms_to_the_conv_tp_passes():
+    desc = _one_path_descriptor()
+    nodes, edges, hidden = 4, 5, 3
+    costs = efficiency.conv_tp_radial_costs(desc, nodes, edges, hidden, itemsize=4)
+    u, G = 120, 2 * edges * hidden * 2  # the conv TP's pass (above); h [5, 3] @ wr [3, 2]
+    assert costs["forward"].flops == u + G
+    assert costs["backward"].flops == 3 * u + 3 * G
+    assert costs["double backward"].flops == 10 * u + 12 * G
+    x, y, h, wr, out = nodes * 6, edges * 3, edges * hidden, hidden * 2, nodes * 2
+    assert costs["forward"].bytes == 4 * (x + y + h + wr + out) + 2 * edges * 8
 
 
 def test_symmetric_contraction_counts_of_a_two_monomial_descriptor_equal_a_hand_count():
@@ -106,7 +123,7 @@ def test_skip_tp_counts_of_one_path_equal_a_hand_count():
 def test_a_kernel_without_an_efficiency_entry_is_named_not_measured():
     measured, missing = efficiency.measured_kernels(["skip_tp", "radial_fusion", "conv_tp"])
     # the table's order, then an entry of no kernel in the table (here: the contraction)
-    assert measured == ["skip_tp", "conv_tp", "symmetric_contraction"]
+    assert measured == ["skip_tp", "conv_tp", "symmetric_contraction", "conv_tp_radial"]
     assert missing == ["radial_fusion"]
 
 

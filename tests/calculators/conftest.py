@@ -32,7 +32,10 @@ def model_files(tmp_path_factory):
 def fused64(model_files):
     """CFMCalculator over m64 with every fused kernel of this checkout."""
     return CFMCalculator(
-        str(model_files["m64"]), device="cpu", default_dtype="float64", kernels=kernel_names()
+        str(model_files["m64"]),
+        device="cpu",
+        default_dtype="float64",
+        kernels=kernel_names(auto=True),
     )
 
 

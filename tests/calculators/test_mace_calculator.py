@@ -19,7 +19,7 @@ from tests.helpers import ROOT, clean_env
 from tests.helpers.mace_models import build_model, structures
 
 #: the fused kernels of this checkout
-AVAILABLE = kernel_names()
+AVAILABLE = kernel_names(auto=True)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

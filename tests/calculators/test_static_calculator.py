@@ -30,7 +30,7 @@ def test_padded_md_evaluations_equal_unpadded_and_rebudget_in_logged_steps(
         str(model_files["m64"]),
         device="cpu",
         default_dtype="float64",
-        kernels=kernel_names(),
+        kernels=kernel_names(auto=True),
         static_shapes=True,
     )
     frames = sorted(structures(), key=len)  # growing sizes: the budget must grow

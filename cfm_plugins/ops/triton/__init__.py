@@ -6,13 +6,13 @@ when the GPU backend resolves to ``triton``, the default where Triton imports: d
 schemas, autograd, torch.compile and exported models stay one. A C++ host (LAMMPS, AOTInductor)
 keeps the C++ CUDA kernels. Submodules: :mod:`.symmetric_contraction` (a depth-first walk of the
 monomial tree from an int32 table), :mod:`.conv_tp` (segmented, atomic-free gather, product and
-scatter), :mod:`.skip_tp` (``tl.dot`` tiles per element), :mod:`.configs` (tile sizes, autotuning,
-launch settings), :mod:`.aot` (compilation for sm_80/sm_90/gfx90a/gfx942 without a GPU,
-``make triton-check``), :mod:`._codegen` (generated source goes to a cached ``.py`` file).
-
-Without a GPU the tests run the same launchers in Triton's interpreter (``TRITON_INTERPRET=1``)
-as the operators' *CPU* kernels (``register("CPU")``). Call
-:func:`cfm_plugins.ops._backend.prepare_kernels` before a step is compiled or captured.
+scatter; :mod:`.conv_tp_radial`: weights from the radial MLP's last layer), :mod:`.skip_tp`
+(``tl.dot`` tiles per element), :mod:`.configs` (tile sizes, autotuning, launch settings),
+:mod:`.aot` (compiles for sm_80/sm_90/gfx90a/gfx942 without a GPU: ``make triton-check``),
+:mod:`._codegen` (generated source in cached ``.py`` files). Without a GPU the tests run the same
+launchers in Triton's interpreter (``TRITON_INTERPRET=1``) as the operators' *CPU* kernels
+(``register("CPU")``). Call :func:`cfm_plugins.ops._backend.prepare_kernels` before a step is
+compiled or captured.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ OPERATORS = {
     "symmetric_contraction_bwd2": ("symmetric_contraction", "bwd2"),
     "conv_tp_fwd": ("conv_tp", "fwd"),
     "conv_tp_bwd": ("conv_tp", "bwd"),
+    "conv_tp_radial_fwd": ("conv_tp_radial", "fwd"),
+    "conv_tp_radial_bwd": ("conv_tp_radial", "bwd"),
     "skip_tp_fwd": ("skip_tp", "fwd"),
     "skip_tp_bwd": ("skip_tp", "bwd"),
 }

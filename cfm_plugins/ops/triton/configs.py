@@ -95,6 +95,22 @@ DEFAULTS: dict[str, dict[str, list[TileConfig]]] = {
         ],
         _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4), TileConfig(8, 32, 8)],
     },
+    # the radial conv TP (ops/triton/conv_tp_radial.py): tiles of at least 16 x 16 multiply with
+    # tl.dot, smaller ones with rank-1 updates over K; tp_radial_wr's are at least 16 x 16.
+    # tp_radial_segment's tile also sets tp_radial_segment_t's. Untimed on a GPU: chosen for
+    # registers (no spills in the ahead-of-time check).
+    "tp_radial_segment": {
+        _F32: [TileConfig(8, 32, 4), TileConfig(16, 16, 8)],  # 16x16/w8 spills on AMD
+        _F64: [TileConfig(4, 32, 4), TileConfig(8, 32, 8)],
+    },
+    "tp_radial_edge": {
+        _F32: [TileConfig(8, 32, 4), TileConfig(16, 16, 8)],
+        _F64: [TileConfig(8, 32, 4), TileConfig(4, 32, 4)],
+    },
+    "tp_radial_wr": {
+        _F32: [TileConfig(16, 32, 4), TileConfig(32, 32, 4)],
+        _F64: [TileConfig(16, 32, 8), TileConfig(16, 32, 4)],
+    },
     "sc_reduce": {
         _F32: [TileConfig(1, 512, 4)],
         _F64: [TileConfig(1, 512, 8)],
@@ -120,6 +136,9 @@ INTERPRETER: dict[str, TileConfig] = {
     "sc_bwd2": TileConfig(128, 128),
     "tp_segment": TileConfig(64, 128),
     "tp_edge": TileConfig(256, 128),
+    "tp_radial_segment": TileConfig(64, 128),
+    "tp_radial_edge": TileConfig(256, 128),
+    "tp_radial_wr": TileConfig(256, 128),
     "sc_reduce": TileConfig(1, 4096),
     "skip_apply": TileConfig(64, 128),
     "skip_wgrad": TileConfig(128, 128),

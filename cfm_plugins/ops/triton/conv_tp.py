@@ -166,7 +166,7 @@ def _mask_names(w: Writer, t: TPTables, rows: str) -> dict[int, str]:
     return names
 
 
-def _gen_segment(t: TPTables, name: str = "tp_segment") -> str:
+def _gen_segment(t: TPTables, name: str = "tp_segment", weights=None) -> str:
     """out[n, k, c] = sum over the node's edges of sum_q R_q x[other, i_q, c] w[p, c].
 
     One program per node and channel tile, looping over the node's edges ``BLOCK_E`` at a time
@@ -183,14 +183,20 @@ def _gen_segment(t: TPTables, name: str = "tp_segment") -> str:
 
     Compile time: for a MACE-MP-medium layer (0e+1o x spherical harmonics l<=3, 40 output rows,
     ~100 pairs) this kernel is ~250 lines; Triton's coalescing pass costs grow with the square of
-    a kernel's memory operations, which is why the loads are per row and per path (not per pair)."""
+    a kernel's memory operations, which is why the loads are per row and per path (not per pair).
+
+    ``weights`` (default :class:`_StoredWeights`: rows of ``w``) says where each path's weights
+    ``w{p}`` come from (:mod:`.conv_tp_radial` computes them from the radial MLP's last layer)."""
+    weights = weights or _StoredWeights()
     w = Writer()
     w("@triton.jit")
     w(
-        f"def {name}(ptr_ptr, perm_ptr, other_ptr, x_ptr, s_xn, s_xd, y_ptr, s_ye, s_yd, w_ptr, "
-        "s_we, s_wd, out_ptr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):"
+        f"def {name}(ptr_ptr, perm_ptr, other_ptr, x_ptr, s_xn, s_xd, y_ptr, s_ye, s_yd, "
+        f"{weights.args}, out_ptr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr"
+        f"{weights.constexprs}):"
     )
     w.indent()
+    weights.setup(w)
     w("n = tl.program_id(0).to(tl.int64)  # n * dim_out passes 2**31 from 2**31 / dim_out nodes")
     w("cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)")
     w("lo = tl.load(ptr_ptr + n)")
@@ -208,16 +214,13 @@ def _gen_segment(t: TPTables, name: str = "tp_segment") -> str:
         w(f"y{j} = tl.load(y_ptr + e * s_ye + {j} * s_yd, mask=em, other=0.0)")
     masks = _mask_names(w, t, "em")
     w("xrow = x_ptr + src[:, None] * s_xn")
-    w("wrow = w_ptr + e[:, None] * s_we")
+    weights.block(w)
     loaded_x = set()
     for p, pairs in enumerate(t.path_pairs):
         if not pairs:
             continue
         mask = masks[t.path_mul[p]]
-        w(
-            f"w{p} = tl.load(wrow + ({t.path_woff[p]} + cols[None, :]) * s_wd, mask={mask}, "
-            "other=0.0)"
-        )
+        weights.path(w, p, t.path_woff[p], t.path_mul[p], mask)
         terms: dict[int, list[str]] = {}
         for q, (i, k, ents) in enumerate(pairs):
             if i not in loaded_x:
@@ -234,6 +237,23 @@ def _gen_segment(t: TPTables, name: str = "tp_segment") -> str:
     for k in outs:  # TPTables.out_width reads these stores: the launchers leave the output unfilled
         w(f"tl.store(orow + {k} + cols, {tl_sum(f'acc{k}', 0)}, mask=cols < {t.out_row_mul[k]})")
     return w.text()
+
+
+class _StoredWeights:
+    """The segment kernel's per-edge weights read from ``w`` (:func:`_gen_segment`'s hooks: the
+    weight arguments, further constexprs, lines at the start, per block of edges, per path)."""
+
+    args = "w_ptr, s_we, s_wd"
+    constexprs = ""
+
+    def setup(self, w: Writer) -> None:
+        pass
+
+    def block(self, w: Writer) -> None:
+        w("wrow = w_ptr + e[:, None] * s_we")
+
+    def path(self, w: Writer, p: int, woff: int, mul: int, mask: str) -> None:
+        w(f"w{p} = tl.load(wrow + ({woff} + cols[None, :]) * s_wd, mask={mask}, other=0.0)")
 
 
 def _gen_edge(t: TPTables, need_y: bool, need_w: bool, name: str = "tp_edge") -> str:
@@ -382,16 +402,16 @@ def _meta_t(meta) -> list:
     return [meta[1], meta[0], meta[2], meta[3], meta[4]]
 
 
-def _check(op: str, x, y, w, graph, desc, meta) -> list:
+def _check(op: str, x, y, w, graph, desc, meta, w_name: str = "w") -> list:
     """The checks of the C++ binding layer (conv_tp_ops.h), without the contiguity rule; the
-    graph index tensors, contiguous."""
+    graph index tensors, contiguous. ``w_name``: what messages call ``w`` (the per-edge rows)."""
     if len(desc) != 2 or len(meta) != 5:
         raise RuntimeError(
             f"{op}: the descriptor is 2 tensors and 5 ints, got {len(desc)} and {len(meta)}"
         )
     if x.dtype not in (torch.float32, torch.float64):
         raise RuntimeError(f"{op}: x must be float32 or float64, got {x.dtype}")
-    for name, t in (("y", y), ("w", w)):
+    for name, t in (("y", y), (w_name, w)):
         if t.dtype != x.dtype or t.device != x.device:
             raise RuntimeError(
                 f"{op}: {name} is {t.dtype} on {t.device}, expected {x.dtype} on {x.device}"
@@ -400,7 +420,7 @@ def _check(op: str, x, y, w, graph, desc, meta) -> list:
         raise RuntimeError(f"{op}: x must be [N, {meta[0]}], got {list(x.shape)}")
     if y.dim() != 2 or w.dim() != 2 or y.shape[0] != w.shape[0]:
         raise RuntimeError(
-            f"{op}: y and w must be [E, *] alike, got {list(y.shape)} and {list(w.shape)}"
+            f"{op}: y and {w_name} must be [E, *] alike, got {list(y.shape)} and {list(w.shape)}"
         )
     if len(graph) != 6:
         raise RuntimeError(f"{op}: graph is [sender, receiver, rperm, rptr, sperm, sptr]")
@@ -420,6 +440,21 @@ def _check(op: str, x, y, w, graph, desc, meta) -> list:
                 "(move the module with .to())"
             )
     return [t.contiguous() for t in graph]
+
+
+def _check_grad(op: str, g, x, graph, meta) -> None:
+    """The output gradient ``g``: like ``x``, one row per node, ``dim_out`` columns."""
+    if (
+        g.dtype != x.dtype
+        or g.device != x.device
+        or g.dim() != 2
+        or g.shape[0] != graph[_RPTR].numel() - 1
+        or g.shape[1] != meta[1]
+    ):
+        raise RuntimeError(
+            f"{op}: g must be {x.dtype} [N, {meta[1]}] on {x.device}, got {g.dtype} "
+            f"{list(g.shape)} on {g.device}"
+        )
 
 
 def _segment(t: TPTables, node_in, y, w, ptr, perm, other, out, transposed: bool = False) -> None:
@@ -472,17 +507,7 @@ def bwd(g, x, y, w, graph, desc, desc_t, meta, need_x, need_y, need_w):
     not requested."""
     op = "cfm::conv_tp_bwd"
     graph = _check(op, x, y, w, graph, desc, meta)
-    if (
-        g.dtype != x.dtype
-        or g.device != x.device
-        or g.dim() != 2
-        or g.shape[0] != graph[_RPTR].numel() - 1
-        or g.shape[1] != meta[1]
-    ):
-        raise RuntimeError(
-            f"{op}: g must be {x.dtype} [N, {meta[1]}] on {x.device}, got {g.dtype} "
-            f"{list(g.shape)} on {g.device}"
-        )
+    _check_grad(op, g, x, graph, meta)
     none = x.new_empty(0)
     E = y.shape[0]
     # the tables of each kernel to launch: None where it is not launched
