@@ -84,6 +84,17 @@ inline void check_inputs(const char* op, const Tensor& x, const Tensor& y, const
   TORCH_CHECK(graph[kRptr].numel() >= 1 && graph[kSptr].numel() == graph[kRptr].numel(), op, ": bad CSR pointers");
 }
 
+// An uninitialised tensor like at::empty; on the CPU, large ones take their memory from a pool of
+// freed blocks (conv_tp_pool_cpu.cpp, in the CPU library only: weak, so the CUDA library that
+// includes this header needs no such symbol), so a new per-edge gradient does not fault its pages
+// in again.
+Tensor pooled_empty_cpu(at::IntArrayRef sizes, const at::TensorOptions& options) __attribute__((weak));
+
+inline Tensor pooled_empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (options.device().is_cpu() && &pooled_empty_cpu != nullptr) return pooled_empty_cpu(sizes, options);
+  return at::empty(sizes, options);
+}
+
 // The tables as the kernels read them (conv_tp_math.h).
 inline DescView desc_view(const Tables& t) {
   const int P = t.n_paths, Q = t.n_pairs;
@@ -138,7 +149,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g, const Tensor& x, const T
               : runs  ? at::empty({graph[kSptr].size(0) - 1, meta[0]}, x.options())
                       : at::zeros({graph[kSptr].size(0) - 1, meta[0]}, x.options());
   Tensor gy = need_y ? at::empty_like(y) : none_like(y);  // [E, *]: empty when no edge
-  Tensor gw = need_w ? at::empty_like(w) : none_like(w);
+  Tensor gw = need_w ? pooled_empty(w.sizes(), w.options()) : none_like(w);
   if (!runs) return {gx, gy, gw};
   if (need_x) {
     std::vector<int64_t> meta_t{meta[1], meta[0], meta[2], meta[3], meta[4]};

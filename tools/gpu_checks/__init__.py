@@ -19,8 +19,8 @@ call ``a`` (about 5 minutes on an H100 after the set-up):
    and ours in one run, ours with the default kernels and with the skip connection's kernel
    named (its GPU kernel runs only then; ``tools.gpu_profile --by-module --kernels-also``);
 3. the eager train step at 500, 2000 and 4000 atoms, float32 and float64, stock, cuEquivariance
-   and ours (default kernels, and with the skip connection's kernel) in one run
-   (``benchmarks.gpu_mace``: the record ``gpu_mace_step``);
+   and ours (default kernels, with the skip connection's kernel, and with the radial fusion too)
+   in one run (``benchmarks.gpu_mace``: the record ``gpu_mace_step``);
 4. the compiled static step (``compile=default``, no capture) at 4000 atoms in float64: exact
    against the eager step (1e-10), its compile time, its step time (``tools.gpu_capture --mode
    default``);

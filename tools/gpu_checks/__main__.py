@@ -41,14 +41,15 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
                 "--out {out}/profile_quick.md",
             ),
             (
-                240,
+                270,
                 "{py} -m benchmarks.gpu_mace --device cuda --backend triton --atoms 500 2000 4000 "
                 "--dtypes float32 float64 --ways stock cueq fused --kernels-also "
-                "symmetric_contraction,conv_tp,skip_tp --no-epoch --reps 5 --warmup 2 "
-                "--out {out}/records",
+                "symmetric_contraction,conv_tp,skip_tp "
+                "symmetric_contraction,conv_tp,conv_tp_radial,skip_tp --no-epoch --reps 5 "
+                "--warmup 2 --out {out}/records",
                 "{py} -m benchmarks.gpu_mace --device cpu --quick --dtypes float64 --ways stock "
-                "cueq fused --kernels-also symmetric_contraction,conv_tp --no-epoch "
-                "--out {out}/records",
+                "cueq fused --kernels-also symmetric_contraction,conv_tp "
+                "symmetric_contraction,conv_tp,conv_tp_radial --no-epoch --out {out}/records",
             ),
             (
                 150,
