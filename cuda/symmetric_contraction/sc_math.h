@@ -71,31 +71,31 @@ inline void lane_dot2(T* d, const T* a, const T* b, const T* e, const T* f) {
 }
 #else
 template <typename T, int W>
-CFM_HD void lane_set(T* d, const T* a) {
+CFM_HD_LOCAL void lane_set(T* d, const T* a) {
   for (int c = 0; c < W; ++c) d[c] = a[c];
 }
 template <typename T, int W>
-CFM_HD void lane_zero(T* d) {
+CFM_HD_LOCAL void lane_zero(T* d) {
   for (int c = 0; c < W; ++c) d[c] = T(0);
 }
 template <typename T, int W>
-CFM_HD void lane_mul(T* d, const T* a, const T* b) {
+CFM_HD_LOCAL void lane_mul(T* d, const T* a, const T* b) {
   for (int c = 0; c < W; ++c) d[c] = a[c] * b[c];
 }
 template <typename T, int W>
-CFM_HD void lane_add(T* d, const T* a) {
+CFM_HD_LOCAL void lane_add(T* d, const T* a) {
   for (int c = 0; c < W; ++c) d[c] += a[c];
 }
 template <typename T, int W>
-CFM_HD void lane_fma(T* d, const T* a, const T* b) {
+CFM_HD_LOCAL void lane_fma(T* d, const T* a, const T* b) {
   for (int c = 0; c < W; ++c) d[c] += a[c] * b[c];
 }
 template <typename T, int W>  // d += a*b + e*f
-CFM_HD void lane_fma2(T* d, const T* a, const T* b, const T* e, const T* f) {
+CFM_HD_LOCAL void lane_fma2(T* d, const T* a, const T* b, const T* e, const T* f) {
   for (int c = 0; c < W; ++c) d[c] += a[c] * b[c] + e[c] * f[c];
 }
 template <typename T, int W>  // d = a*b + e*f
-CFM_HD void lane_dot2(T* d, const T* a, const T* b, const T* e, const T* f) {
+CFM_HD_LOCAL void lane_dot2(T* d, const T* a, const T* b, const T* e, const T* f) {
   for (int c = 0; c < W; ++c) d[c] = a[c] * b[c] + e[c] * f[c];
 }
 #endif
@@ -106,7 +106,7 @@ struct PlainAdd {
 };
 
 template <typename T, int W>
-CFM_HD void zero_rows(T* s, int rows, int ld) {
+CFM_HD_LOCAL void zero_rows(T* s, int rows, int ld) {
   for (int r = 0; r < rows; ++r) {
     lane_zero<T, W>(s + r * ld);
   }
@@ -114,13 +114,13 @@ CFM_HD void zero_rows(T* s, int rows, int ld) {
 
 // xt[l][c] = x[node, c0 + c, l] (zero for invalid lanes). xn points at x[node, c0, 0].
 template <typename T, int W>
-CFM_HD void load_x(const Desc& d, const T* xn, int nvalid, T* xt, int ld) {
+CFM_HD_LOCAL void load_x(const Desc& d, const T* xn, int nvalid, T* xt, int ld) {
   for (int c = 0; c < W; ++c)
     for (int l = 0; l < d.L; ++l) xt[l * ld + c] = c < nvalid ? xn[c * d.L + l] : T(0);
 }
 
 template <typename T, int W>
-CFM_HD void store_x(const Desc& d, const T* xt, int nvalid, T* xn, int ld) {
+CFM_HD_LOCAL void store_x(const Desc& d, const T* xt, int nvalid, T* xn, int ld) {
   for (int c = 0; c < W; ++c)
     if (c < nvalid)
       for (int l = 0; l < d.L; ++l) xn[c * d.L + l] = xt[l * ld + c];
@@ -128,14 +128,14 @@ CFM_HD void store_x(const Desc& d, const T* xt, int nvalid, T* xn, int ld) {
 
 // go[o][c] = out_row[out_base[o] + (c0 + c) * out_stride[o]]
 template <typename T, int W>
-CFM_HD void load_out(const Desc& d, const T* on, int c0, int nvalid, T* go, int ld) {
+CFM_HD_LOCAL void load_out(const Desc& d, const T* on, int c0, int nvalid, T* go, int ld) {
   for (int o = 0; o < d.O; ++o)
     for (int c = 0; c < W; ++c)
       go[o * ld + c] = c < nvalid ? on[d.out_base[o] + (std::int64_t)(c0 + c) * d.out_stride[o]] : T(0);
 }
 
 template <typename T, int W>
-CFM_HD void store_out(const Desc& d, const T* acc, int c0, int nvalid, T* on, int ld) {
+CFM_HD_LOCAL void store_out(const Desc& d, const T* acc, int c0, int nvalid, T* on, int ld) {
   for (int o = 0; o < d.O; ++o)
     for (int c = 0; c < W; ++c)
       if (c < nvalid) on[d.out_base[o] + (std::int64_t)(c0 + c) * d.out_stride[o]] = acc[o * ld + c];
@@ -143,7 +143,7 @@ CFM_HD void store_out(const Desc& d, const T* acc, int c0, int nvalid, T* on, in
 
 // Value of monomial j into v (stored rows already filled for its parent).
 template <typename T, int W>
-CFM_HD void monomial(const Desc& d, int j, const T* xt, const T* P, T* v, int ld) {
+CFM_HD_LOCAL void monomial(const Desc& d, int j, const T* xt, const T* P, T* v, int ld) {
   const int p = d.parent[j];
   const T* xl = xt + d.last[j] * ld;
   if (p < 0) lane_set<T, W>(v, xl);
@@ -151,13 +151,13 @@ CFM_HD void monomial(const Desc& d, int j, const T* xt, const T* P, T* v, int ld
 }
 
 // Scratch rows needed by each node function (times ld lanes).
-CFM_HD int fwd_rows(const Desc& d) { return d.L + d.S + 1 + d.O; }
-CFM_HD int bwd_rows(const Desc& d) { return d.L + d.S + 1 + d.O + d.S + d.L + 1; }
-CFM_HD int bwd2_rows(const Desc& d) { return 2 * d.L + 2 * d.S + 2 + d.O + 2 * d.S + d.L + d.O + 2; }
+CFM_HD_LOCAL int fwd_rows(const Desc& d) { return d.L + d.S + 1 + d.O; }
+CFM_HD_LOCAL int bwd_rows(const Desc& d) { return d.L + d.S + 1 + d.O + d.S + d.L + 1; }
+CFM_HD_LOCAL int bwd2_rows(const Desc& d) { return 2 * d.L + 2 * d.S + 2 + d.O + 2 * d.S + d.L + d.O + 2; }
 
 // Forward: out row of one node. ce = coeff[e] + c0 (row stride cld).
 template <typename T, int W>
-CFM_HD void fwd_node(const Desc& d, const T* xn, int nvalid, const T* ce, std::int64_t cld, T* on, int c0,
+CFM_HD_LOCAL void fwd_node(const Desc& d, const T* xn, int nvalid, const T* ce, std::int64_t cld, T* on, int c0,
                      T* s, int ld) {
   T* xt = s;
   T* P = xt + d.L * ld;
@@ -179,7 +179,7 @@ CFM_HD void fwd_node(const Desc& d, const T* xn, int nvalid, const T* ce, std::i
 // Backward of one node: gx row (if gxn) and accumulation of d out / d coeff into gce (if gce;
 // gce[row * gld + c] += ...). gon: the node's grad-output row.
 template <typename T, int W, typename Add>
-CFM_HD void bwd_node(const Desc& d, const T* xn, int nvalid, const T* ce, std::int64_t cld, const T* gon,
+CFM_HD_LOCAL void bwd_node(const Desc& d, const T* xn, int nvalid, const T* ce, std::int64_t cld, const T* gon,
                      int c0, T* gxn, T* gce, std::int64_t gld, Add add, T* s, int ld) {
   T* xt = s;
   T* P = xt + d.L * ld;
@@ -231,7 +231,7 @@ CFM_HD void bwd_node(const Desc& d, const T* xn, int nvalid, const T* ce, std::i
 // Outputs: ggon (grad of the grad-output row, if non-null), gx2n (grad of x, if non-null) and
 // accumulation into gc2 (grad of coeff, if non-null, row stride gld).
 template <typename T, int W, typename Add>
-CFM_HD void bwd2_node(const Desc& d, const T* xn, const T* dxn, int nvalid, const T* ce, const T* dce,
+CFM_HD_LOCAL void bwd2_node(const Desc& d, const T* xn, const T* dxn, int nvalid, const T* ce, const T* dce,
                       std::int64_t cld, const T* gon, int c0, T* ggon, T* gx2n, T* gc2, std::int64_t gld,
                       Add add, T* s, int ld) {
   T* xt = s;
