@@ -128,7 +128,7 @@ $(STAMP_NEQUIP): $(SOURCES)
 	@test -x $(PY_NEQUIP) || $(PYTHON) -m venv $(VENV_NEQUIP)
 	$(PIP_NEQUIP) install -q --upgrade pip setuptools wheel
 	$(PIP_NEQUIP) install -q torch==$(TORCH_VERSION) $(TRITON_PIN)
-	$(PIP_NEQUIP) install -q --no-build-isolation -e '.[nequip,mpi,test]'
+	CFM_PLUGINS_REUSE_LIBRARY=1 $(PIP_NEQUIP) install -q --no-build-isolation -e '.[nequip,mpi,test]'
 	@touch $@
 
 # the NequIP tests (real nequip-train under real mpirun -np 2); `make test-all` runs them too
@@ -172,7 +172,7 @@ $(STAMP_HG): $(SOURCES) $(HYDRAGNN_TARBALL) $(TORCH_SCATTER_WHEEL)
 	@test -x $(PY_HG) || $(PYTHON) -m venv $(VENV_HG)
 	$(PIP_HG) install -q --upgrade pip setuptools wheel
 	$(PIP_HG) install -q torch==$(TORCH_VERSION) $(TRITON_PIN)
-	$(PIP_HG) install -q --no-build-isolation -e '.[hydragnn,mpi,test]'
+	CFM_PLUGINS_REUSE_LIBRARY=1 $(PIP_HG) install -q --no-build-isolation -e '.[hydragnn,mpi,test]'
 	$(PIP_HG) install -q $(TORCH_SCATTER_WHEEL) vesin e3nn==$(HYDRAGNN_E3NN)
 	rm -rf $(VENV_HG)/src && mkdir -p $(VENV_HG)/src && tar -xzf $(HYDRAGNN_TARBALL) -C $(VENV_HG)/src
 	@src=$$(cd $(VENV_HG)/src/* && pwd); site=$$($(PY_HG) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \

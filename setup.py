@@ -21,6 +21,8 @@ Environment:
   CFM_PLUGINS_NO_OPENMP=1     build the CPU kernels single-threaded
   CFM_PLUGINS_REQUIRE_BUILD=1 fail the install when the library cannot be built (CI)
   CFM_PLUGINS_BUILD_JOBS=N    compile N sources at a time (default: the CPUs this process may use)
+  CFM_PLUGINS_REUSE_LIBRARY=1 take the source tree's CPU library where an editable build against
+                              this torch left it and no kernel source changed since
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -183,8 +186,11 @@ class BuildExt(build_ext):
             ext.library_dirs = list(ext.library_dirs) + [str(home / "lib64"), str(home / "lib")]
             ext.libraries = list(ext.libraries) + ["cudart"]
             return super().build_extension(ext)
+        if self._reuse_library(ext):
+            return
         try:
             super().build_extension(ext)
+            self._stamp(ext)
         except Exception as exc:  # CompileError, LinkError, missing compiler
             if os.environ.get("CFM_PLUGINS_REQUIRE_BUILD") == "1":
                 raise
@@ -194,6 +200,43 @@ class BuildExt(build_ext):
                 "(g++ >= 10) and reinstall with `pip install --no-build-isolation -e .`.",
                 file=sys.stderr,
             )
+
+    @staticmethod
+    def _in_tree(ext) -> tuple[Path, Path]:
+        """(the library in the source tree, its stamp: the torch it was built against)."""
+        import torch
+
+        name = ext.name.split(".")[-1] + sysconfig.get_config_var("EXT_SUFFIX")
+        lib = ROOT / "cfm_plugins" / name
+        return lib, lib.with_name(lib.name + f".torch-{torch.__version__}")
+
+    def _stamp(self, ext) -> None:
+        """Mark the library this build put in the source tree (an editable install) with the torch
+        it was built against, for CFM_PLUGINS_REUSE_LIBRARY."""
+        lib, stamp = self._in_tree(ext)
+        if self.inplace or getattr(self, "editable_mode", False):  # the library goes to the tree
+            for old in lib.parent.glob(lib.name + ".torch-*"):
+                old.unlink()
+            stamp.touch()
+
+    def _reuse_library(self, ext) -> bool:
+        """With CFM_PLUGINS_REUSE_LIBRARY=1, take the source tree's library instead of compiling it
+        again, where a build against this torch left it there and no source changed since (the
+        venvs of `make test-all` share one checkout and one torch)."""
+        if os.environ.get("CFM_PLUGINS_REUSE_LIBRARY") != "1":
+            return False
+        lib, stamp = self._in_tree(ext)
+        if not (lib.exists() and stamp.exists()):
+            return False
+        newest = max(p.stat().st_mtime for k in KERNEL_DIRS + [COMMON] for p in k.iterdir())
+        if newest > stamp.stat().st_mtime:
+            return False
+        target = Path(self.get_ext_fullpath(ext.name))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.resolve() != lib.resolve():
+            shutil.copy2(lib, target)
+        print(f"cfm-plugins: reusing {lib.name} (built against this torch)", file=sys.stderr)
+        return True
 
     def _cuda_home(self) -> Path:
         """The CUDA toolkit whose runtime to link: CUDA_HOME, nvcc's own tree, or
