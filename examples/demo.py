@@ -36,6 +36,7 @@ BIN = Path(sys.executable).parent
 #: mace_run_train's --batch_size and --seed here: the stock batches of the picture use them too
 BATCH_SIZE = 4
 SEED = 1
+R_MAX = 4.5  # mace_run_train --r_max, and the edges binpack balances each step by
 
 
 def stage(n, text):
@@ -63,7 +64,7 @@ def train_mace(args, files, run_dir: Path, cost: str) -> float | None:
             "--E0s=isolated",
             "--model=MACE",
             "--hidden_irreps=16x0e+16x1o",
-            "--r_max=4.5",
+            f"--r_max={R_MAX}",
             "--max_L=1",
             "--correlation=3",
             "--num_interactions=2",
@@ -149,14 +150,33 @@ def stock_batches(num_samples: int, ranks: int, epoch: int = 0):
     return fixed_count_batches(orders, BATCH_SIZE)
 
 
-def binpack_batches(atoms: np.ndarray, ranks: int, max_tokens=None, epoch: int = 0):
+def training_edges(train_file) -> np.ndarray:
+    """Edge counts of the structures mace trains on, in its order (neighbours within the run's
+    r_max, periodic images included, no atom with itself): what the binpack plugin reads from
+    mace's graphs to choose each step's bins (``step_balance=edges``)."""
+    from ase.io import read
+    from ase.neighborlist import neighbor_list
+
+    return np.array(
+        [
+            len(neighbor_list("i", a, R_MAX))
+            for a in read(train_file, ":")
+            if not (len(a) == 1 and a.info.get("config_type") == "IsolatedAtom")
+        ]
+    )
+
+
+def binpack_batches(atoms: np.ndarray, ranks: int, max_tokens=None, epoch: int = 0, edges=None):
     """The plan binpack (``cost=atoms``) trains on in ``epoch``, and its capacity: what the
-    plugin builds from mace's training set, batch size and seed on the CPU in float64."""
+    plugin builds from mace's training set, batch size and seed on the CPU in float64 (with
+    ``edges``, each step's bins chosen by their edges, as the plugin does by default)."""
     from cfm_plugins.plugins.binpack import default_capacity
     from cfm_plugins.sampler import BinPackBatchSampler
 
     capacity = max_tokens or default_capacity(atoms.mean(), atoms.max(), BATCH_SIZE)
-    sampler = BinPackBatchSampler(atoms, capacity, rank=0, world_size=ranks, seed=SEED, repeat=True)
+    sampler = BinPackBatchSampler(
+        atoms, capacity, rank=0, world_size=ranks, seed=SEED, repeat=True, step_sizes=edges
+    )
     sampler.set_epoch(epoch)
     return sampler.plan(), capacity
 
@@ -174,13 +194,13 @@ def trained_as_planned(plan, atoms: np.ndarray, logged: list[list[dict]], epoch:
     return True
 
 
-def draw_picture(out: Path, atoms: np.ndarray, ranks: int, max_tokens=None) -> tuple:
+def draw_picture(out: Path, atoms: np.ndarray, ranks: int, max_tokens=None, edges=None) -> tuple:
     """``out/batches.png``: epoch 0 of stock mace's batches (left) beside binpack's (right), as
     the MACE paper's Figure 12; returns the PNG's path, binpack's plan and its capacity."""
     from cfm_plugins.sampler import plot_batches
 
     stock = stock_batches(len(atoms), ranks)
-    plan, capacity = binpack_batches(atoms, ranks, max_tokens)
+    plan, capacity = binpack_batches(atoms, ranks, max_tokens, edges=edges)
     most = max(stock.num_steps(), plan.num_steps())
     png = plot_batches(
         plan,
@@ -304,7 +324,9 @@ def main(argv=None) -> int:
             )
         )
     atoms_sizes = training_atoms(files["train"])
-    png, plan, capacity = draw_picture(out, atoms_sizes, args.np, args.max_tokens)
+    png, plan, capacity = draw_picture(
+        out, atoms_sizes, args.np, args.max_tokens, training_edges(files["train"])
+    )
     report = balance_report(plan, atoms_sizes, capacity, args.np)
     print("  " + report.to_text().replace("\n", "\n  "))
     if "atoms" in runs and not trained_as_planned(

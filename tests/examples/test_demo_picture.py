@@ -55,14 +55,15 @@ def test_the_stock_batches_are_each_ranks_distributed_sampler_cut_into_batches(d
 
 
 def test_the_binpack_batches_are_the_plugins_plan(demo, train_file):
-    """What the binpack plugin builds for mace (its batch size, seed, CPU float64) is the plan
-    drawn."""
-    atoms = demo.training_atoms(train_file)
-    plan, capacity = demo.binpack_batches(atoms, 2)
+    """What the binpack plugin builds for mace (its batch size, seed, CPU float64, each step's
+    bins chosen by their edges) is the plan drawn."""
+    atoms, edges = demo.training_atoms(train_file), demo.training_edges(train_file)
+    assert edges.shape == atoms.shape and (edges > atoms).all()
+    plan, capacity = demo.binpack_batches(atoms, 2, edges=edges)
     config = Config(enabled=["binpack"])
     sampler = create_manager(config).hook.cfm_batch_sampler(
         dataset=None,
-        sizes=GraphSizes(atoms),
+        sizes=GraphSizes(atoms, edges),
         config=config,
         dist=DistInfo(rank=0, world_size=2),
         role="train",
