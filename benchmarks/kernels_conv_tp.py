@@ -57,6 +57,20 @@ def build_tp(dtype):
     return mace_conv_tp(HIDDEN, LMAX, CHANNELS, dtype)
 
 
+#: atom count -> the cell repeats of make_graph
+REPEATS = {32: (2, 2, 2), 108: (3, 3, 3), 256: (4, 4, 4), 512: (8, 4, 4), 4096: (16, 8, 8)}
+
+
+def graph_file(folder, size: int):
+    """(atoms, edge_index, the .npz the workers read) of the ``size``-atom cell in ``folder``."""
+    import numpy as np
+
+    n, ei, vec = make_graph(REPEATS[size])
+    path = Path(folder) / f"g{size}.npz"
+    np.savez(path, num_atoms=n, edge_index=ei, vectors=vec)
+    return n, ei, path
+
+
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -141,7 +155,7 @@ def timed_case(step, args, atoms: int, edges: int) -> dict:
 
 
 def run_case(
-    graph_file, dtype, impl, mode, repeat, threads, timeout, mem_limit, script=None
+    graph_npz, dtype, impl, mode, repeat, threads, timeout, mem_limit, script=None
 ) -> dict:
     """One case in a fresh process running ``script``'s worker (default: this file's)."""
     cmd = [
@@ -149,7 +163,7 @@ def run_case(
         str(Path(script or __file__).resolve()),
         "--worker",
         "--graph",
-        str(graph_file),
+        str(graph_npz),
         "--dtype",
         dtype,
         "--impl",
@@ -241,7 +255,6 @@ def main(argv=None) -> int:
         print(json.dumps(worker(args)), flush=True)
         return 0
 
-    repeats = {32: (2, 2, 2), 108: (3, 3, 3), 256: (4, 4, 4), 512: (8, 4, 4), 4096: (16, 8, 8)}
     sizes = [32] if args.quick else [int(s) for s in args.sizes.split(",")]
     dtypes = ["float32"] if args.quick else args.dtypes.split(",")
     modes = args.modes.split(",")
@@ -257,11 +270,7 @@ def main(argv=None) -> int:
     rows: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
-            import numpy as np
-
-            n, ei, vec = make_graph(repeats[size])
-            gfile = Path(tmp) / f"g{size}.npz"
-            np.savez(gfile, num_atoms=n, edge_index=ei, vectors=vec)
+            n, ei, gfile = graph_file(tmp, size)
             print(f"\n{n} atoms, {ei.shape[1]} edges ({ei.shape[1] / n:.1f} per atom)", flush=True)
             for dtype in dtypes:
                 for mode in modes:

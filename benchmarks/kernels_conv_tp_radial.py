@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.kernels_conv_tp import MODES, build_tp, make_graph, run_case, timed_case
+from benchmarks.kernels_conv_tp import MODES, build_tp, graph_file, run_case, timed_case
 from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
 
 WAYS = ("e3nn", "fused", "radial")
@@ -144,7 +144,6 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
         return 0
-    repeats = {32: (2, 2, 2), 108: (3, 3, 3), 256: (4, 4, 4), 512: (8, 4, 4), 4096: (16, 8, 8)}
     sizes = [32] if args.quick else [int(s) for s in args.sizes.split(",")]
     dtypes = ["float32"] if args.quick else args.dtypes.split(",")
     repeat = 1 if args.quick else args.repeat
@@ -152,12 +151,8 @@ def main(argv=None) -> int:
     print(f"command: {command}", flush=True)
     rows: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        import numpy as np
-
         for size in sizes:
-            n, ei, vec = make_graph(repeats[size])
-            gfile = Path(tmp) / f"g{size}.npz"
-            np.savez(gfile, num_atoms=n, edge_index=ei, vectors=vec)
+            n, ei, gfile = graph_file(tmp, size)
             print(f"\n{n} atoms, {ei.shape[1]} edges", flush=True)
             for dtype in dtypes:
                 for mode in args.modes.split(","):
