@@ -123,6 +123,11 @@ def fused_class():
 _FUSED_CLS = None
 
 
+def _restore(fused, parent, attr) -> None:
+    _take_radial_back(parent)  # the radial fusion lives in the fused TP: undone with it
+    setattr(parent, attr, fused.to_stock())
+
+
 def form():
     """The kernel table's form for nequip's ``TensorProductScatter`` (kernel ``conv_tp``): the whole
     module (product and scatter) becomes :func:`fused_class`; all of a model's or none."""
@@ -144,17 +149,138 @@ def form():
         ),
         make=make,
         is_fused=lambda m, parent, attr: isinstance(m, cls),
-        restore=lambda fused, parent, attr: setattr(parent, attr, fused.to_stock()),
+        restore=_restore,
         all_or_none=True,
     )  # nequip refuses models that mix two subclasses carrying one modifier
 
 
+def _last_linear(mlp, weight_numel: int):
+    """The last layer of nequip's ``ScalarMLPFunction`` ``mlp`` where the radial fusion can make
+    it inside the TP: a ``ScalarLinearLayer`` without bias or parametrization whose weight is
+    [K, weight_numel]; else ``None``."""
+    from nequip.nn.mlp import ScalarLinearLayer
+
+    layers = getattr(mlp, "mlp", None)
+    if not isinstance(layers, torch.nn.Sequential) or len(layers) == 0:
+        return None  # nequip's DeepLinearMLP (no nonlinearity) multiplies its weights first
+    last = layers[len(layers) - 1]
+    if (
+        type(last) is not ScalarLinearLayer
+        or last.bias is not None
+        or torch.nn.utils.parametrize.is_parametrized(last)
+        or tuple(last.weight.shape[1:]) != (weight_numel,)
+    ):
+        return None
+    return last
+
+
+def radial_hidden_class():
+    """The module that takes the place of an ``InteractionBlock``'s ``edge_mlp`` under the radial
+    fusion: the same ``mlp`` (so the same state_dict keys), with a forward that stops before the
+    last linear layer; the fused ``TensorProductScatter`` makes that layer inside its kernels."""
+    global _RADIAL_CLS
+    if _RADIAL_CLS is None:
+
+        class CFMRadialHidden(torch.nn.Module):
+            """nequip's ``ScalarMLPFunction`` without its last layer (which the block's fused
+            TP applies); holds the stock module (``self.__dict__["_stock"]``) for restore."""
+
+            n_hidden: int
+
+            def __init__(self, old):
+                super().__init__()
+                self.mlp = old.mlp
+                self.n_hidden = len(old.mlp) - 1
+                self.__dict__["_stock"] = old
+                self.gpu = False
+                self.train(old.training)
+
+            @torch.jit.unused
+            def last_layer(self) -> torch.nn.Module:
+                return self.mlp[self.n_hidden]
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                for i, layer in enumerate(self.mlp):
+                    if i < self.n_hidden:
+                        x = layer(x)
+                return x
+
+        CFMRadialHidden.__module__ = __name__
+        _RADIAL_CLS = CFMRadialHidden
+    return _RADIAL_CLS
+
+
+_RADIAL_CLS = None
+
+
+def _take_radial_back(block) -> None:
+    """Give ``block`` its stock ``edge_mlp`` back and let its fused TP take weights again."""
+    hidden = getattr(block, "edge_mlp", None)
+    if _RADIAL_CLS is not None and isinstance(hidden, _RADIAL_CLS):
+        block.edge_mlp = hidden.__dict__["_stock"]
+    tp = getattr(getattr(block, "tp_scatter", None), "tp", None)
+    if getattr(tp, "radial", False):
+        tp.use_radial(None)
+
+
+def radial_form():
+    """The kernel table's form for the radial fusion in nequip's ``InteractionBlock`` (kernel
+    ``conv_tp_radial``): its ``edge_mlp`` stops at the last hidden layer and the block's fused
+    ``TensorProductScatter`` makes the per-edge weights inside its kernels. Needs ``conv_tp``."""
+    from nequip.nn._tp_scatter_base import TensorProductScatter
+    from nequip.nn.mlp import ScalarMLPFunction
+
+    from cfm_plugins.api import Form
+
+    hidden_cls = radial_hidden_class()
+
+    def recognise(m, parent, attr):
+        if attr != "edge_mlp" or parent is None or type(m) is not ScalarMLPFunction:
+            return False
+        tps = getattr(parent, "tp_scatter", None)
+        return isinstance(tps, TensorProductScatter) and (
+            _last_linear(m, int(tps.tp.weight_numel)) is not None
+        )
+
+    def make(old, parent, attr):
+        tps = parent.tp_scatter
+        if not isinstance(tps, fused_class()):
+            raise ValueError(
+                "the radial fusion runs inside the block's fused TensorProductScatter: fuse "
+                "conv_tp too (name conv_tp with conv_tp_radial)"
+            )
+        if tps.tp.radial:
+            raise ValueError("the block's fused TensorProductScatter already takes a radial layer")
+        return hidden_cls(old)
+
+    def install(parent, attr, hidden):
+        setattr(parent, attr, hidden)
+        last = hidden.last_layer()
+        # nequip's layer multiplies its weight by alpha
+        parent.tp_scatter.tp.use_radial(last, gpu=hidden.gpu, norm=1.0 / float(last.alpha))
+
+    def named(hidden):
+        hidden.gpu = True
+
+    return Form(
+        "nequip InteractionBlock edge_mlp with a fused TensorProductScatter",
+        recognise=recognise,
+        make=make,
+        install=install,
+        is_fused=lambda m, parent, attr: isinstance(m, hidden_cls),
+        restore=lambda hidden, parent, attr: _take_radial_back(parent),
+        named=named,
+    )
+
+
 def register_form() -> None:
-    """Put :func:`form` first in the ``conv_tp`` kernel's forms (idempotent), so that every route to
-    the swap (the ``fused`` plugin's ``cfm_patch_model``, this modifier) fuses the whole module."""
+    """Put :func:`form` first in the ``conv_tp`` kernel's forms and :func:`radial_form` in the
+    ``conv_tp_radial`` kernel's (idempotent), so that every route to the swap (the ``fused``
+    plugin's ``cfm_patch_model``, this modifier) fuses the whole module."""
     from cfm_plugins.api import add_form
 
     add_form("conv_tp", form())
+    add_form("conv_tp_radial", radial_form())
 
 
 def fuse(model: torch.nn.Module) -> int:

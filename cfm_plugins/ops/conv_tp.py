@@ -218,19 +218,27 @@ class FusedConvTP(FusedE3nnModule):
         self.use_radial(None)
 
     @torch.jit.unused
-    def use_radial(self, layer: torch.nn.Module | None, gpu: bool = False) -> None:
-        """Take the per-edge weights as ``h @ layer's weight`` (``layer``: the last, linear layer
-        of e3nn's ``FullyConnectedNet``, scaled as e3nn scales it) from now on, with ``h`` passed
-        in place of ``tp_weights``; ``None`` goes back to ``tp_weights``. The layer's parameter is
-        referenced, not registered: the state_dict stays e3nn's. ``gpu``: run the radial kernels
-        on CUDA tensors too (Triton); else the weights are made there with a GEMM first."""
+    def use_radial(
+        self, layer: torch.nn.Module | None, gpu: bool = False, norm: float | None = None
+    ) -> None:
+        """Take the per-edge weights as ``h @ (layer.weight / norm)`` from now on, with ``h``
+        passed in place of ``tp_weights``; ``None`` goes back to ``tp_weights``. ``layer``: the
+        last, linear layer of the radial MLP (weight [K, weight_numel]); ``norm`` defaults to the
+        scale e3nn's ``FullyConnectedNet`` divides its weight by. The layer's parameter is
+        referenced, not registered: the state_dict stays the model's. ``gpu``: run the radial
+        kernels on CUDA tensors too (Triton); else the weights are made there with a GEMM first."""
         self.radial = layer is not None
         self.radial_gpu = bool(gpu) and layer is not None
-        # a plain attribute (a parameter of the block's radial MLP, not of this module)
+        # plain attributes (the block's radial MLP owns the parameter, not this module); eager
+        # forwards read the layer's weight when they run, so torch.func.functional_call's
+        # substitutes reach the kernels too
+        self.__dict__["radial_layer"] = layer
         self.__dict__["radial_weight"] = layer.weight if layer is not None else torch.empty(0)
-        self.radial_norm = (
-            float((layer.h_in * layer.var_in / layer.var_out) ** 0.5) if layer is not None else 1.0
-        )
+        if layer is None:
+            norm = 1.0
+        elif norm is None:
+            norm = (layer.h_in * layer.var_in / layer.var_out) ** 0.5
+        self.radial_norm = float(norm)
 
     def extra_repr(self) -> str:
         return (
@@ -326,7 +334,8 @@ class FusedConvTP(FusedE3nnModule):
             x = self._eager_reorder(node_feats, True)
         x, y, w = x.contiguous(), edge_attrs.contiguous(), tp_weights.contiguous()
         if self.radial:
-            wr = self.radial_weight / self.radial_norm  # as e3nn's layer scales its weight
+            weight = self.radial_weight if scripting else self._radial_weight_now()
+            wr = weight / self.radial_norm  # as the MLP's layer scales its weight
             if use_ops and (
                 x.device.type == "cpu"
                 or (not scripting and self.radial_gpu and self._radial_triton(x))
@@ -356,6 +365,11 @@ class FusedConvTP(FusedE3nnModule):
         else:
             out = self._torch_forward(x, y, w, graph)
         return self._to_e3nn_layout(out, scripting)
+
+    @torch.jit.unused
+    def _radial_weight_now(self) -> torch.Tensor:
+        """The radial layer's weight as its module holds it now."""
+        return self.__dict__["radial_layer"].weight
 
     @torch.jit.unused
     def _radial_triton(self, x: torch.Tensor) -> bool:

@@ -7,20 +7,26 @@ import numpy as np
 import torch
 
 
-def tiny_model(l_max: int = 2, layers: int = 2, features: int = 8):
+def tiny_model(
+    l_max: int = 2,
+    layers: int = 2,
+    features: int = 8,
+    radial_depth: int = 1,
+    dtype: str = "float64",
+):
     from nequip.model import NequIPGNNModel
     from nequip.utils.global_state import set_global_state
 
     set_global_state()
     return NequIPGNNModel(
         seed=3,
-        model_dtype="float64",
+        model_dtype=dtype,
         type_names=["Cu", "Ni"],
         r_max=4.0,
         l_max=l_max,
         num_layers=layers,
         num_features=features,
-        radial_mlp_depth=1,
+        radial_mlp_depth=radial_depth,
         radial_mlp_width=16,
         avg_num_neighbors=12.0,
         per_type_energy_shifts={"Cu": -3.0, "Ni": -4.0},

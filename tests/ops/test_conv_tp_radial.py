@@ -144,3 +144,30 @@ def test_radial_alone_is_refused_with_the_reason():
     report = patch_model(model, ("conv_tp_radial",))
     assert report.total == 0
     assert report.left and all("fuse conv_tp too" in why for _, why in report.left)
+
+
+def test_functional_call_reaches_the_radial_weight():
+    """torch.func.functional_call (ensembles, torch.func transforms, tracers that lift the
+    parameters) substitutes the MLP's parameters: the fused TP reads the substitute, and the
+    gradient reaches it."""
+    from torch.func import functional_call
+
+    model = build("ScaleShiftMACE", BLOCKS[0], BLOCKS[0])
+    fused = copy.deepcopy(model)
+    patch_model(fused, RADIAL)
+    b = batch()
+
+    def energy_and_grads(m):
+        params = {
+            k: (v.detach() * 1.01).requires_grad_() for k, v in m.named_parameters()
+        }  # not the module's values
+        bb = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()}
+        e = functional_call(m, params, (bb,), dict(training=True, compute_force=False))["energy"]
+        names = [k for k in params if "conv_tp_weights" in k]
+        return e.detach(), torch.autograd.grad(e.sum(), [params[k] for k in names])
+
+    (e0, g0), (e1, g1) = energy_and_grads(model), energy_and_grads(fused)
+    torch.testing.assert_close(e1, e0, rtol=1e-11, atol=1e-12)
+    assert len(g0) == len(g1) > 0
+    for a, r in zip(g1, g0):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)

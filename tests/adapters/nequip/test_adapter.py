@@ -53,8 +53,9 @@ def step_losses(run: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two real 2-rank nequip-train runs on the same data: (A) the flag form with binpack and the
-    fused kernel, (B) the config-key form (`cfm_plugins:` in the Hydra YAML) with binpack only."""
+    """Three real 2-rank nequip-train runs on the same data: (A) the flag form with binpack and the
+    fused kernel, (B) the config-key form (`cfm_plugins:` in the Hydra YAML) with binpack only,
+    (C) as (A) with the radial fusion named."""
     from cfm_plugins.datasets.cuni import make_dataset
     from cfm_plugins.datasets.nequip_config import write_config
 
@@ -76,23 +77,16 @@ def runs(tmp_path_factory):
         cfm_plugins={"enable": ["nequip", "binpack"], "step_log": str(tmp / "b_steps")},
     )
     out = {"files": files, "tmp": tmp}
-    a = run_mpi(
-        [
-            CFM_RUN,
-            "--enable",
-            "nequip,binpack,fused",
-            "-o",
-            f"step_log={tmp / 'a_steps'}",
-            "--",
-            "nequip-train",
-            "-cp",
-            str(tmp / "cfg"),
-            "-cn",
-            "a",
-            f"hydra.run.dir={tmp / 'a'}",
-        ],
-        timeout=570,
-    )
+
+    def flag_run(name, *options):
+        return run_mpi(
+            [CFM_RUN, "--enable", "nequip,binpack,fused", *options, "--"]
+            + ["nequip-train", "-cp", str(tmp / "cfg"), "-cn", "a"]
+            + [f"hydra.run.dir={tmp / name}"],
+            timeout=570,
+        )
+
+    a = flag_run("a", "-o", f"step_log={tmp / 'a_steps'}")
     b = run_mpi(
         [
             CFM_RUN,
@@ -106,8 +100,15 @@ def runs(tmp_path_factory):
         ],
         timeout=570,
     )
-    out.update(a=a, b=b)
+    # (C) as (A) with the radial fusion named: the per-edge weights made inside the fused TP
+    c = flag_run("c", "-o", "fused_kernels=conv_tp,conv_tp_radial")
+    out.update(a=a, b=b, c=c)
     return out
+
+
+def swapped_lines(run, rank: int) -> list[str]:
+    prefix = f"[cfm rank {rank}] INFO fused kernels swapped in"
+    return [line for line in run.stdout.splitlines() if line.startswith(prefix)]
 
 
 def test_nequip_train_under_mpirun_with_both_plugins(runs):
@@ -115,11 +116,7 @@ def test_nequip_train_under_mpirun_with_both_plugins(runs):
     assert a.returncode == 0, a.stdout[-4000:]
     assert b.returncode == 0, b.stdout[-4000:]
     for rank in (0, 1):
-        swapped = [
-            line
-            for line in a.stdout.splitlines()
-            if line.startswith(f"[cfm rank {rank}] INFO fused kernels swapped in")
-        ]
+        swapped = swapped_lines(a, rank)
         assert len(swapped) == 1 and "conv_tp: 2 (" in swapped[0], (
             swapped
         )  # once, at the first Trainer setup
@@ -173,6 +170,23 @@ def test_fused_losses_equal_stock_over_the_epochs(runs):
     la, lb = step_losses(runs["tmp"] / "a"), step_losses(runs["tmp"] / "b")
     assert len(la) == len(lb) > 2
     np.testing.assert_allclose(la, lb, rtol=1e-8, atol=0)
+
+
+def test_radial_fusion_trains_as_stock(runs, nequip_global_state):
+    c = runs["c"]
+    assert c.returncode == 0, c.stdout[-4000:]
+    for rank in (0, 1):
+        swapped = swapped_lines(c, rank)
+        assert len(swapped) == 1 and "conv_tp_radial: 2 (" in swapped[0], swapped
+    lc, lb = step_losses(runs["tmp"] / "c"), step_losses(runs["tmp"] / "b")
+    assert len(lc) == len(lb) > 2
+    np.testing.assert_allclose(lc, lb, rtol=1e-8, atol=0)
+    # its checkpoint holds the stock model's state_dict: it loads without the plugin
+    from nequip.model.saved_models.load_utils import load_saved_model
+
+    model = load_saved_model(str(runs["tmp"] / "c" / "last.ckpt"))
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert "ScalarMLPFunction" in kinds and not any("CFM" in k for k in kinds), kinds
 
 
 LOAD_STOCK = """
