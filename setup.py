@@ -1,28 +1,18 @@
 """Build of the compiled kernels as torch operators (the package metadata lives in pyproject.toml).
 
-One library ``cfm_plugins/_C*.so`` registers every operator ``cfm::<kernel>_<pass>`` (schemas, CPU
-and Meta kernels, C++ autograd) from each folder ``cuda/<kernel>/``: its ``*_ops.cpp`` (the binding
-layer, against torch headers) and its ``*_cpu.cpp`` kernels (OpenMP, no torch headers). With
-``CFM_PLUGINS_CUDA=1`` and nvcc, ``cfm_plugins/_C_cuda*.so`` adds the CUDA kernels: ``*.cu``
-compiled by nvcc without torch headers, registered by ``*_ops_cuda.cpp``. ``cuda/common/`` holds the
-shared headers. Nothing here is a Python module: ``cfm_plugins.ops._library`` loads the libraries
-with ``torch.ops.load_library``, and a C++ program (LAMMPS) loads them with ``dlopen``.
-
-Why at install time against the installed torch (docs/architecture.md, "Building the operators"):
-torch's C++ ABI changes between releases, so the library is built with the torch it will run
-with. pyproject.toml never lists torch as a build requirement (an isolated build would pull a
-second, unpinned, multi-GB torch); install with ``pip install --no-build-isolation`` after torch is
-installed (``make venv`` does). Without torch in the build environment, or without a working C++
-compiler, the package installs without the library, says so, and runs the pure-torch fallback.
-
-Environment:
+One library ``cfm_plugins/_C*.so`` registers every operator ``cfm::<kernel>_<pass>`` from the
+folders ``cuda/<kernel>/``; with ``CFM_PLUGINS_CUDA=1`` and nvcc, ``cfm_plugins/_C_cuda*.so`` adds
+the CUDA kernels (:func:`extensions`). torch's C++ ABI changes between releases, so the library is
+built at install time against the installed torch: ``pip install --no-build-isolation`` after
+torch (``make venv`` does; docs/architecture.md, "Building the operators"). Without torch or a C++
+compiler the package installs without the library, says so, and runs the pure-torch fallback.
+Build switches (docs/environment.md):
   CFM_PLUGINS_CUDA=1          also build the CUDA kernels (needs nvcc and the CUDA runtime)
   CFM_PLUGINS_CUDA_ARCH=80;90 GPU architectures for nvcc (default 80;90)
   CFM_PLUGINS_NO_OPENMP=1     build the CPU kernels single-threaded
   CFM_PLUGINS_REQUIRE_BUILD=1 fail the install when the library cannot be built (CI)
   CFM_PLUGINS_BUILD_JOBS=N    compile N sources at a time (default: the CPUs this process may use)
-  CFM_PLUGINS_REUSE_LIBRARY=1 take the source tree's CPU library where an editable build against
-                              this torch left it and no kernel source changed since
+  CFM_PLUGINS_REUSE_LIBRARY=1 take the CPU library an editable build against this torch left
 """
 
 from __future__ import annotations
@@ -112,6 +102,18 @@ def _torch_flags():
 
 
 def extensions() -> list:
+    """The extensions to build: none without torch (or an error with CFM_PLUGINS_REQUIRE_BUILD=1).
+
+    ``cfm_plugins._C`` registers every operator ``cfm::<kernel>_<pass>`` (schemas, CPU and Meta
+    kernels, C++ autograd) from each folder ``cuda/<kernel>/``: its ``*_ops.cpp`` (the binding
+    layer, against torch headers) and its ``*_cpu.cpp`` kernels (OpenMP unless
+    CFM_PLUGINS_NO_OPENMP=1, no torch headers). With CFM_PLUGINS_CUDA=1, ``cfm_plugins._C_cuda``
+    adds the CUDA kernels: ``*.cu`` compiled by nvcc without torch headers
+    (:meth:`BuildExt._nvcc_objects`), registered by ``*_ops_cuda.cpp``. ``cuda/common/`` holds the
+    shared headers. Neither is a Python module: ``cfm_plugins.ops._library`` loads the libraries
+    with ``torch.ops.load_library``, and a C++ program (LAMMPS) loads them with ``dlopen``.
+    pyproject.toml never lists torch as a build requirement: an isolated build would pull a
+    second, unpinned, multi-GB torch."""
     flags = _torch_flags()
     if flags is None:
         if os.environ.get("CFM_PLUGINS_REQUIRE_BUILD") == "1":

@@ -3,8 +3,7 @@ modules, ``python -m benchmarks.<name> [--quick] [--out DIR]``; each prints its 
 its result as a record (``out/benchmarks/<workload>.json``, :mod:`benchmarks.record`).
 
 - ``sampler``: the bin-packing sampler against the usual batchers on the MACE paper's mix;
-- ``kernels`` (``kernels_symmetric_contraction``, ``kernels_conv_tp``): the fused kernels on the
-  CPU against stock (and cuEquivariance's);
+- ``kernels`` (``kernels_*``): the fused kernels on the CPU against stock (and cuEquivariance's);
 - ``mace_train``, ``nequip_train``, ``hydragnn_mace``: training epochs on 2 CPU ranks, stock,
   binpack, fused and both; ``static_train``: static shapes + compile against eager;
   ``static_shapes``: what padding to one budget costs;
@@ -12,9 +11,6 @@ its result as a record (``out/benchmarks/<workload>.json``, :mod:`benchmarks.rec
 - ``gpu_mace`` (the MACE step and epoch), ``gpu_md`` (MD), ``gpu_kernels`` (the kernels alone):
   on a GPU, against stock and cuEquivariance (each has a CPU smoke run).
 
-``make bench`` runs ``sampler``, ``kernels`` and ``mace_train``; ``make bench-nequip``
-``nequip_train``; ``make bench-hydragnn-src`` ``hydragnn_mace``. What only the benchmarks use
-lives here too: ``workload.py`` (the MACE paper's graph-size mix), ``baselines.py`` (the packers
-the sampler is compared with) and ``training.py`` (what the training benchmarks share). The
-maintainers' tools (compile checks, profilers, simulators) are in ``tools/``.
+``make bench`` runs ``sampler``, ``kernels`` and ``mace_train`` (the other targets and the tools
+of ``tools/``: CONTRIBUTING.md); ``workload.py``, ``baselines.py`` and ``training.py`` are helpers.
 """

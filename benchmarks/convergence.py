@@ -6,31 +6,12 @@
     .venv-nequip/bin/python -m benchmarks.convergence nequip [--epochs 30] [--seeds 1 2 3]
     .venv/bin/python -m benchmarks.convergence report [--out DIR]   # the tables and plots
 
-Three configurations, each trained with every seed on 2 MPI ranks (`mpirun -np 2 cfm-run ...`),
-the same learning-rate schedule and about the same number of optimizer steps (binpack's default
-capacity is the batch size x the mean atom count):
-
-- ``stock``: the trainer's own batches (a fixed number of graphs per rank);
-- ``binpack``: binpack's batches, ``loss_weighting=stock`` (the trainer's per-batch loss means);
-- ``per_sample``: binpack's batches, ``loss_weighting=per_sample`` (every graph and atom weighs
-  the same over an epoch, :mod:`cfm_plugins.sampler.weighting`).
-
-MACE (``mace``): a small MACE (float64) on a size-diverse EMT set (CuNi bulk cells, slabs and
-clusters of 1..300 atoms plus H/C/N/O molecules of the G2 set, :func:`mixed_set`); per epoch mace's
-own validation RMSE of the energy per atom and of the forces; at the end the model mace saves is
-evaluated structure by structure on the validation set, on the whole set and on its smallest and
-largest thirds (a weighting bias shows there first). HydraGNN (``hydragnn``): its example
-(``examples/hydragnn``, EGNN on EMT molecules and clusters), validation loss per epoch.
-
-NequIP (``nequip``, in ``.venv-nequip``): nequip-train on the CuNi set, nequip's validation RMSE
-per epoch.
-
-Every run writes ``WORK/<part>/<config>/seed<k>/result.json`` when it finishes (``--work``,
-default /tmp/cfm_bench_convergence); a rerun skips runs that have one (``--force`` redoes them),
-so the benchmark can be resumed, or rerun per configuration (``--only``). ``report`` reads
-whatever results exist and writes, per part, the record ``convergence_<part>`` (final errors,
-the target against stock, the per-epoch curves) and its plot ``convergence_<part>.png`` to
-``--out`` (default ``out/benchmarks/``).
+The configurations of :data:`CONFIGS` (the trainer's own batches against binpack's, with either
+loss weighting), each trained with every seed on 2 MPI ranks, per trainer: ``mace``
+(:func:`run_mace`), ``hydragnn`` (:func:`run_hydragnn`), ``nequip`` (:func:`run_nequip`). Every
+finished run keeps its result (:func:`prepare_run`), so the benchmark can be resumed or rerun per
+configuration (``--only``); ``report`` (:func:`report`) writes, per part, the record
+``convergence_<part>`` and its plot to ``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -57,6 +38,13 @@ from benchmarks.record import (
 from benchmarks.training import ROOT
 from cfm_plugins.testing import BIN, clean_env, mpirun_command
 
+#: the configurations (cfm-run options beyond the trainer's plugin and binpack), each trained with
+#: every seed on 2 MPI ranks (``mpirun -np 2 cfm-run ...``) with the same learning-rate schedule and
+#: about the same number of optimizer steps (binpack's default capacity is the batch size x the
+#: mean atom count): ``stock``, the trainer's own batches (a fixed number of graphs per rank);
+#: ``binpack``, binpack's batches with ``loss_weighting=stock`` (the trainer's per-batch loss
+#: means); ``per_sample``, binpack's batches with ``loss_weighting=per_sample`` (every graph and
+#: atom weighs the same over an epoch, :mod:`cfm_plugins.sampler.weighting`)
 CONFIGS = {
     "stock": [],
     "binpack": ["-o", "loss_weighting=stock"],
@@ -73,7 +61,9 @@ DEFAULT_WORK = "/tmp/cfm_bench_convergence"
 # ----------------------------------------------------------------------------- runs
 def prepare_run(args, part: str, config: str, seed: int) -> tuple[Path, dict | None]:
     """The run's folder and its earlier result (``None``: run it; the folder is then made afresh,
-    since the trainers append to their logs)."""
+    since the trainers append to their logs). Every run writes
+    ``WORK/<part>/<config>/seed<k>/result.json`` when it finishes (``--work``, default
+    :data:`DEFAULT_WORK`); a rerun skips the runs that have one (``--force`` redoes them)."""
     run = Path(args.work) / part / config / f"seed{seed}"
     done = run / "result.json"
     if done.exists() and not args.force:
@@ -254,6 +244,12 @@ def subset_rmse(errors: dict, which: str) -> tuple[float, float]:
 
 
 def run_mace(args, files: dict, config: str, seed: int) -> dict:
+    """One MACE run: a small MACE (float64) on a size-diverse EMT set (CuNi bulk cells, slabs and
+    clusters of 1..300 atoms plus H/C/N/O molecules of the G2 set, :func:`mixed_set`); per epoch
+    mace's own validation RMSE of the energy per atom and of the forces; at the end the model mace
+    saves is evaluated structure by structure on the validation set (:func:`per_structure_errors`),
+    on the whole set and on its smallest and largest thirds (a weighting bias shows there
+    first)."""
     run, result = prepare_run(args, "mace", config, seed)
     if result is not None:
         return result
@@ -300,8 +296,8 @@ def mace_part(args) -> None:
 
 # ----------------------------------------------------------------------------- HydraGNN
 def run_hydragnn(args, config: str, seed: int) -> dict:
-    """examples/hydragnn/train.py with its JSON config, this seed (training-set order, packing
-    seed)."""
+    """examples/hydragnn/train.py with its JSON config (EGNN on EMT molecules and clusters), this
+    seed (training-set order, packing seed); its validation loss per epoch."""
     here = ROOT / "examples" / "hydragnn"
     run, result = prepare_run(args, "hydragnn", config, seed)
     if result is not None:
@@ -367,8 +363,8 @@ def hydragnn_part(args) -> None:
 
 # ----------------------------------------------------------------------------- NequIP
 def run_nequip(args, files: dict, config: str, seed: int) -> dict:
-    """nequip-train (cfm_plugins.datasets.nequip_config) on the CuNi set; validation RMSE per epoch
-    from Lightning's metrics.csv (nequip's ``val_metrics``)."""
+    """nequip-train (cfm_plugins.datasets.nequip_config) on the CuNi set, in ``.venv-nequip``;
+    validation RMSE per epoch from Lightning's metrics.csv (nequip's ``val_metrics``)."""
     import csv
 
     from cfm_plugins.datasets.nequip_config import write_config
@@ -728,8 +724,9 @@ def plot_curves(curves: dict, ylabels, title: str, path: Path) -> None:
 
 
 def report(args) -> int:
-    """Tables and plots of the finished runs under ``--work``: one record per part
-    (``convergence_<part>``) and its plot (``convergence_<part>.png``), in ``--out``."""
+    """Tables and plots of whatever runs finished under ``--work``: one record per part
+    (``convergence_<part>``: the final errors, the target against stock, the per-epoch curves)
+    and its plot (``convergence_<part>.png``), in ``--out``."""
     work = Path(args.work)
     meta = work / "meta.json"
     info = json.loads(meta.read_text()) if meta.exists() else {}

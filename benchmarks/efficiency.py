@@ -1,26 +1,17 @@
-"""Kernel efficiency: every fused kernel's FLOPs and bytes per call, counted from its descriptor,
-its achieved GFLOP/s and GB/s, and these as fractions of the machine's limits measured in the
-same run: the fastest ``torch.mm`` of two square matrices in the kernel's dtype (n = 512, 1024,
-2048 on a CPU; 4096, 8192 on a GPU) for FLOP/s, a copy of a large tensor (256 MiB; 2 GiB on a
-GPU) for bytes/s, with the kernels' thread count.
+"""Kernel efficiency: every fused kernel's FLOPs and bytes per call against the machine's limits.
 
     python -m benchmarks.efficiency                   # CPU, 512 nodes, float32 and float64
     OMP_NUM_THREADS=2 python -m benchmarks.efficiency --rounds 3 --budget 4
     python -m benchmarks.efficiency --device cuda     # the same table on a GPU (4096 nodes)
     python -m benchmarks.efficiency --quick           # smoke run (32 nodes, float32)
 
-Workloads: those of the CPU kernel benchmarks (``kernels_symmetric_contraction.py``,
-``kernels_conv_tp.py``, ``kernels_skip_tp.py``: MACE-MP-medium-like). Directions: ``forward``;
-``backward``, the gradients a force evaluation takes (conv TP: node features, edge attributes,
-per-edge weights; the others: node features); ``double backward``, the backward of that backward
-with a cotangent on each of its gradients, differentiated w.r.t. the output's cotangent, the
-inputs and the weights (force training's ``loss.backward()``). Each direction is timed alone
-through the fused module, its graph built once; a figure is the best call of ``--rounds`` rounds
-(limits and kernels in turn), each of at least ``--repeat`` calls and as many as fit in
-``--budget`` seconds. Counts (the ``*_costs`` functions): a multiply-add is 2 FLOPs; bytes are the
-least a call reads and writes (inputs, weights, outputs in the dtype, indices as int64). Prints
-the tables and writes the record ``kernel_efficiency`` (``_gpu`` on a GPU, ``_quick`` with
-``--quick``) to ``--out`` (default ``out/benchmarks/``).
+Per kernel of :data:`SPECS` (the workloads of the CPU kernel benchmarks ``kernels_*.py``:
+MACE-MP-medium-like) and direction (:data:`DIRECTIONS`): its FLOPs and bytes per call, counted
+from its descriptor (:class:`Cost`), its achieved GFLOP/s and GB/s, and these as fractions of the
+machine's limits measured in the same run with the kernels' thread count (:func:`flop_limit`,
+:func:`byte_limit`; their sizes: :func:`settings`), each the best of ``--rounds`` rounds
+(:func:`measure`). Prints the tables and writes the record ``kernel_efficiency`` (``_gpu`` on a
+GPU, ``_quick`` with ``--quick``) to ``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -33,6 +24,11 @@ from dataclasses import dataclass, field
 
 from benchmarks.record import add_out_argument, command_line, table, write_record
 
+#: ``forward``; ``backward``, the gradients a force evaluation takes (conv TP: node features, edge
+#: attributes, per-edge weights; the others: node features); ``double backward``, the backward of
+#: that backward with a cotangent on each of its gradients, differentiated w.r.t. the output's
+#: cotangent, the inputs and the weights (force training's ``loss.backward()``). Each direction is
+#: timed alone through the fused module, its graph built once (:func:`_directions`).
 DIRECTIONS = ("forward", "backward", "double backward")
 #: the node counts of the workloads, and the repeats of the conv TP's 4-atom fcc cell giving them
 SIZES = {32: (2, 2, 2), 512: (8, 4, 4), 4096: (16, 8, 8)}
@@ -46,7 +42,9 @@ LOW = 0.10
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Cost:
-    """FLOPs and the least bytes moved by one call."""
+    """FLOPs and the least bytes moved by one call, as the ``*_costs`` functions count them from a
+    kernel's descriptor: a multiply-add is 2 FLOPs; bytes are the least a call reads and writes
+    (inputs, weights, outputs in the dtype, indices as int64)."""
 
     flops: int
     bytes: int
@@ -568,7 +566,10 @@ class Settings:
 
 
 def settings(args, device) -> Settings:
-    """The run's settings from the command line (``--quick``: tiny sizes, one call each)."""
+    """The run's settings from the command line (``--quick``: tiny sizes, one call each). The
+    limits: the fastest ``torch.mm`` of two square matrices in the kernel's dtype (n = 512, 1024,
+    2048 on a CPU; 4096, 8192 on a GPU) for FLOP/s, a copy of a large tensor (256 MiB; 2 GiB on a
+    GPU) for bytes/s."""
     from cfm_plugins.ops.kernel_table import kernel_names
 
     cuda, quick = device.type == "cuda", args.quick
@@ -618,7 +619,9 @@ class Measured:
 
 def measure(run: Settings) -> Measured:
     """Every round: per dtype the limits, each kernel's directions, the limits again; the best
-    figure of all rounds is kept (on a shared machine, the least disturbed one)."""
+    figure of all rounds is kept (on a shared machine, the least disturbed one). Within a round a
+    figure is the best call of at least ``--repeat`` calls and of as many as fit in ``--budget``
+    seconds (:func:`best_seconds`)."""
     import torch
 
     m = Measured()

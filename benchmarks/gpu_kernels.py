@@ -4,29 +4,14 @@
     python -m benchmarks.gpu_kernels --layers 0 1 --modes bwd train   # both layers, the chain
     python -m benchmarks.gpu_kernels --device cpu --quick             # a smoke run anywhere
 
-Workload: the modules of the MACE-MP-medium-like model of benchmarks/gpu_mace.py, taken out of the
-model each way builds it (``stock``: mace's e3nn modules; ``cueq``: ``convert_e3nn_cueq``, conv
-fusion on CUDA; ``fused``: ``patch_model``, kernel backend ``--backend``):
-
-- ``sc``: the product block of a layer (``--layers``, default 0: the symmetric contraction
-  128x(0e+1o+2e+3o) -> 128x0e+128x1o, correlation 3, 89 elements, and its linear; layer 1's
-  gives 128x0e), node features ``[nodes, 128, 16]``;
-- ``tp``: the conv TP of a layer (default 1) with its gather and scatter (layer 1: 128x0e+128x1o x
-  Y(l<=3) -> 128x(0e+0e+1o+1o+1o+2e+2e+2e+3o+3o), 1280 per-edge weights; layer 0: 128x0e in,
-  128x(0e+1o+2e+3o) out, 512 weights), on the edges of a rattled CuNi fcc cell of ``nodes`` atoms
-  at r_max 6 A (about 80 per atom).
-
-Modes: ``fwd`` (no grad); ``bwd`` (forward and the gradients of a loss on the output w.r.t. the
-inputs, as forces need); ``bwd2`` (force training: the input gradient with ``create_graph``, then
-a loss on it differentiated w.r.t. the parameters (sc) or node features and weights (tp; the
-forces through the edge attributes only)); ``train`` (tp: force training as MACE's step runs it,
-the forces through the edge attributes and the per-edge weights, which both depend on the
-positions; sc: as ``bwd2``).
-Median of ``--reps`` synchronised calls after ``--warmup``; peak memory above the inputs. The
-last columns are ours against stock and against cuEquivariance in the same run. ``--profile``
-prints the top kernels of each ``bwd2`` case (torch.profiler); ``--tiles`` times every tile config
-of the Triton kernels. The tables are printed and written as the record ``gpu_kernels`` (with
-``--quick``: ``gpu_kernels_quick``) to ``--out`` (default ``out/benchmarks/``).
+Workload: modules of the model of :func:`benchmarks.gpu_mace.build_model`, taken out of the model
+each way of :data:`WAYS` builds: ``sc``, a layer's product block (:func:`sc_case`), and ``tp``, a
+layer's conv TP with its gather and scatter on a rattled CuNi cell's edges (:func:`tp_case`), in
+the modes of :data:`MODES`. Median of ``--reps`` synchronised calls after ``--warmup``; peak memory
+above the inputs. The last columns are ours against stock and against cuEquivariance in the same
+run. ``--profile`` prints the top kernels of each ``bwd2`` case (:func:`top_kernels`); ``--tiles``
+times every tile config of the Triton kernels (:func:`tile_sweep`). Writes the record
+``gpu_kernels`` (``--quick``: ``gpu_kernels_quick``) to ``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -36,7 +21,15 @@ import argparse
 from benchmarks.gpu_mace import build_model, cuni_atoms, device_name, out_of_memory, prepare, timed
 from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
 
+#: ``stock``: mace's e3nn modules; ``cueq``: ``convert_e3nn_cueq``, conv fusion on CUDA;
+#: ``fused``: ``patch_model``, kernel backend ``--backend``
 WAYS = ("stock", "cueq", "fused")
+#: ``fwd``: no grad; ``bwd``: forward and the gradients of a loss on the output w.r.t. the inputs,
+#: as forces need; ``bwd2``: force training, the input gradient with ``create_graph``, then a loss
+#: on it differentiated w.r.t. the parameters (sc) or the node features and weights (tp; the forces
+#: through the edge attributes only); ``train``: tp as MACE's step runs force training, the forces
+#: through the edge attributes and the per-edge weights, which both depend on the positions (sc:
+#: as ``bwd2``); see :func:`run_mode`
 MODES = ("fwd", "bwd", "bwd2", "train")
 DEFAULT_MODES = ("fwd", "bwd", "bwd2")
 
@@ -53,7 +46,9 @@ def cuni_graph(n_atoms: int, r_max: float, seed: int = 0):
 
 
 def sc_case(model, n_nodes: int, dtype, device, layer: int):
-    """(call, parameters, inputs needing grad) for the product block of ``layer``."""
+    """(call, parameters, inputs needing grad) for the product block of ``layer``: layer 0's is
+    the symmetric contraction 128x(0e+1o+2e+3o) -> 128x0e+128x1o (correlation 3, 89 elements) and
+    its linear, layer 1's gives 128x0e; node features ``[n_nodes, 128, 16]``, random elements."""
     import torch
 
     block = model.products[layer]
@@ -67,7 +62,10 @@ def sc_case(model, n_nodes: int, dtype, device, layer: int):
 
 def tp_case(model, graph, dtype, device, layer: int):
     """(call, parameters, inputs) for the conv TP of ``layer`` with its gather and scatter, the
-    call form of the model's own interaction block."""
+    call form of the model's own interaction block, on ``graph`` (:func:`cuni_graph`: at r_max
+    6 A about 80 edges per atom). Layer 1: 128x0e+128x1o x Y(l<=3) ->
+    128x(0e+0e+1o+1o+1o+2e+2e+2e+3o+3o), 1280 per-edge weights; layer 0: 128x0e in,
+    128x(0e+1o+2e+3o) out, 512 weights."""
     import torch
     from e3nn import o3
     from mace.tools.scatter import scatter_sum
@@ -166,6 +164,8 @@ def kernel_events(events, cuda: bool):
 
 
 def top_kernels(fn, device, top: int) -> list[str]:
+    """The ``top`` kernels of one call of ``fn`` by self time (torch.profiler), one line each:
+    milliseconds, share of the kernels' total, calls, name (``--profile``)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 

@@ -3,56 +3,15 @@
     python -m benchmarks.gpu_mace --device cuda                       # the full tables (a GPU)
     python -m benchmarks.gpu_mace --device cpu --quick --no-epoch     # a smoke run anywhere
 
-Workload: a MACE-MP-medium-like ScaleShiftMACE (2
-RealAgnosticResidualInteractionBlock layers, hidden 128x0e+128x1o, spherical harmonics l<=3,
-correlation 3, 89 elements, radial MLP [64,64,64], r_max 6 A) on rattled CuNi fcc cells (30 % Ni)
-of ~500 and ~4000 atoms, float32 and float64. Per configuration:
-
-- ``inference``: energy + forces (``model(batch, compute_force=True)``), as an MD step does;
-- ``train``: energy + forces, a loss on both against EMT labels, ``backward()`` (the double
-  backward through the forces that force training needs);
-- peak GPU memory of the train step (``torch.cuda.max_memory_allocated``).
-
-Median of ``--reps`` steps after ``--warmup`` warm-up steps, synchronised. Ways, in one process:
-``stock`` (mace's e3nn modules), ``cueq`` (``mace.cli.convert_e3nn_cueq.run``, conv fusion on
-CUDA; needs cuequivariance-torch, else reported as missing), ``fused`` (this project's kernels,
-``cfm_plugins.ops.patching.patch_model``; ``--fused-kernels NAME ...`` swaps only those, in
-the step rows and the epoch runs, and ``--kernels-also A,B ...`` adds a fused row per list: e.g.
-the skip connection's GPU kernel, which runs only when named, beside the default row) and
-``fused+capture`` (the step captured once and replayed on padded static shapes: its row names
-``tools/gpu_capture.py``, which checks and times it, also with ``--mode default``: inductor
-without capture, and the epoch table below times it in training).
-
-Then, unless ``--no-epoch``, the epoch time of ``mace_run_train`` on the example data set
-(cfm_plugins.datasets.cuni, ``--epoch-structures`` CuNi structures of 4..500 atoms), by default
-three ways: stock, ``--enable_cueq=True``, and ``mpirun -np 1 cfm-run --enable
-mace,binpack,fused``. ``--epoch-ways`` picks among: ``stock``; ``stock+binpack`` (``cfm-run
---enable mace,binpack``: binpack's batches, stock kernels); ``cueq``; ``cueq+binpack`` (the same
-with ``--enable_cueq=True``: kernels against kernels on the same batches); ``fused`` (``--enable
-mace,binpack,fused``, labelled fused+binpack); ``fused-only`` (``--enable mace,fused``: the
-kernels on mace's own batches); ``fused+static`` (``--enable mace,binpack,fused,static -o
-compile=default``: padded static batches, the step compiled by inductor without capture, run for
-``--static-epochs`` epochs, with a second table of its first epoch (which compiles), its later
-ones and after how many epochs its compile is repaid against fused+binpack); ``fused+capture``
-(the same with ``compile=reduce-overhead``: the step captured as CUDA graphs; the first epoch
-compiles). The time of the second epoch (train + validation) is read from the timestamps of
-mace's own "Epoch N" lines; ratios are to stock's, cuEquivariance's and cuEquivariance's with
-binpack's batches in the same run.
-
-``--backend cuda triton`` runs the ``fused`` ways once per kernel backend of the ``cfm::`` operators
-on CUDA tensors (``fused[cuda]``: the C++ CUDA kernels; ``fused[triton]``: the Triton kernels
-generated from the same descriptors, ``cfm_plugins.ops.triton``; the epoch run passes ``-o
-fused_backend=...``). ``--tiles-also VALUE ...`` adds a fused Triton row per value, run with those
-tiles pinned (the ``fused_tiles`` option's value, ``cfm_plugins.ops.configure(tiles=VALUE)``: the
-tiles a sweep found, or a former default), so that tiles are compared in one run against
-cuEquivariance (the step table's last column); ``--zero-filled-also`` one more, run with the debug
-switch ``CFM_PLUGINS_TRITON_UNFILLED=0`` (the conv TP's outputs zero-filled first, the former
-default; an H200 timed the default at 0.95x of it). ``python -m benchmarks.gpu_md`` times
-MD.
-
-The tables are printed, naming the device, and written as the records ``gpu_mace_step`` and
-``gpu_mace_epoch`` (with ``--quick``: ``gpu_mace_step_quick``, ``gpu_mace_epoch_quick``) to
-``--out`` (default ``out/benchmarks/``); the epoch runs' data set and logs go to ``--work``.
+The step table (:func:`step_table`): a MACE-MP-medium-like model (:func:`build_model`) on rattled
+CuNi fcc cells of ~500 and ~4000 atoms, float32 and float64; inference (energy + forces), the
+train step (force training's double backward) and its peak GPU memory per way of :data:`WAYS`,
+with ratios to stock's and cuEquivariance's. The epoch table (:func:`epoch_table`, unless
+``--no-epoch``): the second epoch of ``mace_run_train`` on the example data set per way of
+:data:`EPOCH_WAYS`, against stock, cuEquivariance and cuEquivariance with binpack's batches.
+Writes the records ``gpu_mace_step`` and ``gpu_mace_epoch`` (``_quick`` with ``--quick``) to
+``--out`` (default ``out/benchmarks/``), the epoch runs' data set and logs to ``--work``.
+``python -m benchmarks.gpu_md`` times MD.
 """
 
 from __future__ import annotations
@@ -77,12 +36,23 @@ from benchmarks.record import add_out_argument, command_line, markdown_table, wr
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+#: ways of the step table, run in one process: ``stock`` (mace's e3nn modules); ``cueq``
+#: (``mace.cli.convert_e3nn_cueq.run``, conv fusion on CUDA; needs cuequivariance-torch, else
+#: reported as missing); ``fused`` (this project's kernels,
+#: ``cfm_plugins.ops.patching.patch_model``; ``--fused-kernels NAME ...`` swaps only those, in the
+#: step rows and the epoch runs); ``fused+capture`` (the step captured once and replayed on padded
+#: static shapes: its row names ``tools/gpu_capture.py``, which checks and times it, also with
+#: ``--mode default``: inductor without capture; the epoch table's fused+capture way times it in
+#: training)
 WAYS = ("stock", "cueq", "fused", "fused+capture")
 
 
 # ---------------------------------------------------------------------------- the workload
 def build_model(dtype, hidden: str, seed: int = 0):
-    """The MACE-MP-medium-like model of the module docstring, in ``dtype``, weights perturbed."""
+    """The MACE-MP-medium-like model the GPU benchmarks time, in ``dtype``, weights perturbed:
+    ScaleShiftMACE, 2 RealAgnosticResidualInteractionBlock layers, hidden irreps ``hidden``
+    (``--hidden``, default 128x0e+128x1o), spherical harmonics l<=3, correlation 3, 89 elements,
+    radial MLP [64,64,64], 10 Bessel functions, r_max 6 A."""
     import numpy as np
 
     from cfm_plugins.testing import mace_model
@@ -231,6 +201,11 @@ def train_step(model, batch, e_ref, f_ref):
 
 
 def measure(model, batch, e_ref, f_ref, reps: int, warmup: int, device) -> dict:
+    """One way's step row: ``inference`` (energy + forces, ``model(batch, compute_force=True)``, as
+    an MD step does) and ``train`` (:func:`train_step` against the EMT labels), each the median of
+    ``reps`` synchronised steps after ``warmup`` warm-up steps (:func:`timed`); the train step's
+    peak GPU memory (``torch.cuda.max_memory_allocated``); the energy and forces, which the table
+    compares with stock's."""
     import torch
 
     def inference():
@@ -342,6 +317,21 @@ def step_rows(group: list[tuple[str, dict | str]]) -> list[str]:
 
 
 def step_table(args, device) -> list[str]:
+    """The step table (:data:`STEP_HEADER`, :func:`step_rows`) per dtype, size and way, each row
+    printed as it is measured. On CUDA, ``--backend cuda triton`` runs the fused way once per
+    kernel backend of the ``cfm::`` operators (``fused[cuda]``: the C++ CUDA kernels;
+    ``fused[triton]``: the Triton kernels generated from the same descriptors,
+    ``cfm_plugins.ops.triton``). More fused Triton rows, in the same process:
+
+    - ``--tiles-also VALUE ...``: one per value, run with those tiles pinned (the ``fused_tiles``
+      option's value, ``cfm_plugins.ops.configure(tiles=VALUE)``: tiles a sweep found, or another
+      candidate), so that tiles are compared in one run against cuEquivariance (the last column);
+    - ``--zero-filled-also``: one run with the debug switch ``CFM_PLUGINS_TRITON_UNFILLED=0`` (the
+      conv TP zero-fills every output first, also those its kernels store whole, which the
+      default leaves unfilled): what skipping that fill saves;
+    - ``--kernels-also A,B ...``: one per comma list, swapping those kernels, e.g. the skip
+      connection's GPU kernel (which runs only when named) beside the default row.
+    """
     import mace  # noqa: F401
     import torch
 
@@ -475,7 +465,15 @@ def epoch_data(folder: Path, structures: int) -> dict[str, Path]:
 
 def epoch_table(args, device) -> tuple[list[str], list[str]]:
     """The epochs' table (:func:`epoch_rows`) and, where fused+static ran, its compile table
-    (:func:`compile_rows`; else empty)."""
+    (:func:`compile_rows`; else empty).
+
+    ``mace_run_train`` on the example data set (:func:`epoch_data`: ``--epoch-structures`` CuNi
+    structures of 4..500 atoms, cfm_plugins.datasets.cuni), once per way of ``--epoch-ways``
+    (:data:`EPOCH_WAYS`; default stock, ``--enable_cueq=True`` and ``mpirun -np 1 cfm-run
+    --enable mace,binpack,fused``; the commands of :func:`epoch_commands`, the fused ways once
+    per ``--backend`` with ``-o fused_backend=...``). A way's time is its second epoch (train +
+    validation), read from the timestamps of mace's own "Epoch N" lines (:func:`epoch_seconds`);
+    a fused+static run goes on for ``--static-epochs`` epochs, every one timed."""
     from cfm_plugins.testing import mpirun_command
 
     out = Path(args.work)

@@ -3,29 +3,14 @@
     python -m benchmarks.gpu_md [--atoms 500 4000] [--dtypes float32 float64] [--steps 20]
     python -m benchmarks.gpu_md --device cpu --atoms 32 --hidden 8x0e+8x1o --steps 2   # anywhere
 
-Workload: the MACE-MP-medium-like model of benchmarks/gpu_mace.py (ScaleShiftMACE, hidden
-128x0e+128x1o, l<=3, correlation 3, 89 elements, r_max 6) on its rattled CuNi fcc cells,
-VelocityVerlet at 300 K with a 2 fs step (``cfm_plugins.calculators.time_md``: the same start and
-velocities for every calculator), best of ``--repeats`` timed runs of ``--steps`` steps. Ways, in
-one process, one after the other:
-
-- ``stock``: mace's ``MACECalculator`` (e3nn modules);
-- ``cueq``: ``MACECalculator(enable_cueq=True)`` (needs cuequivariance-torch);
-- ``fused[cuda]`` / ``fused[triton]``: ``CFMCalculator`` with the fused kernels on that backend;
-- ``fused[triton]+capture``: the same with ``compile="reduce-overhead"`` (padded static shapes,
-  CUDA graphs);
-- with ``--skin S``, each fused way again as ``<way> skin S``: ``CFMCalculator(skin=S)``, the
-  neighbour list built with ``r_max + S`` and kept between steps. The fused ways without it pass
-  ``skin=None`` (mace's conversion at every step), which on CUDA is not the default (1.0).
-
-Each row gives its time as a ratio to ``stock`` and to ``cueq`` where those ran before it in the
-same run (the MD target at 4000 atoms is against ``cueq``), the largest force difference from
-``stock`` on the starting structure, and how much of a step the model's input takes to make
-(``graph ms``: mace's neighbour list and data conversion on the host, the copy to the device), and
-how long the first evaluation took (``first call s``: the model's first step, and with capture the
-compile and the CUDA-graph recording a calculator pays once per padded size).
-Prints the table, naming the device, and writes the record ``gpu_md`` to ``--out`` (default
-``out/benchmarks/``).
+Workload: the MACE-MP-medium-like model of :func:`benchmarks.gpu_mace.build_model` on its rattled
+CuNi fcc cells, VelocityVerlet at 300 K with a 2 fs step (``cfm_plugins.calculators.time_md``: the
+same start and velocities for every calculator), best of ``--repeats`` timed runs of ``--steps``
+steps. One row per way of :data:`WAYS` (and with ``--skin``, :func:`calculators`), one after the
+other in one process: its time, as a ratio to ``stock``'s and to ``cueq``'s (the MD target at 4000
+atoms is against ``cueq``), its force difference from ``stock``, and the time its input and its
+first call take (the columns: :func:`main`). Prints the table, naming the device, and writes the
+record ``gpu_md`` to ``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -39,6 +24,11 @@ from pathlib import Path
 
 from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
 
+#: ways of the table: ``stock``, mace's ``MACECalculator`` (e3nn modules); ``cueq``,
+#: ``MACECalculator(enable_cueq=True)`` (needs cuequivariance-torch); ``fused[cuda]`` /
+#: ``fused[triton]``, ``CFMCalculator`` with the fused kernels on that backend;
+#: ``fused[triton]+capture``, the same with ``compile="reduce-overhead"`` (padded static shapes,
+#: CUDA graphs)
 WAYS = ("stock", "cueq", "fused[cuda]", "fused[triton]", "fused[triton]+capture")
 
 
@@ -46,8 +36,10 @@ def calculators(
     path: str, dtype: str, device: str, ways, skin: float | None = None, skin_only: bool = False
 ):
     """(label, factory) for each way; a factory builds the calculator when called. With ``skin``,
-    each fused way also as ``<way> skin <skin>``: ``CFMCalculator(skin=skin)``, right after it
-    (``skin_only``: instead of it)."""
+    each fused way also as ``<way> skin <skin>``: ``CFMCalculator(skin=skin)``, the neighbour list
+    built with ``r_max + skin`` and kept between steps, right after it (``skin_only``: instead of
+    it). The fused ways without it pass ``skin=None`` (mace's conversion at every step), which on
+    CUDA is not CFMCalculator's default (1.0)."""
     from mace.calculators import MACECalculator
 
     from cfm_plugins.calculators import CFMCalculator
@@ -155,6 +147,12 @@ def main(argv=None) -> int:
         f"Workload: {description}.",
         "",
     ]
+    # per row: the time per step and its ratios to stock's and cueq's where those ran before it in
+    # the same run; the largest force difference from stock on the starting structure; "graph ms",
+    # how much of a step the model's input takes to make (mace's neighbour list and data
+    # conversion on the host, the copy to the device: graph_seconds); "first call s", the model's
+    # first step (with capture also the compile and the CUDA-graph recording a calculator pays once
+    # per padded size)
     lines = [
         "| dtype | atoms | way | ms per MD step | vs stock | vs cueq | max abs dF vs stock | graph "
         "ms | first call s |",

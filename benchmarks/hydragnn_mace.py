@@ -4,23 +4,15 @@ one run.
     OMP_NUM_THREADS=1 .venv-hydragnn/bin/python -m benchmarks.hydragnn_mace [--n-train 80]
         [--out DIR]
 
-(``make bench-hydragnn-src``). Needs HydraGNN from source (``.venv-hydragnn``, ``make
-venv-hydragnn-src``).
-
-Workload: the example ``examples/hydragnn/mace/`` (its train.py and config.json: ``MACEStack``,
-hidden --hidden, 2 layers, correlation 3, max_ell 2, node_max_ell 1, float64, energy + forces
-loss, ``batch_size`` --batch-size) on EMT structures of :mod:`cfm_plugins.datasets.clusters`
-(molecules and metal clusters, 3 to --max-atoms atoms, energies and forces), --n-train of them for
-training (80 %, the example's split), under ``mpirun -np 2 cfm-run --enable
-hydragnn[,binpack][,fused]``. "stock" is ``--enable hydragnn`` alone: HydraGNN's DistributedSampler
-batches and its e3nn modules (cfm-run provides the rendezvous and the step log, nothing else). Per
-configuration, from the step logs of the last epoch: the training time of the epoch (per rank the
-sum over its steps of data loading, forward with forces, backward and optimizer step; the slowest
-rank), the same in CPU time of the training threads (what a rank computed, unaffected by other
-processes on a shared machine; per step the slowest rank's, summed over the steps), the steps, and
-the load imbalance factor of the forward's CPU time. Prints the table and writes the record
-``hydragnn_mace_cpu`` (:mod:`benchmarks.record`) to ``--out`` (default ``out/benchmarks/``); the
-runs, their logs and data set go to ``--work``.
+(``make bench-hydragnn-src``; HydraGNN from source in ``.venv-hydragnn``, ``make
+venv-hydragnn-src``.) Workload: the example ``examples/hydragnn/mace/`` (its train.py and
+config.json: ``MACEStack``, hidden --hidden, 2 layers, correlation 3, float64, energy + forces
+loss) on EMT molecules and metal clusters of :mod:`cfm_plugins.datasets.clusters`, under ``mpirun
+-np 2 cfm-run --enable hydragnn[,binpack][,fused]`` (:data:`CONFIGS`, :func:`run_example`). Per
+configuration, from the step logs of the last epoch (:func:`epoch_times`): the training time, its
+CPU time, the steps and the load imbalance factor. Writes the record ``hydragnn_mace_cpu``
+(:mod:`benchmarks.record`) to ``--out`` (default ``out/benchmarks/``); the runs, their logs and
+data set go to ``--work``.
 """
 
 from __future__ import annotations
@@ -39,12 +31,21 @@ from cfm_plugins.testing import BIN, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "hydragnn" / "mace"
+#: stock, binpack, fused, both: "stock" is ``--enable hydragnn`` alone, HydraGNN's
+#: DistributedSampler batches and its e3nn modules (cfm-run provides the rendezvous and the step
+#: log, nothing else)
 CONFIGS = plugin_configs("hydragnn")
 REGIONS = ("dataload", "forward", "backward", "opt_step")
 
 
 def epoch_times(ranks: list[list[dict]], epochs: int) -> dict:
-    """Training time of the last epoch (wall and thread CPU, slowest rank), its steps and LIF."""
+    """Training time of the last epoch (wall and thread CPU, slowest rank), its steps and LIF.
+
+    ``epoch_s``: per rank the sum over its steps of data loading, forward with forces, backward
+    and optimizer step (:data:`REGIONS`), the slowest rank's; ``cpu_s``: the same in CPU time of
+    the training threads (what a rank computed, unaffected by other processes on a shared
+    machine), per step the slowest rank's, summed over the steps; ``lif`` and ``lif_atoms``: the
+    load imbalance factor of the forward's CPU time and of the atoms."""
     from cfm_plugins.steplog import load_imbalance
 
     steps = len(ranks[0]) // epochs
@@ -108,6 +109,9 @@ def main(argv=None) -> int:
     from cfm_plugins.datasets.clusters import make_dataset
     from cfm_plugins.steplog import read_step_logs
 
+    # the example's config.json (MACEStack, 2 layers, correlation 3, max_ell 2, node_max_ell 1,
+    # float64, energy + forces loss) with this run's data set (3 to --max-atoms atoms), hidden_dim,
+    # epochs and batch_size
     config = json.loads((EXAMPLE / "config.json").read_text())
     config["Dataset"].update(num_structures=n, max_atoms=args.max_atoms)
     config["NeuralNetwork"]["Architecture"]["hidden_dim"] = args.hidden

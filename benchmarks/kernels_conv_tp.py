@@ -3,19 +3,13 @@
     python -m benchmarks.kernels_conv_tp            # 512 and 4096 atoms, float32 and float64
     python -m benchmarks.kernels_conv_tp --quick    # smoke run (small cell, one repeat)
 
-Workload: the MACE-MP-0 "medium" interaction: node features 128x0e+128x1o, edge attributes =
-spherical harmonics up to l=3, target 128x(0e+1o+2e+3o); the e3nn ``TensorProduct`` is built as
-mace builds it (``tp_out_irreps_with_instructions``, uvu, per-edge weights). Graph: a periodic
-CuNi fcc cell (a=3.6 A, 30% Ni, rattled 0.05 A), neighbour list at r_max 5 A. Per-edge weights
-are random (in MACE they come from the radial MLP), node features random.
-
-Modes: ``fwd`` (no grad), ``fwd+bwd`` (gradients w.r.t. node feats, edge attrs and weights),
-``fwd+bwd+dbl`` (MACE force training: edge-attribute gradient with create_graph, then a loss on it
-differentiated w.r.t. node feats and weights). Each (size, dtype, implementation, mode) runs in a
-fresh subprocess: time is the median of the repeats after one warm-up call, memory is that
-process's peak RSS (ru_maxrss) and its rise above the RSS once the inputs are built. Prints the
-table and writes the record ``kernels_conv_tp`` (``--quick``: ``kernels_conv_tp_quick``) to
-``--out`` (default ``out/benchmarks/``).
+Workload: the MACE-MP-0 "medium" interaction (:func:`build_tp`: node features 128x0e+128x1o,
+edge attributes = spherical harmonics up to l=3, target 128x(0e+1o+2e+3o)) on a periodic CuNi fcc
+cell (:func:`make_graph`), in the modes of :data:`MODES`. Each (size, dtype, implementation, mode)
+runs in a fresh subprocess (:func:`run_case`): time is the median of the repeats after one warm-up
+call, memory is that process's peak RSS and its rise above the RSS once the inputs are built
+(:func:`timed_case`). Prints the table and writes the record ``kernels_conv_tp`` (``--quick``:
+``kernels_conv_tp_quick``) to ``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -33,12 +27,16 @@ from pathlib import Path
 from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
+#: ``fwd``: no grad; ``fwd+bwd``: gradients w.r.t. node feats, edge attrs and weights;
+#: ``fwd+bwd+dbl``: MACE force training, the edge-attribute gradient with create_graph, then a loss
+#: on it differentiated w.r.t. node feats and weights
 MODES = ("fwd", "fwd+bwd", "fwd+bwd+dbl")
 HIDDEN, LMAX, CHANNELS, R_MAX = "0e+1o", 3, 128, 5.0
 
 
 def make_graph(repeat, seed=0):
-    """Positions-derived edge data of a CuNi fcc cell: (num_atoms, edge_index, edge vectors)."""
+    """Positions-derived edge data of a CuNi fcc cell (a=3.6 A, 30% Ni, rattled 0.05 A), the
+    neighbour list at r_max 5 A: (num_atoms, edge_index, edge vectors)."""
     import numpy as np
     from ase.build import bulk
     from ase.neighborlist import neighbor_list
@@ -52,6 +50,9 @@ def make_graph(repeat, seed=0):
 
 
 def build_tp(dtype):
+    """The e3nn ``TensorProduct`` of MACE-MP-0 "medium"'s interaction, built as mace builds it
+    (``tp_out_irreps_with_instructions``, uvu, per-edge weights). The benchmark calls it with
+    random per-edge weights (in MACE they come from the radial MLP) and random node features."""
     from cfm_plugins.testing import mace_conv_tp
 
     return mace_conv_tp(HIDDEN, LMAX, CHANNELS, dtype)

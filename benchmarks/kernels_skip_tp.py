@@ -4,17 +4,12 @@
     python -m benchmarks.kernels_skip_tp --quick    # smoke run (64 nodes, one repeat)
 
 Workload: MACE-MP-0 "medium"'s skip connection: ``FullyConnectedTensorProduct(128x0e+128x1o,
-89x0e, 128x0e+128x1o)`` built as mace builds it (``mace.modules.wrapper_ops``), called with the
-one-hot of each node's element among the 89 of the table. Node features random; elements drawn
-uniformly among all 89 (every element present: the most weight blocks to read and the largest
-weight gradient), and among 2 (a CuNi-like batch).
-
-Modes: ``fwd`` (no grad), ``fwd+bwd`` (gradients w.r.t. node features and weights),
-``fwd+bwd+dbl`` (MACE force training: the node-feature gradient with create_graph, then a loss on
-it differentiated w.r.t. node features and weights). e3nn's module and the fused one run in the
-same process, one call of each in turn, so that both see the same machine; time is the median of
-the repeats after a warm-up call. Prints the table and writes the record ``kernels_skip_tp``
-(``--quick``: ``kernels_skip_tp_quick``) to ``--out`` (default ``out/benchmarks/``).
+89x0e, 128x0e+128x1o)`` built as mace builds it (:func:`build`), called with the one-hot of each
+node's element among the 89 of the table; random node features, the elements drawn among all 89
+and among 2 (:data:`ELEMENTS`), in the modes of :data:`MODES`. e3nn's module and the fused one run
+in the same process, one call of each in turn (:func:`time_pair`), so that both see the same
+machine. Prints the table and writes the record ``kernels_skip_tp`` (``--quick``:
+``kernels_skip_tp_quick``) to ``--out`` (default ``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -26,7 +21,13 @@ import time
 
 from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
 
+#: ``fwd``: no grad; ``fwd+bwd``: gradients w.r.t. node features and weights; ``fwd+bwd+dbl``: MACE
+#: force training, the node-feature gradient with create_graph, then a loss on it differentiated
+#: w.r.t. node features and weights (:func:`step`)
 MODES = ("fwd", "fwd+bwd", "fwd+bwd+dbl")
+#: the elements of the table; a row's nodes draw theirs uniformly among all of them (every element
+#: present: the most weight blocks to read and the largest weight gradient) or among 2 (a CuNi-like
+#: batch), ``--present``
 IRREPS, ELEMENTS = "128x0e+128x1o", 89
 
 
@@ -68,7 +69,8 @@ def step(module, weight, x, y, mode):
 
 
 def time_pair(tp, fused, x, y, mode, repeat) -> tuple[float, float]:
-    """Median seconds per call of e3nn's module and of the fused one, called in turn."""
+    """Median seconds per call of e3nn's module and of the fused one, called in turn (so that both
+    see the same machine), after a warm-up round."""
     times = {"e3nn": [], "fused": []}
     for i in range(repeat + 1):
         for name, module in (("e3nn", tp), ("fused", fused)):

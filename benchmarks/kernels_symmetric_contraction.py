@@ -1,20 +1,18 @@
 """Benchmark: fused symmetric contraction vs mace-torch and cuEquivariance-torch (CPU path).
 
-Workload: a MACE-MP-0 "medium"-like product basis: hidden 128x0e+128x1o, node features with
-spherical harmonics up to l=3 (x is [nodes, 128, 16]), correlation 3, 89 elements, random element
-per node; float32 and float64; torch.set_num_threads(2). Modes:
+    python -m benchmarks.kernels_symmetric_contraction [--quick] [--nodes 512 4096]
+        [--dtypes float32 float64] [--out DIR]
+
+Workload: a MACE-MP-0 "medium"-like product basis (hidden 128x0e+128x1o, x of [nodes, 128, 16]:
+spherical harmonics up to l=3, correlation 3, 89 elements, random element per node); float32 and
+float64; --threads 2. Modes:
   fwd        out = SC(x, y)
   fwd+bwd    d sum(out^2) / d x                (what forces need)
   fwd+bwd+2  d |d sum(out^2)/dx|^2 / d weights  (what force training needs)
-Every (implementation, dtype, nodes) runs in a fresh subprocess with an address-space limit and a
-time limit, so an out-of-memory peer is reported ("OOM"/"timeout") without killing the run; its
-peak RSS (ru_maxrss minus the RSS before the first call) is reported per mode (modes run in
-increasing memory order, so each figure is that mode's peak). Ratios are from the same run.
-Prints the table and writes the record ``kernels_symmetric_contraction`` (``--quick``:
+Every (implementation, dtype, nodes) runs in a fresh subprocess with memory and time limits (a
+peer that runs out is reported, the run goes on); time and peak RSS per mode; ratios from one run.
+Writes the record ``kernels_symmetric_contraction`` (``--quick``:
 ``kernels_symmetric_contraction_quick``) to ``--out`` (default ``out/benchmarks/``).
-
-    python -m benchmarks.kernels_symmetric_contraction [--quick] [--nodes 512 4096]
-        [--dtypes float32 float64] [--out DIR]
 """
 
 from __future__ import annotations
@@ -42,6 +40,9 @@ def _rss_kib() -> int:
 
 
 def _worker(impl: str, dtype_name: str, nodes: int, reps: int, threads: int) -> dict:
+    """One (implementation, dtype, nodes) case in this (fresh) process: per mode the median of
+    ``reps`` calls after a warm-up call, and the peak RSS (ru_maxrss minus the RSS before the
+    first call). The modes run in increasing memory order, so each figure is that mode's peak."""
     import mace  # noqa: F401  (before e3nn)
     import torch
     from e3nn import o3
@@ -127,6 +128,9 @@ def _limit_memory(gib: float):
 
 
 def run_case(impl, dtype, nodes, reps, threads, timeout, mem_gib) -> dict:
+    """One case in a fresh subprocess (:func:`_worker`) with an address-space limit and a time
+    limit, so that a peer running out of memory is reported ("OOM"/"timeout") without killing
+    the run."""
     cmd = [
         sys.executable,
         "-m",

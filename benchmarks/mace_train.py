@@ -6,14 +6,11 @@
 Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters, up to
 --max-atoms atoms, EMT labels), a real MACE model (hidden irreps --hidden, correlation 3, max_L 1,
 r_max 4.5, 2 interactions, float64), `mpirun -np 2 cfm-run --enable mace[,binpack][,fused] --
-mace_run_train`. "stock" is `--enable mace` alone (mace's DistributedSampler with fixed
---batch_size graphs and its e3nn kernels; cfm-run only provides the MPI rendezvous that mace's
-own `--launcher mpi` lacks on CPU). Per configuration: optimizer-step time of the last epoch
-(slowest rank, summed over steps), steps per epoch, and the load imbalance factor
-LIF = sum_steps max_rank / sum_steps mean_rank of the forward (energy+forces) compute time.
-Then CFMCalculator vs MACECalculator time per MD step on a 512-atom cell with the trained model.
-Prints the tables and writes the record ``mace_train_cpu`` (:mod:`benchmarks.record`) to ``--out``
-(default ``out/benchmarks/``); the runs, their logs and data set go to ``--work``.
+mace_run_train` (:data:`CONFIGS`). Per configuration: optimizer-step time of the last epoch
+(slowest rank, summed over steps), steps per epoch, and the load imbalance factor of the forward
+compute time. Then CFMCalculator vs MACECalculator time per MD step on a 512-atom cell with the
+trained model. Prints the tables and writes the record ``mace_train_cpu`` (:mod:`benchmarks.record`)
+to ``--out`` (default ``out/benchmarks/``); the runs, their logs and data set go to ``--work``.
 """
 
 from __future__ import annotations
@@ -27,6 +24,9 @@ from benchmarks.record import command_line, markdown_table, table, write_record
 from benchmarks.training import config_table, parser, plugin_configs
 from cfm_plugins.testing import BIN, mpirun_command
 
+#: stock, binpack, fused, both: "stock" is ``--enable mace`` alone (mace's DistributedSampler with
+#: fixed --batch_size graphs and its e3nn kernels; cfm-run only provides the MPI rendezvous that
+#: mace's own ``--launcher mpi`` lacks on CPU)
 CONFIGS = plugin_configs("mace")
 
 
@@ -94,6 +94,8 @@ def main(argv=None) -> int:
         ranks = read_step_logs(str(run / "steps"))
         per_epoch = len(ranks[0]) // args.epochs
         last = [r[-per_epoch:] for r in ranks]
+        # LIF = sum_steps max_rank / sum_steps mean_rank of the forward (energy + forces) compute
+        # time, and of the atoms
         epoch_s = max(sum(s["wall_s"] for s in r) for r in last)
         rows[label] = dict(
             epoch_s=epoch_s,

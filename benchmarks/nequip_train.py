@@ -8,12 +8,9 @@
 Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters up to --max-atoms
 atoms, EMT labels), a NequIP GNN (cfm_plugins.datasets.nequip_config: --features channels, l_max 1,
 --layers layers, r_max 4.0, float64, energy + forces loss), an unmodified `nequip-train` under
-`mpirun -np 2 cfm-run --enable nequip[,binpack][,fused]`. "stock" is `--enable nequip` alone
-(Lightning's DistributedSampler over torch's DataLoader with `batch_size` structures, e3nn
-kernels; cfm-run only provides the MPI rendezvous and the DDP Trainer settings). Per
-configuration: the training step time of the last epoch (slowest rank, summed over steps), steps
-per epoch, and the load imbalance factor LIF = sum_steps max_rank / sum_steps mean_rank of the
-forward (energy + forces) time and of the atoms. Prints the table and writes the record
+`mpirun -np 2 cfm-run --enable nequip[,binpack][,fused]` (:data:`CONFIGS`). Per configuration:
+the training step time of the last epoch (slowest rank, summed over steps), steps per epoch, and
+the load imbalance factor of the forward time and of the atoms. Writes the record
 ``nequip_train_cpu`` (:mod:`benchmarks.record`) to ``--out`` (default ``out/benchmarks/``); the
 runs, their logs and data set go to ``--work``.
 """
@@ -29,6 +26,9 @@ from benchmarks.record import command_line, markdown_table, write_record
 from benchmarks.training import config_table, parser, plugin_configs
 from cfm_plugins.testing import BIN, mpirun_command
 
+#: stock, binpack, fused, both: "stock" is ``--enable nequip`` alone (Lightning's
+#: DistributedSampler over torch's DataLoader with ``batch_size`` structures, e3nn kernels; cfm-run
+#: only provides the MPI rendezvous and the DDP Trainer settings)
 CONFIGS = plugin_configs("nequip")
 
 
@@ -89,6 +89,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"{label} failed")
         ranks = [[r for r in rank if r["stage"] == "train"] for rank in read_step_logs(str(steps))]
         last = [[r for r in rank if r["epoch"] == args.epochs - 1] for rank in ranks]
+        # LIF = sum_steps max_rank / sum_steps mean_rank of the forward (energy + forces) time
+        # and of the atoms
         epoch_s = max(sum(r["wall_s"] for r in rank) for rank in last)
         rows[label] = dict(
             epoch_s=epoch_s,

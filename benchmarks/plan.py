@@ -3,22 +3,13 @@
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.plan            # the full 2.65M-graph mix
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.plan --quick    # 100k graphs, a smoke run
 
-1. The paper's workload: the Table-3 mix of 2,650,823 graphs (``benchmarks/workload.py``, atom
-   counts only) planned by the command itself (``python -m cfm_plugins.plan``) at 16, 32, 64, 128,
-   256, 512 and 740 ranks as the paper ran it: bins of 3072 atoms (its ``max_tokens``) against the
-   trainer's own batches of 8 graphs (``DistributedSampler`` with mace's ``drop_last``, 5 orders),
-   float32. The step time is a line fitted by least squares to the train-step times by atoms of
-   our H200 record (``benchmarks/results/gpu_mace_step-h200.json``: the MACE-MP-medium-like model,
-   ``fused[triton]``, float64, 864/2048/2916/4000 atoms), plus the all-reduce of its 4,688,656
-   float32 gradients over Slingshot-11 (Perlmutter's network, 4 A100 per node, as the paper's
-   machine). Beside it, the paper's own figures (section 5.4.1 and the conclusion; its Figure 6's
-   values are not in its text).
-2. Performance: the wall time and peak memory of the command on the sizes (one rank count, the
-   seven, and 1024 + 16384 ranks), and the edge-counting rate of every counter available on
-   structures shaped like the mix (its atom counts, periodic cells at the densities of each data
-   set's matter, water clusters without a cell; ``--count-structures`` of them), one thread, at
-   r_max 5 and 4.5 A: structures per second of the counting thread's CPU time (per core) and of
-   wall-clock time.
+1. The paper's workload: the Table-3 mix (``benchmarks/workload.py``) planned by the command
+   itself (``python -m cfm_plugins.plan``) at the rank counts of :data:`RANKS` as the paper ran
+   it, binpack's bins of :data:`CAPACITY` atoms against the trainer's own batches of :data:`BATCH`
+   graphs, with the step time of :func:`step_fit` plus the all-reduce of the model's gradients
+   (:data:`PARAMS`, :data:`FABRIC`); beside it, the paper's own figures (:data:`PAPER`).
+2. Performance: the command's wall time and peak memory on the sizes (:func:`run_plan`), and the
+   edge-counting rate of every counter available (:func:`counting_rates`).
 
 Writes the record ``plan`` (``plan_quick`` with fewer graphs) and its picture to ``--out``.
 """
@@ -52,16 +43,23 @@ from benchmarks.record import (  # noqa: E402
 )
 from benchmarks.workload import PAPER_MIX, paper_mix  # noqa: E402
 
+#: the rank counts the paper's workload is planned at, as the paper ran it
 RANKS = (16, 32, 64, 128, 256, 512, 740)
+#: rank counts the command's performance is also measured at, in one run
 HUGE = (1024, 16384)
+#: binpack's bins: the paper's ``max_tokens`` (atoms), planned in float32
 CAPACITY = 3072
+#: graphs per batch of the trainer's own batches (``DistributedSampler`` with mace's
+#: ``drop_last``, 5 orders)
 BATCH = 8
 #: parameters of the model the GPU step times were measured on (benchmarks/gpu_mace.py's
 #: MACE-MP-medium-like ScaleShiftMACE, 128x0e+128x1o, 89 elements)
 PARAMS = 4_688_656
+#: Slingshot-11: Perlmutter's network (4 A100 per node), as the paper's machine
 FABRIC = "slingshot11"
 GPU_RECORD = ROOT / "benchmarks" / "results" / "gpu_mace_step-h200.json"
-#: the MACE paper's figures (section 5.4.1 and its conclusion): minutes per epoch
+#: the MACE paper's figures (section 5.4.1 and its conclusion): minutes per epoch (its Figure 6's
+#: values are not in its text)
 PAPER = {
     16: {"optimized": 80.0},
     64: {"original": 100.0, "optimized": 18.0},
@@ -84,7 +82,9 @@ VOLUME = {
 
 def step_fit(path=GPU_RECORD, way="fused[triton]", dtype="float64"):
     """``(c0, a, points, record)``: the least-squares line ``t = c0 + a*atoms`` (seconds) through
-    the train-step times of ``way`` in ``dtype`` of a GPU step record."""
+    the train-step times of ``way`` in ``dtype`` of a GPU step record: by default our H200 record
+    (:data:`GPU_RECORD`: the MACE-MP-medium-like model, ``fused[triton]``, float64,
+    864/2048/2916/4000 atoms)."""
     rec = read_record(path)
     (tab,) = [t for t in rec["tables"] if t["name"] == "step"]
     col = {c: i for i, c in enumerate(tab["columns"])}
@@ -116,7 +116,11 @@ def geometry_mix(n: int, seed: int = 0):
 
 
 def counting_rates(n: int, r_maxes=(5.0, 4.5)) -> list[str]:
-    """Rows ``| counter | r_max | structures | edges/structure | per core | wall |``."""
+    """Rows ``| counter | r_max | structures | edges/structure | per core | wall |``: the
+    edge-counting rate of every counter available on ``n`` structures shaped like the mix
+    (:func:`geometry_mix`: its atom counts, periodic cells at the densities of each data set's
+    matter, water clusters without a cell), one thread, at each of ``r_maxes`` (A): structures
+    per second of the counting thread's CPU time (per core) and of wall-clock time."""
     import torch
 
     from cfm_plugins.plan import neighbours
@@ -141,7 +145,8 @@ def counting_rates(n: int, r_maxes=(5.0, 4.5)) -> list[str]:
 
 def run_plan(sizes: Path, ranks, out: Path, extra=()) -> dict:
     """The command on ``sizes`` at ``ranks``: its JSON, wall time and peak memory (of its own
-    process, from ``wait4``)."""
+    process, from ``wait4``). The benchmark runs it at one rank count (740), at the seven of
+    :data:`RANKS` and at :data:`HUGE`."""
     cmd = [
         sys.executable,
         "-m",

@@ -3,16 +3,11 @@
 Every benchmark (``python -m benchmarks.<name> ...``) prints its tables for the person running it
 and writes them, with what they were measured on, to ``<out>/<workload>.json``: ``out`` is
 ``out/benchmarks/`` under the repository root (git-ignored) unless the benchmark's ``--out DIR``
-says otherwise (``--out -``: print only, write nothing). A record holds::
+says otherwise (``--out -``: print only, write nothing). A record (:func:`write_record`) holds::
 
     schema, workload, title, benchmark (its script), command (the command line that ran it),
     description (the workload in words), device, versions, date, commit,
     tables: [{name, caption, columns, rows}], headline {name: figure}, notes [text], picture
-
-``device``, ``versions``, ``date`` and ``commit`` come from :func:`environment`, ``command`` from
-:func:`command_line`. Table cells are strings or numbers. A picture the benchmark draws is written
-beside the record (:func:`picture_path`); the record names it as ``docs/img/<file>``, where it goes
-when the record is kept.
 
 Keeping a result: copy the record into ``benchmarks/results/`` (the newest record of a workload
 replaces the older one: same file name) and its picture into ``docs/img/``; ``python -m
@@ -291,6 +286,11 @@ def write_record(
     benchmark: str | None = None,
 ) -> Path | None:
     """Write the record of one workload to ``<out>/<workload>.json`` and say so on stdout.
+
+    ``device``, ``versions``, ``date`` and ``commit`` come from :func:`environment`, ``command``
+    from :func:`command_line`; table cells are strings or numbers (:func:`cell`). A picture the
+    benchmark draws is written beside the record (:func:`picture_path`); the record names it as
+    ``docs/img/<file>``, where it goes when the record is kept.
 
     Args:
         workload: the record's name (letters, digits, ``_`` and ``-``): its file name.

@@ -4,25 +4,14 @@
     python -m benchmarks.render --check      # exit 1 with a diff where a committed file differs
     python -m benchmarks.render --pictures   # also redraw the pictures (docs/img/*.png)
 
-A benchmark writes its result as one JSON record (``benchmarks/record.py``) into ``out/``; a
-maintainer publishes it by copying it into ``benchmarks/results/`` (the newest record of a
-workload replaces the older one: same file name) and running this script. The page's order,
-headings and the prose around the tables live in ``benchmarks/results/page.md``: a line
-``{{record NAME}}`` there stands for ``benchmarks/results/NAME.json`` rendered, ``{{machines}}``
-for the table of the machines and versions the records name. Every record must be placed once,
-so that a published result cannot go missing from the page.
-
-A record (schema 1) holds: ``workload``, ``title``, ``benchmark``, ``command``, ``description``,
-``device``, ``versions`` (name -> version, "unknown" where not known), ``date`` (YYYY-MM-DD),
-``commit`` and ``tables`` (each with ``columns`` and ``rows`` of equal length; optional ``name``,
-``caption``, and ``command``/``date``/``commit`` where a table comes from another run of the same
-benchmark), and optionally ``notes`` (short remarks), ``picture`` (``docs/img/*.png``) and
-``headline`` (named figures, not rendered). README's rows are :data:`HEADLINE`: each names a
-record, a table, a column and the rows of stock, cuEquivariance and ours, so that a newer record
-of the same workload updates README too, and one that lacks them is an error.
-
-The pictures are drawn from the records (``--pictures``); the drift check (``--check``, and
-``tests/benchmarks/test_render.py``) compares the text only, and that every picture named exists.
+A benchmark writes its result as one JSON record (``benchmarks/record.py``; what it holds:
+:data:`REQUIRED`) into ``out/``; a maintainer publishes it by copying it into
+``benchmarks/results/`` (the newest record of a workload replaces the older one: same file name)
+and running this script. The page's order, headings and prose live in the template
+``benchmarks/results/page.md`` (:func:`render_page`); README's rows are :data:`HEADLINE`. The
+pictures are drawn from the records (``--pictures``, :data:`PICTURES`); the drift check
+(``--check``, and ``tests/benchmarks/test_render.py``) compares the text only, and that every
+picture named exists.
 """
 
 from __future__ import annotations
@@ -42,6 +31,12 @@ PAGE = ROOT / "docs" / "benchmarks.md"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- results:headline -->", "<!-- /results -->"
 
+#: a record (schema 1) holds ``workload``, ``title``, ``benchmark``, ``command``, ``description``,
+#: ``device``, ``versions`` (name -> version, "unknown" where not known), ``date`` (YYYY-MM-DD),
+#: ``commit`` and ``tables`` (each with ``columns`` and ``rows`` of equal length; optional ``name``,
+#: ``caption``, and ``command``/``date``/``commit`` where a table comes from another run of the
+#: same benchmark: :data:`TABLE_OPTIONAL`), and optionally (:data:`OPTIONAL`) ``notes`` (short
+#: remarks), ``picture`` (``docs/img/*.png``) and ``headline`` (named figures, not rendered)
 REQUIRED = {
     "schema": int,
     "workload": str,
@@ -241,7 +236,12 @@ def render_machines(records: dict[str, dict]) -> str:
 
 
 def render_page(records: dict[str, dict], template: str, template_name: str = "page.md") -> str:
-    """The results page: ``template`` with its placeholders filled from ``records``."""
+    """The results page: ``template`` with its placeholders filled from ``records``. The
+    template (``benchmarks/results/page.md``) holds the page's order, headings and the prose
+    around the tables; a line ``{{record NAME}}`` there stands for
+    ``benchmarks/results/NAME.json`` rendered, ``{{machines}}`` for the table of the machines and
+    versions the records name. Every record must be placed once, so that a published result
+    cannot go missing from the page."""
     used: set[str] = set()
     out = []
     for number, line in enumerate(template.splitlines(), 1):
@@ -315,6 +315,9 @@ class HeadlineRow:
         return (self.record,) if isinstance(self.record, str) else tuple(self.record)
 
 
+#: README's rows: each names a record, a table, a column and the rows of stock, cuEquivariance and
+#: ours, so that a newer record of the same workload updates README too, and one that lacks them is
+#: an error
 HEADLINE = (
     HeadlineRow(
         "MACE epoch, 2 CPU ranks, float64",

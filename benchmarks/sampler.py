@@ -1,19 +1,14 @@
-"""Benchmark of the bin-packing sampler against the usual batchers on the MACE paper's 2.65M-graph
-mix.
+"""Benchmark: bin-packing sampler vs the usual batchers on the MACE paper's 2.65M-graph mix.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler            # the full mix
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.sampler --quick    # 100k graphs, a smoke run
 
 Workload: atom counts of Table 3 of the MACE paper (see benchmarks/workload.py for the
-distribution inside each range), capacity 3072 atoms, world sizes 8, 64, 740. Per packer and world
-size: pack time (one core), bins / lower bound, padding, mean per-step imbalance (max/mean bin
-cost), straggler-bound epoch cost / ideal (sum over steps of the max bin cost, / (total / W)),
-samples lost / duplicated, and the exact fraction of co-batched pairs of epoch 0 that are co-batched
-again in epoch 1 (seed vs seed+1).
-
-Padding is ``1 - total / (bins * M)`` with ``M = max(capacity, largest bin)``: the memory a rank
-must provision for its largest batch, left empty on average (fixed-count batches exceed 3072).
-Prints the table and writes the record ``sampler`` (a run on fewer graphs: ``sampler_quick``) to
+distribution inside each range), capacity 3072 atoms, world sizes 8, 64, 740. Per packer (ours
+and ``benchmarks/baselines.py``'s) and world size (:func:`measure`): pack time (one core), bins /
+lower bound, padding, mean per-step imbalance, straggler-bound epoch cost / ideal, samples lost /
+duplicated, and the fraction of co-batched pairs of epoch 0 co-batched again in epoch 1. Prints
+the table and writes the record ``sampler`` (a run on fewer graphs: ``sampler_quick``) to
 ``--out`` (default ``out/benchmarks/``).
 """
 
@@ -43,6 +38,13 @@ def ours(costs, capacity, world_size, seed=0):
 
 
 def measure(name, fn, atoms, w, seed, repeats):
+    """One row: packer ``fn`` on ``atoms`` for ``w`` ranks, its pack time (median of ``repeats``,
+    wall and CPU) and the plan's balance report. Mean per-step imbalance: max / mean bin cost;
+    straggler-bound epoch cost / ideal: the sum over steps of the max bin cost, / (total / W);
+    repeated pairs: the exact fraction of the co-batched pairs of epoch 0 (``seed``) that are
+    co-batched again in epoch 1 (``seed + 1``). Padding is ``1 - total / (bins * M)`` with
+    ``M = max(capacity, largest bin)``: the memory a rank must provision for its largest batch,
+    left empty on average (fixed-count batches exceed 3072)."""
     times, cpu = [], []
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()

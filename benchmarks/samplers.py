@@ -1,28 +1,15 @@
-"""binpack against the peers' samplers, side by side: torch's ``DistributedSampler`` (8 graphs per
-rank), HydraGNN's ``DistributedCostAwareBatchSampler``, fairchem's and metatrain's
-``MaxAtomDistributedBatchSampler`` (``cfm_plugins/plan/peer_samplers.py``), on the MACE paper's
-workload and on real data sets made here.
+"""binpack against the peers' samplers, side by side, on the MACE paper's workload and real sets.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.samplers            # the full run
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.samplers --quick    # a smoke run
 
-Data sets (``--sets``): ``table3``, the Table-3 mix (``benchmarks/workload.py``) with edges at
-r_max 6 A: per data set and atom count, the edges per atom counted on a sample of structures of
-the mix's shapes and densities (``benchmarks/plan.py``'s ``geometry_mix``), interpolated;
-``cuni``, the CuNi demo set (``cfm_plugins/datasets/cuni.py``, labelled extended XYZ; edges at
-r_max 6 A, counted by cfm-plan); ``hydragnn``, the HydraGNN example's graphs
-(``cfm_plugins/datasets/clusters.py``, ``torch.save``'d PyG graphs: their own edges, radius 5 A,
-20 neighbours); ``hdf5``, both sets' structures in the mace HDF5 folder ``mace_prepare_data``
-writes (training shards; edges at r_max 6 A). The real sets are made once into ``--data``.
-
-Every sampler at 2, 8, 64, 740 and 4096 ranks and two budgets (3072 atoms, the paper's; the
-largest structure rounded up to 64 atoms), seed 0, epoch 0; the figures of
-``cfm_plugins/plan/compare.py`` (``cfm-plan --compare``'s). The step time is ``c0 + b x edges``:
-the H200 line through the train steps of ``benchmarks/results/gpu_mace_step-h200.json``
-(``benchmarks/plan.py``'s ``step_fit``, by atoms) with its slope per edge (the record's cells
-have one edge count per atom; mace's ``cost=auto`` fit keeps the edge term alone:
-``benchmarks/results/autocost_mace.json``), plus the all-reduce of 4,688,656 float32 gradients
-over Slingshot-11 per step. Writes the record ``samplers`` (``samplers_quick``) and its picture
+binpack, torch's ``DistributedSampler`` (8 graphs per rank), HydraGNN's
+``DistributedCostAwareBatchSampler``, fairchem's and metatrain's ``MaxAtomDistributedBatchSampler``
+(``cfm_plugins/plan/peer_samplers.py``), on the data sets of :data:`SETS` at 2, 8, 64, 740 and
+4096 ranks and two budgets (3072 atoms, the paper's; the largest structure rounded up to 64
+atoms), seed 0, epoch 0: the figures of ``cfm_plugins/plan/compare.py`` (``cfm-plan
+--compare``'s), the epoch predicted from the step time of :func:`time_model` plus the all-reduce
+of :func:`allreduce`. Writes the record ``samplers`` (``samplers_quick``) and its picture
 (predicted epoch by rank count, one line per sampler) to ``--out``.
 """
 
@@ -57,6 +44,13 @@ from cfm_plugins.plan.predict import fmt_time  # noqa: E402
 
 RANKS = (2, 8, 64, 740, 4096)
 R_MAX = 6.0
+#: the data sets (``--sets``): ``table3``, the Table-3 mix with edges at r_max 6 A
+#: (:func:`table3`); ``cuni``, the CuNi demo set (``cfm_plugins/datasets/cuni.py``, labelled
+#: extended XYZ; edges at r_max 6 A, counted by cfm-plan); ``hydragnn``, the HydraGNN example's
+#: graphs (``cfm_plugins/datasets/clusters.py``, ``torch.save``'d PyG graphs: their own edges,
+#: radius 5 A, 20 neighbours); ``hdf5``, both sets' structures in the mace HDF5 folder
+#: ``mace_prepare_data`` writes (training shards; edges at r_max 6 A). The real sets are made once
+#: into ``--data`` (:func:`real_set`).
 SETS = ("table3", "cuni", "hydragnn", "hdf5")
 TITLES = {
     "table3": "the MACE paper's Table-3 mix",
@@ -69,7 +63,11 @@ PEERS = ("hydragnn", "fairchem", "metatrain")
 
 
 def time_model():
-    """``(StepCost, text)``: the H200 step line by atoms, its slope per edge (see the notes)."""
+    """``(StepCost, text)``: the step time ``c0 + b x edges``. The H200 line through the train
+    steps of ``benchmarks/results/gpu_mace_step-h200.json`` (``benchmarks/plan.py``'s
+    :func:`~benchmarks.plan.step_fit`, by atoms) with its slope per edge: the record's cells have
+    one edge count per atom, and mace's ``cost=auto`` fit keeps the edge term alone
+    (``benchmarks/results/autocost_mace.json``)."""
     from cfm_plugins.sampler import StepCost
 
     c0, a, pts, rec = step_fit()
@@ -87,13 +85,18 @@ def time_model():
 
 
 def allreduce(ranks: int) -> float:
+    """Seconds of one step's all-reduce of the model's :data:`~benchmarks.plan.PARAMS` float32
+    gradients (4,688,656) over :data:`~benchmarks.plan.FABRIC` (Slingshot-11) at ``ranks``."""
     from cfm_plugins.plan.predict import FABRICS, allreduce_seconds, gradient_bytes
 
     return allreduce_seconds(gradient_bytes(PARAMS, "float32"), ranks, FABRICS[FABRIC])
 
 
 def table3(n_req: int | None, sample: int):
-    """``(atoms, edges, text)`` of the Table-3 mix (see the module notes)."""
+    """``(atoms, edges, text)`` of the Table-3 mix (``benchmarks/workload.py``) with edges at
+    r_max 6 A: per data set and atom count, the edges per atom counted on ``sample`` structures of
+    the mix's shapes and densities (``benchmarks/plan.py``'s :func:`~benchmarks.plan.geometry_mix`),
+    interpolated."""
     from cfm_plugins.plan import neighbours
 
     atoms, labels = paper_mix(n_req, seed=0, return_labels=True)

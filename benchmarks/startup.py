@@ -1,37 +1,15 @@
-"""Start-up of a 2-rank binpack run (``cost=edges``) on a large sharded HDF5 set: the sizes pass
-(edges and data checks) cold, with ``cfm-plan``'s cache, and with the cache a run wrote, against
-the time mace itself needs to read the data once.
+"""Start-up of a 2-rank binpack run (cost=edges) on a large sharded HDF5 set: the sizes pass.
 
     .venv/bin/python -m benchmarks.startup                        # 200,000 structures, 8 shards
     .venv/bin/python -m benchmarks.startup --structures 2000      # a smoke run
 
-1. The data: ``--structures`` tiny CuNi cells (2 to 6 atoms, periodic, 4 A cubes) with energies
-   and forces, in ``--shards`` files of mace's HDF5 layout (what ``mace_prepare_data`` writes:
-   ``config_batch_0/config_<i>``, read by mace's ``HDF5Dataset``), written with h5py. Making
-   HDF5 objects is slow (about 2,000 structures a second on a busy core), so each shard holds
-   ``--distinct`` real structures and the rest are HDF5 hard links to them: every structure is
-   read as one of its own by mace and by the sizes pass (same cost per structure), only the set is
-   made in seconds. A validation folder of 64 structures beside it.
-2. Three runs of ``mpirun -np 2 cfm-run --enable mace,binpack -o cost=edges -- mace_run_train``
-   on it (the smallest model; given ``--E0s`` and ``--atomic_numbers``, no statistics file), each
-   stopped once mace has computed its average number of neighbours (its first read of every
-   training graph, through the training loader; the model and training come after):
-
-   - ``cold``: no cache: every rank reads its share of every shard once (atoms, labels, elements,
-     geometry) and counts the edges with ``cfm::count_edges``; rank 0 writes the cache;
-   - ``plan cache``: after ``cfm-plan --cache WORK_DIR`` (timed apart) wrote its cache of the
-     training folder where the run looks (mace's ``--work_dir``): the
-     edges and the data checks come from it (``cfm-plan`` keeps both for mace's HDF5 files), so
-     no structure is read;
-   - ``run cache``: the cache a run wrote: no structure is read.
-
-   The sizes part is the sum of the ``sizes of the ... data`` log lines of rank 0 (each loader's
-   pass: mace builds the training loader twice, per head and for all heads, and the validation
-   loader); mace's own time is the span of its log lines ``Computing average number of
-   neighbors`` to ``Average number of neighbors`` (rank 0); start-up is the wall time from the
-   launch to the latter.
-
-Writes the record ``startup`` (``startup_quick`` below 200,000 structures).
+The sizes pass (edges and data checks) of ``mpirun -np 2 cfm-run --enable mace,binpack -o
+cost=edges -- mace_run_train``, cold, with ``cfm-plan``'s cache and with the cache a run wrote,
+against the time mace itself needs to read the data once (its average number of neighbours), on
+``--structures`` tiny CuNi cells in ``--shards`` files of mace's HDF5 layout (:func:`make_set`).
+The three runs are those of :func:`main`, what each times is :func:`run_once`'s. Writes the
+record ``startup`` (``startup_quick`` below 200,000 structures) to ``--out`` (default
+``out/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -65,7 +43,12 @@ _SIZES = re.compile(
 
 
 def write_shard(path: Path, n: int, distinct: int, seed: int) -> None:
-    """``n`` structures in mace's HDF5 layout, ``distinct`` of them real, the rest hard links."""
+    """``n`` structures in mace's HDF5 layout (what ``mace_prepare_data`` writes:
+    ``config_batch_0/config_<i>``, read by mace's ``HDF5Dataset``), written with h5py: tiny CuNi
+    cells (2 to 6 atoms, periodic, 4 A cubes) with energies and forces. Only ``distinct`` of them
+    are real, the rest are HDF5 hard links to them: making HDF5 objects is slow (about 2,000
+    structures a second on a busy core), and mace and the sizes pass read every link as a
+    structure of its own (the same cost per structure), so a large set is made in seconds."""
     import h5py
 
     rng = np.random.default_rng(seed)
@@ -93,8 +76,8 @@ def write_shard(path: Path, n: int, distinct: int, seed: int) -> None:
 
 
 def make_set(folder: Path, n: int, shards: int, distinct: int) -> float:
-    """The training folder (``n`` structures in ``shards`` files) and a validation folder; the
-    seconds it took."""
+    """The training folder (``n`` structures in ``shards`` files, :func:`write_shard`) and a
+    validation folder of :data:`VALID` structures beside it; the seconds it took."""
     t0 = time.perf_counter()
     for name, total, parts in (("train", n, shards), ("valid", VALID, 1)):
         (folder / name).mkdir(parents=True)
@@ -105,6 +88,8 @@ def make_set(folder: Path, n: int, shards: int, distinct: int) -> float:
 
 
 def mace_args(folder: Path, work: Path) -> list[str]:
+    """mace_run_train's arguments: the smallest model, given ``--E0s`` and ``--atomic_numbers``
+    (no statistics file to compute), its folders in ``work``."""
     return [
         "--name=startup",
         f"--train_file={folder / 'train'}",
@@ -140,7 +125,17 @@ def _env() -> dict:
 
 def run_once(folder: Path, work: Path, timeout: float) -> dict:
     """One training run in ``work`` (mace's ``--work_dir``, where the sizes cache is looked up and
-    written), stopped once mace has read every training graph: its figures."""
+    written), stopped once mace has read every training graph: its figures.
+
+    The run is ``mpirun -np 2 cfm-run --enable mace,binpack -o cost=edges -- mace_run_train``
+    (:func:`mace_args`), stopped once mace has computed its average number of neighbours: its
+    first read of every training graph, through the training loader (the model and training come
+    after). ``sizes_s`` is the sum of rank 0's ``sizes of the ... data`` log lines (one per
+    loader's pass: mace builds the training loader twice, per head and for all heads, and the
+    validation loader once), ``wait_s`` the time those passes waited for the other rank;
+    ``mace_s``, mace's own time, is the span of its log lines ``Computing average number of
+    neighbors`` to ``Average number of neighbors`` (rank 0); ``startup_s`` is the wall time from
+    the launch to the latter."""
     from cfm_plugins.testing import mpirun_command
 
     work.mkdir(parents=True, exist_ok=True)
@@ -210,6 +205,9 @@ def run_once(folder: Path, work: Path, timeout: float) -> dict:
 
 
 def run_plan(folder: Path, cache: Path) -> float:
+    """Seconds of ``cfm-plan --cache CACHE`` on the training folder: ``cache`` is the run's
+    ``--work_dir``, where the run looks for it; it holds the edges and the data checks
+    (``cfm-plan`` keeps both for mace's HDF5 files), so that the run reads no structure."""
     t0 = time.perf_counter()
     out = subprocess.run(
         [
@@ -253,6 +251,10 @@ def main(argv=None) -> int:
             shutil.rmtree(folder)
         made = make_set(folder, args.structures, args.shards, args.distinct)
         print(f"command: {cmd}\nset made in {made:.1f} s: {folder}", flush=True)
+        # cold: no cache, every rank reads its share of every shard once (atoms, labels, elements,
+        # geometry) and counts the edges with cfm::count_edges, rank 0 writes the cache; plan
+        # cache: after cfm-plan (timed apart, run_plan) wrote its cache where the run looks; run
+        # cache: the cache a run wrote. The last two read no structure.
         rows = {}
         rows["cold"] = run_once(folder, base / "cold", args.timeout)
         print("cold:", rows["cold"], flush=True)

@@ -1,25 +1,16 @@
-"""Padding overhead of static shapes: pad atoms and pad edges when every bin-packed batch is padded
-to one budget.
-
-For the example sets (CuNi of ``cfm_plugins.datasets.cuni``, edges from ASE's neighbour list at
-r_max 5 A; the molecular clusters of ``cfm_plugins.datasets.clusters``) and for the MACE paper's
-Table-3 mix (``benchmarks.workload.paper_mix``; it has atom counts only, so edges are modelled as
-atoms x a per-graph neighbour count drawn uniformly from 10-60, seeded: the atom figure is exact,
-the edge figure is an estimate), the budget is made as the ``static`` plugin makes it
-(:func:`cfm_plugins.static_shapes.budget.budget_of_plans` over the first ``--epochs`` epochs' plans,
-default headroom) at binpack's default capacity (``--batch-size`` x the mean atom count, at least
-the largest structure) or ``--capacity``, and the padding of every batch of those epochs is
-reported, for the bins the plugin packs (even in atoms and edges together, ``pack_even_dims``),
-for bins even in one size only (``pack_even``) by atoms (binpack's default
-cost) and by edges (``cost=edges``), and, for comparison, for Algorithm 1's full bins padded to the
-capacity.
+"""Padding overhead of static shapes: pad atoms and edges when every batch is padded to one budget.
 
     python -m benchmarks.static_shapes [--batch-size 4] [--capacity C] [--world 2 8] [--epochs 3]
         [--out DIR]
 
-Prints the table and writes the record ``static_shapes`` to ``--out`` (default
-``out/benchmarks/``). The training epoch eager-fused vs compiled + static is timed by
-``python -m benchmarks.static_train``.
+For the example sets (CuNi, :func:`cuni_sizes`; the molecular clusters, :func:`cluster_sizes`)
+and the MACE paper's Table-3 mix (:func:`table3_sizes`, its edges an estimate), the budget is made
+as the ``static`` plugin makes it, and the padding of every batch of the first ``--epochs``
+epochs' plans is reported (:func:`overhead_row`): for the bins the plugin packs (even in atoms and
+edges together), for bins even in one size only, by atoms and by edges, and for Algorithm 1's
+full bins. Prints the table and writes the record ``static_shapes`` to ``--out`` (default
+``out/benchmarks/``). The training epoch eager-fused vs compiled + static is timed by ``python -m
+benchmarks.static_train``.
 """
 
 from __future__ import annotations
@@ -36,6 +27,8 @@ from cfm_plugins.static_shapes.budget import DEFAULT_HEADROOM, budget_of_plans, 
 
 
 def cuni_sizes(n: int, seed: int = 0, r_max: float = 5.0):
+    """(atoms, edges) of ``n`` CuNi structures of ``cfm_plugins.datasets.cuni``, the edges from
+    ASE's neighbour list at ``r_max`` (A)."""
     from ase.neighborlist import neighbor_list
 
     from cfm_plugins.datasets.cuni import make_structure
@@ -49,6 +42,8 @@ def cuni_sizes(n: int, seed: int = 0, r_max: float = 5.0):
 
 
 def cluster_sizes(n: int, seed: int = 0):
+    """(atoms, edges) of ``n`` molecular clusters of ``cfm_plugins.datasets.clusters`` (their own
+    edges)."""
     from cfm_plugins.datasets.clusters import make_dataset
 
     graphs = make_dataset(n, seed)
@@ -59,6 +54,10 @@ def cluster_sizes(n: int, seed: int = 0):
 
 
 def table3_sizes(n: int, seed: int = 0):
+    """(atoms, edges) of ``n`` graphs of the MACE paper's Table-3 mix
+    (``benchmarks.workload.paper_mix``). It has atom counts only, so the edges are modelled as
+    atoms x a per-graph neighbour count drawn uniformly from 10-60, seeded: the atom figure is
+    exact, the edge figure an estimate."""
     from benchmarks.workload import paper_mix
 
     atoms = paper_mix(n, seed=seed)
@@ -69,7 +68,14 @@ def table3_sizes(n: int, seed: int = 0):
 def overhead_row(name, atoms, edges, cost, batch_size, capacity, world, epochs, even):
     """One table row: the budget the ``static`` plugin makes for plans packed by ``cost`` (atoms or
     edges; ``even``: ``"joint"`` in atoms and edges, ``True`` in the cost, ``False`` full bins) and
-    the padding of every batch of the first ``epochs`` plans."""
+    the padding of every batch of the first ``epochs`` plans.
+
+    The budget is :func:`cfm_plugins.static_shapes.budget.budget_of_plans` over those plans with
+    the default headroom, at binpack's default capacity (``batch_size`` x the mean cost, at least
+    the largest structure) or ``capacity``. The bins: the plugin's, even in atoms and edges
+    together (``pack_even_dims``); even in one size only (``pack_even``), by atoms (binpack's
+    default cost) or by edges (``cost=edges``); and, for comparison, Algorithm 1's full bins
+    (``pack``) padded to the capacity."""
     from cfm_plugins.plugins.binpack import default_capacity
 
     costs = atoms if cost == "atoms" else edges

@@ -5,24 +5,13 @@ one run.
         [--cost atoms|edges] [--out DIR]
 
 Workload: the example CuNi set (cfm_plugins.datasets.cuni: bulk, slabs, clusters of up to
---max-atoms atoms, EMT labels) and a MACE-MP-medium-like model (the one of benchmarks/gpu_mace.py:
-ScaleShiftMACE, 2 interactions, hidden --hidden, spherical harmonics l <= 3,
-correlation 3, radial MLP [64, 64, 64], 10 Bessel functions, r_max --r-max), trained by an
-unmodified ``mace_run_train`` under ``mpirun -np 2 cfm-run``, 1 thread per rank. Three
-configurations, one after the other, the same data, seed, batch size and binpack capacity:
-
-- ``eager``: ``--enable mace,binpack,fused``;
-- ``static eager``: ``--enable mace,binpack,fused,static``: every batch padded to one budget (bins
-  even in atoms and edges, one pad graph), not compiled: what the padding costs;
-- ``compiled``: the same with ``-o compile=default``: the forward with forces compiled by inductor
-  once per shape (training, validation and mace's final evaluation are separate graphs).
-
-Per configuration, from the step logs (``--cfm-step-log``): the optimizer steps' time of each epoch
-(slowest rank, summed over the epoch's steps); epoch 0 of the compiled run includes compiling. The
-ratio is eager / compiled over the epochs after the first (the steady state), and the wall time of
-each whole ``mace_run_train`` is reported beside it (compiling, validation and saving included).
-Prints the table and writes the record ``static_train_<cost>`` (:mod:`benchmarks.record`) to
-``--out`` (default ``out/benchmarks/``); the runs and their logs go to ``--work``.
+--max-atoms atoms, EMT labels) and a MACE-MP-medium-like model (:func:`mace_args`), trained by an
+unmodified ``mace_run_train`` under ``mpirun -np 2 cfm-run``, 1 thread per rank, in each
+configuration of :data:`CONFIGS` one after the other, with the same data, seed, batch size and
+binpack capacity. The ratio is eager / compiled over the optimizer steps of the epochs after the
+first (:func:`epoch_times`), each whole run's wall time beside it. Writes the record
+``static_train_<cost>`` (:mod:`benchmarks.record`) to ``--out`` (default ``out/benchmarks/``);
+the runs and their logs go to ``--work``.
 """
 
 from __future__ import annotations
@@ -38,6 +27,10 @@ from benchmarks.record import command_line, markdown_table, write_record
 from benchmarks.training import parser
 from cfm_plugins.testing import BIN, mpirun_command
 
+#: the configurations: ``eager``, binpack + the fused kernels; ``static eager``, every batch padded
+#: to one budget (bins even in atoms and edges, one pad graph), not compiled: what the padding
+#: costs; ``compiled``, the same with the forward with forces compiled by inductor once per shape
+#: (training, validation and mace's final evaluation are separate graphs)
 CONFIGS = {
     "eager": ["--enable", "mace,binpack,fused"],
     "static eager": ["--enable", "mace,binpack,fused,static"],
@@ -46,6 +39,10 @@ CONFIGS = {
 
 
 def mace_args(args, files: dict, run: Path, label: str) -> list[str]:
+    """mace_run_train's command line: the MACE-MP-medium-like model of
+    :func:`benchmarks.gpu_mace.build_model` (ScaleShiftMACE, 2 interactions, hidden ``--hidden``,
+    spherical harmonics l <= 3, correlation 3, radial MLP [64, 64, 64], 10 Bessel functions,
+    r_max ``--r-max``), on the CPU, each optimizer step logged (``--cfm-step-log``)."""
     return [
         "mace_run_train",
         f"--name={label}",
@@ -80,7 +77,8 @@ def mace_args(args, files: dict, run: Path, label: str) -> list[str]:
 
 
 def epoch_times(ranks: list[list[dict]]) -> list[float]:
-    """Per epoch: the slowest rank's summed step times (``wall_s`` of each optimizer step)."""
+    """Per epoch: the slowest rank's summed step times (``wall_s`` of each optimizer step, from
+    the step logs); epoch 0 of the compiled run includes compiling."""
     out = {}
     for records in ranks:
         per = {}
@@ -173,6 +171,8 @@ def main(argv=None) -> int:
             flush=True,
         )
 
+    # the steady state: the epochs after the first; each whole run's wall time (compiling,
+    # validation and saving included) is reported beside it
     steady = {k: sum(v["epochs"][1:]) / len(v["epochs"][1:]) for k, v in rows.items()}
     description = (
         f"{args.n_train} CuNi structures (1..{args.max_atoms} atoms, EMT), MACE-MP-medium-like "

@@ -1,20 +1,18 @@
-"""The NequIP demo, end to end (`make demo-nequip`, in .venv-nequip):
+"""The NequIP demo, end to end, into examples/out/nequip/ (`make demo-nequip`, in .venv-nequip):
+
+    .venv-nequip/bin/python examples/demo_nequip.py [--epochs 3] [--cost atoms,auto]  # or --help
 
 1. make a size-diverse CuNi training set with ASE + EMT (cfm_plugins.datasets.cuni);
 2. train a small NequIP model with
    `mpirun -np 2 cfm-run --enable nequip,binpack,fused -- nequip-train -cp DIR -cn cuni`
    (an unmodified nequip-train; the config is cfm_plugins.datasets.nequip_config's), once per
    binpack ``--cost`` (default ``atoms``; ``--cost atoms,auto`` compares the atom count with the
-   cost fitted on the run's own first epoch);
+   cost fitted on the run's own first epoch), and again per ``--seeds`` packing seed (other bin
+   orders and rank deals; the summary gives each cost's median LIF over them);
 3. run MD on a 512-atom cell through NequIP's own ASE calculator (NequIPCalculator) with the
    (first) trained checkpoint, stock and with the `enable_CFMFused` model modifier, timed per step;
-4. print a summary: time per epoch, steps, load imbalance (LIF) of the batches of each run (of
-   the last epoch, and of the epochs after the first: those ``cost=auto`` plans with its fit), MD
-   times.
-
-Everything goes to examples/out/nequip/. Options: --epochs, --n-train, --np, --md-steps, --cost,
---seeds (repeat every run with this many binpack packing seeds: the trainer's, then 101, 102, ...:
-other bin orders and rank deals; the summary gives each cost's median LIF over them).
+4. print a summary: time per epoch, steps, each run's load imbalance (LIF) of the last epoch and
+   of the epochs after the first (those ``cost=auto`` plans with its fit), MD times.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Fixtures shared by every test module, and the cost markers of every test. Helpers (functions,
-model builders) are in ``tests/helpers/``.
+"""Fixtures shared by every test module, and the cost markers of every test (``COSTS``).
 
 Layout: the tests mirror the package. The tests of ``cfm_plugins/<sub>/<module>.py`` are in
 ``tests/<sub>/test_<module>.py`` (top-level modules: ``tests/test_<module>.py``); those of an
@@ -8,14 +7,11 @@ adapter ``adapters/<trainer>/<module>.py`` in ``tests/adapters/<trainer>/test_<m
 runs); a module's tests split by what they need carry a suffix (``test_batch_sampler_mpi.py``,
 ``test_conv_tp_mace.py``: on whole MACE models). ``tests/datasets``, ``tests/examples``,
 ``tests/benchmarks`` and ``tests/tools`` test ``cfm_plugins.datasets``, the example scripts, the
-benchmarks users run and the maintainers' tools. ``tests/scripts/`` holds the programs the MPI tests
-launch.
+benchmarks users run and the maintainers' tools. Helpers (functions, model builders) are in
+``tests/helpers/``; ``tests/scripts/`` holds the programs the MPI tests launch.
 
-Cost markers (declared in pyproject.toml) are set here, in one table (``COSTS``), by path and by
-test name, never on the test functions: ``make test`` runs the tests that carry none of them (plus
-those marked ``fast``), ``make test-all`` runs everything. A new test that runs ``mpirun``, a
-trainer, a compiler, the Triton interpreter over a whole model or a benchmark end to end gets its
-row here (or matches one).
+Cost markers are set in one table here (``COSTS``), never on the test functions: a new costly test
+gets its row there.
 """
 
 from __future__ import annotations
@@ -26,6 +22,11 @@ import pytest
 
 from tests.helpers import run_mpi
 
+# Cost markers (declared in pyproject.toml) are set here, in this one table, by path and by test
+# name, never on the test functions: ``make test`` runs the tests that carry none of them (plus
+# those marked ``fast``), ``make test-all`` runs everything. A new test that runs ``mpirun``, a
+# trainer, a compiler, the Triton interpreter over a whole model or a benchmark end to end gets its
+# row here (or matches one).
 # (path from the repository root, test name without its parameters, markers): fnmatch patterns.
 # mpi: real `mpirun -np 2` jobs (and 2-rank jobs of srun's tasks or torchrun); trainer: a real
 # trainer runs (mace_run_train, nequip-train, HydraGNN's training); compile: torch.compile,

@@ -151,18 +151,21 @@ def test_the_check_sees_imports_inside_functions_and_type_checking(tmp_path):
     assert "pkg.b -> pkg.a (line 2)" in describe(graph, import_cycles(graph))
 
 
-#: the most lines a module docstring of the package and the adapters may have: what the module
-#: does and how to use it (rationale users need is in docs/, design detail in the docstrings of
-#: the classes and functions it explains)
+#: the most lines a module docstring may have (the package, the adapters, the benchmarks, tools,
+#: tests and examples): what the module does and how to use it (rationale users need is in docs/,
+#: design detail in the docstrings of the classes and functions it explains)
 MODULE_DOCSTRING_LINES = 15
+#: where the Python lives: folders, and files at the top
+PYTHON_PLACES = ("cfm_plugins", "adapters", "benchmarks", "tools", "tests", "examples", "setup.py")
 
 
-def long_module_docstrings(root: Path, folders=("cfm_plugins", "adapters")) -> list[str]:
-    """``path: N lines`` for every module under ``folders`` whose docstring (first to last
-    non-empty line) is longer than :data:`MODULE_DOCSTRING_LINES`."""
+def long_module_docstrings(root: Path, folders=PYTHON_PLACES) -> list[str]:
+    """``path: N lines`` for every module in ``folders`` (a folder's ``*.py`` files, or one file)
+    whose docstring (first to last non-empty line) is longer than :data:`MODULE_DOCSTRING_LINES`."""
     found = []
     for folder in folders:
-        for path in sorted((root / folder).rglob("*.py")):
+        paths = [root / folder] if folder.endswith(".py") else sorted((root / folder).rglob("*.py"))
+        for path in paths:
             doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
             lines = len(doc.strip("\n").splitlines())
             if lines > MODULE_DOCSTRING_LINES:

@@ -1,24 +1,16 @@
 """``cost=auto`` simulated: how balanced is the plan made with a fit of the calibration's step
 times?
 
-No trainer, no timing: graphs of known atoms and edges, a known step-time model
-``t = c0 + a*atoms + b*edges + g*graphs`` with noise, the calibration epoch planned as ``cost=auto``
-plans it, the fit of its noisy step times, and the LIF *under the true model* (no noise) of the next
-epochs' plans made with the fitted cost. What it compares:
-
-- calibration plans: ``one capacity`` (every bin about full in atoms) or the ``levels`` of
-  :data:`~cfm_plugins.sampler.packing.CALIBRATION_LEVELS` (what ``cost=auto`` does);
-- the outlier rule of :func:`~cfm_plugins.sampler.autocost.fit_step_times` on (default) or off.
-
-Noise: every record's time is multiplied by ``1 + noise * N(0, 1)``, and a share ``outliers`` of
-the records by a further ``1 + U(0.1, 0.5)`` (a rank slowed by a process sharing its core: the
-HydraGNN example on the shared 2-core VM measured relative residuals of median 1.7 %, the largest
-12-44 %). Sizes: ``clusters``, a mix like the HydraGNN example's (35 % molecules of 3-20 atoms with
-1.5-6 edges per atom, 65 % metal clusters of 13-300 atoms, log-uniform, 10-19 edges per atom), or
-``tests``, 3-300 atoms with 4, 12 or 24 edges per atom. 320 graphs, 8 graphs' worth of atoms per
-bin, 2 ranks, the first 3 steps dropped (warm-up), the LIF averaged over the next 2 epochs' plans.
-
     python -m tools.autocost_sim [--sizes clusters] [--noise 0.02] [--outliers 0.05] [--seeds 12]
+
+No trainer, no timing: graphs of known atoms and edges (:func:`sizes`), a known step-time model
+(:data:`TRUTHS`) with noise, the calibration epoch planned as ``cost=auto`` plans it, the fit of
+its noisy step times, and the LIF *under the true model* (no noise) of the next epochs' plans made
+with the fitted cost (:func:`one_run`). It compares the calibration plans (``one capacity``, every
+bin about full in atoms, or the ``levels`` of
+:data:`~cfm_plugins.sampler.packing.CALIBRATION_LEVELS`, what ``cost=auto`` does) with the outlier
+rule of :func:`~cfm_plugins.sampler.autocost.fit_step_times` on (default) and off
+(:data:`VARIANTS`), and prints the mean (max) LIF over the seeds per model and variant.
 """
 
 from __future__ import annotations
@@ -31,7 +23,8 @@ from cfm_plugins.sampler import fit_step_times, load_imbalance_factor, pack
 from cfm_plugins.sampler.autocost import fitted_costs
 from cfm_plugins.sampler.packing import CALIBRATION_LEVELS, pack_levels
 
-#: true step-time models (c0 s, a s/atom, b s/edge, g s/graph); "egnn" is the fit of the HydraGNN
+#: true step-time models ``t = c0 + a*atoms + b*edges + g*graphs`` (c0 s, a s/atom, b s/edge,
+#: g s/graph); "egnn" is the fit of the HydraGNN
 #: example's edge-balanced steps (thread CPU time): 2.54 ms + 4.25 us/edge, nothing else
 TRUTHS = {
     "egnn": (2.54e-3, 0.0, 4.25e-6, 0.0),
@@ -49,6 +42,9 @@ VARIANTS = {  # name: (calibration levels, outlier cutoff)
 
 
 def sizes(kind: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(atoms, edges) of ``n`` graphs. ``clusters``: a mix like the HydraGNN example's (35 %
+    molecules of 3-20 atoms with 1.5-6 edges per atom, 65 % metal clusters of 13-300 atoms,
+    log-uniform, 10-19 edges per atom); ``tests``: 3-300 atoms with 4, 12 or 24 edges per atom."""
     if kind == "clusters":
         mol = rng.random(n) < 0.35
         atoms = np.where(
@@ -64,7 +60,14 @@ def sizes(kind: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.n
 def one_run(
     kind, truth, levels, cutoff, seed, noise, outliers, n=320, ranks=2, per_bin=8, warmup=3
 ):
-    """The true LIF of the plans made with the fit of one simulated calibration epoch."""
+    """The true LIF of the plans made with the fit of one simulated calibration epoch.
+
+    ``n`` graphs of :func:`sizes`, ``per_bin`` graphs' worth of atoms per bin, ``ranks`` ranks; the
+    calibration plan's first ``warmup`` steps are dropped (warm-up) and the LIF is averaged over
+    the next 2 epochs' plans. Noise: every record's time is multiplied by ``1 + noise * N(0, 1)``,
+    and a share ``outliers`` of the records by a further ``1 + U(0.1, 0.5)`` (a rank slowed by a
+    process sharing its core: the HydraGNN example's step logs on a shared 2-core machine have
+    relative residuals of median 1.7 %, the largest 12-44 %)."""
     rng = np.random.default_rng(seed)
     atoms, edges = sizes(kind, rng, n)
     c0, a, b, g = truth

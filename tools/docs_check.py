@@ -5,40 +5,11 @@
     python -m tools.docs_check            # README.md, CONTRIBUTING.md, CHANGELOG.md, docs/*.md
     python -m tools.docs_check docs/mace.md --list   # the blocks and what the check does with each
 
-What it checks:
-
-- **Links.** Every relative link (``[text](path)``, ``[text](path#anchor)``, ``[text](#anchor)``)
-  points to an existing file, and an anchor to a heading of that file (GitHub's heading slugs).
-- **Code blocks.** Every fenced block a user copies (``bash``/``sh``/``console``, ``python``,
-  ``yaml``/``json``/``toml``) carries a directive that says what the check does with it: an HTML
-  comment right above the fence, invisible on the rendered page. A copyable block without one is a
-  failure, and so is an unlabeled block that looks like a command (label it, or ``text`` for
-  output). Directives, one or more comments (``;`` separates several in one comment)::
-
-      <!-- docs-check: run -->                     run the block as written
-      <!-- docs-check: replace -np 4 => -np 2 -->  run it with this text replaced (tiny settings);
-                                                   the text must occur in the block
-      <!-- docs-check: skip: needs a GPU -->       not run, for the reason given (required)
-      <!-- docs-check: file train.yaml -->         write the block to this file (then parse it)
-      <!-- docs-check: parse -->                   yaml/json/toml: check that it parses
-      <!-- docs-check: venv .venv-nequip -->       run with another environment of the checkout
-      <!-- docs-check: expect TEXT -->             the block's output must contain TEXT
-      <!-- docs-check: timeout 600 -->             seconds (default 300)
-
-  and for a whole file: ``<!-- docs-check-file: venv .venv-nequip -->`` (the default environment
-  of its blocks) or ``<!-- docs-check-file: skip: REASON -->`` (no block of it runs; its links are
-  still checked).
-
-How blocks run: each file in a fresh folder standing for the repository root (a copy of
-``examples/`` and links to the checkout's environments ``.venv*``), its blocks in page order as a
-reader pastes them, with no hidden set-up: a block that needs an earlier one says so in the page's
-text. The shell blocks of a file run as one shell session (each in ``bash -e -o pipefail``; the
-working directory, exported and plain shell variables carry over to the next block), its Python
-blocks in one interpreter per environment (names carry over; it starts with the shell session's
-variables and runs each block in the shell's current directory). The environment's ``bin`` comes
-first on ``PATH`` (as after ``. .venv/bin/activate``), ``OMP_NUM_THREADS=1``, and ``mpirun`` gets
-``--oversubscribe`` (and ``--allow-run-as-root`` as root), as the docs tell users on few cores. A
-block whose environment does not exist is skipped, saying so.
+It checks every relative link and anchor (:func:`check_links`), and that every fenced block a user
+copies carries a directive that says what the check does with it (:func:`plan_block`): an HTML
+comment right above the fence, invisible on the rendered page, such as ``<!-- docs-check: run -->``
+(every directive and its syntax: :data:`KEYS`). Then it runs each file's blocks in page order as a
+reader pastes them, in a fresh folder standing for the repository root (:func:`run_doc`).
 """
 
 from __future__ import annotations
@@ -81,7 +52,24 @@ COMMAND_WORDS = (
     "mace_",
     "$ ",
 )
+#: seconds a block may run unless its ``timeout`` directive says otherwise
 DEFAULT_TIMEOUT = 300.0
+#: The directives: one or more HTML comments right above a code block's fence (``;`` separates
+#: several in one comment)::
+#:
+#:     <!-- docs-check: run -->                     run the block as written
+#:     <!-- docs-check: replace -np 4 => -np 2 -->  run it with this text replaced (tiny settings);
+#:                                                  the text must occur in the block
+#:     <!-- docs-check: skip: needs a GPU -->       not run, for the reason given (required)
+#:     <!-- docs-check: file train.yaml -->         write the block to this file (then parse it)
+#:     <!-- docs-check: parse -->                   yaml/json/toml: check that it parses
+#:     <!-- docs-check: venv .venv-nequip -->       run with another environment of the checkout
+#:     <!-- docs-check: expect TEXT -->             the block's output must contain TEXT
+#:     <!-- docs-check: timeout 600 -->             seconds (default 300)
+#:
+#: and for a whole file: ``<!-- docs-check-file: venv .venv-nequip -->`` (the default environment
+#: of its blocks) or ``<!-- docs-check-file: skip: REASON -->`` (no block of it runs; its links are
+#: still checked).
 KEYS = {"run", "replace", "skip", "file", "parse", "venv", "expect", "timeout"}
 
 
@@ -229,7 +217,11 @@ def parse(path: Path) -> Doc:
 
 # --------------------------------------------------------------------------------------- links
 def check_links(docs: dict[Path, Doc]) -> list[str]:
-    """Problems of the relative links: a missing file, or an anchor no heading of it has."""
+    """Problems of the relative links: a missing file, or an anchor no heading of it has.
+
+    Every relative link (``[text](path)``, ``[text](path#anchor)``, ``[text](#anchor)``) must point
+    to an existing file, and an anchor to a heading of that file (GitHub's heading slugs,
+    :func:`slug`)."""
     problems = []
     for doc in docs.values():
         for line, target in doc.links:
@@ -273,6 +265,12 @@ def plan(doc: Doc) -> tuple[list[tuple[Block, str, str]], list[str]]:
 
 
 def plan_block(doc: Doc, block: Block) -> tuple[Block, str, str]:
+    """(block, action, note): what the check does with ``block`` by its directives (:data:`KEYS`).
+
+    Every fenced block a user copies (``bash``/``sh``/``console``, ``python``,
+    ``yaml``/``json``/``toml``: :data:`COPYABLE`) needs a directive: a copyable block without one
+    is a failure (:class:`DocError`), and so is an unlabeled block that looks like a command
+    (:data:`COMMAND_WORDS`: label it, or ``text`` for output)."""
     keys = {k for k, _ in block.directives}
     if block.lang not in COPYABLE:
         if block.directives:
@@ -550,7 +548,19 @@ def tail(path: Path, n: int = 40) -> str:
 
 def run_doc(doc: Doc, steps, tmp: Path, echo) -> list[Outcome]:
     """Run one file's blocks in page order in a fresh sandbox: its shell blocks as one session, its
-    Python blocks in one interpreter per environment."""
+    Python blocks in one interpreter per environment.
+
+    The sandbox (:func:`make_sandbox`) stands for the repository root: a copy of ``examples/`` and
+    links to the checkout's environments ``.venv*``. Blocks run as a reader pastes them, with no
+    hidden set-up: a block that needs an earlier one says so in the page's text. The shell blocks
+    run as one shell session (:class:`ShellSession`: each in ``bash -e -o pipefail``; the working
+    directory, exported and plain shell variables carry over to the next block), the Python blocks
+    in one interpreter per environment (:class:`PythonSession`: names carry over; it starts with the
+    shell session's variables and runs each block in the shell's current directory). The
+    environment's ``bin`` comes first on ``PATH`` (as after ``. .venv/bin/activate``),
+    ``OMP_NUM_THREADS=1`` (:func:`block_env`), and ``mpirun`` gets ``--oversubscribe`` (and
+    ``--allow-run-as-root`` as root; :data:`MPIRUN_WRAPPER`), as the docs tell users on few cores. A
+    block whose environment does not exist is skipped, saying so."""
     box = make_sandbox(tmp)
     shell = ShellSession(box, tmp)
     default_venv = next((v for k, v in doc.file_directives if k == "venv"), ".venv")

@@ -4,47 +4,14 @@
     python -m tools.gpu_capture --backend cuda triton --atoms 500 4000  # both kernel backends
     python -m tools.gpu_capture --device cpu --mode default --quick     # a smoke run anywhere
 
-Workload (the one of ``benchmarks/gpu_mace.py``): the MACE-MP-medium-like
-ScaleShiftMACE of ``gpu_mace.build_model`` (hidden ``--hidden``, l<=3, correlation 3, 89 elements,
-radial MLP [64,64,64], r_max 6 A, 2 layers) on a rattled CuNi fcc cell (``gpu_mace.cuni_cell``) of
-each ``--atoms``, for each ``--dtypes`` and kernels ``stock`` and ``fused`` (``patch_model``; on
-CUDA once per ``--backend``: the C++ CUDA kernels or the generated Triton kernels).
-
-The model is set up as the ``static`` plugin's mace seam and ``CFMCalculator(compile=...)`` set it
-up: built with e3nn's code generation off, ``without_torchscript``, patched, then
-``cfm_plugins.static_shapes.forward.install(model, MACE_SPEC, compile=..., dynamic=False)``
-(TracedSwaps around the compiled call, ``configure_dynamo``). Two copies with the same weights (the
-same seeded build, checked equal key by key: a ``copy.deepcopy`` would hold e3nn's TorchScript
-again): compile=off (eager on the padded batch) and compile=``--mode`` (``reduce-overhead``:
-inductor + CUDA graph trees). The batch is one structure padded as the calculator pads it
-(``PaddingCollater``, a budget of the structure's size + 5 % headroom, pad edges 2 r_max long).
-Steps:
-
-- ``train``: ``model(batch, training=True, compute_force=True)``, a loss on energy and forces
-  against the EMT labels (as ``gpu_mace.measure``), ``backward()``;
-- ``inference``: energy + forces, parameters frozen (as mace's evaluation and the calculator).
-
-Checks, per configuration (each a PASS/FAIL line; the exit status is 1 if any FAILs or errors):
-
-- captured vs compile=off: the loss, every parameter gradient, energies and forces of both steps,
-  max relative error (max |a - b| / max |b|) < 1e-10 in float64, < 1e-4 in float32. They run on
-  another cell of the same size (other composition and rattle, atoms shuffled: other positions,
-  species and edges, the same padded shape) after warming up on the first, so the captured graphs
-  are replayed on new inputs;
-- padded vs unpadded (eager): the same quantities, same tolerances (the padding is inert);
-- no sync: one captured train step and one inference step run under
-  ``torch.cuda.set_sync_debug_mode("error")`` (CUDA only);
-- dynamo's compiled graphs and graph breaks (``compile_counts``; 2 graphs expected: train and
-  inference), inductor's ``cudagraph_skips`` counter and every warning logged while compiling
-  and running: a "skipping cudagraphs" line means the step was not captured and the check is not
-  what it claims; and the seconds the compile and the warm-up steps took (the first steps
-  compile: what a training run pays once per shape budget).
-
-Timing: median wall time of ``--reps`` steps after ``--warmup``, synchronised (and the GPU time of
-the same steps from CUDA events), of the eager step on the unpadded batch (compile=off model, plain
-batch), the eager step on the padded batch and the captured step. On CUDA also whether a pinned
-padded batch moves to the device without blocking. Results go to stdout and to ``--out`` (default
-``out/tools/gpu_capture.md``) as markdown.
+The workload is ``benchmarks/gpu_mace.py``'s (its MACE-MP-medium-like model on a rattled CuNi cell
+of each ``--atoms``), for each ``--dtypes`` and kernels ``stock`` and ``fused`` (on CUDA once per
+``--backend``), set up as ``CFMCalculator(compile=...)`` sets it up (:func:`static_model`). Per
+configuration (:func:`run_config`) the train and inference steps are checked (captured with
+compile=``--mode`` against compile=off, padded against unpadded, no sync, no graph break or skipped
+CUDA graph) and timed (eager unpadded, eager padded, captured); on CUDA also whether a pinned batch
+moves without blocking. Each check prints a PASS/FAIL line (the exit status is 1 if any FAILs or
+errors); the tables go to stdout and as markdown to ``--out`` (default out/tools/gpu_capture.md).
 """
 
 from __future__ import annotations
@@ -65,7 +32,9 @@ from benchmarks.gpu_mace import build_model, cuni_atoms, cuni_cell, device_name
 ROOT = Path(__file__).resolve().parents[1]
 
 R_MAX = 6.0
+#: the padded batch's budget: the structure's size + 5 % headroom
 HEADROOM = 0.05
+#: the largest relative error (max |a - b| / max |b|) a check passes with, per dtype
 TOL = {"float64": 1e-10, "float32": 1e-4}
 #: What torch warns at each synchronizing call under ``set_sync_debug_mode("warn")``. The first call
 #: of ``set_sync_debug_mode`` in a process also warns, once, that the mode is a prototype that "does
@@ -136,7 +105,11 @@ def cudagraph_skips() -> int:
 # ---------------------------------------------------------------------------- batches and models
 class Workload:
     """One cell: the unpadded batch (a dict), the padded one (a PaddedBatch) and the EMT labels, on
-    ``device``."""
+    ``device``.
+
+    The padded batch is one structure padded as the calculator pads it (``PaddingCollater``, a
+    budget of the structure's size + :data:`HEADROOM`, pad edges 2 r_max long); ``tracker`` shares
+    the budget of another cell of the same size, so both get the same padded shape."""
 
     def __init__(self, atoms, e, f, dtype, device, tracker=None):
         import torch
@@ -195,7 +168,10 @@ def fresh(inputs: dict) -> dict:
 
 
 def base_model(dtype, hidden: str, device):
-    """The stock model as the static seam builds it: e3nn code generation off, no TorchScript."""
+    """The stock model as the static seam builds it: e3nn code generation off, no TorchScript.
+
+    The model is ``gpu_mace.build_model``'s MACE-MP-medium-like ScaleShiftMACE (hidden ``hidden``,
+    l<=3, correlation 3, 89 elements, radial MLP [64,64,64], r_max 6 A, 2 layers)."""
     from cfm_plugins.static_shapes.mace import e3nn_codegen_off, without_torchscript
 
     with e3nn_codegen_off():
@@ -206,6 +182,12 @@ def base_model(dtype, hidden: str, device):
 def static_model(stock, hidden: str, fused: bool, compile: str, kernels=None):
     """A copy of ``stock`` (same weights), patched when ``fused``, with the static forward
     installed.
+
+    Set up as the ``static`` plugin's mace seam and ``CFMCalculator(compile=...)`` set it up: built
+    with e3nn's code generation off, ``without_torchscript`` (:func:`base_model`), patched
+    (``patch_model``, with ``kernels``), then ``cfm_plugins.static_shapes.forward.install(model,
+    MACE_SPEC, compile=..., dynamic=False)`` (TracedSwaps around the compiled call,
+    ``configure_dynamo``).
 
     Not ``copy.deepcopy``: e3nn scripts its fx modules when a module is copied or pickled, and a
     model holding TorchScript cannot be compiled. The copy is the same seeded build, without
@@ -244,6 +226,8 @@ def frozen(model):
 
 
 def train_step(model, inputs, e_ref, f_ref):
+    """``model(batch, training=True, compute_force=True)``, a loss on energy and forces against the
+    EMT labels (as ``gpu_mace.measure``), ``backward()``."""
     import torch
 
     # a new step: the last step's graph outputs may be reused
@@ -258,6 +242,7 @@ def train_step(model, inputs, e_ref, f_ref):
 
 
 def infer_step(model, inputs):
+    """Energy + forces, parameters frozen (as mace's evaluation and the calculator)."""
     import torch
 
     torch.compiler.cudagraph_mark_step_begin()
@@ -424,7 +409,28 @@ def pinned_check(wl, device) -> str:
 
 # ---------------------------------------------------------------------------- one configuration
 def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture, rows, checks):
-    """Checks and times one (dtype, atoms, kernels) configuration; appends its table rows."""
+    """Checks and times one (dtype, atoms, kernels) configuration; appends its table rows.
+
+    Two copies of the model with the same weights (:func:`static_model`): compile=off (eager on the
+    padded batch) and compile=``args.mode`` (``reduce-overhead``: inductor + CUDA graph trees). They
+    warm up on ``wl0``; the checks run on ``wl1``, another cell of the same size and padded shape
+    (:func:`check_cell`: other positions, species and edges), so the captured graphs are replayed
+    on new inputs. Checks, each a PASS/FAIL line:
+
+    - captured vs compile=off: the loss, every parameter gradient, energies and forces of both
+      steps, max relative error below :data:`TOL`;
+    - padded vs unpadded (eager): the same quantities, same tolerances (the padding is inert);
+    - no sync: one captured train step and one inference step under :func:`sync_check`;
+    - dynamo's compiled graphs and graph breaks (``compile_counts``), inductor's
+      ``cudagraph_skips`` counter and every warning logged while compiling and running: under
+      ``reduce-overhead`` a "skipping cudagraphs" line means the step is not captured and the check
+      is not what it claims (a FAIL); and the seconds the compile and the warm-up steps take (the
+      first steps compile: what a training run pays once per shape budget).
+
+    Timing (:func:`timed`): ``args.reps`` steps after ``args.warmup`` of the eager step on the
+    unpadded batch (the compile=off model, plain batch), the eager step on the padded batch and the
+    captured step, train and inference.
+    """
     import torch
 
     from cfm_plugins.static_shapes import forward

@@ -1,36 +1,17 @@
 """Where a MACE train step spends its GPU time and memory: torch.profiler, one step per way.
 
     python -m tools.gpu_profile [--atoms 500 4000] [--dtypes float32 float64] [--ways stock fused]
+    python -m tools.gpu_profile --by-module --atoms 4000 --ways cueq fused   # per MACE submodule
     python -m tools.gpu_profile --device cpu --quick     # a smoke run anywhere
 
 Workload: the train step of ``benchmarks/gpu_mace.py`` (its MACE-MP-medium-like model on its
 rattled CuNi cells: energy + forces, a loss on both, ``backward()``). Each way (``stock``,
 ``cueq``, ``fused`` with the kernel backend of ``--backend``) runs ``--warmup`` steps, then one
-step under ``torch.profiler`` with ``profile_memory=True``. Per way it prints:
-
-- the step's wall time, the summed GPU time of its kernels, how many kernels it launched and
-  the busy fraction (kernel time / wall: well below 1 means the host, not the GPU, sets the pace);
-- the ``--top`` kernels by GPU time (name, launches, ms, share of the kernel time);
-- the ``--top`` operators by the memory they allocate themselves (``self_*_memory_usage``), which
-  says what a higher peak is made of;
-- the peak memory of the step (``torch.cuda.max_memory_allocated``).
-
+step under ``torch.profiler``: its wall and kernel time, launches, top kernels, top allocating
+operators and peak memory (:func:`profile_step`). ``--by-module``: one table per dtype and size, a
+row per MACE submodule, every way side by side, then each way's detail (:func:`by_module_report`).
 On the CPU the "kernels" are the profiler's CPU operators (self time); the tables are a smoke test.
 ``--out FILE`` writes the markdown to a file too. ``tools/memory_peak.py`` shares the options.
-
-``--by-module`` (``python -m tools.gpu_profile --by-module --atoms 4000 --ways cueq fused``):
-one table per dtype and size with a row per MACE submodule (embedding; radial MLP: the radial
-embedding and each layer's ``conv_tp_weights``; ``linear_up``; conv TP; ``linear``; skip
-connection: ``skip_tp``; the interaction block's own operators (the cutoff product, the division
-by the average neighbour count, the reshape); product: the symmetric contraction and its linear;
-readouts and scale/shift; the model's own operators; loss and backward: what runs outside the
-model) and, per way side by side, the step's kernel time in that module (on the CPU: the self CPU
-time of its operators), its share and its launches (on the CPU: operator calls that compute).
-Forward hooks push a ``torch.profiler`` range around each submodule's forward; an operator run by
-the autograd engine belongs to the module whose forward created the node it runs (the profiler's
-sequence number and forward thread of the node, :func:`attribute_events`), so backward and double
-backward land where their forward ran. Then per way: each module's forward, backward and double
-backward time, its elementwise launches and fills, and its top operators (kernels on CUDA).
 """
 
 from __future__ import annotations
@@ -155,8 +136,18 @@ def way_sections(args, device, section) -> list[str]:
 
 
 def profile_step(step, device, warmup: int, top: int) -> dict:
-    """Profile one call of ``step`` after ``warmup`` calls: wall, kernels, memory (see module
-    doc)."""
+    """Profile one call of ``step`` after ``warmup`` calls (``profile_memory=True``): wall,
+    kernels, memory, as :func:`report` prints them:
+
+    - the step's wall time, the summed GPU time of its kernels, how many kernels it launched and
+      the busy fraction (kernel time / wall: well below 1 means the host, not the GPU, sets the
+      pace);
+    - the ``top`` kernels by GPU time (name, launches, ms, share of the kernel time);
+    - the ``top`` operators by the memory they allocate themselves (``self_*_memory_usage``), which
+      says what a higher peak is made of;
+    - the peak memory of the step (``torch.cuda.max_memory_allocated``; CUDA only).
+
+    On the CPU the "kernels" are the profiler's CPU operators (self time)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -213,7 +204,12 @@ def report(label: str, r: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- --by-module
-#: the rows of the per-module table, in order (see :func:`module_group`)
+#: the rows of the per-module table, in order (see :func:`module_group`): embedding; radial MLP
+#: (the radial embedding and each layer's ``conv_tp_weights``); ``linear_up``; conv TP;
+#: ``linear``; skip connection (``skip_tp``); the interaction block's own operators (the cutoff
+#: product, the division by the average neighbour count, the reshape); product (the symmetric
+#: contraction and its linear); readouts and scale/shift; the model's own operators; loss and
+#: backward (what runs outside the model)
 MODULE_ROWS = (
     "embedding",
     "radial MLP",
@@ -534,7 +530,17 @@ def module_details(way: str, r: dict, top: int) -> list[str]:
 
 def by_module_report(args, argv) -> int:
     """``--by-module``: per dtype and size, the one table of :func:`module_table` over the ways of
-    ``args`` and each way's :func:`module_details`, printed as they come (and to ``--out``)."""
+    ``args`` and each way's :func:`module_details`, printed as they come (and to ``--out``).
+
+    The table has a row per MACE submodule (:data:`MODULE_ROWS`) and, per way side by side, the
+    step's kernel time in that module (on the CPU: the self CPU time of its operators), its share
+    and its launches (on the CPU: operator calls that compute). Forward hooks push a
+    ``torch.profiler`` range around each submodule's forward (:class:`ModuleRanges`); an operator
+    run by the autograd engine belongs to the module whose forward created the node it runs
+    (:func:`attribute_events`), so backward and double backward land where their forward ran. Then
+    per way: each module's forward, backward and double backward time, its elementwise launches and
+    fills, and its top operators (kernels on CUDA). ``--kernels-also`` adds fused ways that swap
+    other kernel lists to the same table."""
     import mace  # noqa: F401  (before e3nn)
     import torch
 

@@ -6,22 +6,12 @@
 
 Workload: the train step of ``benchmarks/gpu_mace.py`` (its MACE-MP-medium-like model on its
 rattled CuNi cells: energy + forces, a loss on both, ``backward()``). Each way runs one warm-up
-step, then one step under ``torch.profiler`` (``profile_memory``, ``record_shapes``,
-``with_stack``), whose tensor timeline (``torch.profiler._memory_profiler.MemoryProfile``: every
-tensor's creation and release, with the operator that made it; a private torch API, read for torch
-2.11 and 2.13) is replayed to find the step's peak. Per way it prints:
-
-- the peak of the tensors alive during the step on ``--device`` (inputs and parameters included;
-  the allocator's caching and fragmentation come on top on a GPU:
-  ``torch.cuda.max_memory_allocated`` in ``tools/gpu_profile.py``);
-- the peak as a multiple of one ``[edges, 1280]`` buffer (the per-edge weights of a 128-channel
-  layer-1 convolution), the unit in which the force-training peak grows with the edges;
-- what is alive at the peak, by the operator that made it and torch's category (activation,
-  autograd detail, gradient, ...), the ``--top`` largest groups;
-- when in the step the peak falls (the operator that allocated last before it).
-
-The composition is the same on any device for the same operators, so a CPU run says what a GPU
-peak is made of; ``--out`` writes the markdown to a file too.
+step, then one step under ``torch.profiler`` whose tensor timeline is replayed to find the step's
+peak (:func:`measure`, :func:`peak_of`). Per way it prints the peak, in MiB and in ``[edges,
+1280]`` buffers, what is alive then by the operator that made it and torch's category, and when
+in the step the peak falls (:func:`report`). The composition is the same on any device for the
+same operators, so a CPU run says what a GPU peak is made of; ``--out`` writes the markdown to a
+file too.
 """
 
 from __future__ import annotations
@@ -85,6 +75,12 @@ def peak_of(prof, device) -> dict:
 
 
 def measure(model, batch, e_ref, f_ref, device) -> dict:
+    """:func:`peak_of` one train step after one warm-up step, profiled with ``profile_memory``,
+    ``record_shapes`` and ``with_stack``.
+
+    The tensor timeline is ``torch.profiler._memory_profiler.MemoryProfile``'s: every tensor's
+    creation and release, with the operator that made it (a private torch API, read for torch 2.11
+    and 2.13)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -100,6 +96,17 @@ def measure(model, batch, e_ref, f_ref, device) -> dict:
 
 
 def report(label: str, r: dict, unit: int, top: int) -> list[str]:
+    """The markdown of one way's :func:`peak_of`:
+
+    - the peak of the tensors alive during the step on the device (inputs and parameters included;
+      the allocator's caching and fragmentation come on top on a GPU:
+      ``torch.cuda.max_memory_allocated`` in ``tools/gpu_profile.py``);
+    - the peak as a multiple of ``unit``, the bytes of one ``[edges, 1280]`` buffer (the per-edge
+      weights of a 128-channel layer-1 convolution), the unit in which the force-training peak
+      grows with the edges;
+    - what is alive at the peak, by the operator that made it and torch's category (activation,
+      autograd detail, gradient, ...), the ``top`` largest groups;
+    - when in the step the peak falls (the operator that allocated last before it)."""
     mib = 2**20
     lines = [
         f"### {label}",

@@ -6,20 +6,11 @@ options.
 
 ``RUN/steps`` is the run's ``step_log`` (``RUN/steps.rank<r>.jsonl``); after ``--`` come the
 ``cfm-plan`` arguments that describe the run (one rank count: the run's). For every epoch the log
-holds, binpack's plan of that epoch is made as ``cfm-plan`` makes it and compared:
-
-- steps: equal;
-- batches: each rank's atoms (and edges, where the log has them) at every step, equal;
-- LIF: the plan's, with the step time fitted on the run's own logged steps after ``--warmup``
-  (:func:`~cfm_plugins.sampler.autocost.fit_step_times`, what ``cost=auto`` fits), against the
-  measured LIF of ``--time`` (default the compute time of the training thread,
-  ``compute_cpu_s``) over the same steps, within ``0.56 sigma + 3 sigma / sqrt(steps) + 0.01``:
-  ``sigma`` is the relative spread of the measured times about the fit (the clock's noise, which
-  no plan can know), ``0.56 sigma`` the expected excess of the slower of two ranks over the mean
-  under it, ``3 sigma / sqrt(steps)`` three standard errors of a mean over the steps, and 0.01 the
-  fit's misfit of the counts.
-
-Prints the figures and exits 1 on any mismatch.
+holds, binpack's plan of that epoch is made as ``cfm-plan`` makes it and compared with the log
+(:func:`compare`): the steps, each rank's atoms (and edges, where the log has them) at every step,
+and the plan's LIF of a step time fitted on the run's own steps against the measured LIF of
+``--time`` (default ``compute_cpu_s``), within a tolerance set by the clock's noise. Prints the
+figures and exits 1 on any mismatch.
 """
 
 from __future__ import annotations
@@ -38,9 +29,23 @@ WARMUP = 3
 def compare(
     step_log: str, plan_args: list[str], time_key: str = "compute_cpu_s", warmup: int = WARMUP
 ) -> dict:
-    """The comparison (see the module notes) as a dict: ``steps``, ``batches_equal``,
-    ``edges_compared``, ``lif_planned``, ``lif_measured``, ``tolerance``, ``sigma``, ``fit``,
-    ``ok``."""
+    """The comparison as a dict: ``steps``, ``batches_equal``, ``edges_compared``,
+    ``lif_planned``, ``lif_measured``, ``tolerance``, ``sigma``, ``fit``, ``ok``.
+
+    For every epoch of ``step_log``, binpack's plan of that epoch (made from ``plan_args`` as
+    ``cfm-plan`` makes it) against the log:
+
+    - steps: equal;
+    - batches: each rank's atoms (and edges, where the log has them) at every step, equal;
+    - LIF: the plan's, with the step time fitted on the run's own logged steps after ``warmup``
+      (:func:`~cfm_plugins.sampler.autocost.fit_step_times`, what ``cost=auto`` fits), against the
+      measured LIF of ``time_key`` (default the compute time of the training thread,
+      ``compute_cpu_s``) over the same steps, within ``0.56 sigma + 3 sigma / sqrt(steps) + 0.01``:
+      ``sigma`` is the relative spread of the measured times about the fit (the clock's noise,
+      which no plan can know), ``0.56 sigma`` the expected excess of the slower of two ranks over
+      the mean under it, ``3 sigma / sqrt(steps)`` three standard errors of a mean over the steps,
+      and 0.01 the fit's misfit of the counts.
+    """
     from cfm_plugins.plan.cli import build_parser, prepare
     from cfm_plugins.plan.planning import binpack_plan, packing_costs
     from cfm_plugins.sampler import load_imbalance_factor

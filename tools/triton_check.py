@@ -2,28 +2,16 @@
 
     .venv/bin/python -m tools.triton_check [--jobs 2] [--targets sm_80 sm_90 gfx90a gfx942]
     .venv/bin/python -m tools.triton_check --quick    # default configs only, nothing written
+    .venv/bin/python -m tools.triton_check --kernels skip_apply skip_wgrad   # those families only
 
-Workload: the MACE-MP-medium-like layer (that of ``benchmarks/gpu_mace.py``). Symmetric
-contraction: node features 128x(0e+1o+2e+3o), output 128x(0e+1o), correlation 3 (494 monomials,
-410 terms); conv TP: node features 128x(0e+1o) times spherical harmonics l<=3 (the second
-interaction layer, the larger one).
-Every kernel variant a MACE run launches (inference, forces, force training; symmetric contraction
-``fwd``, ``bwd[gx]``, ``bwd[gc,gx]``, ``bwd[gc]``, ``bwd2[dx,gc,gg,gx]``, ``bwd2[dc,dx,gc,gg,gx]``;
-conv TP ``segment``, ``segment[T]`` (node-feature gradient), ``edge[w,y]``, ``edge[w]``,
-``edge[y]``; the radial conv TP ``tp_radial_*``, K = 64; the weight-gradient reduction; the skip
-connection's ``skip_apply`` and ``skip_wgrad``, 128x0e+128x1o with 89 elements), in float32 and
-float64, in its default tile config and every autotuning alternative
-(``cfm_plugins/ops/triton/configs.py``), is compiled with ``triton.compile`` for sm_80 (A100),
-sm_90 (H100/H200), gfx90a (MI250X) and gfx942 (MI300), as a launch would specialise it
-(:mod:`cfm_plugins.ops.triton.aot`). ``--kernels skip_apply skip_wgrad`` compiles those kernel
-families only (their names as the table shows them).
-
-Prints one row per (kernel, dtype, config, target): registers per thread (VGPRs on AMD), spill
-bytes (to memory; on AMD the SGPRs spilled into VGPR lanes are shown apart: no memory traffic),
-compile seconds. Fails (exit 1) on any compile error, or on spills or scratch above the budget in a
-default config (``--spill-budget``, 0 bytes): alternatives may spill (autotuning on the GPU decides)
-and are reported. Writes the table to ``out/tools/triton_check.md`` (``--report``) unless
-``--quick`` or ``--no-write``; it is printed either way.
+Every kernel variant a MACE run launches (:func:`_sources`, on the MACE-MP-medium-like layer of
+``benchmarks/gpu_mace.py``), in float32 and float64, in its default tile config and every
+autotuning alternative (``cfm_plugins/ops/triton/configs.py``), is compiled with
+``triton.compile`` for sm_80 (A100), sm_90 (H100/H200), gfx90a (MI250X) and gfx942 (MI300), as a
+launch would specialise it (:func:`jobs`). It prints one row per (kernel, dtype, config, target):
+registers, spills, compile seconds, and fails (exit 1) on a compile error or on spills in a
+default config (:func:`main`). The table goes to ``out/tools/triton_check.md`` (``--report``)
+unless ``--quick`` or ``--no-write``; it is printed either way.
 """
 
 from __future__ import annotations
@@ -64,7 +52,12 @@ class Job:
 
 def _workload_tables():
     """The host tables of the workload's layer: (symmetric contraction, conv TP, conv TP
-    transposed)."""
+    transposed).
+
+    The layer is the MACE-MP-medium-like one of ``benchmarks/gpu_mace.py``. Symmetric contraction:
+    node features 128x(0e+1o+2e+3o), output 128x(0e+1o), correlation 3 (494 monomials, 410 terms);
+    conv TP: node features 128x(0e+1o) times spherical harmonics l<=3 (the second interaction
+    layer, the larger one)."""
     import mace  # noqa: F401  (before e3nn)
     import torch
     from e3nn import o3
@@ -94,7 +87,15 @@ def _workload_tables():
 
 def _sources():
     """(family, variant name, module name, source, function name, specimen per dtype, block-size
-    constexpr names) of every kernel."""
+    constexpr names) of every kernel.
+
+    Every kernel variant a MACE run launches (inference, forces, force training) on the layer of
+    :func:`_workload_tables`: symmetric contraction ``fwd``, ``bwd[gx]``, ``bwd[gc,gx]``,
+    ``bwd[gc]``, ``bwd2[dx,gc,gg,gx]``, ``bwd2[dc,dx,gc,gg,gx]``; conv TP ``segment``,
+    ``segment[T]`` (node-feature gradient), ``edge[w,y]``, ``edge[w]``, ``edge[y]``; the radial
+    conv TP ``tp_radial_*``, K = 64; the skip connection's ``skip_apply`` and ``skip_wgrad``
+    (128x0e+128x1o with 89 elements); the weight-gradient reduction. ``--kernels`` selects
+    families by the names the table shows."""
     from cfm_plugins.ops.triton import conv_tp as ttp
     from cfm_plugins.ops.triton import conv_tp_radial as ttr
     from cfm_plugins.ops.triton import skip_tp as tskip
@@ -187,6 +188,10 @@ def _constants(module: str, function: str, dtype: str, target: str) -> tuple:
 
 
 def jobs(targets, quick: bool, kernels=None) -> list[Job]:
+    """One :class:`Job` per (kernel of :func:`_sources` in the families ``kernels``, or all; dtype;
+    tile config; target): the default config and every autotuning alternative of
+    ``configs_for`` (the default alone when ``quick``), with the constexprs a launch on the target
+    specialises (:mod:`cfm_plugins.ops.triton.aot`)."""
     from cfm_plugins.ops.triton.configs import configs_for
 
     result = []
@@ -245,6 +250,11 @@ def run_job(job: Job):
 
 
 def main(argv=None) -> int:
+    """Compile every :func:`jobs` and print one row per (kernel, dtype, config, target): registers
+    per thread (VGPRs on AMD), spill bytes (to memory; on AMD the SGPRs spilled into VGPR lanes are
+    shown apart: no memory traffic), compile seconds. Fails (exit 1) on any compile error, or on
+    spills or scratch above the budget in a default config (``--spill-budget``, 0 bytes):
+    alternatives may spill (autotuning on the GPU decides) and are reported."""
     from cfm_plugins.ops.triton.aot import TARGETS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

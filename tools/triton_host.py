@@ -1,22 +1,13 @@
-"""Host time a Triton launch spends finding its generated kernel, before and after the kernel cache.
+"""Host time a Triton launch spends finding its generated kernel, with and without the kernel cache.
 
     .venv/bin/python -m tools.triton_host [--reps 200]
 
 No GPU needed: this is Python on the host, the same on any machine with the same CPU. Workload:
-the MACE-MP-medium-like layer of ``tools/triton_check.py`` (conv TP 128x(0e+1o) x spherical
-harmonics l<=3; symmetric contraction 128x(0e+1o+2e+3o) -> 128x(0e+1o), correlation 3), every
-kernel variant a MACE force-training step launches.
-
-Per launch, two ways in the same run:
-
-- *generate*: what every launch did before ``_codegen.KernelCache``: write the kernel's source from
-  the tables and hash it to find the imported module
-  (:func:`cfm_plugins.ops.triton._codegen.load_source`);
-- *cached*: ``KernelCache.get``, a dictionary lookup.
-
-The ratio is what a launch saves in host time; an eager GPU step at 500 atoms is bound by host
-time (docs/gpu.md). The H200's profile counted 30 conv TP and 6 symmetric contraction launches in
-a float32 train step (``tools/gpu_profile.py``).
+every conv TP and symmetric contraction kernel variant a MACE force-training step launches, on the
+layer of ``tools/triton_check.py`` (:func:`_variants`). Per launch, two ways in the same run
+(:func:`main`): *generate* (the source written and hashed) and *cached* (``KernelCache.get``).
+The ratio is what the cache saves a launch in host time; an eager GPU step at 500 atoms is bound
+by host time (docs/benchmarks.md), and ``tools/gpu_profile.py`` counts a train step's launches.
 """
 
 from __future__ import annotations
@@ -31,7 +22,10 @@ COMMAND = ".venv/bin/python -m tools.triton_host"
 
 
 def _variants():
-    """(label, tables, kernel, flags, source function, cache) of each variant of the workload."""
+    """(label, tables, kernel, flags, source function, cache, family) of each variant of the
+    workload: the MACE-MP-medium-like layer of :func:`tools.triton_check._workload_tables` (conv TP
+    128x(0e+1o) x spherical harmonics l<=3; symmetric contraction 128x(0e+1o+2e+3o) -> 128x(0e+1o),
+    correlation 3), every kernel variant a MACE force-training step launches."""
     from cfm_plugins.ops.triton import conv_tp as ttp
     from cfm_plugins.ops.triton import symmetric_contraction as tsc
     from tools.triton_check import _workload_tables
@@ -66,6 +60,13 @@ def _per_call(fn, reps: int) -> float:
 
 
 def main(argv=None) -> int:
+    """Per launch, two ways in the same run, mean host time of ``--reps`` calls:
+
+    - *generate*: write the kernel's source from the tables and hash it to find the imported module
+      (:func:`cfm_plugins.ops.triton._codegen.load_source`), what a launch without the kernel cache
+      does (the table's "before" column);
+    - *cached*: ``_codegen.KernelCache.get``, a dictionary lookup (the "now" column).
+    """
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=200)
     args = ap.parse_args(argv)

@@ -1,23 +1,18 @@
 """HydraGNN on 2 MPI ranks with and without binpack: the load imbalance factor of each (`make
 demo-hydragnn`).
 
+    python examples/hydragnn/demo.py [--epochs 3] [--cost edges,auto] [--seeds 1]   # or --help
+
 1. make the EMT set of molecules and metal clusters (3-300 atoms) when it is missing;
-2. train HydraGNN (``examples/hydragnn/train.py``, the JSON config beside it) under
-   ``mpirun -np 2 cfm-run``: ``--enable hydragnn`` (HydraGNN's own DistributedSampler batches)
-   and ``--enable hydragnn,binpack`` once per ``--cost`` (default ``edges,auto``: the edge count,
-   and the cost fitted on the run's own step times after its first epoch), all with ``step_log``
-   (HydraGNN's own trace regions);
-3. print, for each run, the LIF of the compute time per step (forward + backward up to the gradient
-   all-reduce; max over ranks / mean, summed over steps), over all steps and over the epochs after
-   the first (the ones ``cost=auto`` plans with its fit), the LIF of the forward alone and of
-   HydraGNN's whole backward region (which contains the all-reduce wait), steps per rank per
-   epoch, graphs per step, the epoch losses, the ``cost=auto`` fits; and draw the first steps of
-   the stock and the first binpack run as batches.png.
+2. train HydraGNN (``train.py`` and ``config.json`` beside this file) under ``mpirun -np 2
+   cfm-run --enable hydragnn`` (HydraGNN's own DistributedSampler batches) and ``--enable
+   hydragnn,binpack`` once per ``--cost`` (default ``edges,auto``), all with ``step_log``;
+3. print each run's load imbalance factors (LIF), steps, graphs per step, epoch losses and
+   ``cost=auto`` fits (:func:`summarize`); draw the first steps of the stock and the first binpack
+   run as batches.png.
 
 Outputs in examples/hydragnn/out/ (``summary.json``, ``batches.png``, the step logs, HydraGNN's
-logs/). Options: --epochs, --np, --cost (comma-separated: edges/atoms/auto/calibrated),
---max-tokens, --num (structures), --seeds (repeat every run with other training-set orders and
-packing seeds, for the spread of the LIF and the losses), --default-malloc (see STEADY_MALLOC).
+logs/). ``--seeds N`` repeats every run with other training-set orders and packing seeds.
 """
 
 from __future__ import annotations
@@ -105,6 +100,12 @@ def train(
 
 
 def summarize(ranks: list[list[dict]], epochs: int) -> dict:
+    """The figures of one run from its step logs (``ranks``: each rank's records, from HydraGNN's
+    own trace regions): the LIF of the compute time per step (forward + backward up to the gradient
+    all-reduce; max over ranks / mean, summed over steps), over all steps but the first 3 (one-off
+    costs) and over the epochs after the first (the ones ``cost=auto`` plans with its fit), the LIF
+    of the forward alone and of HydraGNN's whole backward region (which contains the all-reduce
+    wait), steps per rank per epoch and graphs per step."""
     from cfm_plugins.steplog import epoch_imbalance, load_imbalance
 
     per_rank = [len(r) for r in ranks]

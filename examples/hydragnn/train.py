@@ -10,10 +10,8 @@ The same script with balanced batches (the ``cfm_plugins`` key of config.json, o
     mpirun -np 2 cfm-run --enable hydragnn,binpack -- python train.py config.json
 
 Nothing in the training knows about cfm-plugins: the plugins meet HydraGNN's own calls
-(``setup_ddp``, ``create_dataloaders``, ``get_distributed_model``). The data set
-(``Dataset.path.total``, relative to the working directory) is made when missing, by
-``cfm_plugins.datasets.clusters`` (what ``make_dataset.py`` beside this file writes).
-HydraGNN writes its logs and model under ``./logs/``.
+(``setup_ddp``, ``create_dataloaders``, ``get_distributed_model``). The data set is made when
+missing (:func:`load_or_make_dataset`); HydraGNN writes its logs and model under ``./logs/``.
 """
 
 import argparse
@@ -26,7 +24,9 @@ import torch
 
 
 def load_or_make_dataset(path, world_rank):
-    """The list of PyG graphs at ``path``; rank 0 makes it first when it is missing."""
+    """The list of PyG graphs at ``path`` (``Dataset.path.total``, relative to the working
+    directory); rank 0 makes it first when it is missing, with ``cfm_plugins.datasets.clusters``
+    (what ``make_dataset.py`` beside this file writes)."""
     if not os.path.exists(path):
         if world_rank == 0:
             from cfm_plugins.datasets.clusters import make_dataset

@@ -5,15 +5,10 @@ long with its traceback, where Python can still run; ``faulthandler_timeout`` wi
 ``faulthandler_exit_on_timeout`` writes every thread's traceback and ends the worker process a
 minute later, where it cannot: a test stuck in compiled code holding the GIL (a kernel, a
 collective) never returns to Python, so pytest-timeout's signal never fires and, without the second
-limit, one such test held up the whole run until CI's own limit ended it, saying nothing.
+limit, one such test holds up the whole run until CI's own limit ends it, saying nothing.
 
-pytest-xdist then starts a new worker and, under ``--dist loadfile``, gives it the unfinished tests
-of that file again, the stuck one among them. The first worker ended in a run is reported as a
-``rerun`` (an ``R``, and a line at the end naming the test), not a failure: the test runs once
-more. A second one fails, and with ``--max-worker-restart=1`` (the Makefile's PYTEST_ARGS) ends
-the run, so a test stuck every time costs two time limits, not one per worker xdist would start.
-A worker that dies sooner (a crash: a segfault, an abort) fails its test, as xdist does (xdist gives
-it out again with the rest of its file, and a second crash ends the run).
+pytest-xdist then starts a new worker. The first worker ended so in a run is a ``rerun`` (an
+``R``): the test runs once more; a second fails and ends the run (:func:`pytest_handlecrashitem`).
 """
 
 from __future__ import annotations
@@ -39,6 +34,16 @@ def pytest_runtest_logstart(nodeid, location):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem, report, sched):
+    """A worker died running ``crashitem`` (xdist's hook, in the controller).
+
+    pytest-xdist starts a new worker and, under ``--dist loadfile``, gives it the unfinished tests
+    of that file again, the stuck one among them. The first worker ended in a run past
+    ``faulthandler_timeout`` is reported as a ``rerun`` (an ``R``, and a line at the end naming the
+    test: :func:`pytest_terminal_summary`), not a failure: the test runs once more. A second one
+    fails, and with ``--max-worker-restart=1`` (the Makefile's PYTEST_ARGS) ends the run, so a test
+    stuck every time costs two time limits, not one per worker xdist would start. A worker that
+    dies sooner (a crash: a segfault, an abort) fails its test, as xdist does (xdist gives it out
+    again with the rest of its file, and a second crash ends the run)."""
     ran = time.monotonic() - STARTED.get(crashitem, time.monotonic())
     stuck = bool(LIMIT[0]) and ran >= 0.9 * LIMIT[0]  # 0.9: the controller hears of a start late
     DIED.append((crashitem, stuck))

@@ -5,15 +5,9 @@ float64 on CPU, r_max 4, two epochs, step logs) previews that run step for step.
 - steps per epoch: exactly the run's, in both epochs;
 - every rank's batch at every step: the atoms and the edges the run logged (so the plan's edge
   counter agrees with mace's neighbour lists, batch by batch);
-- LIF: the plan's, of a step time fitted on the run's own logged steps after the first 3
-  (:func:`~cfm_plugins.sampler.autocost.fit_step_times`, what ``cost=auto`` fits), against the LIF
-  of the run's measured compute times over the same steps.
-
-The comparison is ``tools/plan_check.py``'s, and so is the tolerance of the LIF and why:
-``0.56 sigma + 3 sigma / sqrt(steps) + 0.01``, ``sigma`` the relative spread of the measured
-times about the fit (the clock's noise, which no plan can know). The figures are printed; when
-written: planned 1.014, measured 1.04 to 1.08 over 5 timed steps, tolerance 0.13 to 0.21
-(sigma 0.06 to 0.11: the machine's load).
+- LIF: the plan's, of a step time fitted on the run's own logged steps after the first 3, against
+  the LIF of the run's measured compute times over the same steps, within the tolerance of
+  ``tools/plan_check.py`` (:func:`tools.plan_check.compare` says what it is and why).
 """
 
 from __future__ import annotations
@@ -66,7 +60,15 @@ def test_plan_steps_equal_the_runs_steps(run, tmp_path):
 
 
 def test_plan_batches_and_lif_are_the_runs(run, capsys):
-    """Every rank's atoms and edges at every step, and the LIF (``tools.plan_check``)."""
+    """Every rank's atoms and edges at every step, and the LIF (``tools.plan_check``).
+
+    The LIF compared is the plan's, of a step time fitted on the run's own logged steps after the
+    first 3 (:func:`~cfm_plugins.sampler.autocost.fit_step_times`, what ``cost=auto`` fits),
+    against the LIF of the run's measured compute times over the same steps, within
+    ``0.56 sigma + 3 sigma / sqrt(steps) + 0.01``, ``sigma`` the relative spread of the measured
+    times about the fit (the clock's noise, which no plan can know). The figures are printed; on 2
+    shared cores they are about: planned 1.014, measured 1.04 to 1.08 over 5 timed steps,
+    tolerance 0.13 to 0.21 (sigma 0.06 to 0.11, with the machine's load)."""
     from tools.plan_check import compare
 
     out = compare(

@@ -4,14 +4,9 @@ preview, a sanity check, as HydraGNN's update_config does), then both ranks trai
 trainer's way, one collective per step as DDP makes. With a collective inside a loader's iteration
 the ranks hang (or pair rank 0's plan check with another collective of rank 1's and fail).
 
-Modes (argv[1]):
-  mace            - the mace adapter's loaders (make_dataloader_factory over mace's DataLoader),
-                    real mace graphs; epochs through EpochAdvancing.set_epoch (follow_mace_epochs)
-  hydragnn-atoms  - the hydragnn adapter's loaders (balanced_loader over PyG's DataLoader), PyG
-  hydragnn-auto     graphs; epochs through loader.sampler.set_epoch on all three loaders (HydraGNN's
-                    loop); -auto: cost=auto, every trained step handed over as the adapter does
-  nequip          - the nequip adapter's LightningBatchSampler over binpack's samplers in a torch
-                    DataLoader; epochs as Lightning sets them (batch_sampler.sampler.set_epoch)
+MODE (argv[1]): ``mace``, ``hydragnn-atoms``, ``hydragnn-auto`` (cost=auto, every trained step
+handed over as the adapter does) or ``nequip``: that adapter's loaders, their epochs set as the
+trainer sets them (:func:`mace_loaders`, :func:`hydragnn_loaders`, :func:`nequip_loaders`).
 
 Rank 0 prints ``OK {json}`` with what the test checks: per epoch, the training graphs of both
 ranks and the validation graphs of both ranks (each pass), and the steps of each rank.
@@ -54,6 +49,8 @@ def run_pass(loader, ids_of, record=None):
 
 
 def mace_loaders():
+    """Mode ``mace``: the mace adapter's loaders (make_dataloader_factory over mace's DataLoader),
+    real mace graphs; epochs through EpochAdvancing.set_epoch (follow_mace_epochs)."""
     import mace  # noqa: F401  (before e3nn)
     from mace import data as mace_data
     from mace.tools import AtomicNumberTable
@@ -102,6 +99,9 @@ def mace_loaders():
 
 
 def hydragnn_loaders(cost):
+    """Modes ``hydragnn-atoms`` and ``hydragnn-auto`` (``cost``: atoms or auto): the hydragnn
+    adapter's loaders (balanced_loader over PyG's DataLoader), PyG graphs; epochs through
+    loader.sampler.set_epoch on all three loaders (HydraGNN's loop)."""
     from torch_geometric.loader import DataLoader
 
     from cfm_plugins.datasets.clusters import make_dataset
@@ -124,6 +124,8 @@ def hydragnn_loaders(cost):
 
 
 def nequip_loaders():
+    """Mode ``nequip``: the nequip adapter's LightningBatchSampler over binpack's samplers in a
+    torch DataLoader; epochs as Lightning sets them (batch_sampler.sampler.set_epoch)."""
     from torch.utils.data import DataLoader
 
     from benchmarks.workload import paper_mix

@@ -15,22 +15,34 @@ PY = "python3"  # the machine's Python: run.sh puts the set-up one first on PATH
 
 #: per call: its time limit (s, the whole list) and its commands as (seconds of the command's own
 # limit, the GPU command, the smoke command or None to leave it out of a smoke run). ``{out}`` is
-# the call's output folder, ``{py}`` the Python.
+# the call's output folder, ``{py}`` the Python. The commands are in the order of what they decide,
+# the cheapest decisive first; each runs under its own ``timeout`` too, so a slow one cannot eat the
+# next ones' minutes. Call ``a`` also sets the machine up (``run.sh``). The lists' limits bind
+# (their commands' own limits add up to more): a command cut by its own limit keeps what it
+# printed, and what is not reached is said ("not started: no time left") and goes first into the
+# next call.
 CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
     "a": (
         420.0,
         [
+            # the conv TP tests on CUDA: the C++ CUDA kernels store their outputs whole, without
+            # a zero fill (compiled on a CPU machine, run only here)
             (
                 90,
                 "{py} -m pytest -q -p no:cacheprovider -rs tests/ops/test_conv_tp.py -k "
                 "'unfilled or gaps or cuda_matches_cpu or cuda_gradgradcheck'",
                 None,
             ),
+            # two ranks sharing one GPU with gloo: the same losses and weights as on the CPU to
+            # 1e-8, float64
             (
                 150,
                 "{py} -m pytest -q -p no:cacheprovider -rs tests/test_distributed.py -k on_one_gpu",
                 "{py} -m pytest -q -p no:cacheprovider -rs tests/test_distributed.py -k on_one_gpu",
             ),
+            # the per-module profile of the train step at 4000 atoms, float64 and float32,
+            # cuEquivariance and ours in one run, ours with the default kernels and with the skip
+            # connection's kernel named (its GPU kernel runs only then)
             (
                 150,
                 "{py} -m tools.gpu_profile --by-module --device cuda --backend triton --atoms 4000 "
@@ -40,6 +52,9 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
                 "--ways cueq fused --kernels-also symmetric_contraction,conv_tp,skip_tp "
                 "--out {out}/profile_quick.md",
             ),
+            # the eager train step at 500, 2000 and 4000 atoms, float32 and float64, stock,
+            # cuEquivariance and ours (default kernels, with the skip connection's kernel, and with
+            # the radial fusion too) in one run: the record ``gpu_mace_step``
             (
                 270,
                 "{py} -m benchmarks.gpu_mace --device cuda --backend triton --atoms 500 2000 4000 "
@@ -51,6 +66,8 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
                 "cueq fused --kernels-also symmetric_contraction,conv_tp "
                 "symmetric_contraction,conv_tp,conv_tp_radial --no-epoch --out {out}/records",
             ),
+            # the compiled static step (``compile=default``, no capture) at 4000 atoms in float64:
+            # exact against the eager step (1e-10), its compile time, its step time
             (
                 150,
                 "{py} -m tools.gpu_capture --device cuda --mode default --backend triton "
@@ -64,6 +81,11 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
     "b": (
         540.0,
         [
+            # the fair epoch table: ``mace_run_train`` on 300 structures, float32, the second
+            # epoch timed: stock; stock + binpack; cuEquivariance; cuEquivariance + binpack; the
+            # fused kernels alone; fused + binpack; and fused + binpack + static with
+            # ``compile=default`` over 5 epochs, with the epoch after which its compile is repaid
+            # (the record ``gpu_mace_epoch``)
             (
                 480,
                 "{py} -m benchmarks.gpu_mace --device cuda --backend triton --no-steps "
@@ -74,6 +96,8 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
                 "stock+binpack cueq+binpack fused-only fused+static --static-epochs 2 "
                 "--work {out}/work --out {out}/records",
             ),
+            # the compiled static step in float32 at 500 and 4000 atoms, with the skip
+            # connection's kernel
             (
                 200,
                 "{py} -m tools.gpu_capture --device cuda --mode default --backend triton "
@@ -81,6 +105,7 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
                 "symmetric_contraction conv_tp skip_tp --out {out}/capture_default_f32.md",
                 None,
             ),
+            # the kernel efficiency table (``benchmarks.efficiency``)
             (
                 90,
                 "{py} -m benchmarks.efficiency --device cuda --rounds 3 --budget 4 "

@@ -3,18 +3,15 @@
 From the folder ``train.py`` ran in::
 
     python evaluate.py clusters_emt_forces_MACE --out ef.npz            # HydraGNN alone
-    python evaluate.py clusters_emt_forces_MACE --out ef.npz --fused    # and again with the fused
-    kernels
+    python evaluate.py clusters_emt_forces_MACE --out ef.npz --fused    # and with the fused kernels
 
-The model is built from the config HydraGNN saved beside the checkpoint
-(``logs/<log>/config.json``, ``create_model_config``), wrapped as in training and loaded with
-HydraGNN's own ``load_existing_model``: a checkpoint written under ``cfm-run --enable ...,fused``
-is a stock HydraGNN checkpoint, and this loads it before anything of cfm-plugins is imported (it
-checks). Energies (per graph, node energies summed) and forces (-dE/dpos) are computed for the
-graphs of ``Dataset.path.total`` in the model's precision. ``--fused`` then swaps the fused kernels
-in as ``cfm-run --enable ...,fused`` does (``cfm_plugins.ops.patching.patch_model`` with the
-hydragnn adapter's interaction-block form), computes them again and prints the largest relative
-difference. Writes ``energy``/``forces`` (and ``energy_fused``/``forces_fused``) to ``--out``.
+The checkpoint loads as HydraGNN loads it (:func:`load_checkpoint`), before anything of
+cfm-plugins is imported (it checks): a checkpoint written under ``cfm-run --enable ...,fused`` is a
+stock HydraGNN checkpoint. Energies (per graph, node energies summed) and forces (-dE/dpos) are
+computed for the graphs of ``Dataset.path.total`` in the model's precision. ``--fused`` then
+swaps the fused kernels in as ``cfm-run --enable ...,fused`` does (``patch_model`` with the
+hydragnn adapter's interaction-block form), computes them again and prints the largest
+differences. Writes ``energy``/``forces`` (and ``energy_fused``/``forces_fused``) to ``--out``.
 """
 
 import argparse
@@ -58,7 +55,9 @@ def energies_and_forces(model, graphs, batch_size=8):
 
 def load_checkpoint(log_name, path="./logs/"):
     """HydraGNN's model of ``log_name``, built from its saved config and loaded as HydraGNN loads
-    it."""
+    it: the config HydraGNN saved beside the checkpoint (``logs/<log>/config.json``,
+    ``create_model_config``), wrapped as in training and loaded with HydraGNN's own
+    ``load_existing_model``."""
     with open(os.path.join(path, log_name, "config.json")) as fh:
         config = json.load(fh)
     if (

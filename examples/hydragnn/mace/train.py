@@ -1,11 +1,6 @@
 """Train HydraGNN's MACE stack as an interatomic potential (energies and forces) on EMT data.
 
-Needs HydraGNN from source (its ``MACEStack``; HydraGNN 3.0 on PyPI has none): docs/hydragnn.md
-says how to install it, and ``make venv-hydragnn-src`` makes ``.venv-hydragnn/`` with it. Written
-as HydraGNN's own examples are (``examples/LennardJones/LennardJones.py`` of its repository:
-``setup_ddp``, ``create_dataloaders``, ``update_config``, ``create_model_config``,
-``distributed_model_wrapper``, ``train_validate_test(..., compute_grad_energy=True)``,
-``save_model``). From this folder, plain HydraGNN::
+From this folder, plain HydraGNN::
 
     mpirun -np 2 python train.py config.json
 
@@ -13,11 +8,11 @@ and the same script with balanced batches and the fused kernels::
 
     mpirun -np 2 cfm-run --enable hydragnn,binpack,fused -- python train.py config.json
 
-Nothing here knows about cfm-plugins: the plugins meet HydraGNN's own calls. The data set
-(``Dataset.path.total``, relative to the working directory) is made when missing by
-:func:`cfm_plugins.datasets.clusters.make_dataset` with ``forces=True`` (molecules and metal
-clusters with EMT total energies and forces; ``Dataset.num_structures``, ``Dataset.max_atoms``).
-HydraGNN writes its logs and its checkpoint under ``./logs/<log name>/``.
+Needs HydraGNN from source (its ``MACEStack``; HydraGNN 3.0 on PyPI has none): docs/hydragnn.md
+says how to install it, and ``make venv-hydragnn-src`` makes ``.venv-hydragnn/`` with it. Nothing
+here knows about cfm-plugins: the plugins meet HydraGNN's own calls (:func:`main`). The data set is
+made when missing (:func:`load_or_make_dataset`); HydraGNN writes its logs and its checkpoint
+under ``./logs/<log name>/``.
 """
 
 import argparse
@@ -36,8 +31,10 @@ from hydragnn.preprocess.load_data import split_dataset
 
 
 def load_or_make_dataset(dataset_config, world_rank):
-    """The list of PyG graphs at ``Dataset.path.total``; rank 0 makes it first when it is
-    missing."""
+    """The list of PyG graphs at ``Dataset.path.total`` (relative to the working directory); rank 0
+    makes it first when it is missing, with :func:`cfm_plugins.datasets.clusters.make_dataset` and
+    ``forces=True`` (molecules and metal clusters with EMT total energies and forces;
+    ``Dataset.num_structures``, ``Dataset.max_atoms``)."""
     path = dataset_config["path"]["total"]
     if world_rank == 0 and not os.path.exists(path):
         from cfm_plugins.datasets.clusters import make_dataset
@@ -58,6 +55,10 @@ def load_or_make_dataset(dataset_config, world_rank):
 
 
 def main(config_file, log_name=None, seed=0):
+    """Train as HydraGNN's own examples do (``examples/LennardJones/LennardJones.py`` of its
+    repository): ``setup_ddp``, ``create_dataloaders``, ``update_config``,
+    ``create_model_config``, ``distributed_model_wrapper``,
+    ``train_validate_test(..., compute_grad_energy=True)``, ``save_model``."""
     with open(config_file) as f:
         config = json.load(f)
     verbosity = config["Verbosity"]["level"]
