@@ -193,7 +193,6 @@ def radial_hidden_class():
                 self.n_hidden = len(old.mlp) - 1
                 self.__dict__["_stock"] = old
                 self.gpu = False
-                self.train(old.training)
 
             @torch.jit.unused
             def last_layer(self) -> torch.nn.Module:
