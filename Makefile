@@ -19,8 +19,8 @@ HYDRAGNN_VERSION ?= 3.0
 # 2 takes the main suite from about 18.6 to 13.2 min on 2 cores; TEST_JOBS=0 runs in one process
 TEST_JOBS ?= 2
 # --max-worker-restart=1: a second test stuck past faulthandler_timeout ends the run
-# (tests/helpers/stuck_tests.py)
-PYTEST_ARGS := -q -rs -n $(TEST_JOBS) --dist loadfile --max-worker-restart=1
+# (tests/helpers/stuck_tests.py); --durations=20 lists the slowest tests at the end of each suite
+PYTEST_ARGS := -q -rs -n $(TEST_JOBS) --dist loadfile --max-worker-restart=1 --durations=20
 # `make test` leaves out what the cost markers mark (set in one table in tests/conftest.py, declared in
 # pyproject.toml) but keeps `fast` (one short 2-rank MACE run); `make test-all` leaves out nothing
 FAST_TESTS := -m "fast or not (mpi or trainer or compile or interpreter or bench or slow)"

@@ -441,13 +441,13 @@ def run_logged(cmd: list[str], env: dict, timeout: float | None) -> tuple[str, i
         return proc.communicate()[0], None
 
 
-def epoch_data(folder: Path, structures: int) -> dict[str, Path]:
+def epoch_data(folder: Path, structures: int, max_atoms: int = 500) -> dict[str, Path]:
     """The epochs' data set in ``folder``: made once per size (a GPU call spent ~30 s making 300
-    structures), and found again by a later run with the same ``--work`` and size."""
+    structures), and found again by a later run with the same ``--work`` and sizes."""
     from cfm_plugins.datasets.cuni import make_dataset
 
     params = dict(
-        n_train=structures, n_valid=max(4, structures // 10), n_test=2, seed=0, max_atoms=500
+        n_train=structures, n_valid=max(4, structures // 10), n_test=2, seed=0, max_atoms=max_atoms
     )
     stamp = folder / "made_with.json"
     files = {name: folder / f"{name}.xyz" for name in ("train", "valid", "test", "cell512")}
@@ -468,16 +468,17 @@ def epoch_table(args, device) -> tuple[list[str], list[str]]:
     (:func:`compile_rows`; else empty).
 
     ``mace_run_train`` on the example data set (:func:`epoch_data`: ``--epoch-structures`` CuNi
-    structures of 4..500 atoms, cfm_plugins.datasets.cuni), once per way of ``--epoch-ways``
-    (:data:`EPOCH_WAYS`; default stock, ``--enable_cueq=True`` and ``mpirun -np 1 cfm-run
-    --enable mace,binpack,fused``; the commands of :func:`epoch_commands`, the fused ways once
-    per ``--backend`` with ``-o fused_backend=...``). A way's time is its second epoch (train +
-    validation), read from the timestamps of mace's own "Epoch N" lines (:func:`epoch_seconds`);
-    a fused+static run goes on for ``--static-epochs`` epochs, every one timed."""
+    structures of 4 to ``--epoch-max-atoms`` atoms, cfm_plugins.datasets.cuni), once per way of
+    ``--epoch-ways`` (:data:`EPOCH_WAYS`; default stock, ``--enable_cueq=True`` and ``mpirun -np
+    1 cfm-run --enable mace,binpack,fused``; the commands of :func:`epoch_commands`, the fused
+    ways once per ``--backend`` with ``-o fused_backend=...``). A way's time is its second epoch
+    (train + validation), read from the timestamps of mace's own "Epoch N" lines
+    (:func:`epoch_seconds`); a fused+static run goes on for ``--static-epochs`` epochs, every one
+    timed."""
     from cfm_plugins.testing import mpirun_command
 
     out = Path(args.work)
-    files = epoch_data(out / "data", args.epoch_structures)
+    files = epoch_data(out / "data", args.epoch_structures, args.epoch_max_atoms)
     mpirun = mpirun_command(1)
     common = [
         "--model=MACE",
@@ -500,7 +501,9 @@ def epoch_table(args, device) -> tuple[list[str], list[str]]:
         "--eval_interval=1",
         "--num_workers=0",
     ]
-    ways = epoch_commands(args.epoch_ways, args.backends, device, mpirun, args.fused_kernels)
+    ways = epoch_commands(
+        args.epoch_ways, args.backends, device, mpirun, args.fused_kernels, args.compile_backend
+    )
     timeouts = epoch_timeouts(args.epoch_timeout, args.epoch_ways, ways)
     results: dict = {}  # label -> seconds of its second epoch, or why there are none
     compiled: dict = {}  # label of a fused+static run -> every epoch's seconds
@@ -642,10 +645,12 @@ def epoch_way(label: str) -> str:
     return {fused: way for way, fused in _FUSED_LABELS.items()}.get(base, base)
 
 
-def epoch_commands(ways, backends, device, mpirun, kernels=None) -> dict[str, list[str]]:
+def epoch_commands(
+    ways, backends, device, mpirun, kernels=None, compile_backend="inductor"
+) -> dict[str, list[str]]:
     """Label -> command (before mace_run_train's own arguments) of each epoch way; the fused ways
     once per kernel backend on CUDA, with ``-o fused_kernels=...`` where ``kernels`` names
-    them."""
+    them, and the compiled ways with ``-o compile_backend=...`` where it is not inductor."""
     out: dict[str, list[str]] = {}
     for way in ways:
         if way in ("stock", "cueq"):
@@ -667,6 +672,8 @@ def epoch_commands(ways, backends, device, mpirun, kernels=None) -> dict[str, li
                     "compile=" + ("reduce-overhead" if device.type == "cuda" else "default"),
                 ],
             }.get(way, [])
+            if mode and compile_backend != "inductor":
+                mode += ["-o", f"compile_backend={compile_backend}"]
             for backend in backends if device.type == "cuda" else ["cuda"]:
                 tag = f"[{backend}]" if device.type == "cuda" else ""
                 named = ["-o", "fused_kernels=" + ",".join(kernels)] if kernels else []
@@ -751,6 +758,19 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--epoch-structures", type=int, default=600)
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        choices=("inductor", "aot_eager"),
+        help="torch.compile backend of the compiled epoch ways (aot_eager: dynamo's graphs run op "
+        "by op, no code generation; a quick check that the ways run, not a timing)",
+    )
+    p.add_argument(
+        "--epoch-max-atoms",
+        type=int,
+        default=500,
+        help="the largest structure of the epochs' data set (atoms)",
+    )
     p.add_argument("--no-epoch", action="store_true", help="skip the mace_run_train epoch timings")
     p.add_argument("--no-steps", action="store_true", help="skip the step table (only the epochs)")
     p.add_argument(
@@ -802,14 +822,18 @@ def main(argv=None) -> int:
         p.error(str(exc))
     if args.static_epochs < 2:
         p.error(f"--static-epochs {args.static_epochs}: at least 2 (the first compiles)")
-    if args.quick:
-        args.atoms, args.hidden, args.reps, args.warmup, args.epoch_structures = (
-            [32],
-            "8x0e+8x1o",
-            1,
-            1,
-            12,
+    if (
+        args.compile_backend != "inductor"
+        and "fused+capture" in args.epoch_ways
+        and args.device.startswith("cuda")
+    ):
+        p.error(
+            f"--compile-backend {args.compile_backend} with fused+capture on CUDA: capture "
+            "(compile=reduce-overhead) is a mode of inductor; drop one of the two"
         )
+    if args.quick:
+        args.atoms, args.hidden, args.reps, args.warmup = [32], "8x0e+8x1o", 1, 1
+        args.epoch_structures, args.epoch_max_atoms = 12, 64
 
     import mace  # noqa: F401
     import torch
@@ -863,7 +887,8 @@ def main(argv=None) -> int:
         )
     if not args.no_epoch:
         epoch_description = (
-            f"mace_run_train on {args.epoch_structures} example CuNi structures (4..500 atoms, "
+            f"mace_run_train on {args.epoch_structures} example CuNi structures "
+            f"(4..{args.epoch_max_atoms} atoms, "
             f"EMT), MACE {args.hidden}, max_L 1, correlation 3, r_max 6, float32, batch 8, one "
             "process; the second of 2 epochs (train + validation) from the timestamps of mace's "
             "own log"

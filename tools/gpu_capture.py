@@ -179,7 +179,9 @@ def base_model(dtype, hidden: str, device):
     return without_torchscript(model).to(device)
 
 
-def static_model(stock, hidden: str, fused: bool, compile: str, kernels=None):
+def static_model(
+    stock, hidden: str, fused: bool, compile: str, kernels=None, backend: str = "inductor"
+):
     """A copy of ``stock`` (same weights), patched when ``fused``, with the static forward
     installed.
 
@@ -208,7 +210,7 @@ def static_model(stock, hidden: str, fused: bool, compile: str, kernels=None):
         )
     if fused:
         patch_model(model, kernels)
-    install(model, MACE_SPEC, compile=compile, dynamic=False)
+    install(model, MACE_SPEC, compile=compile, dynamic=False, backend=backend)
     return model
 
 
@@ -452,7 +454,9 @@ def run_config(args, device, dtype_name, stock, label, fused, wl0, wl1, capture,
     counts0, skips0 = forward.compile_counts(), cudagraph_skips()
     capture.take()
     off = static_model(stock, args.hidden, fused, "off", args.fused_kernels)
-    cap = static_model(stock, args.hidden, fused, args.mode, args.fused_kernels)
+    cap = static_model(
+        stock, args.hidden, fused, args.mode, args.fused_kernels, args.compile_backend
+    )
     check = {"config": name, "sync_train": "-", "sync_infer": "-"}
 
     with section(f"{name}: compile and warm up"):
@@ -622,6 +626,13 @@ def main(argv=None) -> int:
         choices=["cuda", "triton"],
         help="kernel backends of the fused kernels on CUDA; several give one row each",
     )
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        choices=["inductor", "aot_eager"],
+        help="torch.compile backend of the captured model (aot_eager: dynamo's graphs run op by "
+        "op, no code generation; checks the graphs quickly, times nothing worth reporting)",
+    )
     p.add_argument("--hidden", default="128x0e+128x1o")
     p.add_argument(
         "--fused-kernels",
@@ -665,7 +676,7 @@ def main(argv=None) -> int:
             "--device cpu --mode default"
         )
     try:
-        check_compile_mode(args.mode, device)
+        check_compile_mode(args.mode, device, args.compile_backend)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     capture = capture_warnings()
@@ -679,8 +690,8 @@ def main(argv=None) -> int:
         "",
         f"Workload: ScaleShiftMACE {args.hidden}, l<=3, correlation 3, 89 elements, radial MLP "
         f"[64,64,64], r_max {R_MAX:g}, 2 layers; one rattled CuNi fcc cell padded to its size + "
-        f"{HEADROOM:.0%}; captured = compile={args.mode} of the static forward; median of "
-        f"{args.reps} steps after {args.warmup} warm-ups.",
+        f"{HEADROOM:.0%}; captured = compile={args.mode} (backend {args.compile_backend}) of the "
+        f"static forward; median of {args.reps} steps after {args.warmup} warm-ups.",
         "",
     ]
     say(*head)

@@ -188,6 +188,30 @@ def test_epoch_ways_add_static_capture_per_backend():
     )
 
 
+def test_epoch_ways_name_a_compile_backend_only_on_the_compiled_ways():
+    import torch
+
+    ways = gpu_mace.epoch_commands(
+        ["stock+binpack", "fused", "fused+static"],
+        ["cuda"],
+        torch.device("cpu"),
+        ["mpirun"],
+        compile_backend="aot_eager",
+    )
+    named = [label for label, cmd in ways.items() if "compile_backend=aot_eager" in cmd]
+    assert named == ["fused+binpack+static+default"]
+    static = ways["fused+binpack+static+default"]
+    assert static[static.index("compile=default") + 1 :][:2] == ["-o", "compile_backend=aot_eager"]
+
+
+def test_aot_eager_with_capture_on_cuda_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        gpu_mace.main(
+            "--device cuda --epoch-ways fused+capture --compile-backend aot_eager".split()
+        )
+    assert "capture" in capsys.readouterr().err
+
+
 def test_an_epoch_run_past_its_timeout_is_stopped_with_its_children_and_keeps_its_log():
     import os
     import time

@@ -123,7 +123,8 @@ def test_call_a_smoke_run_on_cpu_writes_the_profile_the_step_record_and_the_comp
 def test_call_b_smoke_run_on_cpu_writes_the_epoch_record_with_its_compile_table(tmp_path):
     """The epoch table's ways on a CPU with tiny settings: stock with binpack's batches, the
     kernels with mace's batches, binpack + fused + static with compile=default over 2 epochs (its
-    compile table); cuEquivariance with binpack is named as not installed."""
+    compile table; dynamo's graphs run by aot_eager, without inductor's code generation, which
+    takes minutes on a cold cache); cuEquivariance with binpack is named as not installed."""
     out = _smoke("b", tmp_path)
     epoch = json.loads((out / "records" / "gpu_mace_epoch_quick.json").read_text())
     assert [t["name"] for t in epoch["tables"]] == ["epoch", "compile"]

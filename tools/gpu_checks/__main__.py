@@ -73,8 +73,8 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
                 "{py} -m tools.gpu_capture --device cuda --mode default --backend triton "
                 "--no-stock --atoms 4000 --dtypes float64 --reps 5 "
                 "--out {out}/capture_default_f64.md",
-                "{py} -m tools.gpu_capture --device cpu --mode default --quick --no-stock "
-                "--dtypes float64 --out {out}/capture_default_f64.md",
+                "{py} -m tools.gpu_capture --device cpu --mode default --compile-backend aot_eager "
+                "--quick --no-stock --dtypes float64 --out {out}/capture_default_f64.md",
             ),
         ],
     ),
@@ -94,7 +94,7 @@ CALLS: dict[str, tuple[float, list[tuple[float, str, str | None]]]] = {
                 "--epoch-timeout 70 70 90 90 60 60 200 --work /tmp/cfm_epochs --out {out}/records",
                 "{py} -m benchmarks.gpu_mace --device cpu --quick --no-steps --epoch-ways "
                 "stock+binpack cueq+binpack fused-only fused+static --static-epochs 2 "
-                "--work {out}/work --out {out}/records",
+                "--compile-backend aot_eager --work {out}/work --out {out}/records",
             ),
             # the compiled static step in float32 at 500 and 4000 atoms, with the skip
             # connection's kernel
