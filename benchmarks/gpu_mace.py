@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.record import add_out_argument, command_line, markdown_table, write_record
+from cfm_plugins.static_shapes import COMPILE_BACKENDS
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -645,6 +646,14 @@ def epoch_way(label: str) -> str:
     return {fused: way for way, fused in _FUSED_LABELS.items()}.get(base, base)
 
 
+def compile_mode(way: str, device_type: str) -> str | None:
+    """The ``compile=`` mode of an epoch way's runs: inductor's default mode for fused+static,
+    CUDA graphs for fused+capture on CUDA (the default mode on a CPU), None for the eager ways."""
+    if way == "fused+capture" and device_type == "cuda":
+        return "reduce-overhead"
+    return "default" if way in ("fused+static", "fused+capture") else None
+
+
 def epoch_commands(
     ways, backends, device, mpirun, kernels=None, compile_backend="inductor"
 ) -> dict[str, list[str]]:
@@ -665,14 +674,9 @@ def epoch_commands(
                 "fused+static": "mace,binpack,fused,static",
                 "fused+capture": "mace,binpack,fused,static",
             }[way]
-            mode = {
-                "fused+static": ["-o", "compile=default"],
-                "fused+capture": [
-                    "-o",
-                    "compile=" + ("reduce-overhead" if device.type == "cuda" else "default"),
-                ],
-            }.get(way, [])
-            if mode and compile_backend != "inductor":
+            compiled = compile_mode(way, device.type)
+            mode = ["-o", f"compile={compiled}"] if compiled else []
+            if compiled and compile_backend != "inductor":
                 mode += ["-o", f"compile_backend={compile_backend}"]
             for backend in backends if device.type == "cuda" else ["cuda"]:
                 tag = f"[{backend}]" if device.type == "cuda" else ""
@@ -761,7 +765,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--compile-backend",
         default="inductor",
-        choices=("inductor", "aot_eager"),
+        choices=COMPILE_BACKENDS,
         help="torch.compile backend of the compiled epoch ways (aot_eager: dynamo's graphs run op "
         "by op, no code generation; a quick check that the ways run, not a timing)",
     )
@@ -822,15 +826,6 @@ def main(argv=None) -> int:
         p.error(str(exc))
     if args.static_epochs < 2:
         p.error(f"--static-epochs {args.static_epochs}: at least 2 (the first compiles)")
-    if (
-        args.compile_backend != "inductor"
-        and "fused+capture" in args.epoch_ways
-        and args.device.startswith("cuda")
-    ):
-        p.error(
-            f"--compile-backend {args.compile_backend} with fused+capture on CUDA: capture "
-            "(compile=reduce-overhead) is a mode of inductor; drop one of the two"
-        )
     if args.quick:
         args.atoms, args.hidden, args.reps, args.warmup = [32], "8x0e+8x1o", 1, 1
         args.epoch_structures, args.epoch_max_atoms = 12, 64
@@ -838,6 +833,15 @@ def main(argv=None) -> int:
     import mace  # noqa: F401
     import torch
 
+    from cfm_plugins.static_shapes.forward import check_compile_mode
+
+    for way in args.epoch_ways:  # the compiled ways' modes, checked before anything runs
+        mode = compile_mode(way, torch.device(args.device).type)
+        try:
+            if mode:
+                check_compile_mode(mode, args.device, args.compile_backend)
+        except ValueError as exc:
+            p.error(f"--epoch-ways {way} with --compile-backend {args.compile_backend}: {exc}")
     check_tiles(args.tiles_also)
     try:  # checked before any model is built
         check_kernel_options(args.fused_kernels, args.kernels_also)

@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 
 from benchmarks.gpu_mace import build_model, cuni_atoms, cuni_cell, device_name
+from cfm_plugins.static_shapes import COMPILE_BACKENDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -629,7 +630,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--compile-backend",
         default="inductor",
-        choices=["inductor", "aot_eager"],
+        choices=COMPILE_BACKENDS,
         help="torch.compile backend of the captured model (aot_eager: dynamo's graphs run op by "
         "op, no code generation; checks the graphs quickly, times nothing worth reporting)",
     )
